@@ -1,0 +1,201 @@
+// The backend: compute, memory, collectives and timing behind one interface. It knows
+// nothing of models or strategies. Implementations: CPU (BLAS + MPI non-blocking
+// collectives), counting (memory and FLOP accounting only, used by the plan), CUDA (3/6).
+//
+// All tensors are fp32, row-major, and live in the backend's memory: callers never
+// dereference a backend pointer on the host (the counting backend hands out addresses that
+// point nowhere). Host data moves through upload()/download().
+#pragma once
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace sb {
+
+enum class MemCategory : int {
+  Parameters,      // owned parameters (a shard under FSDP, the full model under DDP)
+  Gradients,       // owned gradients (a shard under FSDP, the buckets under DDP)
+  OptimizerState,  // Adam moments
+  Activations,     // saved for backward
+  CommBuffers,     // gathered units, unsharded gradients before reduction
+  Workspace,       // temporaries of one operation or stage, inputs
+  kCount
+};
+constexpr int kMemCategories = int(MemCategory::kCount);
+const char* mem_category_name(MemCategory c);
+using MemBytes = std::array<int64_t, kMemCategories>;
+
+// What a recorded operation is, for traces and the step breakdown.
+enum class OpKind : int {
+  Gemm, Elementwise, Optimizer, Copy,          // compute lane
+  AllReduce, AllGather, ReduceScatter,         // communication lanes
+  Wait,                                        // compute lane blocked on communication
+  kCount
+};
+const char* op_kind_name(OpKind k);
+bool is_communication(OpKind k);
+
+enum class Phase : int { Forward, Backward, Optimizer, Other, kCount };
+const char* phase_name(Phase p);
+
+struct OpEvent {
+  OpKind kind;
+  Phase phase;
+  int unit;      // model unit, -1 when none
+  int lane;      // 0 = compute; 1.. = communication lanes
+  double start;  // seconds since the backend's epoch
+  double end;
+  int64_t bytes;  // bytes moved by a collective (the full buffer) or touched by compute
+  double flops;   // matmul FLOPs (2·m·n·k) for a GEMM
+  int32_t gemm[5];  // GEMM shape: m, n, k, batch, transposes (bit 0: A, bit 1: B); else zeros
+};
+
+// Receives every operation and memory change of the backend, in completion order.
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void on_op(const OpEvent& e) = 0;
+  virtual void on_memory(double t, const MemBytes& current) = 0;
+};
+
+// A communicator of the backend (an MPI communicator on CPU, an NCCL one on GPU).
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+};
+
+using Request = int64_t;  // handle of an outstanding collective
+constexpr Request kNoRequest = -1;
+
+struct AdamConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::string device_name() const = 0;
+
+  // ---- memory: every allocation carries a category ----
+  virtual void* alloc(size_t bytes, MemCategory cat) = 0;
+  virtual void release(void* p) = 0;
+  float* alloc_floats(int64_t n, MemCategory cat) { return static_cast<float*>(alloc(size_t(n) * 4, cat)); }
+  int* alloc_ints(int64_t n, MemCategory cat) { return static_cast<int*>(alloc(size_t(n) * 4, cat)); }
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  const MemBytes& mem_current() const { return current_; }
+  const MemBytes& mem_peak() const { return peak_; }
+  int64_t mem_total_current() const;
+  int64_t mem_peak_total() const { return peak_total_; }
+  void reset_peaks();
+
+  // ---- compute (row-major; a Linear weight W is [out, in] and y = x W^T) ----
+  // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set.
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
+                    int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+  // The same for `batch` independent problems at fixed element strides.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
+                            const float* A, int lda, int64_t stride_a, const float* B, int ldb,
+                            int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
+                            int batch) = 0;
+  // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
+  virtual void embedding_forward(float* out, const float* table, const int* ids, int n, int d) = 0;
+  // dtable[ids[i],:] += dout[i,:]
+  virtual void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) = 0;
+  // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)     x, out [n,d]
+  virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
+                               float eps) = 0;
+  // dx += d(out)/dx · dout; dw += sum_i dout * x * rstd
+  virtual void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
+                                const float* w, const float* rstd, int n, int d) = 0;
+  virtual void relu_forward(float* x, int64_t n) = 0;                          // in place
+  virtual void relu_backward(float* dy, const float* y, int64_t n) = 0;        // dy *= (y > 0)
+  virtual void add(float* y, const float* x, int64_t n) = 0;                   // y += x
+  virtual void scale(float* x, float a, int64_t n) = 0;                        // x *= a
+  virtual void copy(float* dst, const float* src, int64_t n) = 0;
+  virtual void fill(float* x, float value, int64_t n) = 0;
+  // x[i] = scale * u(key, first + i), u uniform in [-1, 1) from a counter-based hash, so
+  // any slice of a tensor can be initialised without the rest (see rng.h).
+  virtual void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) = 0;
+  // bias[h,i,j] = table[buckets[i*tk+j], h]         table [num_buckets, H]
+  virtual void position_bias_forward(float* bias, const float* table, const int* buckets, int heads,
+                                     int tq, int tk) = 0;
+  // dtable[buckets[i*tk+j], h] += dbias[h,i,j]
+  virtual void position_bias_backward(float* dtable, const float* dbias, const int* buckets,
+                                      int heads, int tq, int tk) = 0;
+  // In place over scores [B,H,tq,tk]: add bias [H,tq,tk] (may be null), mask j > i when
+  // causal, softmax over the last axis.
+  virtual void softmax_forward(float* scores, const float* bias, bool causal, int batch, int heads,
+                               int tq, int tk) = 0;
+  // In place: dscores holds dP on entry and dS = P ⊙ (dP − Σ dP⊙P) on exit; dbias
+  // (may be null) += Σ_b dS.
+  virtual void softmax_backward(float* dscores, const float* probs, float* dbias, int batch,
+                                int heads, int tq, int tk) = 0;
+  // Fused softmax cross-entropy: losses[i] = -log softmax(logits[i])[labels[i]]; logits are
+  // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
+  virtual void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
+                             float grad_scale) = 0;
+  // Adam (bias-corrected, no weight decay), step counts from 1.
+  virtual void adam(float* param, const float* grad, float* m, float* v, int64_t n,
+                    const AdamConfig& cfg, int step) = 0;
+
+  // ---- collectives (sum; non-blocking; issued in the same order on every rank) ----
+  virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;
+  virtual Request all_reduce(float* buf, int64_t count, Comm& comm) = 0;  // in place
+  // recv [size*count] gathers every rank's send [count]
+  virtual Request all_gather(const float* send, float* recv, int64_t count, Comm& comm) = 0;
+  // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
+  virtual Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& comm) = 0;
+  virtual void wait(Request r) = 0;
+  virtual bool test(Request r) = 0;
+  virtual void synchronize() = 0;  // all compute issued so far has finished
+
+  // ---- time and trace context ----
+  virtual double now() const = 0;  // seconds since the backend's epoch
+  void set_recorder(Recorder* r) { recorder_ = r; }
+  void set_context(Phase phase, int unit) { phase_ = phase, unit_ = unit; }
+  Phase phase() const { return phase_; }
+  int unit() const { return unit_; }
+
+ protected:
+  void account_alloc(MemCategory cat, int64_t bytes);
+  void account_free(MemCategory cat, int64_t bytes);
+  void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
+              const int32_t* gemm_shape = nullptr);
+  Recorder* recorder_ = nullptr;
+
+ private:
+  MemBytes current_{}, peak_{};
+  int64_t peak_total_ = 0;
+  Phase phase_ = Phase::Other;
+  int unit_ = -1;
+};
+
+// RAII: tags the operations issued in a scope with a phase and a unit.
+class ScopedContext {
+ public:
+  ScopedContext(Backend& b, Phase p, int unit) : b_(b), phase_(b.phase()), unit_(b.unit()) {
+    b.set_context(p, unit);
+  }
+  ~ScopedContext() { b_.set_context(phase_, unit_); }
+
+ private:
+  Backend& b_;
+  Phase phase_;
+  int unit_;
+};
+
+// Backends this build can make: "cpu", and "cuda" where compiled in.
+std::unique_ptr<Backend> make_backend(const std::string& name);
+// Accounts memory and FLOPs only: nothing is allocated or computed.
+std::unique_ptr<Backend> make_counting_backend();
+double counted_gemm_flops(const Backend& counting);
+
+}  // namespace sb

@@ -1,0 +1,38 @@
+// Error handling: one checked-call macro per library, naming the call, host, rank, file
+// and line. Once MPI is up a fatal error aborts the whole job so no rank is left waiting
+// inside a collective.
+#pragma once
+#include <mpi.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace sb {
+
+// A bad value given by the user: reported as one line, exit code kExitUsage on every rank.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Exit codes of every shardbench program (documented in README.md).
+enum ExitCode : int {
+  kExitOk = 0,
+  kExitFailure = 1,     // runtime failure (a library call failed, a rank died)
+  kExitUsage = 2,       // bad flag or value; nothing was run
+  kExitOutOfMemory = 3, // the memory plan does not fit the limit; nothing was allocated
+  kExitCheckFailed = 4, // --check: final weights differ from the single-rank reference
+};
+
+// Prints "shardbench: fatal: <host> rank <r>: <msg> (<file>:<line>)" and aborts the job.
+[[noreturn]] void fatal(const std::string& msg, const char* file, int line);
+
+void mpi_check(int rc, const char* call, const char* file, int line);
+
+}  // namespace sb
+
+#define SB_FATAL(msg) ::sb::fatal((msg), __FILE__, __LINE__)
+#define MPI_CHECK(call) ::sb::mpi_check((call), #call, __FILE__, __LINE__)
+#define SB_ASSERT(cond, msg)                                   \
+  do {                                                         \
+    if (!(cond)) SB_FATAL(std::string("assertion failed: ") + #cond + ": " + (msg)); \
+  } while (0)

@@ -1,0 +1,53 @@
+// The shared harness of ddp_perf and fsdp_perf: options, the memory plan, the timing
+// protocol (warm-up, steps, cross-rank reduction), rank-0 output, --check, exit codes.
+#pragma once
+#include <mpi.h>
+
+#include <string>
+#include <vector>
+
+#include "shardbench/backend.h"
+#include "shardbench/model.h"
+#include "shardbench/strategy.h"
+
+namespace sb {
+
+struct RunConfig {
+  std::string program;
+  std::vector<std::string> argv;
+  ModelSpec model;
+  StepShape shape;  // per rank
+  int steps = 5;
+  int warmup = 1;
+  std::string backend = "cpu";
+  double mem_limit_gib = 0;  // 0: the machine's memory / ranks on the node
+  int plan_world = 0;        // --world-size for --plan (0: the MPI world)
+  bool plan_only = false;
+  bool check = false;
+  double check_tolerance = 1e-5;
+  StrategyConfig strategy;
+};
+
+// Parses argv for `kind`. Returns false when --help was printed. Throws UsageError.
+bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg);
+
+struct MemoryPlan {
+  int world = 1, shard = 1;
+  MemBytes peak{};              // per category, each at its own peak
+  MemBytes at_peak{};           // per category at the moment of the total peak
+  int64_t peak_total = 0;
+  int64_t limit = 0;            // bytes
+  double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
+  bool fits() const { return peak_total <= limit; }
+};
+
+// Runs one step of the configured strategy on the counting backend for rank 0 of a world
+// of `world` ranks: nothing is allocated or computed.
+MemoryPlan plan_memory(const RunConfig& cfg, int world);
+// The plan as a table (rank 0 prints it).
+std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
+
+// The whole program: MPI init, parse, plan, run, report, exit code.
+int run_program(int argc, char** argv, StrategyKind kind);
+
+}  // namespace sb

@@ -1,0 +1,94 @@
+// Strategies: schedules of one training step over the backend. The loop over model stages
+// is written once (TrainingSchedule::step); DDP and FSDP differ only in their hooks: where a
+// unit's parameters come from before its stage runs, and what happens to its gradients
+// once its last backward stage has run.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardbench/backend.h"
+#include "shardbench/layout.h"
+#include "shardbench/model.h"
+#include "shardbench/t5.h"
+
+namespace sb {
+
+enum class StrategyKind { DDP, FSDP };
+enum class Sharding { Full, Hybrid, None, GradOp };
+enum class Prefetch { None, BackwardPre, BackwardPost };
+
+const char* sharding_name(Sharding s);
+const char* prefetch_name(Prefetch p);
+Sharding parse_sharding(const std::string& s);  // throws UsageError
+Prefetch parse_prefetch(const std::string& s);  // throws UsageError
+
+struct StrategyConfig {
+  StrategyKind kind = StrategyKind::FSDP;
+  Sharding sharding = Sharding::Full;
+  int shard_size = 0;          // hybrid only; full = world, none = 1
+  double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)
+  Prefetch prefetch = Prefetch::BackwardPre;
+  bool forward_prefetch = false;
+  bool checkpointing = false;
+  uint64_t seed = 0;
+  AdamConfig adam;
+
+  std::string label() const;  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
+};
+
+// The shard group size a configuration needs on `world` ranks (1 for DDP and none).
+int shard_group_size(const StrategyConfig& c, int world);
+
+class Strategy {
+ public:
+  virtual ~Strategy() = default;
+  // Runs forward, backward, gradient reduction and the Adam update; returns this rank's
+  // loss summed over its tokens. `step` counts from 1.
+  virtual double step(int step, const Tokens& tokens) = 0;
+  // Full flat parameter of unit `u` (unpadded) on the host of every rank: collective over
+  // the shard group, for checks.
+  virtual std::vector<float> gather_unit(int u) = 0;
+  virtual const T5Step& model() const = 0;
+};
+
+std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
+                                        Backend& backend, Mesh& mesh, const StepShape& shape);
+
+// Base for DDP and FSDP: owns the model step and runs the stage loop with hooks.
+class TrainingSchedule : public Strategy {
+ public:
+  TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh,
+                   const StepShape& shape);
+  double step(int step, const Tokens& tokens) override;
+  const T5Step& model() const override { return model_; }
+
+ protected:
+  // Stage indices in backward order, and for each unit its first/last stage in each pass.
+  struct UnitStages {
+    int first_forward = -1, last_forward = -1;
+    int first_backward = -1, last_backward = -1;  // positions in backward order
+  };
+  virtual const float* params_for(int unit) = 0;     // before forward or backward of a stage
+  virtual float* grads_for(int unit) = 0;            // before backward of a stage
+  virtual void before_forward(int pos) {}            // pos: position in forward order
+  virtual void after_forward(int pos) {}
+  virtual void before_backward(int pos) {}           // pos: position in backward order
+  virtual void after_backward(int pos) {}
+  virtual void finish_gradients() = 0;               // all reductions complete
+  virtual void optimizer_step(int step) = 0;
+
+  int forward_unit(int pos) const { return model_.stages()[pos].unit; }
+  int backward_stage(int pos) const { return int(model_.stages().size()) - 1 - pos; }
+  int backward_unit(int pos) const { return model_.stages()[backward_stage(pos)].unit; }
+  int num_stages() const { return int(model_.stages().size()); }
+
+  StrategyConfig cfg_;
+  Backend& b_;
+  Mesh& mesh_;
+  T5Step model_;
+  std::vector<UnitSpec> units_;
+  std::vector<UnitStages> unit_stages_;
+};
+
+}  // namespace sb

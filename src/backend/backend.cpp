@@ -1,0 +1,92 @@
+// The parts of the backend every implementation shares: names, memory accounting, and
+// forwarding of operations to the recorder.
+#include "shardbench/backend.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "shardbench/check.h"
+
+namespace sb {
+
+const char* mem_category_name(MemCategory c) {
+  switch (c) {
+    case MemCategory::Parameters: return "parameters";
+    case MemCategory::Gradients: return "gradients";
+    case MemCategory::OptimizerState: return "optimizer_state";
+    case MemCategory::Activations: return "activations";
+    case MemCategory::CommBuffers: return "comm_buffers";
+    case MemCategory::Workspace: return "workspace";
+    default: return "?";
+  }
+}
+
+const char* op_kind_name(OpKind k) {
+  switch (k) {
+    case OpKind::Gemm: return "gemm";
+    case OpKind::Elementwise: return "elementwise";
+    case OpKind::Optimizer: return "optimizer";
+    case OpKind::Copy: return "copy";
+    case OpKind::AllReduce: return "all-reduce";
+    case OpKind::AllGather: return "all-gather";
+    case OpKind::ReduceScatter: return "reduce-scatter";
+    case OpKind::Wait: return "wait";
+    default: return "?";
+  }
+}
+
+bool is_communication(OpKind k) {
+  return k == OpKind::AllReduce || k == OpKind::AllGather || k == OpKind::ReduceScatter;
+}
+
+const char* phase_name(Phase p) {
+  switch (p) {
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::Other: return "other";
+    default: return "?";
+  }
+}
+
+int64_t Backend::mem_total_current() const {
+  return std::accumulate(current_.begin(), current_.end(), int64_t{0});
+}
+
+void Backend::reset_peaks() {
+  peak_ = current_;
+  peak_total_ = mem_total_current();
+}
+
+void Backend::account_alloc(MemCategory cat, int64_t bytes) {
+  const int c = int(cat);
+  current_[c] += bytes;
+  peak_[c] = std::max(peak_[c], current_[c]);
+  peak_total_ = std::max(peak_total_, mem_total_current());
+  if (recorder_) recorder_->on_memory(now(), current_);
+}
+
+void Backend::account_free(MemCategory cat, int64_t bytes) {
+  current_[int(cat)] -= bytes;
+  SB_ASSERT(current_[int(cat)] >= 0, "memory accounting went negative");
+  if (recorder_) recorder_->on_memory(now(), current_);
+}
+
+void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
+                     const int32_t* gemm_shape) {
+  if (!recorder_) return;
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}};
+  if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
+  recorder_->on_op(e);
+}
+
+std::unique_ptr<Backend> make_cpu_backend();
+
+std::unique_ptr<Backend> make_backend(const std::string& name) {
+  if (name == "cpu") return make_cpu_backend();
+  if (name == "cuda")
+    throw UsageError("--backend cuda is not built yet (CUDA backend: issue 3/6); allowed: cpu");
+  throw UsageError("unknown backend '" + name + "' (allowed: cpu)");
+}
+
+}  // namespace sb

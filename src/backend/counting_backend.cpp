@@ -1,0 +1,107 @@
+// Counting backend: the memory plan's engine. It runs the real schedule of a strategy but
+// allocates nothing and computes nothing: it hands out addresses that point nowhere,
+// accounts every allocation by category, and sums GEMM FLOPs. So the plan predicts exactly
+// what the code path allocates, for any model and world size, without the memory.
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "shardbench/backend.h"
+#include "shardbench/check.h"
+#include "shardbench/layout.h"
+
+namespace sb {
+namespace {
+
+class NullComm : public Comm {
+ public:
+  NullComm(int size, int rank) : size_(size), rank_(rank) {}
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+
+ private:
+  int size_, rank_;
+};
+
+class CountingBackend final : public Backend {
+ public:
+  std::string name() const override { return "counting"; }
+  std::string device_name() const override { return "none"; }
+
+  void* alloc(size_t bytes, MemCategory cat) override {
+    // Distinct, aligned, never dereferenced.
+    const uintptr_t p = next_;
+    next_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    allocs_[p] = {bytes, cat};
+    account_alloc(cat, int64_t(bytes));
+    return reinterpret_cast<void*>(p);
+  }
+  void release(void* p) override {
+    if (!p) return;
+    auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
+    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
+    account_free(it->second.second, int64_t(it->second.first));
+    allocs_.erase(it);
+  }
+  void upload(void*, const void*, size_t) override {}
+  void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
+
+  void gemm(bool, bool, int M, int N, int K, float, const float*, int, const float*, int, float,
+            float*, int) override {
+    flops_ += 2.0 * M * N * K;
+  }
+  void gemm_batched(bool, bool, int M, int N, int K, float, const float*, int, int64_t, const float*,
+                    int, int64_t, float, float*, int, int64_t, int batch) override {
+    flops_ += 2.0 * M * N * K * batch;
+  }
+  void embedding_forward(float*, const float*, const int*, int, int) override {}
+  void embedding_backward(float*, const float*, const int*, int, int) override {}
+  void rmsnorm_forward(float*, float*, const float*, const float*, int, int, float) override {}
+  void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int,
+                        int) override {}
+  void relu_forward(float*, int64_t) override {}
+  void relu_backward(float*, const float*, int64_t) override {}
+  void add(float*, const float*, int64_t) override {}
+  void scale(float*, float, int64_t) override {}
+  void copy(float*, const float*, int64_t) override {}
+  void fill(float*, float, int64_t) override {}
+  void init_uniform(float*, int64_t, uint64_t, int64_t, float) override {}
+  void position_bias_forward(float*, const float*, const int*, int, int, int) override {}
+  void position_bias_backward(float*, const float*, const int*, int, int, int) override {}
+  void softmax_forward(float*, const float*, bool, int, int, int, int) override {}
+  void softmax_backward(float*, const float*, float*, int, int, int, int) override {}
+  void cross_entropy(float*, float*, const int*, int, int, float) override {}
+  void adam(float*, const float*, float*, float*, int64_t, const AdamConfig&, int) override {}
+
+  std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
+  Request all_reduce(float*, int64_t, Comm&) override { return next_request_++; }
+  Request all_gather(const float*, float*, int64_t, Comm&) override { return next_request_++; }
+  Request reduce_scatter(const float*, float*, int64_t, Comm&) override { return next_request_++; }
+  void wait(Request) override {}
+  bool test(Request) override { return true; }
+  void synchronize() override {}
+  double now() const override { return 0.0; }
+
+  double flops_ = 0.0;
+
+ private:
+  uintptr_t next_ = 4096;
+  std::unordered_map<uintptr_t, std::pair<size_t, MemCategory>> allocs_;
+  Request next_request_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Comm> make_planned_comm(int size, int rank) {
+  return std::make_unique<NullComm>(size, rank);
+}
+
+std::unique_ptr<Backend> make_counting_backend() { return std::make_unique<CountingBackend>(); }
+
+double counted_gemm_flops(const Backend& b) {
+  const auto* c = dynamic_cast<const CountingBackend*>(&b);
+  SB_ASSERT(c, "counted_gemm_flops needs the counting backend");
+  return c->flops_;
+}
+
+}  // namespace sb

@@ -1,0 +1,385 @@
+// CPU backend: OpenBLAS GEMMs, plain loops for the elementwise ops, MPI non-blocking
+// collectives. MPI only progresses a non-blocking collective when it is called, so every
+// compute operation ends with a poll of the outstanding requests: that is what lets a
+// bucket all-reduce or a prefetched all-gather advance while backward computes.
+#include <cblas.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <unordered_map>
+#include <vector>
+
+#include "shardbench/backend.h"
+#include "shardbench/check.h"
+#include "shardbench/model.h"
+#include "shardbench/rng.h"
+
+namespace sb {
+namespace {
+
+class MpiComm : public Comm {
+ public:
+  explicit MpiComm(MPI_Comm c) : comm(c) {
+    MPI_CHECK(MPI_Comm_size(c, &size_));
+    MPI_CHECK(MPI_Comm_rank(c, &rank_));
+  }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  MPI_Comm comm;
+
+ private:
+  int size_ = 0, rank_ = 0;
+};
+
+struct Pending {
+  MPI_Request req = MPI_REQUEST_NULL;
+  OpKind kind;
+  Phase phase;
+  int unit, lane;
+  double start;
+  int64_t bytes;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend() : epoch_(std::chrono::steady_clock::now()) {}
+  ~CpuBackend() override {
+    for (auto& [p, a] : allocs_) std::free(p);
+  }
+  std::string name() const override { return "cpu"; }
+  std::string device_name() const override {
+    char host[256] = "?";
+    gethostname(host, sizeof host - 1);
+    return std::string("cpu:") + host;
+  }
+
+  // ---- memory ----
+  void* alloc(size_t bytes, MemCategory cat) override {
+    const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, rounded);
+    if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
+                     mem_category_name(cat));
+    allocs_[p] = {bytes, cat};
+    account_alloc(cat, int64_t(bytes));
+    return p;
+  }
+  void release(void* p) override {
+    if (!p) return;
+    auto it = allocs_.find(p);
+    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
+    account_free(it->second.cat, int64_t(it->second.bytes));
+    allocs_.erase(it);
+    std::free(p);
+  }
+  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+
+  // ---- compute ----
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+            const float* B, int ldb, float beta, float* C, int ldc) override {
+    const double t0 = now();
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const int32_t shape[5] = {M, N, K, 1, int(ta) | int(tb) << 1};
+    done(OpKind::Gemm, t0, 4 * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+         2.0 * M * N * K, shape);
+  }
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
+                    int64_t sa, const float* B, int ldb, int64_t sb, float beta, float* C, int ldc,
+                    int64_t sc, int batch) override {
+    const double t0 = now();
+    const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+    for (int i = 0; i < batch; ++i)
+      cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta,
+                  C + i * sc, ldc);
+    const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
+    done(OpKind::Gemm, t0,
+         4 * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+         2.0 * M * N * K * batch, shape);
+  }
+  void embedding_forward(float* out, const float* table, const int* ids, int n, int d) override {
+    const double t0 = now();
+    for (int i = 0; i < n; ++i) std::memcpy(out + int64_t(i) * d, table + int64_t(ids[i]) * d, 4 * size_t(d));
+    done(OpKind::Elementwise, t0, 8 * int64_t(n) * d);
+  }
+  void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) override {
+    const double t0 = now();
+    for (int i = 0; i < n; ++i) {
+      float* row = dtable + int64_t(ids[i]) * d;
+      const float* g = dout + int64_t(i) * d;
+      for (int j = 0; j < d; ++j) row[j] += g[j];
+    }
+    done(OpKind::Elementwise, t0, 12 * int64_t(n) * d);
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
+                       float eps) override {
+    const double t0 = now();
+    for (int i = 0; i < n; ++i) {
+      const float* xi = x + int64_t(i) * d;
+      float* oi = out + int64_t(i) * d;
+      double ss = 0;
+      for (int j = 0; j < d; ++j) ss += double(xi[j]) * xi[j];
+      const float r = float(1.0 / std::sqrt(ss / d + eps));
+      rstd[i] = r;
+      for (int j = 0; j < d; ++j) oi[j] = xi[j] * r * w[j];
+    }
+    done(OpKind::Elementwise, t0, 8 * int64_t(n) * d);
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                        const float* rstd, int n, int d) override {
+    const double t0 = now();
+    for (int i = 0; i < n; ++i) {
+      const float* xi = x + int64_t(i) * d;
+      const float* gi = dout + int64_t(i) * d;
+      float* dxi = dx + int64_t(i) * d;
+      const float r = rstd[i];
+      // out_j = x_j r w_j, r = (mean x^2 + eps)^-1/2  ⇒  dx_j = r (g_j w_j − x_j r² mean_k(g_k w_k x_k))
+      double dot = 0;
+      for (int j = 0; j < d; ++j) dot += double(gi[j]) * w[j] * xi[j];
+      const float c = float(dot / d) * r * r;
+      for (int j = 0; j < d; ++j) {
+        dxi[j] += r * (gi[j] * w[j] - xi[j] * c);
+        dw[j] += gi[j] * xi[j] * r;
+      }
+    }
+    done(OpKind::Elementwise, t0, 16 * int64_t(n) * d);
+  }
+  void relu_forward(float* x, int64_t n) override {
+    const double t0 = now();
+    for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
+    done(OpKind::Elementwise, t0, 8 * n);
+  }
+  void relu_backward(float* dy, const float* y, int64_t n) override {
+    const double t0 = now();
+    for (int64_t i = 0; i < n; ++i) dy[i] = y[i] > 0.f ? dy[i] : 0.f;
+    done(OpKind::Elementwise, t0, 12 * n);
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    const double t0 = now();
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    done(OpKind::Elementwise, t0, 12 * n);
+  }
+  void scale(float* x, float a, int64_t n) override {
+    const double t0 = now();
+    for (int64_t i = 0; i < n; ++i) x[i] *= a;
+    done(OpKind::Elementwise, t0, 8 * n);
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    const double t0 = now();
+    std::memcpy(dst, src, size_t(n) * 4);
+    done(OpKind::Copy, t0, 8 * n);
+  }
+  void fill(float* x, float value, int64_t n) override {
+    const double t0 = now();
+    std::fill(x, x + n, value);
+    done(OpKind::Elementwise, t0, 4 * n);
+  }
+  void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
+    const double t0 = now();
+    for (int64_t i = 0; i < n; ++i) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
+    done(OpKind::Elementwise, t0, 4 * n);
+  }
+  void position_bias_forward(float* bias, const float* table, const int* buckets, int heads, int tq,
+                             int tk) override {
+    const double t0 = now();
+    const int64_t tt = int64_t(tq) * tk;
+    for (int h = 0; h < heads; ++h)
+      for (int64_t ij = 0; ij < tt; ++ij) bias[h * tt + ij] = table[int64_t(buckets[ij]) * heads + h];
+    done(OpKind::Elementwise, t0, 8 * heads * tt);
+  }
+  void position_bias_backward(float* dtable, const float* dbias, const int* buckets, int heads,
+                              int tq, int tk) override {
+    const double t0 = now();
+    const int64_t tt = int64_t(tq) * tk;
+    for (int h = 0; h < heads; ++h)
+      for (int64_t ij = 0; ij < tt; ++ij) dtable[int64_t(buckets[ij]) * heads + h] += dbias[h * tt + ij];
+    done(OpKind::Elementwise, t0, 8 * heads * tt);
+  }
+  void softmax_forward(float* s, const float* bias, bool causal, int batch, int heads, int tq,
+                       int tk) override {
+    const double t0 = now();
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < tq; ++i) {
+          float* row = s + ((int64_t(b) * heads + h) * tq + i) * tk;
+          const float* brow = bias ? bias + (int64_t(h) * tq + i) * tk : nullptr;
+          const int valid = causal ? std::min(tk, i + 1) : tk;
+          float mx = -INFINITY;
+          for (int j = 0; j < valid; ++j) {
+            if (brow) row[j] += brow[j];
+            mx = std::max(mx, row[j]);
+          }
+          float sum = 0.f;
+          for (int j = 0; j < valid; ++j) sum += (row[j] = std::exp(row[j] - mx));
+          const float inv = 1.f / sum;
+          for (int j = 0; j < valid; ++j) row[j] *= inv;
+          for (int j = valid; j < tk; ++j) row[j] = 0.f;
+        }
+    done(OpKind::Elementwise, t0, 8 * int64_t(batch) * heads * tq * tk);
+  }
+  void softmax_backward(float* ds, const float* p, float* dbias, int batch, int heads, int tq,
+                        int tk) override {
+    const double t0 = now();
+    for (int b = 0; b < batch; ++b)
+      for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < tq; ++i) {
+          const int64_t off = ((int64_t(b) * heads + h) * tq + i) * tk;
+          float* g = ds + off;
+          const float* pr = p + off;
+          float dot = 0.f;
+          for (int j = 0; j < tk; ++j) dot += g[j] * pr[j];
+          for (int j = 0; j < tk; ++j) g[j] = pr[j] * (g[j] - dot);
+          if (dbias) {
+            float* db = dbias + (int64_t(h) * tq + i) * tk;
+            for (int j = 0; j < tk; ++j) db[j] += g[j];
+          }
+        }
+    done(OpKind::Elementwise, t0, 12 * int64_t(batch) * heads * tq * tk);
+  }
+  void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
+                     float grad_scale) override {
+    const double t0 = now();
+    for (int i = 0; i < n; ++i) {
+      float* row = logits + int64_t(i) * vocab;
+      float mx = -INFINITY;
+      for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
+      double sum = 0;
+      for (int j = 0; j < vocab; ++j) sum += std::exp(double(row[j] - mx));
+      losses[i] = float(std::log(sum) + mx - row[labels[i]]);
+      const float inv = float(1.0 / sum);
+      for (int j = 0; j < vocab; ++j) row[j] = std::exp(row[j] - mx) * inv * grad_scale;
+      row[labels[i]] -= grad_scale;
+    }
+    done(OpKind::Elementwise, t0, 8 * int64_t(n) * vocab);
+  }
+  void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConfig& c,
+            int step) override {
+    const double t0 = now();
+    const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
+    for (int64_t i = 0; i < n; ++i) {
+      m[i] = c.beta1 * m[i] + (1.f - c.beta1) * g[i];
+      v[i] = c.beta2 * v[i] + (1.f - c.beta2) * g[i] * g[i];
+      p[i] -= c.lr * (m[i] / bc1) / (std::sqrt(v[i] / bc2) + c.eps);
+    }
+    done(OpKind::Optimizer, t0, 28 * n);
+  }
+
+  // ---- collectives ----
+  std::unique_ptr<Comm> make_comm(MPI_Comm c) override { return std::make_unique<MpiComm>(c); }
+
+  Request all_reduce(float* buf, int64_t count, Comm& c) override {
+    Pending p = begin(OpKind::AllReduce, count * 4);
+    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count), MPI_FLOAT, MPI_SUM, mpi(c), &p.req));
+    return enqueue(p);
+  }
+  Request all_gather(const float* send, float* recv, int64_t count, Comm& c) override {
+    Pending p = begin(OpKind::AllGather, count * 4 * c.size());
+    MPI_CHECK(MPI_Iallgather(send, mpi_count(count), MPI_FLOAT, recv, mpi_count(count), MPI_FLOAT,
+                             mpi(c), &p.req));
+    return enqueue(p);
+  }
+  Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& c) override {
+    Pending p = begin(OpKind::ReduceScatter, count * 4 * c.size());
+    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(count), MPI_FLOAT, MPI_SUM, mpi(c),
+                                        &p.req));
+    return enqueue(p);
+  }
+  void wait(Request r) override {
+    auto it = pending_.find(r);
+    if (it == pending_.end()) return;  // already completed by a poll
+    const double t0 = now();
+    MPI_CHECK(MPI_Wait(&it->second.req, MPI_STATUS_IGNORE));
+    const double t1 = now();
+    finish(it->second, t1);
+    pending_.erase(it);
+    record(OpKind::Wait, 0, t0, t1, 0, 0.0);
+    poll();
+  }
+  bool test(Request r) override {
+    poll();
+    return pending_.find(r) == pending_.end();
+  }
+  void synchronize() override {}
+
+  double now() const override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  }
+
+ private:
+  struct Alloc {
+    size_t bytes;
+    MemCategory cat;
+  };
+
+  static MPI_Comm mpi(Comm& c) { return static_cast<MpiComm&>(c).comm; }
+  static int mpi_count(int64_t n) {
+    SB_ASSERT(n <= INT32_MAX, "collective of more than 2^31 elements");
+    return int(n);
+  }
+
+  // Records a compute operation and lets outstanding collectives advance.
+  void done(OpKind kind, double t0, int64_t bytes, double flops = 0.0,
+            const int32_t* gemm_shape = nullptr) {
+    record(kind, 0, t0, now(), bytes, flops, gemm_shape);
+    if (!pending_.empty()) poll();
+  }
+
+  Pending begin(OpKind kind, int64_t bytes) {
+    Pending p;
+    p.kind = kind;
+    p.phase = phase();
+    p.unit = unit();
+    p.start = now();
+    p.bytes = bytes;
+    p.lane = free_lane();
+    return p;
+  }
+  Request enqueue(const Pending& p) {
+    lane_busy_[p.lane - 1] = true;
+    pending_[next_id_] = p;
+    return next_id_++;
+  }
+  // Communication lanes are assigned first-free, so events never overlap within a lane.
+  int free_lane() {
+    for (size_t i = 0; i < lane_busy_.size(); ++i)
+      if (!lane_busy_[i]) return int(i) + 1;
+    lane_busy_.push_back(false);
+    return int(lane_busy_.size());
+  }
+  void finish(const Pending& p, double t_end) {
+    lane_busy_[p.lane - 1] = false;
+    if (recorder_) recorder_->on_op(OpEvent{p.kind, p.phase, p.unit, p.lane, p.start, t_end, p.bytes, 0.0, {0, 0, 0, 0, 0}});
+  }
+  void poll() {
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      int flag = 0;
+      MPI_CHECK(MPI_Test(&it->second.req, &flag, MPI_STATUS_IGNORE));
+      if (flag) {
+        finish(it->second, now());
+        it = pending_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  std::chrono::steady_clock::time_point epoch_;
+  std::unordered_map<void*, Alloc> allocs_;
+  std::unordered_map<Request, Pending> pending_;
+  std::vector<bool> lane_busy_;
+  Request next_id_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  // One BLAS thread per rank unless the user asks otherwise: ranks already fill the cores.
+  if (!std::getenv("OPENBLAS_NUM_THREADS")) openblas_set_num_threads(1);
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace sb

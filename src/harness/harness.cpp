@@ -1,0 +1,326 @@
+// The timing protocol, written once for every training program:
+//   parse → validate against the world → plan → (out of memory? report, exit 3) →
+//   build backend, mesh, strategy → warm-up + timed steps (barrier, step, cross-rank
+//   reduction, rank-0 line) → summary → optional --check against a single-rank reference.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <sstream>
+#include <tuple>
+
+#include "shardbench/check.h"
+#include "shardbench/harness.h"
+#include "shardbench/t5.h"
+#include "shardbench/trace.h"
+
+namespace sb {
+namespace {
+
+// Rank-0 printing goes through one helper.
+struct Out {
+  int rank = 0;
+  template <class... A>
+  void operator()(const char* fmt, A... a) const {
+    if (rank != 0) return;
+    std::printf(fmt, a...);
+    std::fflush(stdout);
+  }
+};
+
+int64_t host_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE); }
+
+int local_ranks() {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int n = 0;
+  MPI_CHECK(MPI_Comm_size(node, &n));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return n;
+}
+
+// Peak resident set of this process (VmHWM): an independent check of the accounted peak.
+int64_t rss_high_water() {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmHWM:") {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+void print_config(const Out& out, const RunConfig& c, int world, int shard) {
+  const ModelSpec& m = c.model;
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"program", c.program},
+      {"strategy", c.strategy.label()},
+      {"model", m.name},
+      {"parameters", with_commas(param_count(m))},
+      {"d_model / d_ff / d_kv", std::to_string(m.d_model) + " / " + std::to_string(m.d_ff) + " / " + std::to_string(m.d_kv)},
+      {"layers (enc+dec) / heads", std::to_string(m.layers) + "+" + std::to_string(m.layers) + " / " + std::to_string(m.heads)},
+      {"vocab", std::to_string(m.vocab)},
+      {"world / shard group / replicas", std::to_string(world) + " / " + std::to_string(shard) + " / " + std::to_string(world / shard)},
+      {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * world)},
+      {"seq len enc / dec", std::to_string(c.shape.enc_len) + " / " + std::to_string(c.shape.dec_len)},
+      {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
+      {"backend / dtype", c.backend + " / fp32"},
+      {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
+      {"seed", std::to_string(c.strategy.seed)},
+  };
+  if (c.strategy.kind == StrategyKind::DDP) {
+    rows.push_back({"bucket cap", std::to_string(c.strategy.bucket_mb) + " MiB (first 1 MiB)"});
+  } else {
+    rows.push_back({"backward prefetch", prefetch_name(c.strategy.prefetch)});
+    rows.push_back({"forward prefetch", c.strategy.forward_prefetch ? "on" : "off"});
+  }
+  out("+--------------------------------+----------------------------------+\n");
+  for (const auto& [k, v] : rows) out("| %-30s | %-32s |\n", k.c_str(), v.c_str());
+  out("+--------------------------------+----------------------------------+\n");
+}
+
+// Step figures reduced across ranks.
+struct GlobalStep {
+  double time = 0;          // max over ranks
+  double loss = 0;          // mean token loss of the global batch
+  double compute = 0, communication = 0, exposed = 0, overhead = 0;  // mean over ranks
+  double gemm = 0, gemm_flops = 0;  // mean over ranks
+  int64_t peak = 0;                 // max over ranks
+};
+
+GlobalStep reduce_step(const StepStats& s, double loss_sum, double global_tokens, int world) {
+  double local_max[1] = {s.time()}, global_max[1];
+  double local_sum[7] = {loss_sum, s.compute, s.communication, s.exposed_comm, s.overhead(), s.gemm, s.gemm_flops};
+  double global_sum[7];
+  int64_t peak = 0;
+  MPI_CHECK(MPI_Allreduce(local_max, global_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(local_sum, global_sum, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(&s.peak_memory, &peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  GlobalStep g;
+  g.time = global_max[0];
+  g.loss = global_sum[0] / global_tokens;
+  g.compute = global_sum[1] / world;
+  g.communication = global_sum[2] / world;
+  g.exposed = global_sum[3] / world;
+  g.overhead = global_sum[4] / world;
+  g.gemm = global_sum[5] / world;
+  g.gemm_flops = global_sum[6] / world;
+  g.peak = peak;
+  return g;
+}
+
+// Replays the GEMM shapes of one step outside the step, on fresh buffers, and returns the
+// achieved FLOP/s: the reference for the GEMM rate inside the step.
+double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
+  int64_t max_a = 1, max_b = 1, max_c = 1;
+  for (const OpEvent& e : events)
+    if (e.kind == OpKind::Gemm) {
+      const int64_t m = e.gemm[0], n = e.gemm[1], k = e.gemm[2], batch = e.gemm[3];
+      max_a = std::max(max_a, m * k * batch);
+      max_b = std::max(max_b, k * n * batch);
+      max_c = std::max(max_c, m * n * batch);
+    }
+  float* A = b.alloc_floats(max_a, MemCategory::Workspace);
+  float* B = b.alloc_floats(max_b, MemCategory::Workspace);
+  float* C = b.alloc_floats(max_c, MemCategory::Workspace);
+  b.init_uniform(A, max_a, 1, 0, 1.f);
+  b.init_uniform(B, max_b, 2, 0, 1.f);
+  b.fill(C, 0.f, max_c);
+  b.synchronize();
+  const double t0 = b.now();
+  double flops = 0;
+  for (const OpEvent& e : events) {
+    if (e.kind != OpKind::Gemm) continue;
+    const int m = e.gemm[0], n = e.gemm[1], k = e.gemm[2], batch = e.gemm[3];
+    const bool ta = e.gemm[4] & 1, tb = e.gemm[4] & 2;
+    const int lda = ta ? m : k, ldb = tb ? k : n;
+    b.gemm_batched(ta, tb, m, n, k, 1.f, A, lda, int64_t(m) * k, B, ldb, int64_t(k) * n, 1.f, C, n,
+                   int64_t(m) * n, batch);
+    flops += e.flops;
+  }
+  b.synchronize();
+  const double t = b.now() - t0;
+  for (float* p : {A, B, C}) b.release(p);
+  return flops / t;
+}
+
+// Trains a single-rank replica on the whole global batch (MPI_COMM_SELF, rank 0 only) and
+// returns its final weights per unit.
+std::vector<std::vector<float>> reference_weights(const RunConfig& cfg, int world) {
+  auto backend = make_backend(cfg.backend);
+  Mesh mesh = Mesh::split(*backend, MPI_COMM_SELF, 1);
+  StrategyConfig rc = cfg.strategy;
+  rc.kind = StrategyKind::DDP;
+  StepShape shape = cfg.shape;
+  shape.batch *= world;
+  auto ref = make_strategy(rc, cfg.model, *backend, mesh, shape);
+  for (int s = 1; s <= cfg.warmup + cfg.steps; ++s)
+    ref->step(s, make_tokens(cfg.strategy.seed, s, 0, shape, cfg.model.vocab));
+  std::vector<std::vector<float>> w;
+  for (size_t u = 0; u < ref->model().units().size(); ++u) w.push_back(ref->gather_unit(int(u)));
+  return w;
+}
+
+// Compares every unit's final weights with the reference; true when within tolerance.
+bool check_weights(const Out& out, const RunConfig& cfg, Strategy& strategy, int rank, int world) {
+  std::vector<std::vector<float>> ref;
+  if (rank == 0) ref = reference_weights(cfg, world);
+  double diff2 = 0, ref2 = 0, max_abs = 0;
+  for (size_t u = 0; u < strategy.model().units().size(); ++u) {
+    std::vector<float> w = strategy.gather_unit(int(u));  // collective on the shard group
+    if (rank != 0) continue;
+    for (size_t i = 0; i < w.size(); ++i) {
+      const double d = double(w[i]) - ref[u][i];
+      diff2 += d * d;
+      ref2 += double(ref[u][i]) * ref[u][i];
+      max_abs = std::max(max_abs, std::fabs(d));
+    }
+  }
+  int ok = 1;
+  if (rank == 0) {
+    const double rel = std::sqrt(diff2 / ref2);
+    ok = rel <= cfg.check_tolerance;
+    out("check: final weights vs single-rank reference (global batch %lld on 1 rank): "
+        "relative error %.3e (tolerance %.1e), max abs diff %.3e -> %s\n",
+        (long long)(cfg.shape.batch * world), rel, cfg.check_tolerance, max_abs, ok ? "PASS" : "FAIL");
+  }
+  MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  return ok;
+}
+
+int run(const RunConfig& cfg, int rank, int world) {
+  const Out out{rank};
+  const int plan_world = cfg.plan_world ? cfg.plan_world : world;
+  const int shard = shard_group_size(cfg.strategy, plan_world);
+  ParallelLayout::make(plan_world, 0, shard);  // validates before any work
+
+  MemoryPlan plan = plan_memory(cfg, plan_world);
+  plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
+                                     : host_memory_bytes() / local_ranks();
+  print_config(out, cfg, plan_world, shard);
+  if (cfg.plan_only) {
+    out("%s", format_plan(cfg, plan).c_str());
+    return plan.fits() ? kExitOk : kExitOutOfMemory;
+  }
+  if (!plan.fits()) {
+    out("%s", format_plan(cfg, plan).c_str());
+    out("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
+        "nothing was allocated\n",
+        human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
+    return kExitOutOfMemory;
+  }
+
+  auto backend = make_backend(cfg.backend);
+  Mesh mesh = Mesh::split(*backend, MPI_COMM_WORLD, shard);
+  TraceRecorder recorder;
+  backend->set_recorder(&recorder);
+  auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
+
+  const double model_flops = model_flops_per_step(cfg.model, cfg.shape);
+  const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing);
+  const double global_tokens = double(cfg.shape.batch) * world * cfg.shape.dec_len;
+  const double tokens_per_step = double(cfg.shape.batch) * world * (cfg.shape.enc_len + cfg.shape.dec_len);
+  std::vector<GlobalStep> timed;
+  std::vector<OpEvent> last_events;
+  out("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
+      "exposed ms", "peak mem");
+  for (int s = 1; s <= cfg.warmup + cfg.steps; ++s) {
+    const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(rank) * cfg.shape.batch, cfg.shape,
+                                      cfg.model.vocab);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    backend->synchronize();
+    recorder.begin_step(s, backend->now());
+    const double loss_sum = strategy->step(s, tokens);
+    backend->synchronize();
+    const StepStats st = recorder.end_step(backend->now(), backend->mem_peak_total());
+    const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world);
+    const bool warm = s <= cfg.warmup;
+    if (!warm) timed.push_back(g);
+    if (s == cfg.warmup + cfg.steps) last_events = recorder.events();
+    out("%-6s %-10.5f %12.2f %12.4f %14.0f %13.2f %12s%s\n",
+        (std::to_string(s) + "/" + std::to_string(cfg.warmup + cfg.steps)).c_str(), g.loss, g.time * 1e3,
+        model_flops / g.time / 1e12, tokens_per_step / g.time, g.exposed * 1e3,
+        human_bytes(double(g.peak)).c_str(), warm ? "  (warm-up)" : "");
+  }
+
+  auto med = [&](double GlobalStep::*f) {
+    std::vector<double> v;
+    for (const auto& g : timed) v.push_back(g.*f);
+    return median(v);
+  };
+  const double t = med(&GlobalStep::time);
+  const double gemm_rate = med(&GlobalStep::gemm_flops) / med(&GlobalStep::gemm);
+  backend->set_recorder(nullptr);
+  const double raw_rate = replay_gemms(*backend, last_events);
+  double rate_min = gemm_rate / raw_rate;
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rate_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
+  int64_t measured = backend->mem_peak_total(), rss = rss_high_water();
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &measured, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+
+  out("summary over %d timed steps (medians; times: slowest rank; breakdown: mean over ranks)\n", cfg.steps);
+  out("  step time            %.2f ms\n", t * 1e3);
+  out("  TFLOPS per rank      %.4f model, %.4f hardware\n", model_flops / t / 1e12, hw_flops / t / 1e12);
+  out("  tokens/s             %.0f (enc+dec tokens of the global batch)\n", tokens_per_step / t);
+  out("  compute              %.2f ms (GEMM %.2f ms at %.2f GFLOP/s)\n", med(&GlobalStep::compute) * 1e3,
+      med(&GlobalStep::gemm) * 1e3, gemm_rate / 1e9);
+  out("  communication        %.2f ms issued, %.2f ms exposed (not overlapped)\n",
+      med(&GlobalStep::communication) * 1e3, med(&GlobalStep::exposed) * 1e3);
+  out("  harness overhead     %.3f ms (%.2f%% of the step)\n", med(&GlobalStep::overhead) * 1e3,
+      100 * med(&GlobalStep::overhead) / t);
+  out("  GEMM rate in step    %.1f%% of the same GEMM shapes replayed outside the step (worst rank)\n",
+      100 * rate_min);
+  out("  peak memory / rank   %s accounted, plan %s (%.2f%%), process RSS high-water %s\n",
+      human_bytes(double(measured)).c_str(), human_bytes(double(plan.peak_total)).c_str(),
+      100.0 * double(measured) / double(plan.peak_total), human_bytes(double(rss)).c_str());
+  out("RESULT program=%s strategy=%s model=%s world=%d batch=%lld seq=%lld step_ms=%.3f "
+      "tflops_per_rank=%.5f tokens_per_s=%.1f exposed_ms=%.3f overhead_pct=%.3f peak_bytes=%lld "
+      "plan_bytes=%lld loss=%.6f\n",
+      cfg.program.c_str(), cfg.strategy.label().c_str(), cfg.model.name.c_str(), world,
+      (long long)cfg.shape.batch, (long long)cfg.shape.enc_len, t * 1e3, model_flops / t / 1e12,
+      tokens_per_step / t, med(&GlobalStep::exposed) * 1e3, 100 * med(&GlobalStep::overhead) / t,
+      (long long)measured, (long long)plan.peak_total, timed.back().loss);
+
+  if (cfg.check && !check_weights(out, cfg, *strategy, rank, world)) return kExitCheckFailed;
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_program(int argc, char** argv, StrategyKind kind) {
+  MPI_CHECK(MPI_Init(&argc, &argv));
+  int rank = 0, world = 1;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  int code = kExitOk;
+  RunConfig cfg;
+  try {
+    if (parse_options(argc, argv, kind, cfg)) code = run(cfg, rank, world);
+  } catch (const UsageError& e) {
+    // Every rank parsed the same argv and failed the same way: all exit, none hangs.
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = kExitUsage;
+  } catch (const std::exception& e) {
+    SB_FATAL(std::string("unexpected error: ") + e.what());
+  }
+  MPI_CHECK(MPI_Finalize());
+  return code;
+}
+
+}  // namespace sb

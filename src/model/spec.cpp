@@ -1,0 +1,197 @@
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "shardbench/check.h"
+#include "shardbench/model.h"
+
+namespace sb {
+
+namespace {
+ModelSpec make(const char* name, int64_t d, int64_t ff, int64_t layers, int64_t heads, int64_t dkv,
+               int64_t vocab) {
+  ModelSpec s;
+  s.name = name;
+  s.d_model = d;
+  s.d_ff = ff;
+  s.layers = layers;
+  s.heads = heads;
+  s.d_kv = dkv;
+  s.vocab = vocab;
+  return s;
+}
+
+const std::vector<ModelSpec>& presets() {
+  // The three study models: ../shared/reference.md (FSDP paper, VLDB 2023, section 5).
+  static const std::vector<ModelSpec> p = {
+      make("t5-611m", 1024, 2816, 24, 16, 64, 32128),
+      make("t5-2.28b", 2048, 5120, 24, 32, 64, 32128),
+      make("t5-11.3b", 1024, 65536, 24, 128, 128, 32128),
+      make("t5-small", 256, 1024, 4, 4, 64, 8192),
+      make("t5-tiny", 32, 64, 2, 2, 8, 96),
+  };
+  return p;
+}
+}  // namespace
+
+std::vector<std::string> model_preset_names() {
+  std::vector<std::string> names;
+  for (const auto& p : presets()) names.push_back(p.name);
+  return names;
+}
+
+ModelSpec model_preset(const std::string& name) {
+  for (const auto& p : presets())
+    if (p.name == name) return p;
+  std::string allowed;
+  for (const auto& n : model_preset_names()) allowed += (allowed.empty() ? "" : ", ") + n;
+  throw UsageError("unknown model '" + name + "' (allowed: " + allowed + ")");
+}
+
+void validate(const ModelSpec& s) {
+  const std::pair<const char*, int64_t> fields[] = {
+      {"--d-model", s.d_model}, {"--d-ff", s.d_ff},   {"--layers", s.layers},
+      {"--heads", s.heads},     {"--d-kv", s.d_kv},   {"--vocab", s.vocab}};
+  for (const auto& [flag, v] : fields)
+    if (v <= 0) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (must be > 0)");
+}
+
+const char* unit_kind_name(UnitKind k) {
+  switch (k) {
+    case UnitKind::Root: return "root";
+    case UnitKind::EncoderBlock: return "encoder";
+    case UnitKind::DecoderBlock: return "decoder";
+  }
+  return "?";
+}
+
+const TensorSpec& UnitSpec::tensor(const std::string& n) const {
+  for (const auto& t : tensors)
+    if (t.name == n) return t;
+  SB_FATAL("unit " + name + " has no tensor " + n);
+}
+
+namespace {
+struct UnitBuilder {
+  UnitSpec u;
+  void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale) {
+    TensorSpec t;
+    t.name = name;
+    t.rows = rows;
+    t.cols = cols;
+    t.offset = u.numel;
+    t.init = init;
+    t.init_scale = scale;
+    u.numel += t.numel();
+    u.tensors.push_back(t);
+  }
+  // A Linear [out, in]: uniform(±1/sqrt(in)) keeps activations O(1) through the stack.
+  void linear(const std::string& name, int64_t out, int64_t in) {
+    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)));
+  }
+  void norm(const std::string& name, int64_t d) { add(name, 1, d, InitKind::Ones, 0.f); }
+  void attention(const std::string& p, const ModelSpec& s) {
+    linear(p + ".q", s.inner(), s.d_model);
+    linear(p + ".k", s.inner(), s.d_model);
+    linear(p + ".v", s.inner(), s.d_model);
+    linear(p + ".o", s.d_model, s.inner());
+  }
+};
+}  // namespace
+
+std::vector<UnitSpec> model_units(const ModelSpec& s) {
+  std::vector<UnitSpec> units;
+  {
+    UnitBuilder b;
+    b.u.kind = UnitKind::Root;
+    b.u.name = "root";
+    b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f);
+    b.norm("encoder.final_norm", s.d_model);
+    b.norm("decoder.final_norm", s.d_model);
+    units.push_back(b.u);
+  }
+  for (int stack = 0; stack < 2; ++stack) {
+    const bool dec = stack == 1;
+    for (int l = 0; l < s.layers; ++l) {
+      UnitBuilder b;
+      b.u.kind = dec ? UnitKind::DecoderBlock : UnitKind::EncoderBlock;
+      b.u.layer = l;
+      b.u.name = std::string(dec ? "decoder." : "encoder.") + std::to_string(l);
+      if (l == 0) b.add("rel_bias", s.num_buckets, s.heads, InitKind::Uniform, 0.5f);
+      b.norm("ln1", s.d_model);
+      b.attention("self", s);
+      b.norm("ln2", s.d_model);
+      if (dec) {
+        b.attention("cross", s);
+        b.norm("ln3", s.d_model);
+      }
+      b.linear("wi", s.d_ff, s.d_model);
+      b.linear("wo", s.d_model, s.d_ff);
+      units.push_back(b.u);
+    }
+  }
+  return units;
+}
+
+int64_t param_count(const ModelSpec& s) {
+  int64_t n = 0;
+  for (const auto& u : model_units(s)) n += u.numel;
+  return n;
+}
+
+namespace {
+double gemm_flops(double m, double n, double k) { return 2.0 * m * n * k; }
+// Q, K, V, O projections plus scores (Q K^T) and context (P V) for every (batch, head).
+double attention_flops(const ModelSpec& s, double batch, double tq, double tk) {
+  const double d = s.d_model, inner = s.inner();
+  return gemm_flops(batch * tq, inner, d)            // Q
+         + 2 * gemm_flops(batch * tk, inner, d)      // K, V
+         + gemm_flops(batch * tq, d, inner)          // O
+         + 2 * batch * s.heads * gemm_flops(tq, tk, s.d_kv);  // scores, context
+}
+double ffn_flops(const ModelSpec& s, double tokens) {
+  return 2 * gemm_flops(tokens, s.d_ff, s.d_model);
+}
+}  // namespace
+
+double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x) {
+  return attention_flops(s, x.batch, x.enc_len, x.enc_len) + ffn_flops(s, double(x.batch) * x.enc_len);
+}
+double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x) {
+  return attention_flops(s, x.batch, x.dec_len, x.dec_len) +
+         attention_flops(s, x.batch, x.dec_len, x.enc_len) + ffn_flops(s, double(x.batch) * x.dec_len);
+}
+double forward_flops_head(const ModelSpec& s, const StepShape& x) {
+  return gemm_flops(double(x.batch) * x.dec_len, s.vocab, s.d_model);
+}
+double forward_flops(const ModelSpec& s, const StepShape& x) {
+  return s.layers * (forward_flops_encoder_block(s, x) + forward_flops_decoder_block(s, x)) +
+         forward_flops_head(s, x);
+}
+double model_flops_per_step(const ModelSpec& s, const StepShape& x) { return 3 * forward_flops(s, x); }
+double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing) {
+  double recompute = checkpointing ? s.layers * (forward_flops_encoder_block(s, x) +
+                                                 forward_flops_decoder_block(s, x))
+                                   : 0.0;
+  return model_flops_per_step(s, x) + recompute;
+}
+
+std::string with_commas(int64_t v) {
+  std::string digits = std::to_string(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+std::string human_bytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int i = 0;
+  while (b >= 1024 && i < 4) b /= 1024, ++i;
+  char buf[32];
+  std::snprintf(buf, sizeof buf, i ? "%.2f %s" : "%.0f %s", b, units[i]);
+  return buf;
+}
+
+}  // namespace sb

@@ -1,0 +1,503 @@
+// The T5 training step (Hugging Face T5 semantics, fp32) as forward/backward stages, every
+// tensor touched through Backend calls only (the counting backend hands out fake pointers).
+//
+// Data flow between stages (N_e = B*T_e encoder tokens, N_d = B*T_d decoder tokens):
+//   forward:  enc_h[0] → encoder blocks → enc_h[L] → Bridge → enc_out (cross-attn K/V)
+//             dec_h[0] → decoder blocks → dec_h[L] → Head → losses, dlogits
+//   backward: d_dec [N_d,d] and d_enc [N_e,d] hold d(loss)/d(hidden) and are updated in
+//             place stage by stage; d_enc_out [N_e,d] sums every decoder block's cross-attn
+//             K/V input gradient and is consumed by the Bridge backward.
+// Each stage owns what it allocates in forward (its output included) and frees it in its
+// backward; the output of stage s is read by stage s+1 in both directions, and s+1's
+// backward runs before s's, so the ownership is safe.
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "shardbench/check.h"
+#include "shardbench/t5.h"
+
+namespace sb {
+
+const char* stage_kind_name(Stage::Kind k) {
+  switch (k) {
+    case Stage::EncoderEmbed: return "encoder_embed";
+    case Stage::EncoderBlock: return "encoder_block";
+    case Stage::Bridge: return "bridge";
+    case Stage::DecoderBlock: return "decoder_block";
+    case Stage::Head: return "head";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr float kNormEps = 1e-6f;  // T5LayerNorm variance_epsilon
+
+// Hugging Face T5Attention._relative_position_bucket; relative_position = key - query.
+// The log branch is evaluated in float like the PyTorch original, then truncated.
+int relative_position_bucket(int relative_position, bool bidirectional, int num_buckets,
+                             int max_distance) {
+  int bucket = 0;
+  int n = num_buckets;
+  int rp = relative_position;
+  if (bidirectional) {
+    n /= 2;
+    if (rp > 0) bucket += n;
+    rp = std::abs(rp);
+  } else {
+    rp = rp < 0 ? -rp : 0;  // -min(rp, 0): only keys at or before the query
+  }
+  const int max_exact = n / 2;
+  if (rp < max_exact) return bucket + rp;
+  const float scaled = std::log(float(rp) / float(max_exact)) /
+                       std::log(float(max_distance) / float(max_exact)) * float(n - max_exact);
+  int large = max_exact + int(scaled);
+  if (large > n - 1) large = n - 1;
+  return bucket + large;
+}
+
+// One attention sub-layer's saved tensors.
+struct AttnState {
+  float* rstd = nullptr;   // [B*tq] of the pre-norm
+  float* xn = nullptr;     // [B*tq, d] normed query input (also the K/V input for self)
+  float* q = nullptr;      // [B*tq, inner]
+  float* k = nullptr;      // [B*tk, inner]
+  float* v = nullptr;      // [B*tk, inner]
+  float* probs = nullptr;  // [B, H, tq, tk]
+  float* ctx = nullptr;    // [B*tq, inner]
+};
+
+// One block's saved tensors (its output is owned separately: it outlives a recompute).
+struct BlockState {
+  AttnState self, cross;   // cross only in the decoder
+  float* x1 = nullptr;     // [N, d] after self-attention residual
+  float* x2 = nullptr;     // [N, d] after cross-attention residual (decoder)
+  float* rstd_ff = nullptr;  // [N]
+  float* xn_ff = nullptr;    // [N, d]
+  float* h = nullptr;        // [N, d_ff] after ReLU
+};
+
+}  // namespace
+
+struct T5Step::Impl {
+  Backend& b;
+  ModelSpec spec;
+  StepShape shape;
+  bool checkpointing;
+  float grad_scale;
+  std::vector<UnitSpec> units;
+  std::vector<Stage> stages;
+
+  int B, Te, Td, d, ff, H, dkv, inner, V, L, Ne, Nd;
+
+  // Live across the step (Workspace, constructor to destructor).
+  int* enc_ids = nullptr;      // [Ne]
+  int* dec_ids = nullptr;      // [Nd]
+  int* labels = nullptr;       // [Nd]
+  int* buckets[2] = {};        // [T*T] per stack (0 encoder, 1 decoder)
+  float* losses = nullptr;     // [Nd]
+  float* d_hidden[2] = {};     // d_enc [Ne,d], d_dec [Nd,d]
+  float* d_enc_out = nullptr;  // [Ne, d]
+  float* dbias[2] = {};        // [H, T, T] per stack, summed over the stack's blocks
+
+  // Produced by forward stages (owned by the producing stage's saved list).
+  std::vector<float*> hidden[2];  // [L+1] each: hidden[s][l] is block l's input
+  float* enc_out = nullptr;       // [Ne, d] encoder output after its final norm
+  float* bias[2] = {};            // [H, T, T] position bias, computed by block 0
+  float* bridge_rstd = nullptr;   // [Ne]
+  float* head_hn = nullptr;       // [Nd, d] decoder output after its final norm
+  float* head_rstd = nullptr;     // [Nd]
+  float* logits = nullptr;        // [Nd, V]; holds dlogits after the Head forward
+
+  std::vector<std::vector<void*>> saved;  // per stage: what its forward allocated
+  std::vector<BlockState> block_state;    // per stage (blocks only)
+  std::vector<bool> forwarded;            // per stage: saved state is live
+
+  Impl(const ModelSpec& s, Backend& be, const StepShape& x, bool ckpt, float gs)
+      : b(be), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), units(model_units(s)) {
+    validate(s);
+    SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
+    B = int(x.batch), Te = int(x.enc_len), Td = int(x.dec_len);
+    d = int(s.d_model), ff = int(s.d_ff), H = int(s.heads), dkv = int(s.d_kv);
+    inner = int(s.inner()), V = int(s.vocab), L = int(s.layers);
+    Ne = B * Te, Nd = B * Td;
+
+    stages.push_back({Stage::EncoderEmbed, 0, 0});
+    for (int l = 0; l < L; ++l) stages.push_back({Stage::EncoderBlock, 1 + l, l});
+    stages.push_back({Stage::Bridge, 0, 0});
+    for (int l = 0; l < L; ++l) stages.push_back({Stage::DecoderBlock, 1 + L + l, l});
+    stages.push_back({Stage::Head, 0, 0});
+    saved.resize(stages.size());
+    block_state.resize(stages.size());
+    forwarded.assign(stages.size(), false);
+    hidden[0].assign(L + 1, nullptr);
+    hidden[1].assign(L + 1, nullptr);
+
+    const MemCategory ws = MemCategory::Workspace;
+    enc_ids = b.alloc_ints(Ne, ws);
+    dec_ids = b.alloc_ints(Nd, ws);
+    labels = b.alloc_ints(Nd, ws);
+    for (int st = 0; st < 2; ++st) {
+      const int T = seq(st);
+      std::vector<int> table(size_t(T) * T);
+      for (int i = 0; i < T; ++i)
+        for (int j = 0; j < T; ++j)
+          table[size_t(i) * T + j] = relative_position_bucket(
+              j - i, /*bidirectional=*/st == 0, int(s.num_buckets), int(s.max_distance));
+      buckets[st] = b.alloc_ints(int64_t(T) * T, ws);
+      b.upload(buckets[st], table.data(), table.size() * sizeof(int));
+      dbias[st] = b.alloc_floats(int64_t(H) * T * T, ws);
+    }
+    losses = b.alloc_floats(Nd, ws);
+    d_hidden[0] = b.alloc_floats(int64_t(Ne) * d, ws);
+    d_hidden[1] = b.alloc_floats(int64_t(Nd) * d, ws);
+    d_enc_out = b.alloc_floats(int64_t(Ne) * d, ws);
+  }
+
+  ~Impl() {
+    for (size_t i = 0; i < stages.size(); ++i) release_saved(int(i));
+    void* bufs[] = {enc_ids, dec_ids,     labels,      buckets[0], buckets[1], dbias[0],
+                    dbias[1], losses, d_hidden[0], d_hidden[1], d_enc_out};
+    for (void* p : bufs) b.release(p);
+  }
+
+  int seq(int stack) const { return stack == 0 ? Te : Td; }
+  static int stack_of(const Stage& s) { return s.kind == Stage::DecoderBlock ? 1 : 0; }
+
+  const float* param(const float* W, const Stage& s, const std::string& name) const {
+    return W + units[s.unit].tensor(name).offset;
+  }
+  float* grad(float* G, const Stage& s, const std::string& name) const {
+    return G + units[s.unit].tensor(name).offset;
+  }
+
+  float* alloc(std::vector<void*>& owner, int64_t n, MemCategory cat) {
+    float* p = b.alloc_floats(n, cat);
+    owner.push_back(p);
+    return p;
+  }
+  float* act(int si, int64_t n) { return alloc(saved[si], n, MemCategory::Activations); }
+  void release_all(std::vector<void*>& owner) {
+    for (void* p : owner) b.release(p);
+    owner.clear();
+  }
+  void release_saved(int si) {
+    release_all(saved[si]);
+    forwarded[si] = false;
+  }
+
+  // ---------------------------------------------------------------- attention
+  AttnState alloc_attn(std::vector<void*>& o, MemCategory c, int tq, int tk) {
+    AttnState a;
+    a.rstd = alloc(o, int64_t(B) * tq, c);
+    a.xn = alloc(o, int64_t(B) * tq * d, c);
+    a.q = alloc(o, int64_t(B) * tq * inner, c);
+    a.k = alloc(o, int64_t(B) * tk * inner, c);
+    a.v = alloc(o, int64_t(B) * tk * inner, c);
+    a.probs = alloc(o, int64_t(B) * H * tq * tk, c);
+    a.ctx = alloc(o, int64_t(B) * tq * inner, c);
+    return a;
+  }
+
+  // out += Attn(q from a.xn, k/v from xkv). T5 does not scale scores by 1/sqrt(d_kv).
+  // xkv [B*tk, d]; bias [H, tq, tk] or null; out [B*tq, d].
+  void attention_forward(const float* W, const Stage& s, const std::string& p, AttnState& a,
+                         const float* xkv, int tq, int tk, const float* pos_bias, bool causal,
+                         float* out) {
+    const float *wq = param(W, s, p + ".q"), *wk = param(W, s, p + ".k");
+    const float *wv = param(W, s, p + ".v"), *wo = param(W, s, p + ".o");
+    b.gemm(false, true, B * tq, inner, d, 1.f, a.xn, d, wq, d, 0.f, a.q, inner);  // q = xn Wq^T
+    b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wk, d, 0.f, a.k, inner);   // k [B*tk, inner]
+    b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wv, d, 0.f, a.v, inner);   // v [B*tk, inner]
+    const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
+    for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
+      b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
+                     dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
+    b.softmax_forward(a.probs, pos_bias, causal, B, H, tq, tk);
+    for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
+      b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
+                     a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
+    b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, 1.f, out, d);  // out += ctx Wo^T
+  }
+
+  // dout [B*tq, d] is d(loss)/d(attention output). Writes dxn [B*tq, d] = d/d(a.xn) and
+  // adds d/d(xkv) into dxkv [B*tk, d] (which may be dxn itself for self-attention, since
+  // dxn is written first). dbias_acc (may be null) += d/d(bias).
+  void attention_backward(const float* W, float* G, const Stage& s, const std::string& p,
+                          const AttnState& a, const float* xkv, int tq, int tk, const float* dout,
+                          float* dxn, float* dxkv, float* dbias_acc) {
+    const float *wq = param(W, s, p + ".q"), *wk = param(W, s, p + ".k");
+    const float *wv = param(W, s, p + ".v"), *wo = param(W, s, p + ".o");
+    float *gq = grad(G, s, p + ".q"), *gk = grad(G, s, p + ".k");
+    float *gv = grad(G, s, p + ".v"), *go = grad(G, s, p + ".o");
+    std::vector<void*> tmp;
+    const MemCategory ws = MemCategory::Workspace;
+    float* dctx = alloc(tmp, int64_t(B) * tq * inner, ws);    // [B*tq, inner]
+    float* ds = alloc(tmp, int64_t(B) * H * tq * tk, ws);     // [B, H, tq, tk]
+    float* dq = alloc(tmp, int64_t(B) * tq * inner, ws);      // [B*tq, inner]
+    float* dk = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
+    float* dv = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
+
+    b.gemm(true, false, d, inner, B * tq, 1.f, dout, d, a.ctx, inner, 1.f, go, inner);  // dWo += dout^T ctx
+    b.gemm(false, false, B * tq, inner, d, 1.f, dout, d, wo, inner, 0.f, dctx, inner);  // dctx = dout Wo
+    const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
+    const int64_t sp = int64_t(tq) * tk;
+    for (int bi = 0; bi < B; ++bi) {
+      // dP_bh [tq, tk] = dctx_bh v_bh^T
+      b.gemm_batched(false, true, tq, tk, dkv, 1.f, dctx + bi * sq, inner, dkv, a.v + bi * sk, inner,
+                     dkv, 0.f, ds + bi * ss, tk, sp, H);
+      // dv_bh [tk, dkv] = P_bh^T dctx_bh
+      b.gemm_batched(true, false, tk, dkv, tq, 1.f, a.probs + bi * ss, tk, sp, dctx + bi * sq, inner,
+                     dkv, 0.f, dv + bi * sk, inner, dkv, H);
+    }
+    b.softmax_backward(ds, a.probs, dbias_acc, B, H, tq, tk);  // ds = dS (scores gradient)
+    for (int bi = 0; bi < B; ++bi) {
+      // dq_bh [tq, dkv] = dS_bh k_bh
+      b.gemm_batched(false, false, tq, dkv, tk, 1.f, ds + bi * ss, tk, sp, a.k + bi * sk, inner, dkv,
+                     0.f, dq + bi * sq, inner, dkv, H);
+      // dk_bh [tk, dkv] = dS_bh^T q_bh
+      b.gemm_batched(true, false, tk, dkv, tq, 1.f, ds + bi * ss, tk, sp, a.q + bi * sq, inner, dkv,
+                     0.f, dk + bi * sk, inner, dkv, H);
+    }
+    b.gemm(true, false, inner, d, B * tq, 1.f, dq, inner, a.xn, d, 1.f, gq, d);  // dWq += dq^T xn
+    b.gemm(true, false, inner, d, B * tk, 1.f, dk, inner, xkv, d, 1.f, gk, d);   // dWk += dk^T xkv
+    b.gemm(true, false, inner, d, B * tk, 1.f, dv, inner, xkv, d, 1.f, gv, d);   // dWv += dv^T xkv
+    b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
+    b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
+    b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
+    release_all(tmp);
+  }
+
+  // ---------------------------------------------------------------- blocks
+  BlockState alloc_block(std::vector<void*>& o, MemCategory c, int stack) {
+    const int T = seq(stack);
+    const int64_t N = int64_t(B) * T;
+    BlockState st;
+    st.self = alloc_attn(o, c, T, T);
+    st.x1 = alloc(o, N * d, c);
+    if (stack == 1) {
+      st.cross = alloc_attn(o, c, Td, Te);
+      st.x2 = alloc(o, N * d, c);
+    }
+    st.rstd_ff = alloc(o, N, c);
+    st.xn_ff = alloc(o, N * d, c);
+    st.h = alloc(o, N * ff, c);
+    return st;
+  }
+
+  // The block's forward from hidden[stack][layer] into out [N, d], saving into st.
+  // Pre-norm residual sub-layers: x1 = x + SelfAttn(ln1 x); [x2 = x1 + CrossAttn(ln2 x1,
+  // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream.
+  void block_compute(int si, const float* W, BlockState& st, float* out) {
+    const Stage& s = stages[si];
+    const int stack = stack_of(s), T = seq(stack), N = B * T;
+    const float* x = hidden[stack][s.layer];
+    b.rmsnorm_forward(st.self.xn, st.self.rstd, x, param(W, s, "ln1"), N, d, kNormEps);
+    b.copy(st.x1, x, int64_t(N) * d);
+    attention_forward(W, s, "self", st.self, st.self.xn, T, T, bias[stack], /*causal=*/stack == 1,
+                      st.x1);
+    const float* r = st.x1;
+    std::string ln_ff = "ln2";
+    if (stack == 1) {
+      b.rmsnorm_forward(st.cross.xn, st.cross.rstd, st.x1, param(W, s, "ln2"), N, d, kNormEps);
+      b.copy(st.x2, st.x1, int64_t(N) * d);
+      attention_forward(W, s, "cross", st.cross, enc_out, Td, Te, nullptr, false, st.x2);
+      r = st.x2;
+      ln_ff = "ln3";
+    }
+    b.rmsnorm_forward(st.xn_ff, st.rstd_ff, r, param(W, s, ln_ff), N, d, kNormEps);
+    b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
+    b.relu_forward(st.h, int64_t(N) * ff);
+    b.copy(out, r, int64_t(N) * d);
+    b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, 1.f, out, d);  // out += h Wo^T
+  }
+
+  // d_hidden[stack] holds d(out) on entry and d(x) on exit.
+  void block_backward(int si, const float* W, float* G, const BlockState& st) {
+    const Stage& s = stages[si];
+    const int stack = stack_of(s), T = seq(stack), N = B * T;
+    const float* x = hidden[stack][s.layer];
+    float* dy = d_hidden[stack];  // [N, d], the residual stream's gradient
+    std::vector<void*> tmp;
+    float* dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
+
+    // FFN: out = r + h Wo^T, h = relu(xn_ff Wi^T)
+    {
+      const float* r = stack == 1 ? st.x2 : st.x1;
+      const std::string ln_ff = stack == 1 ? "ln3" : "ln2";
+      std::vector<void*> tff;
+      float* dh = alloc(tff, int64_t(N) * ff, MemCategory::Workspace);  // [N, ff]
+      b.gemm(true, false, d, ff, N, 1.f, dy, d, st.h, ff, 1.f, grad(G, s, "wo"), ff);  // dWo += dy^T h
+      b.gemm(false, false, N, ff, d, 1.f, dy, d, param(W, s, "wo"), ff, 0.f, dh, ff);  // dh = dy Wo
+      b.relu_backward(dh, st.h, int64_t(N) * ff);
+      b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
+      b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
+      b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
+      release_all(tff);
+    }
+    if (stack == 1) {  // cross-attention: K/V gradients flow to the encoder output
+      attention_backward(W, G, s, "cross", st.cross, enc_out, Td, Te, dy, dxn, d_enc_out, nullptr);
+      b.rmsnorm_backward(dy, grad(G, s, "ln2"), dxn, st.x1, param(W, s, "ln2"), st.cross.rstd, N, d);
+    }
+    attention_backward(W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, dbias[stack]);
+    b.rmsnorm_backward(dy, grad(G, s, "ln1"), dxn, x, param(W, s, "ln1"), st.self.rstd, N, d);
+    if (s.layer == 0)  // every block of the stack has added its d(bias) by now
+      b.position_bias_backward(grad(G, s, "rel_bias"), dbias[stack], buckets[stack], H, T, T);
+    release_all(tmp);
+  }
+
+  void block_forward(int si, const float* W) {
+    const Stage& s = stages[si];
+    const int stack = stack_of(s), T = seq(stack);
+    float* out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
+    if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
+      bias[stack] = act(si, int64_t(H) * T * T);
+      b.position_bias_forward(bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
+      b.fill(dbias[stack], 0.f, int64_t(H) * T * T);
+    }
+    if (checkpointing) {  // keep only the input (owned by the previous stage) and the output
+      std::vector<void*> tmp;
+      BlockState st = alloc_block(tmp, MemCategory::Workspace, stack);
+      block_compute(si, W, st, out);
+      release_all(tmp);
+    } else {
+      block_state[si] = alloc_block(saved[si], MemCategory::Activations, stack);
+      block_compute(si, W, block_state[si], out);
+    }
+    hidden[stack][s.layer + 1] = out;
+  }
+
+  void block_backward_stage(int si, const float* W, float* G) {
+    const Stage& s = stages[si];
+    const int stack = stack_of(s);
+    if (checkpointing) {  // recompute into the (identical) output still held by this stage
+      block_state[si] = alloc_block(saved[si], MemCategory::Activations, stack);
+      block_compute(si, W, block_state[si], hidden[stack][s.layer + 1]);
+    }
+    block_backward(si, W, G, block_state[si]);
+  }
+
+  // ---------------------------------------------------------------- root stages
+  void embed_forward(int si, const float* W) {
+    hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
+    b.embedding_forward(hidden[0][0], param(W, stages[si], "shared"), enc_ids, Ne, d);
+  }
+  void embed_backward(int si, float* G) {
+    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], enc_ids, Ne, d);
+  }
+
+  void bridge_forward(int si, const float* W) {
+    const Stage& s = stages[si];
+    enc_out = act(si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
+    bridge_rstd = act(si, Ne);
+    b.rmsnorm_forward(enc_out, bridge_rstd, hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
+                      kNormEps);
+    hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
+    b.embedding_forward(hidden[1][0], param(W, s, "shared"), dec_ids, Nd, d);
+    b.fill(d_enc_out, 0.f, int64_t(Ne) * d);  // the decoder blocks' backward accumulate into it
+  }
+  void bridge_backward(int si, const float* W, float* G) {
+    const Stage& s = stages[si];
+    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], dec_ids, Nd, d);
+    b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
+    b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, hidden[0][L],
+                       param(W, s, "encoder.final_norm"), bridge_rstd, Ne, d);
+  }
+
+  // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha.
+  void head_forward(int si, const float* W) {
+    const Stage& s = stages[si];
+    const float rescale = 1.f / std::sqrt(float(d));
+    head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
+    head_rstd = act(si, Nd);
+    logits = act(si, int64_t(Nd) * V);   // [Nd, V]
+    b.rmsnorm_forward(head_hn, head_rstd, hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
+                      kNormEps);
+    b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, "shared"), d, 0.f, logits, V);
+    b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
+  }
+  void head_backward(int si, const float* W, float* G) {
+    const Stage& s = stages[si];
+    const float rescale = 1.f / std::sqrt(float(d));
+    std::vector<void*> tmp;
+    float* dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
+    // dshared += r · dlogits^T hn [V, d];  dhn = r · dlogits shared [Nd, d]
+    b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, "shared"), d);
+    b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, "shared"), d, 0.f, dhn, d);
+    b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
+    b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, hidden[1][L],
+                       param(W, s, "decoder.final_norm"), head_rstd, Nd, d);
+    release_all(tmp);
+  }
+
+  // ---------------------------------------------------------------- dispatch
+  void forward(int si, const float* W) {
+    check_stage(si);
+    release_saved(si);  // a repeated forward replaces the earlier one
+    switch (stages[si].kind) {
+      case Stage::EncoderEmbed: embed_forward(si, W); break;
+      case Stage::EncoderBlock:
+      case Stage::DecoderBlock: block_forward(si, W); break;
+      case Stage::Bridge: bridge_forward(si, W); break;
+      case Stage::Head: head_forward(si, W); break;
+    }
+    forwarded[si] = true;
+  }
+
+  void backward(int si, const float* W, float* G) {
+    check_stage(si);
+    SB_ASSERT(forwarded[si], std::string("backward of stage ") + std::to_string(si) +
+                                 " without its forward");
+    switch (stages[si].kind) {
+      case Stage::EncoderEmbed: embed_backward(si, G); break;
+      case Stage::EncoderBlock:
+      case Stage::DecoderBlock: block_backward_stage(si, W, G); break;
+      case Stage::Bridge: bridge_backward(si, W, G); break;
+      case Stage::Head: head_backward(si, W, G); break;
+    }
+    release_saved(si);
+  }
+
+  void check_stage(int si) const {
+    SB_ASSERT(si >= 0 && si < int(stages.size()), "stage " + std::to_string(si) + " out of range");
+  }
+};
+
+T5Step::T5Step(const ModelSpec& spec, Backend& backend, const StepShape& shape, bool checkpointing,
+               float grad_scale)
+    : impl_(new Impl(spec, backend, shape, checkpointing, grad_scale)) {}
+
+T5Step::~T5Step() { delete impl_; }
+
+const ModelSpec& T5Step::spec() const { return impl_->spec; }
+const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
+const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
+
+void T5Step::set_tokens(const Tokens& t) {
+  Impl& m = *impl_;
+  SB_ASSERT(int64_t(t.enc_ids.size()) == m.Ne, "enc_ids size does not match the step shape");
+  SB_ASSERT(int64_t(t.dec_ids.size()) == m.Nd, "dec_ids size does not match the step shape");
+  SB_ASSERT(int64_t(t.labels.size()) == m.Nd, "labels size does not match the step shape");
+  for (const auto* ids : {&t.enc_ids, &t.dec_ids, &t.labels})
+    for (int id : *ids) SB_ASSERT(id >= 0 && id < m.V, "token id " + std::to_string(id) + " out of vocabulary");
+  m.b.upload(m.enc_ids, t.enc_ids.data(), t.enc_ids.size() * sizeof(int));
+  m.b.upload(m.dec_ids, t.dec_ids.data(), t.dec_ids.size() * sizeof(int));
+  m.b.upload(m.labels, t.labels.data(), t.labels.size() * sizeof(int));
+}
+
+void T5Step::forward(int stage, const float* params) { impl_->forward(stage, params); }
+void T5Step::backward(int stage, const float* params, float* grads) {
+  impl_->backward(stage, params, grads);
+}
+
+double T5Step::loss_sum() {
+  Impl& m = *impl_;
+  std::vector<float> host(m.Nd);
+  m.b.download(host.data(), m.losses, host.size() * sizeof(float));
+  double sum = 0;
+  for (float l : host) sum += l;
+  return sum;
+}
+
+}  // namespace sb

@@ -1,0 +1,128 @@
+// The one training-step loop every strategy runs, and the strategy names and factory.
+#include <string>
+
+#include "shardbench/check.h"
+#include "shardbench/strategy.h"
+
+namespace sb {
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::Full: return "full";
+    case Sharding::Hybrid: return "hybrid";
+    case Sharding::None: return "none";
+    case Sharding::GradOp: return "grad-op";
+  }
+  return "?";
+}
+
+const char* prefetch_name(Prefetch p) {
+  switch (p) {
+    case Prefetch::None: return "none";
+    case Prefetch::BackwardPre: return "backward-pre";
+    case Prefetch::BackwardPost: return "backward-post";
+  }
+  return "?";
+}
+
+Sharding parse_sharding(const std::string& s) {
+  for (Sharding v : {Sharding::Full, Sharding::Hybrid, Sharding::None, Sharding::GradOp})
+    if (s == sharding_name(v)) return v;
+  throw UsageError("--sharding '" + s + "' is not allowed (allowed: full, hybrid, none, grad-op)");
+}
+
+Prefetch parse_prefetch(const std::string& s) {
+  for (Prefetch v : {Prefetch::None, Prefetch::BackwardPre, Prefetch::BackwardPost})
+    if (s == prefetch_name(v)) return v;
+  throw UsageError("--prefetch '" + s + "' is not allowed (allowed: none, backward-pre, backward-post)");
+}
+
+std::string StrategyConfig::label() const {
+  if (kind == StrategyKind::DDP) return "ddp";
+  std::string l = std::string("fsdp-") + sharding_name(sharding);
+  if (sharding == Sharding::Hybrid) l += std::to_string(shard_size);
+  return l;
+}
+
+int shard_group_size(const StrategyConfig& c, int world) {
+  if (c.kind == StrategyKind::DDP) return 1;
+  switch (c.sharding) {
+    case Sharding::Full:
+    case Sharding::GradOp: return world;
+    case Sharding::None: return 1;
+    case Sharding::Hybrid:
+      if (c.shard_size < 1)
+        throw UsageError("--sharding hybrid needs --shard-size G (G >= 1 dividing the world size " +
+                         std::to_string(world) + ")");
+      return c.shard_size;
+  }
+  return 1;
+}
+
+namespace {
+float grad_scale(const StepShape& shape, int world) {
+  // Mean over every decoder token of the global batch: summing the ranks' gradients
+  // (all-reduce or reduce-scatter with SUM) then gives the global mean.
+  return float(1.0 / (double(world) * shape.batch * shape.dec_len));
+}
+}  // namespace
+
+TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
+                                   Mesh& mesh, const StepShape& shape)
+    : cfg_(cfg),
+      b_(b),
+      mesh_(mesh),
+      model_(spec, b, shape, cfg.checkpointing, grad_scale(shape, mesh.layout.world)),
+      units_(model_.units()),
+      unit_stages_(units_.size()) {
+  for (int pos = 0; pos < num_stages(); ++pos) {
+    UnitStages& f = unit_stages_[forward_unit(pos)];
+    if (f.first_forward < 0) f.first_forward = pos;
+    f.last_forward = pos;
+    UnitStages& r = unit_stages_[backward_unit(pos)];
+    if (r.first_backward < 0) r.first_backward = pos;
+    r.last_backward = pos;
+  }
+}
+
+double TrainingSchedule::step(int step, const Tokens& tokens) {
+  model_.set_tokens(tokens);
+  for (int pos = 0; pos < num_stages(); ++pos) {
+    const int u = forward_unit(pos);
+    ScopedContext ctx(b_, Phase::Forward, u);
+    before_forward(pos);
+    model_.forward(pos, params_for(u));
+    after_forward(pos);
+  }
+  const double loss = model_.loss_sum();
+  for (int pos = 0; pos < num_stages(); ++pos) {
+    const int u = backward_unit(pos);
+    ScopedContext ctx(b_, Phase::Backward, u);
+    before_backward(pos);
+    model_.backward(backward_stage(pos), params_for(u), grads_for(u));
+    after_backward(pos);
+  }
+  {
+    ScopedContext ctx(b_, Phase::Backward, -1);
+    finish_gradients();
+  }
+  ScopedContext ctx(b_, Phase::Optimizer, -1);
+  optimizer_step(step);
+  b_.synchronize();
+  return loss;
+}
+
+std::unique_ptr<Strategy> make_ddp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,
+                                   const StepShape&);
+std::unique_ptr<Strategy> make_fsdp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,
+                                    const StepShape&);
+
+std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
+                                        Backend& backend, Mesh& mesh, const StepShape& shape) {
+  SB_ASSERT(mesh.layout.shard == shard_group_size(cfg, mesh.layout.world),
+            "mesh shard size does not match the strategy");
+  if (cfg.kind == StrategyKind::DDP) return make_ddp(cfg, spec, backend, mesh, shape);
+  return make_fsdp(cfg, spec, backend, mesh, shape);
+}
+
+}  // namespace sb

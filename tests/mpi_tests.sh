@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# MPI integration tests: every strategy on 4 ranks with --check (final weights equal a
+# single-rank reference), bad input (one clear line, the documented exit code, no hang),
+# the memory plan and out-of-memory handling. Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source scripts/mpi-env.sh
+BIN=build/bin
+NP=${NP:-4}
+MPIRUN=(timeout 300 mpirun -np "$NP" --oversubscribe --bind-to none)
+TINY=(--model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1)
+pass=0 fail=0
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+ok() { pass=$((pass + 1)); echo "ok    $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL  $1"; sed 's/^/      | /' "$tmp/out" | tail -n 25; }
+
+# expect NAME CODE PATTERN -- command...: exit code CODE and PATTERN in stdout+stderr.
+expect() {
+  local name=$1 code=$2 pattern=$3
+  shift 4
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ "$rc" -ne "$code" ]; then echo "      exit $rc, expected $code" >>"$tmp/out"; bad "$name"; return; fi
+  if ! grep -qE -- "$pattern" "$tmp/out"; then echo "      missing /$pattern/" >>"$tmp/out"; bad "$name"; return; fi
+  ok "$name"
+}
+
+# --- every strategy trains to the single-rank reference's weights on 4 ranks ---
+check_pattern='check: .* -> PASS'
+expect "ddp --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --check
+expect "ddp small buckets --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --bucket-mb 0.002 --check
+expect "fsdp full --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding full --check
+expect "fsdp hybrid 2 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --check
+expect "fsdp none --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --check
+expect "fsdp grad-op --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding grad-op --check
+expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
+expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --prefetch none --activation-checkpointing --check
+expect "ddp checkpointing --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --activation-checkpointing --check
+expect "fsdp hybrid 4 on 4 ranks (no replicas) --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 4 --check
+# The check can fail: 4-rank sums are not bit-identical to one rank's, so a tolerance
+# below the rounding error must be reported as a mismatch with exit code 4.
+expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --check --check-tolerance 1e-30
+
+# --- the run prints its table, step lines and a summary ---
+expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"
+expect "configuration table" 0 '\| parameters +\| [0-9,]+' -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}"
+
+# --- bad input: one line naming the value, exit 2, every rank exits ---
+expect "unknown model" 2 "unknown model 't5-nope' \(allowed: t5-611m" -- "${MPIRUN[@]}" $BIN/fsdp_perf --model t5-nope
+expect "unknown sharding" 2 "--sharding 'zero9' is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding zero9
+expect "shard size not dividing world" 2 "shard size 3 is not allowed with world size 4" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
+expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
+expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
+expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
+expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0
+expect "unknown flag" 2 "--frobnicate" -- "${MPIRUN[@]}" $BIN/ddp_perf --frobnicate
+expect "unparsable number" 2 "error: .*batch" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch many
+expect "ddp has no --sharding" 2 "sharding" -- "${MPIRUN[@]}" $BIN/ddp_perf --sharding full
+expect "unknown backend" 2 "--backend 'tpu' is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --backend tpu
+
+# --- memory plan and out-of-memory ---
+expect "memory limit too small: out-of-memory, exit 3" 3 'status: out-of-memory' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --mem-limit-gib 0.000001
+expect "plan: t5-11.3b DDP does not fit 80 GiB on 8 ranks" 3 'DOES NOT FIT' -- \
+  timeout 120 $BIN/ddp_perf --model t5-11.3b --batch 8 --seq-len 512 --activation-checkpointing \
+  --plan --world-size 8 --mem-limit-gib 80
+expect "plan: t5-11.3b FSDP full fits 80 GiB on 8 ranks" 0 '-> fits' -- \
+  timeout 120 $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --activation-checkpointing \
+  --plan --world-size 8 --mem-limit-gib 80
+expect "plan: hybrid on 512 ranks" 0 'world 512, shard group 8' -- \
+  timeout 120 $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --activation-checkpointing \
+  --sharding hybrid --shard-size 8 --plan --world-size 512 --mem-limit-gib 80
+expect "--world-size only with --plan" 2 'only allowed with --plan' -- $BIN/fsdp_perf --world-size 8
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

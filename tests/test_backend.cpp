@@ -1,0 +1,106 @@
+// CPU backend kernels against naive references, and memory accounting.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "shardbench/backend.h"
+
+using namespace sb;
+
+TEST(CpuBackend, GemmAllTransposes) {
+  auto b = make_backend("cpu");
+  const int M = 5, N = 4, K = 3;
+  std::vector<float> A(M * K), B(K * N);
+  for (int i = 0; i < M * K; ++i) A[i] = float(i % 7) - 3;
+  for (int i = 0; i < K * N; ++i) B[i] = float(i % 5) - 2;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      // Store op(A) = A: when transposed, the stored matrix is A^T.
+      std::vector<float> As(M * K), Bs(K * N), C(M * N, 1.f);
+      for (int i = 0; i < M; ++i)
+        for (int k = 0; k < K; ++k) As[ta ? k * M + i : i * K + k] = A[i * K + k];
+      for (int k = 0; k < K; ++k)
+        for (int j = 0; j < N; ++j) Bs[tb ? j * K + k : k * N + j] = B[k * N + j];
+      b->gemm(ta, tb, M, N, K, 2.f, As.data(), ta ? M : K, Bs.data(), tb ? K : N, 1.f, C.data(), N);
+      for (int i = 0; i < M; ++i)
+        for (int j = 0; j < N; ++j) {
+          float ref = 1.f;
+          for (int k = 0; k < K; ++k) ref += 2.f * A[i * K + k] * B[k * N + j];
+          EXPECT_FLOAT_EQ(C[i * N + j], ref) << ta << tb << i << j;
+        }
+    }
+}
+
+TEST(CpuBackend, SoftmaxCausalAndBackward) {
+  auto b = make_backend("cpu");
+  const int T = 3;
+  std::vector<float> s = {1, 2, 3, 4, 5, 6, 7, 8, 9}, bias(9, 0.5f);
+  b->softmax_forward(s.data(), bias.data(), true, 1, 1, T, T);
+  EXPECT_FLOAT_EQ(s[0], 1.f);
+  EXPECT_FLOAT_EQ(s[1], 0.f);
+  EXPECT_NEAR(s[3], 1.f / (1.f + std::exp(1.f)), 1e-6);
+  EXPECT_NEAR(s[6] + s[7] + s[8], 1.f, 1e-6);
+  // Σ_j dS = 0 for every row (softmax is shift invariant).
+  std::vector<float> d = {1, -1, 2, 0.5f, 3, -2, 1, 1, 1}, dbias(9, 0.f);
+  b->softmax_backward(d.data(), s.data(), dbias.data(), 1, 1, T, T);
+  for (int i = 0; i < T; ++i) EXPECT_NEAR(d[3 * i] + d[3 * i + 1] + d[3 * i + 2], 0.f, 1e-6);
+  EXPECT_FLOAT_EQ(dbias[4], d[4]);
+}
+
+TEST(CpuBackend, CrossEntropyLossAndGradient) {
+  auto b = make_backend("cpu");
+  std::vector<float> logits = {0, 0, 0, 0, 1, 2, 3, 4};
+  std::vector<int> labels = {2, 3};
+  std::vector<float> loss(2);
+  b->cross_entropy(logits.data(), loss.data(), labels.data(), 2, 4, 0.5f);
+  EXPECT_NEAR(loss[0], std::log(4.f), 1e-6);
+  EXPECT_NEAR(logits[2], 0.5f * (0.25f - 1.f), 1e-6);
+  float row = 0;
+  for (int j = 4; j < 8; ++j) row += logits[j];
+  EXPECT_NEAR(row, 0.f, 1e-6);
+}
+
+TEST(CpuBackend, AdamFirstStepMovesByLr) {
+  auto b = make_backend("cpu");
+  std::vector<float> p = {1, 1, 1}, g = {0.5f, -2.f, 0.f}, m(3, 0.f), v(3, 0.f);
+  AdamConfig c;
+  c.lr = 0.1f;
+  b->adam(p.data(), g.data(), m.data(), v.data(), 3, c, 1);
+  EXPECT_NEAR(p[0], 0.9f, 1e-5);  // bias-corrected first step: lr · sign(g)
+  EXPECT_NEAR(p[1], 1.1f, 1e-5);
+  EXPECT_FLOAT_EQ(p[2], 1.f);
+}
+
+TEST(CpuBackend, RmsNormForward) {
+  auto b = make_backend("cpu");
+  std::vector<float> x = {3, 4}, w = {1, 2}, out(2), rstd(1);
+  b->rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), 1, 2, 0.f);
+  const float r = 1.f / std::sqrt(12.5f);
+  EXPECT_NEAR(out[0], 3 * r, 1e-6);
+  EXPECT_NEAR(out[1], 8 * r, 1e-6);
+}
+
+TEST(Backend, MemoryAccountingByCategory) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(make_backend("cpu"));
+  backends.push_back(make_counting_backend());
+  for (auto& b : backends) {
+    float* p = b->alloc_floats(100, MemCategory::Parameters);
+    float* a = b->alloc_floats(50, MemCategory::Activations);
+    EXPECT_EQ(b->mem_current()[int(MemCategory::Parameters)], 400);
+    EXPECT_EQ(b->mem_total_current(), 600);
+    b->release(a);
+    float* w = b->alloc_floats(10, MemCategory::Workspace);
+    EXPECT_EQ(b->mem_peak()[int(MemCategory::Activations)], 200);
+    EXPECT_EQ(b->mem_peak_total(), 600);
+    EXPECT_EQ(b->mem_total_current(), 440);
+    b->release(w);
+    b->release(p);
+    EXPECT_EQ(b->mem_total_current(), 0);
+  }
+}
+
+TEST(Backend, UnknownBackendIsAUsageError) {
+  EXPECT_ANY_THROW(make_backend("tpu"));
+}

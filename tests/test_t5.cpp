@@ -1,0 +1,277 @@
+// T5 step: gradients against finite differences, checkpointing equivalence, exact FLOP
+// counts, activation accounting (no leaks, counting backend = CPU backend), loss scale at
+// initialisation and the relative-position buckets.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "shardbench/backend.h"
+#include "shardbench/model.h"
+#include "shardbench/t5.h"
+
+namespace sb {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+
+// One rank's full model on a backend: every unit's parameters and gradients, and a T5Step.
+struct Harness {
+  Backend& b;
+  StepShape shape;
+  float grad_scale;
+  std::unique_ptr<T5Step> step;
+  std::vector<float*> params, grads;
+
+  Harness(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt)
+      : b(be), shape(x), grad_scale(1.f / float(x.batch * x.dec_len)) {
+    step = std::make_unique<T5Step>(spec, b, x, ckpt, grad_scale);
+    const auto& units = step->units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      params.push_back(b.alloc_floats(units[u].numel, MemCategory::Parameters));
+      grads.push_back(b.alloc_floats(units[u].numel, MemCategory::Gradients));
+      init_unit_params(b, units[u], int(u), kSeed, params[u], 0, units[u].numel);
+    }
+    step->set_tokens(make_tokens(kSeed, 0, 0, x, spec.vocab));
+  }
+  ~Harness() {
+    step.reset();
+    for (float* p : params) b.release(p);
+    for (float* g : grads) b.release(g);
+  }
+
+  void forward() {
+    const auto& st = step->stages();
+    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
+  }
+  // Zeroes every unit's gradient (before its first backward stage), then runs backward.
+  void backward() {
+    const auto& units = step->units();
+    for (size_t u = 0; u < units.size(); ++u) b.fill(grads[u], 0.f, units[u].numel);
+    const auto& st = step->stages();
+    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
+  }
+  double loss() { return step->loss_sum() * grad_scale; }  // the mean the gradient is of
+
+  std::vector<float> download(const float* p, int64_t n) {
+    std::vector<float> h(n);
+    b.download(h.data(), p, size_t(n) * 4);
+    return h;
+  }
+  std::vector<std::vector<float>> all_grads() {
+    std::vector<std::vector<float>> g;
+    for (size_t u = 0; u < grads.size(); ++u) g.push_back(download(grads[u], step->units()[u].numel));
+    return g;
+  }
+};
+
+StepShape tiny_shape() { return StepShape{2, 5, 4}; }
+
+TEST(T5Step, StagesFollowTheHeader) {
+  auto b = make_counting_backend();
+  const ModelSpec spec = model_preset("t5-tiny");
+  T5Step step(spec, *b, tiny_shape(), false, 1.f);
+  const auto& st = step.stages();
+  const int L = int(spec.layers);
+  ASSERT_EQ(int(st.size()), 2 * L + 3);
+  EXPECT_EQ(st[0].kind, Stage::EncoderEmbed);
+  EXPECT_EQ(st[L + 1].kind, Stage::Bridge);
+  EXPECT_EQ(st.back().kind, Stage::Head);
+  for (int l = 0; l < L; ++l) {
+    EXPECT_EQ(st[1 + l].kind, Stage::EncoderBlock);
+    EXPECT_EQ(st[1 + l].unit, 1 + l);
+    EXPECT_EQ(st[L + 2 + l].kind, Stage::DecoderBlock);
+    EXPECT_EQ(st[L + 2 + l].unit, 1 + L + l);
+    EXPECT_EQ(st[L + 2 + l].layer, l);
+  }
+  EXPECT_STREQ(stage_kind_name(Stage::Head), "head");
+}
+
+// Central differences on every tensor of every unit. The FD loss is the mean cross-entropy
+// (loss_sum · grad_scale), exactly the function whose gradient backward accumulates.
+//
+// ReLU makes the loss only piecewise smooth: a step that straddles a kink (a pre-activation
+// crossing zero) moves the central difference by up to half the slope jump, and in t5-tiny
+// a perturbation of one weight moves hundreds of pre-activations. So each element's left
+// and right slopes are compared first; where they disagree a kink lies within ±h and the
+// element is skipped (and counted: a skip rate over 25% fails the test), and every tensor
+// must still have elements with a clear gradient that were checked.
+TEST(T5Step, GradientsMatchFiniteDifferences) {
+  auto b = make_backend("cpu");
+  const ModelSpec spec = model_preset("t5-tiny");
+  Harness h(*b, spec, tiny_shape(), false);
+  h.forward();
+  const double f0 = h.loss();
+  h.backward();
+  const auto grads = h.all_grads();
+  const auto& units = h.step->units();
+
+  // The loss (~4.6) is a float with ~1e-7 of rounding noise, so over h = 1e-2 a one-sided
+  // slope carries ~1e-5 and right − left ~3e-5: the absolute parts of the tolerances.
+  const float step = 1e-2f;
+  const double rel_tol = 2e-2, abs_tol = 2e-5, kink_abs = 3e-5;
+  const double significant_grad = 1e-3;  // each tensor must have a checked element above it
+  double max_rel = 0;
+  std::string worst;
+  int checked = 0, skipped = 0, checked_tensors = 0;
+  uint64_t rng = 7;
+  for (size_t u = 0; u < units.size(); ++u) {
+    std::vector<float> host = h.download(h.params[u], units[u].numel);
+    for (const TensorSpec& t : units[u].tensors) {
+      // The three largest gradients of the tensor plus four random elements.
+      std::vector<int64_t> idx(t.numel());
+      std::iota(idx.begin(), idx.end(), 0);
+      const int top = int(std::min<int64_t>(3, t.numel()));
+      std::partial_sort(idx.begin(), idx.begin() + top, idx.end(), [&](int64_t a, int64_t c) {
+        return std::abs(grads[u][t.offset + a]) > std::abs(grads[u][t.offset + c]);
+      });
+      std::vector<int64_t> sample(idx.begin(), idx.begin() + top);
+      for (int k = 0; k < 4; ++k) {
+        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        sample.push_back(int64_t((rng >> 33) % uint64_t(t.numel())));
+      }
+      int significant = 0;
+      for (int64_t e : sample) {
+        const int64_t i = t.offset + e;
+        const float orig = host[i];
+        auto loss_at = [&](float v) {
+          host[i] = v;
+          b->upload(h.params[u], host.data(), size_t(units[u].numel) * 4);
+          h.forward();
+          return h.loss();
+        };
+        const double hp = double(orig + step) - orig, hm = orig - double(orig - step);  // exact steps
+        const double right = (loss_at(orig + step) - f0) / hp;
+        const double left = (f0 - loss_at(orig - step)) / hm;
+        loss_at(orig);
+        const double g = grads[u][i], fd = 0.5 * (left + right);
+        const std::string where = units[u].name + "/" + t.name + "[" + std::to_string(e) + "]";
+        if (std::abs(right - left) > 0.02 * std::max(std::abs(left), std::abs(right)) + kink_abs) {
+          ++skipped;  // a ReLU kink within ±h
+          continue;
+        }
+        ++checked;
+        const double err = std::abs(fd - g), mag = std::max(std::abs(fd), std::abs(g));
+        EXPECT_LE(err, rel_tol * mag + abs_tol) << where << " analytic " << g << " numeric " << fd;
+        if (std::abs(g) > significant_grad) {
+          ++significant;
+          if (err / mag > max_rel) max_rel = err / mag, worst = where;
+        }
+      }
+      EXPECT_GT(significant, 0) << units[u].name << "/" << t.name << " has no gradient checked";
+      ++checked_tensors;
+    }
+  }
+  int total_tensors = 0;
+  for (const auto& u : units) total_tensors += int(u.tensors.size());
+  EXPECT_EQ(checked_tensors, total_tensors);
+  EXPECT_LE(skipped, (checked + skipped) / 4) << "too many elements near a ReLU kink";
+  std::printf("finite differences: %d tensors, %d elements checked, %d skipped near a kink, "
+              "max relative error (|grad| > 1e-3) %.3g at %s\n",
+              checked_tensors, checked, skipped, max_rel, worst.c_str());
+}
+
+TEST(T5Step, CheckpointingGivesTheSameLossAndGradients) {
+  auto b = make_backend("cpu");
+  const ModelSpec spec = model_preset("t5-tiny");
+  Harness plain(*b, spec, tiny_shape(), false), ckpt(*b, spec, tiny_shape(), true);
+  plain.forward();
+  ckpt.forward();
+  EXPECT_NEAR(plain.loss(), ckpt.loss(), 1e-6 * std::abs(plain.loss()));
+  plain.backward();
+  ckpt.backward();
+  const auto g0 = plain.all_grads(), g1 = ckpt.all_grads();
+  for (size_t u = 0; u < g0.size(); ++u)
+    for (size_t i = 0; i < g0[u].size(); ++i)
+      ASSERT_NEAR(g0[u][i], g1[u][i], 1e-6 + 1e-5 * std::abs(g0[u][i])) << "unit " << u << " element " << i;
+}
+
+TEST(T5Step, CountsExactlyTheModelAndHardwareFlops) {
+  const ModelSpec spec = model_preset("t5-small");
+  const StepShape x{2, 32, 16};
+  for (bool ckpt : {false, true}) {
+    auto b = make_counting_backend();
+    Harness h(*b, spec, x, ckpt);
+    h.forward();
+    EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x), 1e-9 * forward_flops(spec, x));
+    h.backward();
+    const double want = ckpt ? hardware_flops_per_step(spec, x, true) : model_flops_per_step(spec, x);
+    EXPECT_NEAR(counted_gemm_flops(*b), want, 1e-9 * want) << "checkpointing " << ckpt;
+  }
+}
+
+TEST(T5Step, ActivationsAreReleasedAndCountingMatchesCpu) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape x{2, 7, 5};
+  const int act = int(MemCategory::Activations);
+  int64_t act_peak[2] = {0, 0};
+  for (bool ckpt : {false, true}) {
+    auto cpu = make_backend("cpu");
+    auto cnt = make_counting_backend();
+    for (Backend* b : {cpu.get(), cnt.get()}) {
+      Harness h(*b, spec, x, ckpt);
+      const MemBytes before = b->mem_current();
+      for (int rep = 0; rep < 2; ++rep) {  // a second step reuses nothing stale
+        h.forward();
+        EXPECT_GT(b->mem_current()[act], before[act]);
+        h.backward();
+        EXPECT_EQ(b->mem_current()[act], before[act]) << b->name() << " checkpointing " << ckpt;
+        EXPECT_EQ(b->mem_current(), before) << b->name() << " checkpointing " << ckpt;
+      }
+    }
+    EXPECT_EQ(cpu->mem_peak(), cnt->mem_peak()) << "checkpointing " << ckpt;
+    EXPECT_EQ(cpu->mem_peak_total(), cnt->mem_peak_total()) << "checkpointing " << ckpt;
+    act_peak[ckpt] = cnt->mem_peak()[act];
+  }
+  EXPECT_LT(act_peak[1], act_peak[0]) << "checkpointing should save activation memory";
+  // Everything the step allocated is gone with it.
+  auto b = make_counting_backend();
+  { Harness h(*b, spec, x, true); h.forward(); }
+  for (int c = 0; c < kMemCategories; ++c) EXPECT_EQ(b->mem_current()[c], 0) << mem_category_name(MemCategory(c));
+}
+
+TEST(T5Step, InitialLossIsAboutLogVocab) {
+  for (const char* name : {"t5-tiny", "t5-small"}) {
+    auto b = make_backend("cpu");
+    const ModelSpec spec = model_preset(name);
+    Harness h(*b, spec, StepShape{2, 16, 12}, false);
+    h.forward();
+    const double want = std::log(double(spec.vocab));
+    EXPECT_NEAR(h.loss(), want, 0.2 * want) << name;
+  }
+}
+
+// The relative-attention gradient reaches exactly the table rows of the buckets in use,
+// which pins down Hugging Face's _relative_position_bucket (32 buckets, max distance 128):
+//   encoder (bidirectional), |Δ| ≤ 39: keys before the query use 0..12, after it 17..28;
+//   decoder (causal), Δ = 0..19: 0..15 exact, 16..19 land in the log buckets 16, 17.
+TEST(T5Step, RelativePositionBucketsMatchHuggingFace) {
+  auto b = make_backend("cpu");
+  const ModelSpec spec = model_preset("t5-tiny");
+  Harness h(*b, spec, StepShape{1, 40, 20}, false);
+  h.forward();
+  h.backward();
+  const auto g = h.all_grads();
+  std::set<int> enc_want, dec_want;
+  for (int k = 0; k <= 12; ++k) enc_want.insert(k);
+  for (int k = 17; k <= 28; ++k) enc_want.insert(k);
+  for (int k = 0; k <= 17; ++k) dec_want.insert(k);
+  const int L = int(spec.layers);
+  for (int stack = 0; stack < 2; ++stack) {
+    const int unit = stack == 0 ? 1 : 1 + L;
+    const TensorSpec& t = h.step->units()[unit].tensor("rel_bias");
+    std::set<int> used;
+    for (int row = 0; row < t.rows; ++row)
+      for (int c = 0; c < t.cols; ++c)
+        if (g[unit][t.offset + row * t.cols + c] != 0.f) used.insert(row);
+    EXPECT_EQ(used, stack == 0 ? enc_want : dec_want) << (stack == 0 ? "encoder" : "decoder");
+  }
+}
+
+}  // namespace
+}  // namespace sb
