@@ -34,6 +34,7 @@ enum class OpKind : int {
   Gemm, Elementwise, Optimizer, Copy,          // compute lane
   AllReduce, AllGather, ReduceScatter,         // communication lanes
   Wait,                                        // compute lane blocked on communication
+  Progress,                                    // compute lane driving MPI collectives (CPU)
   kCount
 };
 const char* op_kind_name(OpKind k);

@@ -15,7 +15,7 @@ struct StepStats {
   double gemm = 0;                 // of which GEMMs
   double gemm_flops = 0;           // FLOPs of those GEMMs
   double communication = 0;        // collectives, issue to observed completion, all lanes
-  double exposed_comm = 0;         // compute lane blocked in wait()
+  double exposed_comm = 0;         // compute lane in wait() or driving MPI progress
   int64_t comm_bytes = 0;
   double loss = 0;                 // this rank's mean token loss
   int64_t peak_memory = 0;         // backend-accounted, all categories, this step

@@ -31,6 +31,7 @@ const char* op_kind_name(OpKind k) {
     case OpKind::AllGather: return "all-gather";
     case OpKind::ReduceScatter: return "reduce-scatter";
     case OpKind::Wait: return "wait";
+    case OpKind::Progress: return "progress";
     default: return "?";
   }
 }

@@ -247,11 +247,12 @@ class CpuBackend final : public Backend {
       float* row = logits + int64_t(i) * vocab;
       float mx = -INFINITY;
       for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
-      double sum = 0;
-      for (int j = 0; j < vocab; ++j) sum += std::exp(double(row[j] - mx));
-      losses[i] = float(std::log(sum) + mx - row[labels[i]]);
-      const float inv = float(1.0 / sum);
-      for (int j = 0; j < vocab; ++j) row[j] = std::exp(row[j] - mx) * inv * grad_scale;
+      const float target = row[labels[i]] - mx;
+      float sum = 0.f;  // exponentials computed once, kept in the row
+      for (int j = 0; j < vocab; ++j) sum += (row[j] = std::exp(row[j] - mx));
+      losses[i] = std::log(sum) - target;
+      const float k = grad_scale / sum;
+      for (int j = 0; j < vocab; ++j) row[j] *= k;
       row[labels[i]] -= grad_scale;
     }
     done(OpKind::Elementwise, t0, 8 * int64_t(n) * vocab);
@@ -324,8 +325,13 @@ class CpuBackend final : public Backend {
   // Records a compute operation and lets outstanding collectives advance.
   void done(OpKind kind, double t0, int64_t bytes, double flops = 0.0,
             const int32_t* gemm_shape = nullptr) {
-    record(kind, 0, t0, now(), bytes, flops, gemm_shape);
-    if (!pending_.empty()) poll();
+    const double t1 = now();
+    record(kind, 0, t0, t1, bytes, flops, gemm_shape);
+    if (pending_.empty()) return;
+    // MPI's reductions and copies for outstanding collectives run here, on this thread:
+    // communication work the compute lane pays for, recorded as such.
+    poll();
+    record(OpKind::Progress, 0, t1, now(), 0, 0.0);
   }
 
   Pending begin(OpKind kind, int64_t bytes) {

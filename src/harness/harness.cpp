@@ -305,6 +305,8 @@ int run(const RunConfig& cfg, int rank, int world) {
 
 int run_program(int argc, char** argv, StrategyKind kind) {
   MPI_CHECK(MPI_Init(&argc, &argv));
+  // Errors come back to MPI_CHECK, which names the call, host and rank before aborting.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
   int rank = 0, world = 1;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));

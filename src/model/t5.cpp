@@ -35,7 +35,8 @@ namespace {
 constexpr float kNormEps = 1e-6f;  // T5LayerNorm variance_epsilon
 
 // Hugging Face T5Attention._relative_position_bucket; relative_position = key - query.
-// The log branch is evaluated in float like the PyTorch original, then truncated.
+// The log branch is evaluated in float32 like the PyTorch original (its divisor
+// math.log(max_distance / max_exact) is a Python double), then truncated toward zero.
 int relative_position_bucket(int relative_position, bool bidirectional, int num_buckets,
                              int max_distance) {
   int bucket = 0;
@@ -50,8 +51,8 @@ int relative_position_bucket(int relative_position, bool bidirectional, int num_
   }
   const int max_exact = n / 2;
   if (rp < max_exact) return bucket + rp;
-  const float scaled = std::log(float(rp) / float(max_exact)) /
-                       std::log(float(max_distance) / float(max_exact)) * float(n - max_exact);
+  const float log_range = float(std::log(double(max_distance) / double(max_exact)));
+  const float scaled = std::log(float(rp) / float(max_exact)) / log_range * float(n - max_exact);
   int large = max_exact + int(scaled);
   if (large > n - 1) large = n - 1;
   return bucket + large;
@@ -118,6 +119,8 @@ struct T5Step::Impl {
       : b(be), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), units(model_units(s)) {
     validate(s);
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
+    SB_ASSERT(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2,
+              "relative attention needs num_buckets >= 4 and max_distance > num_buckets / 2");
     B = int(x.batch), Te = int(x.enc_len), Td = int(x.dec_len);
     d = int(s.d_model), ff = int(s.d_ff), H = int(s.heads), dkv = int(s.d_kv);
     inner = int(s.inner()), V = int(s.vocab), L = int(s.layers);

@@ -20,7 +20,7 @@ void TraceRecorder::on_op(const OpEvent& e) {
   if (is_communication(e.kind)) {
     cur_.communication += d;
     cur_.comm_bytes += e.bytes;
-  } else if (e.kind == OpKind::Wait) {
+  } else if (e.kind == OpKind::Wait || e.kind == OpKind::Progress) {
     cur_.exposed_comm += d;
   } else {
     cur_.compute += d;
