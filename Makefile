@@ -19,7 +19,7 @@ HAVE_NCCL   := $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl
 
 CXX       := $(if $(MPICXX),$(MPICXX),mpicxx)
 CXXFLAGS  ?= -O3 -march=native -g
-CXXFLAGS  += -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -MMD -MP -DOMPI_SKIP_MPICXX
+CXXFLAGS  += -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
 LDLIBS    := -lopenblas -lpthread
 GTEST_LIBS:= -lgtest -lgtest_main -pthread
 
@@ -46,7 +46,7 @@ deps:
 
 $(OBJ)/%.o: src/%.cpp
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
@@ -54,11 +54,13 @@ $(LIB): $(LIB_OBJ)
 
 $(BIN)/%: src/programs/%.cpp $(LIB)
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $< -o $@ $(LIB) $(LDLIBS)
+	@mkdir -p $(OBJ)/deps
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS)
 
 $(BIN)/test_%: tests/test_%.cpp $(LIB)
 	@mkdir -p $(@D)
-	$(CXX) $(CXXFLAGS) $< -o $@ $(LIB) $(LDLIBS) $(GTEST_LIBS)
+	@mkdir -p $(OBJ)/deps
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) $(GTEST_LIBS)
 
 test: all
 	@bash tests/run_tests.sh
@@ -69,4 +71,4 @@ demo: deps all
 clean:
 	rm -rf $(BUILD)
 
--include $(LIB_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(wildcard $(OBJ)/deps/*.d)

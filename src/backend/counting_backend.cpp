@@ -74,9 +74,17 @@ class CountingBackend final : public Backend {
   void adam(float*, const float*, float*, float*, int64_t, const AdamConfig&, int) override {}
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
-  Request all_reduce(float*, int64_t, Comm&) override { return next_request_++; }
-  Request all_gather(const float*, float*, int64_t, Comm&) override { return next_request_++; }
-  Request reduce_scatter(const float*, float*, int64_t, Comm&) override { return next_request_++; }
+  // Collectives are recorded at issue (start = end = issue index) so tests can read the
+  // schedule a strategy would run.
+  Request all_reduce(float*, int64_t count, Comm&) override {
+    return issue(OpKind::AllReduce, count * 4);
+  }
+  Request all_gather(const float*, float*, int64_t count, Comm& c) override {
+    return issue(OpKind::AllGather, count * 4 * c.size());
+  }
+  Request reduce_scatter(const float*, float*, int64_t count, Comm& c) override {
+    return issue(OpKind::ReduceScatter, count * 4 * c.size());
+  }
   void wait(Request) override {}
   bool test(Request) override { return true; }
   void synchronize() override {}
@@ -85,6 +93,11 @@ class CountingBackend final : public Backend {
   double flops_ = 0.0;
 
  private:
+  Request issue(OpKind kind, int64_t bytes) {
+    record(kind, 1, double(next_request_), double(next_request_), bytes, 0.0);
+    return next_request_++;
+  }
+
   uintptr_t next_ = 4096;
   std::unordered_map<uintptr_t, std::pair<size_t, MemCategory>> allocs_;
   Request next_request_ = 0;

@@ -248,10 +248,10 @@ class CpuBackend final : public Backend {
       float mx = -INFINITY;
       for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
       const float target = row[labels[i]] - mx;
-      float sum = 0.f;  // exponentials computed once, kept in the row
+      double sum = 0;  // exponentials computed once, kept in the row
       for (int j = 0; j < vocab; ++j) sum += (row[j] = std::exp(row[j] - mx));
-      losses[i] = std::log(sum) - target;
-      const float k = grad_scale / sum;
+      losses[i] = float(std::log(sum)) - target;
+      const float k = float(grad_scale / sum);
       for (int j = 0; j < vocab; ++j) row[j] *= k;
       row[labels[i]] -= grad_scale;
     }
