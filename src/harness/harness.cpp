@@ -44,12 +44,13 @@ int local_ranks() {
   return n;
 }
 
-// Peak resident set of this process (VmHWM): an independent check of the accounted peak.
-int64_t rss_high_water() {
+// Resident set of this process from /proc/self/status: "VmHWM:" (peak) or "VmRSS:" (now).
+// The peak's growth over the start-up value is an independent check of the accounted peak.
+int64_t rss_bytes(const char* field) {
   std::ifstream f("/proc/self/status");
   std::string key;
   while (f >> key) {
-    if (key == "VmHWM:") {
+    if (key == field) {
       int64_t kb = 0;
       f >> kb;
       return kb * 1024;
@@ -226,6 +227,7 @@ int run(const RunConfig& cfg, int rank, int world) {
     return kExitOutOfMemory;
   }
 
+  const int64_t rss_start = rss_bytes("VmRSS:");
   auto backend = make_backend(cfg.backend);
   Mesh mesh = Mesh::split(*backend, MPI_COMM_WORLD, shard);
   TraceRecorder recorder;
@@ -270,7 +272,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   const double raw_rate = replay_gemms(*backend, last_events);
   double rate_min = gemm_rate / raw_rate;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rate_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
-  int64_t measured = backend->mem_peak_total(), rss = rss_high_water();
+  int64_t measured = backend->mem_peak_total(), rss = rss_bytes("VmHWM:") - rss_start;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &measured, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
 
@@ -286,9 +288,10 @@ int run(const RunConfig& cfg, int rank, int world) {
       100 * med(&GlobalStep::overhead) / t);
   out("  GEMM rate in step    %.1f%% of the same GEMM shapes replayed outside the step (worst rank)\n",
       100 * rate_min);
-  out("  peak memory / rank   %s accounted, plan %s (%.2f%%), process RSS high-water %s\n",
-      human_bytes(double(measured)).c_str(), human_bytes(double(plan.peak_total)).c_str(),
-      100.0 * double(measured) / double(plan.peak_total), human_bytes(double(rss)).c_str());
+  out("  peak memory / rank   %s accounted = %.2f%% of the plan (%s); resident-set growth %s = %.1f%%\n",
+      human_bytes(double(measured)).c_str(), 100.0 * double(measured) / double(plan.peak_total),
+      human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(rss)).c_str(),
+      100.0 * double(rss) / double(plan.peak_total));
   out("RESULT program=%s strategy=%s model=%s world=%d batch=%lld seq=%lld step_ms=%.3f "
       "tflops_per_rank=%.5f tokens_per_s=%.1f exposed_ms=%.3f overhead_pct=%.3f peak_bytes=%lld "
       "plan_bytes=%lld loss=%.6f\n",
