@@ -11,7 +11,6 @@ NP      ?= 4
 
 # ---- what this machine has (llm.c-style: probe, say, fall back) ----
 MPICXX    := $(shell command -v mpicxx 2>/dev/null)
-HDF5_FLAGS:= $(shell pkg-config --cflags --libs hdf5-openmpi 2>/dev/null)
 CUDA_HOME ?= /usr/local/cuda
 NVCC      := $(shell command -v $(CUDA_HOME)/bin/nvcc 2>/dev/null || command -v nvcc 2>/dev/null)
 HAVE_CUBLAS := $(wildcard $(CUDA_HOME)/lib64/libcublas.so $(CUDA_HOME)/lib/libcublas.so)
@@ -20,7 +19,11 @@ HAVE_NCCL   := $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl
 CXX       := $(if $(MPICXX),$(MPICXX),mpicxx)
 CXXFLAGS  ?= -O3 -march=native -g
 CXXFLAGS  += -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
-LDLIBS    := -lopenblas -lpthread
+HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
+HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
+VERSION   := $(shell git describe --always --dirty --tags 2>/dev/null || echo unknown)
+CXXFLAGS  += $(HDF5_CFLAGS) -I$(BUILD)/gen
+LDLIBS    := $(HDF5_LIBS) -lopenblas -lpthread
 GTEST_LIBS:= -lgtest -lgtest_main -pthread
 
 LIB_SRC := $(wildcard src/model/*.cpp src/backend/*.cpp src/strategy/*.cpp src/trace/*.cpp src/harness/*.cpp)
@@ -30,12 +33,13 @@ PROGRAMS:= ddp_perf fsdp_perf
 TEST_SRC:= $(wildcard tests/test_*.cpp)
 TESTS   := $(patsubst tests/%.cpp,$(BIN)/%,$(TEST_SRC))
 
-.PHONY: all probe deps test unit-test mpi-test demo clean
+.PHONY: all probe deps test unit-test mpi-test demo clean FORCE
 all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(TESTS)
 
 probe:
 	@echo "shardbench build:"
 	@[ -n "$(MPICXX)" ] && echo "  ✓ MPI      $(MPICXX)" || echo "  ✗ MPI not found (run: make deps)"
+	@[ -n "$(HDF5_LIBS)" ] && echo "  ✓ HDF5     parallel (hdf5-openmpi)" || echo "  ✗ parallel HDF5 not found (run: make deps)"
 	@[ -n "$(NVCC)" ] && echo "  ✓ nvcc     $(NVCC)" || echo "  ✗ nvcc not found: CUDA backend not built"
 	@[ -n "$(HAVE_CUBLAS)" ] && echo "  ✓ cuBLAS   $(firstword $(HAVE_CUBLAS))" || echo "  ✗ cuBLAS not found"
 	@[ -n "$(HAVE_NCCL)" ] && echo "  ✓ NCCL     $(firstword $(HAVE_NCCL))" || echo "  ✗ NCCL not found"
@@ -47,6 +51,13 @@ deps:
 $(OBJ)/%.o: src/%.cpp
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
+# The version (git describe) the provenance records; rewritten only when it changes.
+$(BUILD)/gen/version.h: FORCE
+	@mkdir -p $(@D)
+	@echo '#define SB_VERSION "$(VERSION)"' > $@.new
+	@cmp -s $@.new $@ && rm -f $@.new || mv $@.new $@
+$(OBJ)/harness/provenance.o: $(BUILD)/gen/version.h
 
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)

@@ -13,11 +13,14 @@ run() {
   local name=$1
   shift
   echo "=== $name: mpirun -np $NP $*"
-  mpirun -np "$NP" --oversubscribe --bind-to none "$@" "${ARGS[@]}" | tee "$OUT/$name.log"
+  mpirun -np "$NP" --oversubscribe --bind-to none "$@" "${ARGS[@]}" --out "$OUT/$name.h5" --overwrite \
+    | tee "$OUT/$name.log"
 }
 run ddp build/bin/ddp_perf
 run fsdp-full build/bin/fsdp_perf --sharding full
 run fsdp-hybrid2 build/bin/fsdp_perf --sharding hybrid --shard-size 2
 run fsdp-none build/bin/fsdp_perf --sharding none
 echo
-/usr/bin/python3 analysis/compare_logs.py "$OUT"/*.log --plot "$OUT/comparison.png"
+/usr/bin/python3 analysis/summarize.py "$OUT"/*.h5
+echo
+/usr/bin/python3 analysis/compare.py "$OUT"/ddp.h5 "$OUT"/fsdp-*.h5 --plot "$OUT/comparison.png"

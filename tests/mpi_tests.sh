@@ -4,14 +4,17 @@
 # the memory plan and out-of-memory handling. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
+ROOT=$(pwd)
 source scripts/mpi-env.sh
-BIN=build/bin
+BIN=$ROOT/build/bin
 NP=${NP:-4}
 MPIRUN=(timeout 300 mpirun -np "$NP" --oversubscribe --bind-to none)
 TINY=(--model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1)
 pass=0 fail=0
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+mkdir -p "$tmp/work"
+cd "$tmp/work"  # default result names (results/...) land here, not in the checkout
 
 ok() { pass=$((pass + 1)); echo "ok    $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL  $1"; sed 's/^/      | /' "$tmp/out" | tail -n 25; }
@@ -29,12 +32,14 @@ expect() {
 
 # --- every strategy trains to the single-rank reference's weights on 4 ranks ---
 check_pattern='check: .* -> PASS'
-expect "ddp --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --check
+T=$tmp/traces
+mkdir -p "$T"
+expect "ddp --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --check --out $T/ddp.h5
 expect "ddp small buckets --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --bucket-mb 0.002 --check
-expect "fsdp full --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding full --check
-expect "fsdp hybrid 2 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --check
-expect "fsdp none --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --check
-expect "fsdp grad-op --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding grad-op --check
+expect "fsdp full --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding full --check --out $T/full.h5
+expect "fsdp hybrid 2 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --check --out $T/hybrid.h5
+expect "fsdp none --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --check --out $T/none.h5
+expect "fsdp grad-op --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding grad-op --check --out $T/grad-op.h5
 expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
 expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
@@ -46,6 +51,27 @@ expect "fsdp hybrid 4 on 4 ranks (no replicas) --check" 0 "$check_pattern" -- \
 # below the rounding error must be reported as a mismatch with exit code 4.
 expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --check --check-tolerance 1e-30
+
+# --- HDF5 results, checked from Python against docs/trace-format.md ---
+expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
+  /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5
+expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- /usr/bin/python3 $ROOT/analysis/summarize.py $T/*.h5
+expect "the python check fails on a wrong rank count" 1 'FAIL' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
+expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --mem-limit-gib 0.000001 --out $T/oom.h5
+expect "out-of-memory record (python check)" 0 '^ok ' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 4 --oom $T/oom.h5
+expect "the final line names the file" 0 "wrote $T/named.h5 \([0-9.]+ [KM]?i?B in [0-9.]+ s\)\$" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/named.h5
+expect "existing --out without --overwrite" 2 "--out '$T/named.h5' exists \(pass --overwrite" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/named.h5
+expect "missing directory" 2 "directory '$T/nope/' does not exist" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/nope/x.h5
+expect "--out is a directory" 2 "is a directory" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T
+expect "bad input writes no file" 2 "--batch 0" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --batch 0 --out $T/bad.h5
+if [ -e $T/bad.h5 ] || [ -e $T/bad.h5.tmp ] || [ -e $T/nope ]; then echo "file left" >"$tmp/out"; bad "no file after bad input"; else ok "no file after bad input"; fi
+# A run killed mid-way leaves nothing under the final name.
+timeout -s KILL 3 mpirun -np 2 --oversubscribe --bind-to none $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000 \
+  --out $T/killed.h5 >"$tmp/out" 2>&1
+if [ -e $T/killed.h5 ]; then bad "killed run leaves no result"; else ok "killed run leaves no result"; fi
+pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/dev/null || true
 
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"

@@ -4,6 +4,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 
@@ -27,11 +28,14 @@ enum ExitCode : int {
 [[noreturn]] void fatal(const std::string& msg, const char* file, int line);
 
 void mpi_check(int rc, const char* call, const char* file, int line);
+// HDF5 calls return a negative herr_t or hid_t on failure; the value passes through.
+int64_t h5_check(int64_t rc, const char* call, const char* file, int line);
 
 }  // namespace sb
 
 #define SB_FATAL(msg) ::sb::fatal((msg), __FILE__, __LINE__)
 #define MPI_CHECK(call) ::sb::mpi_check((call), #call, __FILE__, __LINE__)
+#define H5_CHECK(call) ::sb::h5_check((call), #call, __FILE__, __LINE__)
 #define SB_ASSERT(cond, msg)                                   \
   do {                                                         \
     if (!(cond)) SB_FATAL(std::string("assertion failed: ") + #cond + ": " + (msg)); \

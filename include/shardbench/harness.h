@@ -24,6 +24,8 @@ struct RunConfig {
   int plan_world = 0;        // --world-size for --plan (0: the MPI world)
   bool plan_only = false;
   bool check = false;
+  std::string out_path;      // --out; empty: a name under results/ made from the run
+  bool overwrite = false;
   double check_tolerance = 1e-5;
   StrategyConfig strategy;
 };
@@ -46,6 +48,12 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const RunConfig& cfg, int world);
 // The plan as a table (rank 0 prints it).
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
+
+struct Attr;
+// Command line, versions of shardbench, compiler, MPI, HDF5 (and CUDA/NCCL where built),
+// and rank 0's SLURM_* environment. Collective over MPI_COMM_WORLD.
+std::vector<Attr> collect_provenance(const RunConfig& cfg);
+std::string hostname();
 
 // The whole program: MPI init, parse, plan, run, report, exit code.
 int run_program(int argc, char** argv, StrategyKind kind);

@@ -29,4 +29,9 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
   fatal(std::string(call) + " failed: " + std::string(text, len), file, line);
 }
 
+int64_t h5_check(int64_t rc, const char* call, const char* file, int line) {
+  if (rc < 0) fatal(std::string(call) + " failed (HDF5)", file, line);
+  return rc;
+}
+
 }  // namespace sb

@@ -2,7 +2,10 @@
 //   parse → validate against the world → plan → (out of memory? report, exit 3) →
 //   build backend, mesh, strategy → warm-up + timed steps (barrier, step, cross-rank
 //   reduction, rank-0 line) → summary → optional --check against a single-rank reference.
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include <ctime>
 
 #include <algorithm>
 #include <cmath>
@@ -161,6 +164,141 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
   return flops / t;
 }
 
+// Wall-clock time as ISO 8601 UTC.
+std::string iso_time(double epoch_seconds) {
+  const time_t t = time_t(epoch_seconds);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+double wall_clock_rank0() {
+  double t = double(std::time(nullptr));
+  MPI_CHECK(MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  return t;
+}
+
+// Decides the result path and checks it on rank 0 before any work: an existing file
+// (without --overwrite), a missing or unwritable directory is a usage error on every rank.
+// Broadcasts rank 0's string to every rank.
+void bcast_string(std::string& s) {
+  int size = int(s.size());
+  MPI_CHECK(MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  s.resize(size);
+  MPI_CHECK(MPI_Bcast(s.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD));
+}
+
+// Decides the result path and checks it on rank 0 before any work: an existing file
+// (without --overwrite), a missing or unwritable directory is a usage error on every rank.
+// A default name is made unique with a numeric suffix, so it never replaces a result.
+std::string resolve_output(const RunConfig& cfg, int rank, int world, double start) {
+  std::string path = cfg.out_path, error;
+  struct stat st;
+  if (rank == 0 && path.empty()) {
+    struct tm tm;
+    const time_t t = time_t(start);
+    gmtime_r(&t, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    const std::string base = "results/" + cfg.program + "-" + cfg.strategy.label() + "-" + cfg.model.name +
+                             "-w" + std::to_string(world) + "-" + stamp;
+    mkdir("results", 0755);
+    path = base + ".h5";
+    for (int i = 2; stat(path.c_str(), &st) == 0 || stat(temporary_path(path).c_str(), &st) == 0; ++i)
+      path = base + "-" + std::to_string(i) + ".h5";
+  }
+  if (rank == 0) {
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    if (path.empty() || path.back() == '/')
+      error = "--out '" + path + "' is not allowed (must name a file, e.g. results/run.h5)";
+    else if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      error = "--out '" + path + "': directory '" + dir + "' does not exist (create it first)";
+    else if (access(dir.c_str(), W_OK) != 0)
+      error = "--out '" + path + "': directory '" + dir + "' is not writable";
+    else if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      error = "--out '" + path + "' is a directory (must name a file)";
+    else if (stat(path.c_str(), &st) == 0 && !cfg.overwrite)
+      error = "--out '" + path + "' exists (pass --overwrite to replace it, or choose another name)";
+  }
+  bcast_string(error);
+  if (!error.empty()) throw UsageError(error);
+  bcast_string(path);
+  return path;
+}
+
+int count_nodes() {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_rank = 0, leaders = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+  MPI_CHECK(MPI_Comm_free(&node));
+  int leader = node_rank == 0;
+  MPI_CHECK(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  return leaders;
+}
+
+// Root attributes: what ran (docs/trace-format.md lists every one).
+std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, double start, double end) {
+  const ModelSpec& m = c.model;
+  const int shard = shard_group_size(c.strategy, world);
+  const int rpn = local_ranks();
+  return {
+      Attr::str("program", c.program),
+      Attr::str("strategy", c.strategy.kind == StrategyKind::DDP ? "ddp" : "fsdp"),
+      Attr::str("label", c.strategy.label()),
+      Attr::str("sharding", c.strategy.kind == StrategyKind::DDP ? "replicate" : sharding_name(c.strategy.sharding)),
+      Attr::integer("shard_size", shard),
+      Attr::integer("replicas", world / shard),
+      Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
+      Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
+      Attr::integer("activation_checkpointing", c.strategy.checkpointing),
+      Attr::num("bucket_mb", c.strategy.kind == StrategyKind::DDP ? c.strategy.bucket_mb : 0.0),
+      Attr::str("model", m.name),
+      Attr::integer("d_model", m.d_model),
+      Attr::integer("d_ff", m.d_ff),
+      Attr::integer("layers", m.layers),
+      Attr::integer("heads", m.heads),
+      Attr::integer("d_kv", m.d_kv),
+      Attr::integer("vocab", m.vocab),
+      Attr::integer("num_buckets", m.num_buckets),
+      Attr::integer("max_distance", m.max_distance),
+      Attr::integer("param_count", param_count(m)),
+      Attr::integer("world_size", world),
+      Attr::integer("ranks_per_node", rpn),
+      Attr::integer("nodes", count_nodes()),
+      Attr::integer("batch_per_rank", c.shape.batch),
+      Attr::integer("global_batch", c.shape.batch * world),
+      Attr::integer("enc_seq_len", c.shape.enc_len),
+      Attr::integer("dec_seq_len", c.shape.dec_len),
+      Attr::str("dtype", "fp32"),
+      Attr::str("backend", c.backend),
+      Attr::integer("steps", c.steps),
+      Attr::integer("warmup", c.warmup),
+      Attr::integer("seed", int64_t(c.strategy.seed)),
+      Attr::num("lr", c.strategy.adam.lr),
+      Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape)),
+      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing)),
+      Attr::str("status", status),
+      Attr::str("start_time", iso_time(start)),
+      Attr::str("end_time", iso_time(end)),
+  };
+}
+
+std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
+  std::vector<Attr> a = {Attr::integer("world_size", p.world), Attr::integer("shard_size", p.shard),
+                         Attr::integer("peak_total", p.peak_total), Attr::integer("limit", p.limit),
+                         Attr::integer("fits", p.fits()), Attr::num("counted_gemm_flops", p.counted_flops)};
+  for (int c = 0; c < kMemCategories; ++c) {
+    a.push_back(Attr::integer(std::string("peak_") + mem_category_name(MemCategory(c)), p.peak[c]));
+    a.push_back(Attr::integer(std::string("at_peak_") + mem_category_name(MemCategory(c)), p.at_peak[c]));
+  }
+  a.push_back(Attr::str("text", format_plan(cfg, p)));
+  return a;
+}
+
 // Trains a single-rank replica on the whole global batch (MPI_COMM_SELF, rank 0 only) and
 // returns its final weights per unit.
 std::vector<std::vector<float>> reference_weights(const RunConfig& cfg, int world) {
@@ -179,7 +317,8 @@ std::vector<std::vector<float>> reference_weights(const RunConfig& cfg, int worl
 }
 
 // Compares every unit's final weights with the reference; true when within tolerance.
-bool check_weights(const Out& out, const RunConfig& cfg, Strategy& strategy, int rank, int world) {
+bool check_weights(const Out& out, const RunConfig& cfg, Strategy& strategy, int rank, int world,
+                   double& relative_error) {
   std::vector<std::vector<float>> ref;
   if (rank == 0) ref = reference_weights(cfg, world);
   double diff2 = 0, ref2 = 0, max_abs = 0;
@@ -196,11 +335,13 @@ bool check_weights(const Out& out, const RunConfig& cfg, Strategy& strategy, int
   int ok = 1;
   if (rank == 0) {
     const double rel = std::sqrt(diff2 / ref2);
-    ok = rel <= cfg.check_tolerance;
+    ok = rel <= cfg.check_tolerance;  // a NaN fails too
     out("check: final weights vs single-rank reference (global batch %lld on 1 rank): "
         "relative error %.3e (tolerance %.1e), max abs diff %.3e -> %s\n",
         (long long)(cfg.shape.batch * world), rel, cfg.check_tolerance, max_abs, ok ? "PASS" : "FAIL");
   }
+  relative_error = rank == 0 ? std::sqrt(diff2 / ref2) : 0.0;
+  MPI_CHECK(MPI_Bcast(&relative_error, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD));
   return ok;
 }
@@ -211,6 +352,9 @@ int run(const RunConfig& cfg, int rank, int world) {
   const int shard = shard_group_size(cfg.strategy, plan_world);
   ParallelLayout::make(plan_world, 0, shard);  // validates before any work
 
+  const double start = wall_clock_rank0();
+  const std::string path = cfg.plan_only ? "" : resolve_output(cfg, rank, world, start);
+
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
                                      : host_memory_bytes() / local_ranks();
@@ -219,18 +363,28 @@ int run(const RunConfig& cfg, int rank, int world) {
     out("%s", format_plan(cfg, plan).c_str());
     return plan.fits() ? kExitOk : kExitOutOfMemory;
   }
+  TraceData trace;
+  trace.host = hostname();
+  trace.provenance = collect_provenance(cfg);
+  trace.plan = plan_attrs(cfg, plan);
   if (!plan.fits()) {
     out("%s", format_plan(cfg, plan).c_str());
     out("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
         "nothing was allocated\n",
         human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
+    trace.device = "not allocated";
+    trace.run = run_attrs(cfg, world, "out-of-memory", start, wall_clock_rank0());
+    write_trace(path, trace, MPI_COMM_WORLD);
+    out("wrote %s (status out-of-memory)\n", path.c_str());
     return kExitOutOfMemory;
   }
 
   const int64_t rss_start = rss_bytes("VmRSS:");
   auto backend = make_backend(cfg.backend);
+  trace.device = backend->device_name();
   Mesh mesh = Mesh::split(*backend, MPI_COMM_WORLD, shard);
-  TraceRecorder recorder;
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  TraceRecorder recorder(backend->now());  // a common time origin for every rank's events
   backend->set_recorder(&recorder);
   auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
 
@@ -239,7 +393,6 @@ int run(const RunConfig& cfg, int rank, int world) {
   const double global_tokens = double(cfg.shape.batch) * world * cfg.shape.dec_len;
   const double tokens_per_step = double(cfg.shape.batch) * world * (cfg.shape.enc_len + cfg.shape.dec_len);
   std::vector<GlobalStep> timed;
-  std::vector<OpEvent> last_events;
   out("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
       "exposed ms", "peak mem");
   for (int s = 1; s <= cfg.warmup + cfg.steps; ++s) {
@@ -253,8 +406,12 @@ int run(const RunConfig& cfg, int rank, int world) {
     const StepStats st = recorder.end_step(backend->now(), backend->mem_peak_total());
     const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world);
     const bool warm = s <= cfg.warmup;
+    trace.steps.push_back(StepRow{rank, s, warm, st.time(), st.compute, st.communication, st.exposed_comm,
+                                  st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
+                                  hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
+                                  loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
+                                  st.peak_memory});
     if (!warm) timed.push_back(g);
-    if (s == cfg.warmup + cfg.steps) last_events = recorder.events();
     out("%-6s %-10.5f %12.2f %12.4f %14.0f %13.2f %12s%s\n",
         (std::to_string(s) + "/" + std::to_string(cfg.warmup + cfg.steps)).c_str(), g.loss, g.time * 1e3,
         model_flops / g.time / 1e12, tokens_per_step / g.time, g.exposed * 1e3,
@@ -268,11 +425,14 @@ int run(const RunConfig& cfg, int rank, int world) {
   };
   const double t = med(&GlobalStep::time);
   const double gemm_rate = med(&GlobalStep::gemm_flops) / med(&GlobalStep::gemm);
+  // Peaks of the training run itself, before the GEMM replay and --check allocate more.
+  trace.peak = backend->mem_peak();
+  trace.peak_total = backend->mem_peak_total();
+  int64_t measured = trace.peak_total, rss = rss_bytes("VmHWM:") - rss_start;
   backend->set_recorder(nullptr);
-  const double raw_rate = replay_gemms(*backend, last_events);
+  const double raw_rate = replay_gemms(*backend, recorder.step_events(cfg.warmup + cfg.steps));
   double rate_min = gemm_rate / raw_rate;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rate_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
-  int64_t measured = backend->mem_peak_total(), rss = rss_bytes("VmHWM:") - rss_start;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &measured, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rss, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
 
@@ -300,8 +460,37 @@ int run(const RunConfig& cfg, int rank, int world) {
       tokens_per_step / t, med(&GlobalStep::exposed) * 1e3, 100 * med(&GlobalStep::overhead) / t,
       (long long)measured, (long long)plan.peak_total, timed.back().loss);
 
-  if (cfg.check && !check_weights(out, cfg, *strategy, rank, world)) return kExitCheckFailed;
-  return kExitOk;
+  bool ok = true;
+  std::vector<Attr> summary = {
+      Attr::num("median_step_time_s", t),
+      Attr::num("median_model_tflops_per_rank", model_flops / t / 1e12),
+      Attr::num("median_hardware_tflops_per_rank", hw_flops / t / 1e12),
+      Attr::num("median_tokens_per_s", tokens_per_step / t),
+      Attr::num("median_exposed_comm_s", med(&GlobalStep::exposed)),
+      Attr::num("gemm_rate_vs_replay", rate_min),
+      Attr::integer("max_peak_memory_bytes", measured),
+      Attr::integer("plan_peak_memory_bytes", plan.peak_total),
+      Attr::integer("rss_growth_bytes", rss),
+      Attr::num("final_loss", timed.back().loss),
+  };
+  if (cfg.check) {
+    double rel = 0;
+    ok = check_weights(out, cfg, *strategy, rank, world, rel);
+    summary.push_back(Attr::num("check_relative_error", rel));
+    summary.push_back(Attr::num("check_tolerance", cfg.check_tolerance));
+    summary.push_back(Attr::str("check_result", ok ? "pass" : "fail"));
+  }
+  trace.run = run_attrs(cfg, world, ok ? "ok" : "failed", start, wall_clock_rank0());
+  trace.run.insert(trace.run.end(), summary.begin(), summary.end());
+  trace.events = &recorder.events();
+  trace.memory = &recorder.memory();
+  const double t_write = MPI_Wtime();
+  write_trace(path, trace, MPI_COMM_WORLD);
+  struct stat st {};
+  stat(path.c_str(), &st);
+  out("wrote %s (%s in %.3f s)%s\n", path.c_str(), human_bytes(double(st.st_size)).c_str(),
+      MPI_Wtime() - t_write, ok ? "" : " (status failed: --check)");
+  return ok ? kExitOk : kExitCheckFailed;
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                    : "fsdp_perf: FSDP training steps of a synthetic T5 (full, hybrid, "
                      "grad-op or no sharding)",
                cfg.program};
+  // A flag given twice takes its last value, so scripts can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre";
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0;
@@ -55,6 +57,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--world-size", world, "world size to plan for with --plan (default: the MPI world)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
   app.add_option("--check-tolerance", cfg.check_tolerance, "allowed relative error of --check")->capture_default_str();
+  app.add_option("--out", cfg.out_path,
+                 "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5)");
+  app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {

@@ -5,12 +5,11 @@ namespace sb {
 void TraceRecorder::begin_step(int step, double t) {
   cur_ = StepStats{};
   cur_.step = step;
-  cur_.start = t;
-  events_.clear();
+  cur_.start = t - origin_;
 }
 
 StepStats TraceRecorder::end_step(double t, int64_t peak_memory) {
-  cur_.end = t;
+  cur_.end = t - origin_;
   cur_.peak_memory = peak_memory;
   return cur_;
 }
@@ -29,7 +28,22 @@ void TraceRecorder::on_op(const OpEvent& e) {
       cur_.gemm_flops += e.flops;
     }
   }
-  events_.push_back(e);
+  if (!keep_) return;
+  TraceEvent te{cur_.step, e};
+  te.op.start -= origin_;
+  te.op.end -= origin_;
+  events_.push_back(te);
+}
+
+void TraceRecorder::on_memory(double t, const MemBytes& current) {
+  if (keep_) memory_.push_back(MemorySample{cur_.step, t - origin_, current});
+}
+
+std::vector<OpEvent> TraceRecorder::step_events(int step) const {
+  std::vector<OpEvent> out;
+  for (const TraceEvent& e : events_)
+    if (e.step == step) out.push_back(e.op);
+  return out;
 }
 
 }  // namespace sb

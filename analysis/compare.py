@@ -1,0 +1,59 @@
+#!/usr/bin/python3
+"""Strategy comparison of shardbench results: a table (step time relative to DDP, TFLOPS
+per rank, exposed communication, peak memory against the plan, final loss) and a bar plot.
+
+Usage: analysis/compare.py RESULT.h5... [--plot OUT.png]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shardbench_h5 import load  # noqa: E402
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--plot", help="write a PNG bar chart of step time and peak memory")
+    a = ap.parse_args(argv)
+    runs = [load(p) for p in a.files]
+    bad = [r.path for r in runs if r.meta["status"] != "ok"]
+    if bad:
+        print(f"compare: not completed runs: {', '.join(bad)}", file=sys.stderr)
+        return 1
+    m = [r.meta for r in runs]
+    base = next((x["median_step_time_s"] for x in m if x["strategy"] == "ddp"), m[0]["median_step_time_s"])
+    hdr = (f"{'strategy':<14} {'model':<10} {'ranks':>5} {'step ms':>9} {'vs ddp':>7} {'TFLOPS/rank':>12} "
+           f"{'tokens/s':>10} {'exposed ms':>11} {'peak MiB':>9} {'plan MiB':>9} {'loss':>9}")
+    print(hdr)
+    print("-" * len(hdr))
+    for x in m:
+        print(f"{x['label']:<14} {x['model']:<10} {x['world_size']:>5} {x['median_step_time_s'] * 1e3:>9.2f} "
+              f"{x['median_step_time_s'] / base:>7.2f} {x['median_model_tflops_per_rank']:>12.4f} "
+              f"{x['median_tokens_per_s']:>10.0f} {x['median_exposed_comm_s'] * 1e3:>11.2f} "
+              f"{x['max_peak_memory_bytes'] / 2**20:>9.1f} {x['plan_peak_memory_bytes'] / 2**20:>9.1f} "
+              f"{x['final_loss']:>9.5f}")
+    if a.plot:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        names = [x["label"] for x in m]
+        fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
+        ax[0].bar(names, [x["median_step_time_s"] * 1e3 for x in m], color="tab:blue")
+        ax[0].set_ylabel("step time (ms), median")
+        ax[1].bar(names, [x["max_peak_memory_bytes"] / 2**20 for x in m], color="tab:orange", label="measured")
+        ax[1].plot(names, [x["plan_peak_memory_bytes"] / 2**20 for x in m], "kx", label="plan")
+        ax[1].set_ylabel("peak memory per rank (MiB)")
+        ax[1].legend()
+        fig.suptitle(f"{m[0]['model']} on {m[0]['world_size']} ranks: DDP vs FSDP")
+        for x in ax:
+            x.tick_params(axis="x", rotation=20)
+        fig.tight_layout()
+        fig.savefig(a.plot, dpi=110)
+        print(f"plot: {a.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

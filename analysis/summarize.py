@@ -1,0 +1,58 @@
+#!/usr/bin/python3
+"""One row per shardbench result: program, strategy, model, ranks, step time, TFLOPS per
+rank, peak memory, status.
+
+Usage: analysis/summarize.py results/*.h5 [--csv OUT.csv]
+"""
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shardbench_h5 import load  # noqa: E402
+
+
+def row(run):
+    m = run.meta
+    ok = m["status"] == "ok" or "median_step_time_s" in m
+    return {
+        "file": os.path.basename(run.path),
+        "program": m["program"],
+        "strategy": m["label"],
+        "model": m["model"],
+        "ranks": m["world_size"],
+        "batch": m["batch_per_rank"],
+        "seq": m["enc_seq_len"],
+        "step_ms": m["median_step_time_s"] * 1e3 if ok else float("nan"),
+        "tflops_per_rank": m["median_model_tflops_per_rank"] if ok else float("nan"),
+        "peak_mib": (m["max_peak_memory_bytes"] if ok else run.plan["peak_total"]) / 2**20,
+        "status": m["status"],
+    }
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--csv", help="also write the table as CSV")
+    a = ap.parse_args(argv)
+    rows = []
+    for path in a.files:
+        try:
+            rows.append(row(load(path)))
+        except (OSError, KeyError, ValueError) as e:
+            print(f"summarize: {path}: not a readable shardbench result ({e})", file=sys.stderr)
+            return 1
+    hdr = f"{'program':<10} {'strategy':<14} {'model':<10} {'ranks':>5} {'batch':>5} {'seq':>5} {'step ms':>9} {'TFLOPS/rank':>12} {'peak MiB':>9}  status"
+    print(hdr)
+    print("-" * len(hdr))
+    for r in rows:
+        print(f"{r['program']:<10} {r['strategy']:<14} {r['model']:<10} {r['ranks']:>5} {r['batch']:>5} {r['seq']:>5} "
+              f"{r['step_ms']:>9.2f} {r['tflops_per_rank']:>12.4f} {r['peak_mib']:>9.1f}  {r['status']}")
+    if a.csv:
+        import pandas as pd
+        pd.DataFrame(rows).to_csv(a.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+#!/usr/bin/python3
+"""End-to-end checks of shardbench result files, from Python (h5py + pandas).
+
+    tests/check_trace.py --ranks 4 --steps 3 FILE...        completed runs
+    tests/check_trace.py --ranks 4 --oom FILE...            out-of-memory runs
+
+Checks: every field documented in docs/trace-format.md is present (as its `required`
+column says), one row per rank and step, events ordered and non-overlapping within a lane,
+memory peaks equal to the maxima of the memory trace and to the steps' peaks, and the
+out-of-memory case recorded with its status and plan. Prints one line per file; exit 1 on
+any failure.
+"""
+import argparse
+import os
+import re
+import sys
+
+import h5py
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "analysis"))
+from shardbench_h5 import CATEGORIES, load  # noqa: E402
+
+
+def documented_fields(doc):
+    """{location: [(field, kind, required)]} from the tables of docs/trace-format.md."""
+    fields, loc, kind = {}, None, None
+    for line in open(doc):
+        h = re.match(r"^## `(/[^`]*)` (attributes|dataset)", line)
+        if h:
+            loc, kind = h.group(1), h.group(2)
+            fields.setdefault((loc, kind), [])
+            continue
+        r = re.match(r"^\| `([^`]+)` \| [^|]+ \| (\w+) \|", line)
+        if r and loc:
+            fields[(loc, kind)].append((r.group(1), r.group(2)))
+    return fields
+
+
+def expand(name):
+    if "<category>" in name:
+        return [name.replace("<category>", c) for c in CATEGORIES]
+    return [name]
+
+
+class Checker:
+    def __init__(self, path):
+        self.path, self.errors = path, []
+
+    def expect(self, cond, msg):
+        if not cond:
+            self.errors.append(msg)
+
+
+def check_fields(c, path, fields, active):
+    with h5py.File(path, "r") as f:
+        for (loc, kind), rows in fields.items():
+            if loc not in f:
+                c.expect(False, f"{loc} missing")
+                continue
+            obj = f[loc]
+            present = set(obj.attrs.keys()) if kind == "attributes" else set(obj.dtype.names or ())
+            for name, required in rows:
+                if required not in active or "*" in name:
+                    continue
+                for n in expand(name):
+                    c.expect(n in present, f"{loc}: documented {kind[:-1] if kind == 'attributes' else 'column'} '{n}' missing")
+            if kind == "dataset":
+                documented = {n for name, _ in rows for n in expand(name)}
+                extra = set(obj.dtype.names or ()) - documented
+                c.expect(not extra, f"{loc}: undocumented columns {sorted(extra)}")
+
+
+def check_completed(c, run, ranks, steps):
+    s = run.steps
+    c.expect(run.meta["world_size"] == ranks, f"world_size {run.meta['world_size']} != {ranks}")
+    c.expect(len(s) == ranks * steps, f"/steps has {len(s)} rows, expected {ranks}x{steps}")
+    c.expect(not s.duplicated(["rank", "step"]).any(), "duplicate (rank, step) rows")
+    c.expect(set(s["rank"]) == set(range(ranks)), "ranks missing in /steps")
+    c.expect(set(s["step"]) == set(range(1, steps + 1)), "steps missing in /steps")
+    c.expect(int(s["warmup"].sum()) == ranks * run.meta["warmup"], "warm-up flags wrong")
+    c.expect((s["time"] > 0).all() and (s["compute"] > 0).all(), "non-positive step or compute time")
+    c.expect(len(run.ranks) == ranks and list(run.ranks["rank"]) == list(range(ranks)), "/provenance/ranks rows")
+    e = run.events
+    c.expect(len(e) > 0, "no events")
+    c.expect(set(e["rank"]) == set(range(ranks)), "events missing for some rank")
+    c.expect((e["end"] >= e["start"]).all(), "an event ends before it starts")
+    for (rank, lane), g in e.groupby(["rank", "lane"]):
+        starts, ends = g["start"].to_numpy(), g["end"].to_numpy()
+        if lane == 0:  # the compute lane is recorded in order
+            c.expect(bool(np.all(np.diff(starts) >= 0)), f"rank {rank} lane 0: events out of order")
+        order = np.argsort(starts, kind="stable")
+        gaps = starts[order][1:] - ends[order][:-1]
+        c.expect(bool(np.all(gaps >= 0)), f"rank {rank} lane {lane}: {int((gaps < 0).sum())} overlapping events")
+    gemm = e[e["op_name"] == "gemm"]
+    c.expect(len(gemm) > 0 and (gemm["flops"] == 2.0 * gemm["m"] * gemm["n"] * gemm["k"] * gemm["batch"]).all(),
+             "GEMM events' FLOPs disagree with their shapes")
+    # The GEMM FLOPs of every timed step equal the plan's count for the schedule.
+    per_step = gemm[gemm["step"] > 0].groupby(["rank", "step"])["flops"].sum()
+    c.expect(np.allclose(per_step.to_numpy(), run.plan["counted_gemm_flops"], rtol=1e-9),
+             "GEMM FLOPs per step differ from the plan's counted FLOPs")
+    m, p = run.memory, run.peaks
+    c.expect(len(p) == ranks, "/memory_peaks: one row per rank expected")
+    for rank in range(ranks):
+        mr, pr = m[m["rank"] == rank], p[p["rank"] == rank].iloc[0]
+        for cat in CATEGORIES + ["total"]:
+            c.expect(int(mr[cat].max()) == int(pr[cat]), f"rank {rank}: peak {cat} {pr[cat]} != max of /memory {mr[cat].max()}")
+        c.expect(int(s[s["rank"] == rank]["peak_memory"].max()) == int(pr["total"]), f"rank {rank}: steps' peak != peak")
+        c.expect((mr[CATEGORIES].sum(axis=1) == mr["total"]).all(), f"rank {rank}: memory total is not the sum")
+    c.expect(int(p["total"].max()) == run.meta["max_peak_memory_bytes"], "max_peak_memory_bytes != max of peaks")
+    c.expect(run.meta["plan_peak_memory_bytes"] == run.plan["peak_total"], "plan peak attrs disagree")
+    c.expect(int(p["total"].max()) == run.plan["peak_total"], "measured peak != plan")
+
+
+def check_oom(c, run):
+    c.expect(run.meta["status"] == "out-of-memory", f"status {run.meta['status']!r}, expected out-of-memory")
+    c.expect(run.plan["fits"] == 0 and run.plan["peak_total"] > run.plan["limit"], "plan says it fits")
+    c.expect("DOES NOT FIT" in run.plan["text"], "plan text lacks the verdict")
+    c.expect(len(run.steps) == 0 and len(run.events) == 0, "out-of-memory run has steps or events")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--ranks", type=int, required=True)
+    ap.add_argument("--steps", type=int, help="warm-up + timed steps of completed runs")
+    ap.add_argument("--oom", action="store_true", help="the files are out-of-memory results")
+    ap.add_argument("--doc", default=os.path.join(HERE, "..", "docs", "trace-format.md"))
+    a = ap.parse_args()
+    fields = documented_fields(a.doc)
+    assert sum(len(v) for v in fields.values()) > 100, "could not read the documented fields"
+    failed = 0
+    for path in a.files:
+        c = Checker(path)
+        run = load(path)
+        active = {"always"} | ({"completed"} if not a.oom else set())
+        if "check_result" in run.meta:
+            active.add("check")
+        check_fields(c, path, fields, active)
+        if a.oom:
+            check_oom(c, run)
+        else:
+            c.expect(run.meta["status"] == "ok", f"status {run.meta['status']!r}")
+            check_completed(c, run, a.ranks, a.steps)
+        print(f"{'ok  ' if not c.errors else 'FAIL'} {path}" + "".join(f"\n     {e}" for e in c.errors[:10]))
+        failed += bool(c.errors)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

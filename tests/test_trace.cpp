@@ -1,0 +1,175 @@
+// End-to-end check of result files from C++: runs the programs on 4 MPI ranks, reads the
+// HDF5 they wrote with the plain HDF5 API, and checks rows per rank and step, lanes without
+// overlapping events, memory peaks against the memory trace, and the out-of-memory record.
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace {
+
+const std::string kDir = [] {
+  char tmpl[] = "/tmp/shardbench-trace-XXXXXX";
+  return std::string(mkdtemp(tmpl));
+}();
+
+struct RemoveDir {
+  ~RemoveDir() { std::system(("rm -rf " + kDir).c_str()); }
+} remove_dir;
+
+int run(const std::string& args) {
+  const std::string cmd =
+      "mpirun -np 4 --oversubscribe --bind-to none " + args + " > " + kDir + "/log 2>&1";
+  const int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+const char* kTiny = " --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1";
+
+// Reads columns of a compound dataset by name (HDF5 converts to the memory type).
+template <class T>
+std::vector<T> column(hid_t file, const char* dset, const char* field, hid_t native) {
+  hid_t d = H5Dopen2(file, dset, H5P_DEFAULT);
+  EXPECT_GE(d, 0) << dset;
+  hid_t space = H5Dget_space(d);
+  const hssize_t n = H5Sget_simple_extent_npoints(space);
+  hid_t mt = H5Tcreate(H5T_COMPOUND, sizeof(T));
+  H5Tinsert(mt, field, 0, native);
+  std::vector<T> out(n);
+  if (n > 0) EXPECT_GE(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), 0) << dset << "." << field;
+  H5Tclose(mt);
+  H5Sclose(space);
+  H5Dclose(d);
+  return out;
+}
+std::vector<int> ints(hid_t f, const char* d, const char* c) { return column<int>(f, d, c, H5T_NATIVE_INT); }
+std::vector<double> doubles(hid_t f, const char* d, const char* c) {
+  return column<double>(f, d, c, H5T_NATIVE_DOUBLE);
+}
+std::vector<long long> longs(hid_t f, const char* d, const char* c) {
+  return column<long long>(f, d, c, H5T_NATIVE_LLONG);
+}
+
+std::string str_attr(hid_t loc, const char* name) {
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  EXPECT_GE(a, 0) << name;
+  hid_t t = H5Aget_type(a);
+  char* s = nullptr;
+  H5Aread(a, t, &s);
+  std::string v = s ? s : "";
+  H5free_memory(s);
+  H5Tclose(t);
+  H5Aclose(a);
+  return v;
+}
+long long int_attr(hid_t loc, const char* name) {
+  long long v = -1;
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  EXPECT_GE(a, 0) << name;
+  H5Aread(a, H5T_NATIVE_LLONG, &v);
+  H5Aclose(a);
+  return v;
+}
+
+void check_completed(const std::string& path, int ranks, int steps) {
+  SCOPED_TRACE(path);
+  ASSERT_EQ(access((path + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(int_attr(f, "schema_version"), 1);
+  EXPECT_EQ(str_attr(f, "status"), "ok");
+  EXPECT_EQ(int_attr(f, "world_size"), ranks);
+  hid_t prov = H5Gopen2(f, "provenance", H5P_DEFAULT);
+  EXPECT_NE(str_attr(prov, "command_line").find("--out"), std::string::npos);
+  EXPECT_FALSE(str_attr(prov, "hdf5_version").empty());
+  H5Gclose(prov);
+
+  // One row per rank and step.
+  const auto rank = ints(f, "steps", "rank"), step = ints(f, "steps", "step");
+  std::set<std::pair<int, int>> seen;
+  for (size_t i = 0; i < rank.size(); ++i) seen.insert({rank[i], step[i]});
+  EXPECT_EQ(rank.size(), size_t(ranks * steps));
+  EXPECT_EQ(seen.size(), size_t(ranks * steps));
+
+  // Within a rank and lane, events do not overlap.
+  const auto er = ints(f, "events", "rank"), lane = ints(f, "events", "lane");
+  const auto start = doubles(f, "events", "start"), end = doubles(f, "events", "end");
+  ASSERT_FALSE(er.empty());
+  std::map<std::pair<int, int>, std::vector<std::pair<double, double>>> lanes;
+  for (size_t i = 0; i < er.size(); ++i) lanes[{er[i], lane[i]}].push_back({start[i], end[i]});
+  for (auto& [key, v] : lanes) {
+    std::sort(v.begin(), v.end());
+    for (size_t i = 1; i < v.size(); ++i)
+      ASSERT_GE(v[i].first, v[i - 1].second) << "rank " << key.first << " lane " << key.second;
+  }
+
+  // Peaks equal the maxima of the memory trace, per rank.
+  const auto mr = ints(f, "memory", "rank");
+  const auto mt = longs(f, "memory", "total"), ma = longs(f, "memory", "activations");
+  const auto pr = ints(f, "memory_peaks", "rank");
+  const auto pt = longs(f, "memory_peaks", "total"), pa = longs(f, "memory_peaks", "activations");
+  ASSERT_EQ(pr.size(), size_t(ranks));
+  for (size_t r = 0; r < pr.size(); ++r) {
+    long long max_t = 0, max_a = 0;
+    for (size_t i = 0; i < mr.size(); ++i)
+      if (mr[i] == pr[r]) max_t = std::max(max_t, mt[i]), max_a = std::max(max_a, ma[i]);
+    EXPECT_EQ(pt[r], max_t);
+    EXPECT_EQ(pa[r], max_a);
+    EXPECT_GT(pa[r], 0);
+  }
+  hid_t plan = H5Gopen2(f, "plan", H5P_DEFAULT);
+  EXPECT_EQ(int_attr(plan, "peak_total"), *std::max_element(pt.begin(), pt.end()));
+  H5Gclose(plan);
+  H5Fclose(f);
+}
+
+}  // namespace
+
+TEST(Trace, EveryStrategyWritesACompleteTrace) {
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"ddp", "build/bin/ddp_perf"},
+      {"full", "build/bin/fsdp_perf --sharding full"},
+      {"hybrid", "build/bin/fsdp_perf --sharding hybrid --shard-size 2"},
+      {"none", "build/bin/fsdp_perf --sharding none"},
+      {"grad-op", "build/bin/fsdp_perf --sharding grad-op"},
+  };
+  for (const auto& [name, cmd] : runs) {
+    const std::string out = kDir + "/" + name + ".h5";
+    ASSERT_EQ(run(cmd + kTiny + " --out " + out), 0) << name;
+    check_completed(out, 4, 3);
+  }
+}
+
+TEST(Trace, OutOfMemoryIsRecordedWithThePlan) {
+  const std::string out = kDir + "/oom.h5";
+  ASSERT_EQ(run(std::string("build/bin/fsdp_perf") + kTiny + " --mem-limit-gib 0.00001 --out " + out), 3);
+  hid_t f = H5Fopen(out.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_EQ(str_attr(f, "status"), "out-of-memory");
+  hid_t plan = H5Gopen2(f, "plan", H5P_DEFAULT);
+  EXPECT_EQ(int_attr(plan, "fits"), 0);
+  EXPECT_GT(int_attr(plan, "peak_total"), int_attr(plan, "limit"));
+  H5Gclose(plan);
+  EXPECT_TRUE(ints(f, "steps", "rank").empty());
+  H5Fclose(f);
+}
+
+TEST(Trace, ExistingResultIsNeverOverwrittenWithoutFlag) {
+  const std::string out = kDir + "/twice.h5";
+  ASSERT_EQ(run(std::string("build/bin/ddp_perf") + kTiny + " --out " + out), 0);
+  struct stat before;
+  ASSERT_EQ(stat(out.c_str(), &before), 0);
+  EXPECT_EQ(run(std::string("build/bin/ddp_perf") + kTiny + " --out " + out), 2);
+  struct stat after;
+  ASSERT_EQ(stat(out.c_str(), &after), 0);
+  EXPECT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
+  EXPECT_EQ(run(std::string("build/bin/ddp_perf") + kTiny + " --out " + out + " --overwrite"), 0);
+  check_completed(out, 4, 3);
+}
