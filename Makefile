@@ -33,8 +33,13 @@ PROGRAMS:= ddp_perf fsdp_perf
 TEST_SRC:= $(wildcard tests/test_*.cpp)
 TESTS   := $(patsubst tests/%.cpp,$(BIN)/%,$(TEST_SRC))
 
+# Optional parts plug in through mk/*.mk: each may add to these.
+EXTRA_ALL  :=   # more targets built by `make`
+EXTRA_TEST :=   # more targets run by `make test`, after the core tests
+-include $(sort $(wildcard mk/*.mk))
+
 .PHONY: all probe deps test unit-test mpi-test demo clean FORCE
-all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(TESTS)
+all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(TESTS) $(EXTRA_ALL)
 
 probe:
 	@echo "shardbench build:"
@@ -75,6 +80,7 @@ $(BIN)/test_%: tests/test_%.cpp $(LIB)
 
 test: all
 	@bash tests/run_tests.sh
+	@for t in $(EXTRA_TEST); do $(MAKE) --no-print-directory $$t || exit 1; done
 
 demo: deps all
 	@bash scripts/demo.sh
