@@ -134,7 +134,7 @@ def main():
     for path in a.files:
         c = Checker(path)
         run = load(path)
-        active = {"always"} | ({"completed"} if not a.oom else set())
+        active = {"always"} | ({"completed"} if not a.oom else {"oom"})
         if "check_result" in run.meta:
             active.add("check")
         check_fields(c, path, fields, active)

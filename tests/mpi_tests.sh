@@ -103,6 +103,13 @@ expect "plan: t5-11.3b FSDP full fits 80 GiB on 8 ranks" 0 '-> fits' -- \
 expect "plan: hybrid on 512 ranks" 0 'world 512, shard group 8' -- \
   timeout 120 $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --activation-checkpointing \
   --sharding hybrid --shard-size 8 --plan --world-size 512 --mem-limit-gib 80
+expect "plan with --out records out-of-memory for 512 ranks" 3 'wrote .*plan-oom.h5' -- \
+  timeout 120 $BIN/ddp_perf --model t5-11.3b --batch 8 --seq-len 512 --plan --world-size 512 \
+  --mem-limit-gib 80 --out $T/plan-oom.h5
+expect "planned out-of-memory record (python check)" 0 '^ok ' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 512 --oom $T/plan-oom.h5
+expect "plan with --out that fits writes nothing" 0 '-> fits' -- \
+  timeout 120 $BIN/fsdp_perf --model t5-tiny --plan --world-size 8 --out $T/plan-fits.h5
+if [ -e $T/plan-fits.h5 ]; then bad "no file for a plan that fits"; else ok "no file for a plan that fits"; fi
 expect "--world-size only with --plan" 2 'only allowed with --plan' -- $BIN/fsdp_perf --world-size 8
 
 echo "$pass passed, $fail failed"

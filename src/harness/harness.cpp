@@ -353,13 +353,16 @@ int run(const RunConfig& cfg, int rank, int world) {
   ParallelLayout::make(plan_world, 0, shard);  // validates before any work
 
   const double start = wall_clock_rank0();
-  const std::string path = cfg.plan_only ? "" : resolve_output(cfg, rank, world, start);
+  // --plan writes a result only with --out, and only to record an out-of-memory verdict
+  // (so a sweep can skip the point without allocating the ranks).
+  const bool writes = !cfg.plan_only || !cfg.out_path.empty();
+  const std::string path = writes ? resolve_output(cfg, rank, plan_world, start) : "";
 
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
                                      : host_memory_bytes() / local_ranks();
   print_config(out, cfg, plan_world, shard);
-  if (cfg.plan_only) {
+  if (cfg.plan_only && (plan.fits() || path.empty())) {
     out("%s", format_plan(cfg, plan).c_str());
     return plan.fits() ? kExitOk : kExitOutOfMemory;
   }
@@ -373,7 +376,8 @@ int run(const RunConfig& cfg, int rank, int world) {
         "nothing was allocated\n",
         human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
     trace.device = "not allocated";
-    trace.run = run_attrs(cfg, world, "out-of-memory", start, wall_clock_rank0());
+    trace.run = run_attrs(cfg, plan_world, "out-of-memory", start, wall_clock_rank0());
+    trace.run.push_back(Attr::integer("planned_only", cfg.plan_only));
     write_trace(path, trace, MPI_COMM_WORLD);
     out("wrote %s (status out-of-memory)\n", path.c_str());
     return kExitOutOfMemory;
