@@ -96,6 +96,9 @@ class Backend {
   int64_t mem_total_current() const;
   int64_t mem_peak_total() const { return peak_total_; }
   void reset_peaks();
+  // Bytes this rank can still allocate on its device (a GPU's free memory); -1 when the
+  // backend does not know (CPU: the harness uses host memory / ranks on the node).
+  virtual int64_t memory_capacity() const { return -1; }
 
   // ---- compute (row-major; a Linear weight W is [out, in] and y = x W^T) ----
   // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set.
