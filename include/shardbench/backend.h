@@ -35,6 +35,7 @@ enum class OpKind : int {
   AllReduce, AllGather, ReduceScatter,         // communication lanes
   Wait,                                        // compute lane blocked on communication
   Progress,                                    // compute lane driving MPI collectives (CPU)
+  Broadcast, Reduce, AllToAll, SendRecv,       // communication lanes (collective_perf)
   kCount
 };
 const char* op_kind_name(OpKind k);
@@ -73,6 +74,33 @@ class Comm {
 
 using Request = int64_t;  // handle of an outstanding collective
 constexpr Request kNoRequest = -1;
+
+// ---- the general collective, for the interconnect benchmark (collective_perf) ----
+enum class DType : int { F32, F64, I32, I64, U8, BF16, F16, kCount };
+const char* dtype_name(DType t);    // nccl-tests names: float, double, int32, int64, uint8, bfloat16, half
+int dtype_size(DType t);
+enum class ReduceOp : int { Sum, Prod, Min, Max, Avg, kCount };
+const char* reduce_op_name(ReduceOp o);  // sum, prod, min, max, avg
+enum class Collective : int {
+  AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv, kCount
+};
+const char* collective_name(Collective c);  // all-reduce, all-gather, ...
+
+// Buffers follow NCCL's conventions: `count` is elements per rank's send buffer for
+// all-gather, per rank's receive buffer for reduce-scatter, the whole buffer otherwise
+// (all-to-all: the whole buffer, count/size to each peer). In place means
+// recv == send for all-reduce, broadcast, reduce, and the rank's slice of the larger
+// buffer for all-gather (send = recv + rank*count) and reduce-scatter (recv = send +
+// rank*count). Send/recv sends `send` to rank+1 and receives `recv` from rank-1.
+struct CollectiveArgs {
+  Collective op = Collective::AllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::F32;
+  ReduceOp redop = ReduceOp::Sum;
+  int root = 0;
+};
 
 struct AdamConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
@@ -157,6 +185,10 @@ class Backend {
   virtual Request all_gather(const float* send, float* recv, int64_t count, Comm& comm) = 0;
   // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
   virtual Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& comm) = 0;
+  // Any collective of CollectiveArgs; backends without it say so (UsageError).
+  virtual Request collective(const CollectiveArgs& args, Comm& comm);
+  // Whether `collective` supports this combination here (e.g. MPI has no bfloat16 sum).
+  virtual bool supports(Collective op, DType dtype, ReduceOp redop) const { return false; }
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
   virtual void synchronize() = 0;  // all compute issued so far has finished

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardbench/backend.h"
+#include "shardbench/h5.h"
 
 namespace sb {
 
@@ -61,18 +62,6 @@ class TraceRecorder : public Recorder {
   std::vector<MemorySample> memory_;
 };
 
-// One string attribute or one numeric attribute of the run (metadata, provenance, summary).
-struct Attr {
-  std::string name;
-  std::string text;  // used when is_text
-  double number = 0;
-  bool is_text = true;
-  bool is_integer = false;
-  static Attr str(std::string n, std::string v) { return {std::move(n), std::move(v), 0, true, false}; }
-  static Attr num(std::string n, double v) { return {std::move(n), "", v, false, false}; }
-  static Attr integer(std::string n, int64_t v) { return {std::move(n), "", double(v), false, true}; }
-};
-
 // This rank's figures of one step, as written to /steps.
 struct StepRow {
   int32_t rank, step, warmup;
@@ -94,11 +83,12 @@ struct TraceData {
   int64_t peak_total = 0;
 };
 
-// Writes `data` of every rank of `comm` into `path` with parallel HDF5 (collective MPI-IO).
-// The file is written under a temporary name and renamed only once complete.
+// Writes `data` of every rank of `comm` into `path` (docs/trace-format.md).
 void write_trace(const std::string& path, const TraceData& data, MPI_Comm comm);
 
-// The temporary name a result is written under before the rename.
-std::string temporary_path(const std::string& path);
+// The provenance group and topology every result file carries: /provenance attributes and
+// the /provenance/ranks table (rank, host, device). Collective.
+void write_provenance(ResultFile& f, const std::vector<Attr>& provenance, const std::string& host,
+                      const std::string& device, MPI_Comm comm);
 
 }  // namespace sb

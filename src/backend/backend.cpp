@@ -32,12 +32,17 @@ const char* op_kind_name(OpKind k) {
     case OpKind::ReduceScatter: return "reduce-scatter";
     case OpKind::Wait: return "wait";
     case OpKind::Progress: return "progress";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::Reduce: return "reduce";
+    case OpKind::AllToAll: return "all-to-all";
+    case OpKind::SendRecv: return "send-recv";
     default: return "?";
   }
 }
 
 bool is_communication(OpKind k) {
-  return k == OpKind::AllReduce || k == OpKind::AllGather || k == OpKind::ReduceScatter;
+  return k == OpKind::AllReduce || k == OpKind::AllGather || k == OpKind::ReduceScatter ||
+         k == OpKind::Broadcast || k == OpKind::Reduce || k == OpKind::AllToAll || k == OpKind::SendRecv;
 }
 
 const char* phase_name(Phase p) {
@@ -48,6 +53,31 @@ const char* phase_name(Phase p) {
     case Phase::Other: return "other";
     default: return "?";
   }
+}
+
+const char* dtype_name(DType t) {
+  static const char* names[] = {"float", "double", "int32", "int64", "uint8", "bfloat16", "half"};
+  return int(t) >= 0 && t < DType::kCount ? names[int(t)] : "?";
+}
+
+int dtype_size(DType t) {
+  static const int sizes[] = {4, 8, 4, 8, 1, 2, 2};
+  return int(t) >= 0 && t < DType::kCount ? sizes[int(t)] : 0;
+}
+
+const char* reduce_op_name(ReduceOp o) {
+  static const char* names[] = {"sum", "prod", "min", "max", "avg"};
+  return int(o) >= 0 && o < ReduceOp::kCount ? names[int(o)] : "?";
+}
+
+const char* collective_name(Collective c) {
+  static const char* names[] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast",
+                                "reduce",     "all-to-all", "send-recv"};
+  return int(c) >= 0 && c < Collective::kCount ? names[int(c)] : "?";
+}
+
+Request Backend::collective(const CollectiveArgs& a, Comm&) {
+  throw UsageError(std::string(collective_name(a.op)) + " is not supported by the " + name() + " backend");
 }
 
 int64_t Backend::mem_total_current() const {

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <unordered_map>
 #include <vector>
 
@@ -37,6 +38,8 @@ class MpiComm : public Comm {
 
 struct Pending {
   MPI_Request req = MPI_REQUEST_NULL;
+  MPI_Request req2 = MPI_REQUEST_NULL;  // send/recv: the receive
+  std::function<void()> on_complete;    // work MPI leaves to us (avg scaling, in-place moves)
   OpKind kind;
   Phase phase;
   int unit, lane;
@@ -289,11 +292,94 @@ class CpuBackend final : public Backend {
                                         &p.req));
     return enqueue(p);
   }
+  bool supports(Collective op, DType dtype, ReduceOp redop) const override {
+    const bool reduces = op == Collective::AllReduce || op == Collective::ReduceScatter || op == Collective::Reduce;
+    // MPI has no bfloat16 or half arithmetic: those types only move.
+    if (reduces && (dtype == DType::BF16 || dtype == DType::F16)) return false;
+    return int(dtype) >= 0 && dtype < DType::kCount && int(redop) >= 0 && redop < ReduceOp::kCount;
+  }
+
+  Request collective(const CollectiveArgs& a, Comm& c) override {
+    if (!supports(a.op, a.dtype, a.redop))
+      throw UsageError(std::string(collective_name(a.op)) + " of " + dtype_name(a.dtype) + " with " +
+                       reduce_op_name(a.redop) + " is not supported by the cpu backend (MPI)");
+    const MPI_Comm comm = mpi(c);
+    const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
+    const MPI_Datatype t = mpi_type(a.dtype);
+    const MPI_Op op = mpi_op(a.redop);
+    const int cnt = mpi_count(a.count);
+    auto* send = static_cast<const char*>(a.send);
+    auto* recv = static_cast<char*>(a.recv);
+    Pending p;
+    switch (a.op) {
+      case Collective::AllReduce: {
+        p = begin(OpKind::AllReduce, a.count * es);
+        const void* s = send == recv ? MPI_IN_PLACE : send;
+        MPI_CHECK(MPI_Iallreduce(s, recv, cnt, t, op, comm, &p.req));
+        p.on_complete = average(a, recv, a.count, n);
+        break;
+      }
+      case Collective::AllGather: {
+        p = begin(OpKind::AllGather, a.count * es * n);
+        const void* s = send == recv + int64_t(r) * a.count * es ? MPI_IN_PLACE : send;
+        MPI_CHECK(MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, &p.req));
+        break;
+      }
+      case Collective::ReduceScatter: {
+        p = begin(OpKind::ReduceScatter, a.count * es * n);
+        if (recv == send + int64_t(r) * a.count * es) {
+          // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
+          char* base = const_cast<char*>(send);
+          MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, base, cnt, t, op, comm, &p.req));
+          auto avg = average(a, base, a.count, n);
+          p.on_complete = [=] {
+            if (avg) avg();
+            if (base != recv) std::memmove(recv, base, size_t(a.count) * es);
+          };
+        } else {
+          MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, cnt, t, op, comm, &p.req));
+          p.on_complete = average(a, recv, a.count, n);
+        }
+        break;
+      }
+      case Collective::Broadcast: {
+        p = begin(OpKind::Broadcast, a.count * es);
+        if (r == a.root && send != recv) std::memcpy(recv, send, size_t(a.count) * es);
+        MPI_CHECK(MPI_Ibcast(recv, cnt, t, a.root, comm, &p.req));
+        break;
+      }
+      case Collective::Reduce: {
+        p = begin(OpKind::Reduce, a.count * es);
+        const void* s = (r == a.root && send == recv) ? MPI_IN_PLACE : send;
+        MPI_CHECK(MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, &p.req));
+        if (r == a.root) p.on_complete = average(a, recv, a.count, n);
+        break;
+      }
+      case Collective::AllToAll: {
+        SB_ASSERT(a.count % n == 0 && send != recv, "all-to-all needs count divisible by ranks, out of place");
+        p = begin(OpKind::AllToAll, a.count * es);
+        MPI_CHECK(MPI_Ialltoall(send, mpi_count(a.count / n), t, recv, mpi_count(a.count / n), t, comm, &p.req));
+        break;
+      }
+      case Collective::SendRecv: {
+        SB_ASSERT(send != recv, "send-recv is out of place");
+        p = begin(OpKind::SendRecv, a.count * es);
+        MPI_CHECK(MPI_Irecv(recv, cnt, t, (r - 1 + n) % n, 0, comm, &p.req2));
+        MPI_CHECK(MPI_Isend(send, cnt, t, (r + 1) % n, 0, comm, &p.req));
+        break;
+      }
+      default: SB_FATAL("unknown collective");
+    }
+    return enqueue(p);
+  }
+
   void wait(Request r) override {
     auto it = pending_.find(r);
     if (it == pending_.end()) return;  // already completed by a poll
     const double t0 = now();
-    MPI_CHECK(MPI_Wait(&it->second.req, MPI_STATUS_IGNORE));
+    MPI_Request reqs[2] = {it->second.req, it->second.req2};
+    MPI_CHECK(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE));
+    if (it->second.on_complete) it->second.on_complete();
     const double t1 = now();
     finish(it->second, t1);
     pending_.erase(it);
@@ -317,6 +403,41 @@ class CpuBackend final : public Backend {
   };
 
   static MPI_Comm mpi(Comm& c) { return static_cast<MpiComm&>(c).comm; }
+  static MPI_Datatype mpi_type(DType t) {
+    switch (t) {
+      case DType::F32: return MPI_FLOAT;
+      case DType::F64: return MPI_DOUBLE;
+      case DType::I32: return MPI_INT32_T;
+      case DType::I64: return MPI_INT64_T;
+      case DType::U8: return MPI_UINT8_T;
+      default: return MPI_UINT16_T;  // bfloat16, half: moved as 16-bit words
+    }
+  }
+  static MPI_Op mpi_op(ReduceOp o) {
+    switch (o) {
+      case ReduceOp::Prod: return MPI_PROD;
+      case ReduceOp::Min: return MPI_MIN;
+      case ReduceOp::Max: return MPI_MAX;
+      default: return MPI_SUM;  // avg = sum, divided on completion (MPI has no average)
+    }
+  }
+  template <class T>
+  static void divide(void* buf, int64_t n, int by) {
+    T* p = static_cast<T*>(buf);
+    for (int64_t i = 0; i < n; ++i) p[i] = T(p[i] / by);
+  }
+  static std::function<void()> average(const CollectiveArgs& a, void* buf, int64_t n, int ranks) {
+    if (a.redop != ReduceOp::Avg) return {};
+    switch (a.dtype) {
+      case DType::F32: return [=] { divide<float>(buf, n, ranks); };
+      case DType::F64: return [=] { divide<double>(buf, n, ranks); };
+      case DType::I32: return [=] { divide<int32_t>(buf, n, ranks); };
+      case DType::I64: return [=] { divide<int64_t>(buf, n, ranks); };
+      case DType::U8: return [=] { divide<uint8_t>(buf, n, ranks); };
+      default: return {};
+    }
+  }
+
   static int mpi_count(int64_t n) {
     SB_ASSERT(n <= INT32_MAX, "collective of more than 2^31 elements");
     return int(n);
@@ -363,8 +484,12 @@ class CpuBackend final : public Backend {
   void poll() {
     for (auto it = pending_.begin(); it != pending_.end();) {
       int flag = 0;
-      MPI_CHECK(MPI_Test(&it->second.req, &flag, MPI_STATUS_IGNORE));
+      MPI_Request reqs[2] = {it->second.req, it->second.req2};
+      MPI_CHECK(MPI_Testall(2, reqs, &flag, MPI_STATUSES_IGNORE));
+      it->second.req = reqs[0];
+      it->second.req2 = reqs[1];
       if (flag) {
+        if (it->second.on_complete) it->second.on_complete();
         finish(it->second, now());
         it = pending_.erase(it);
       } else {

@@ -1,0 +1,157 @@
+#include <hdf5.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "shardbench/check.h"
+#include "shardbench/h5.h"
+
+namespace sb {
+namespace {
+
+// RAII owner of an HDF5 identifier.
+class H5Id {
+ public:
+  H5Id(hid_t id, herr_t (*close)(hid_t)) : id_(id), close_(close) {}
+  ~H5Id() {
+    if (id_ >= 0) close_(id_);
+  }
+  H5Id(const H5Id&) = delete;
+  H5Id& operator=(const H5Id&) = delete;
+  operator hid_t() const { return id_; }
+
+ private:
+  hid_t id_;
+  herr_t (*close_)(hid_t);
+};
+
+hid_t vlen_string_type() {
+  hid_t t = H5_CHECK(H5Tcopy(H5T_C_S1));
+  H5_CHECK(H5Tset_size(t, H5T_VARIABLE));
+  H5_CHECK(H5Tset_cset(t, H5T_CSET_UTF8));
+  return t;
+}
+
+void write_attr(hid_t loc, const Attr& a) {
+  H5Id space(H5_CHECK(H5Screate(H5S_SCALAR)), H5Sclose);
+  if (a.is_text) {
+    H5Id type(vlen_string_type(), H5Tclose);
+    H5Id attr(H5_CHECK(H5Acreate2(loc, a.name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+    const char* s = a.text.c_str();
+    H5_CHECK(H5Awrite(attr, type, &s));
+  } else if (a.is_integer) {
+    const int64_t v = int64_t(a.number);
+    H5Id attr(H5_CHECK(H5Acreate2(loc, a.name.c_str(), H5T_NATIVE_INT64, space, H5P_DEFAULT, H5P_DEFAULT)),
+              H5Aclose);
+    H5_CHECK(H5Awrite(attr, H5T_NATIVE_INT64, &v));
+  } else {
+    H5Id attr(H5_CHECK(H5Acreate2(loc, a.name.c_str(), H5T_NATIVE_DOUBLE, space, H5P_DEFAULT, H5P_DEFAULT)),
+              H5Aclose);
+    H5_CHECK(H5Awrite(attr, H5T_NATIVE_DOUBLE, &a.number));
+  }
+}
+
+hid_t compound_type(const std::vector<Column>& columns, size_t row_size) {
+  hid_t t = H5_CHECK(H5Tcreate(H5T_COMPOUND, row_size));
+  H5Id str(H5_CHECK(H5Tcopy(H5T_C_S1)), H5Tclose);
+  H5_CHECK(H5Tset_size(str, 64));
+  H5_CHECK(H5Tset_strpad(str, H5T_STR_NULLTERM));
+  for (const Column& c : columns) {
+    const hid_t type = c.type == Column::I32   ? H5T_NATIVE_INT32
+                       : c.type == Column::I64 ? H5T_NATIVE_INT64
+                       : c.type == Column::F64 ? H5T_NATIVE_DOUBLE
+                                               : hid_t(str);
+    H5_CHECK(H5Tinsert(t, c.name.c_str(), c.offset, type));
+  }
+  return t;
+}
+
+}  // namespace
+
+std::string temporary_path(const std::string& path) { return path + ".tmp"; }
+
+ResultFile::ResultFile(std::string path, MPI_Comm comm) : path_(std::move(path)), comm_(comm) {
+  H5_CHECK(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));  // errors are reported by H5_CHECK
+  H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
+  H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
+  H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
+  H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
+  file_ = H5_CHECK(H5Fcreate(temporary_path(path_).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+}
+
+ResultFile::~ResultFile() {
+  if (committed_) return;
+  if (file_ >= 0) H5Fclose(file_);
+  int rank = 0;
+  MPI_Comm_rank(comm_, &rank);
+  if (rank == 0) std::remove(temporary_path(path_).c_str());
+}
+
+int64_t ResultFile::group(const std::string& name) {
+  if (name.empty() || name == "/") return H5_CHECK(H5Gopen2(file_, "/", H5P_DEFAULT));
+  if (H5Lexists(file_, name.c_str(), H5P_DEFAULT) > 0) return H5_CHECK(H5Gopen2(file_, name.c_str(), H5P_DEFAULT));
+  return H5_CHECK(H5Gcreate2(file_, name.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT));
+}
+
+void ResultFile::attributes(const std::string& name, const std::vector<Attr>& attrs) {
+  H5Id g(group(name), H5Gclose);
+  for (const Attr& a : attrs) write_attr(g, a);
+}
+
+void ResultFile::names_attribute(const std::string& object, const std::string& name,
+                                 const std::vector<std::string>& names) {
+  std::vector<const char*> ptrs;
+  for (const auto& n : names) ptrs.push_back(n.c_str());
+  hsize_t n = ptrs.size();
+  H5Id obj(H5_CHECK(H5Oopen(file_, object.c_str(), H5P_DEFAULT)), H5Oclose);
+  H5Id space(H5_CHECK(H5Screate_simple(1, &n, nullptr)), H5Sclose);
+  H5Id type(vlen_string_type(), H5Tclose);
+  H5Id attr(H5_CHECK(H5Acreate2(obj, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT)), H5Aclose);
+  H5_CHECK(H5Awrite(attr, type, ptrs.data()));
+}
+
+void ResultFile::write_rows(const std::string& name, const std::vector<Column>& columns, size_t row_size,
+                            const void* rows, size_t n) {
+  const size_t slash = name.find_last_of('/');
+  if (slash != std::string::npos) H5Id g(group(name.substr(0, slash)), H5Gclose);
+  unsigned long long local = n, offset = 0, total = 0;
+  MPI_CHECK(MPI_Exscan(&local, &offset, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm_));
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  if (rank == 0) offset = 0;  // MPI_Exscan leaves rank 0's result undefined
+  MPI_CHECK(MPI_Allreduce(&local, &total, 1, MPI_UNSIGNED_LONG_LONG, MPI_SUM, comm_));
+  H5Id type(compound_type(columns, row_size), H5Tclose);
+  hsize_t dims = total;
+  H5Id fspace(H5_CHECK(H5Screate_simple(1, &dims, nullptr)), H5Sclose);
+  H5Id dset(H5_CHECK(H5Dcreate2(file_, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
+            H5Dclose);
+  if (total == 0) return;
+  hsize_t start = offset, count = local, mdims = std::max<hsize_t>(local, 1);
+  H5Id mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr)), H5Sclose);
+  if (local > 0) {
+    H5_CHECK(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, &start, nullptr, &count, nullptr));
+  } else {  // a rank without rows still takes part in the collective write
+    H5_CHECK(H5Sselect_none(fspace));
+    H5_CHECK(H5Sselect_none(mspace));
+  }
+  H5Id xfer(H5_CHECK(H5Pcreate(H5P_DATASET_XFER)), H5Pclose);
+  H5_CHECK(H5Pset_dxpl_mpio(xfer, H5FD_MPIO_COLLECTIVE));
+  std::vector<char> dummy(row_size, 0);
+  H5_CHECK(H5Dwrite(dset, type, mspace, fspace, xfer, local > 0 ? rows : dummy.data()));
+}
+
+void ResultFile::commit() {
+  H5_CHECK(H5Fclose(file_));
+  file_ = -1;
+  MPI_CHECK(MPI_Barrier(comm_));
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  if (rank == 0 && std::rename(temporary_path(path_).c_str(), path_.c_str()) != 0)
+    SB_FATAL("cannot rename " + temporary_path(path_) + " to " + path_ + ": " + std::strerror(errno));
+  MPI_CHECK(MPI_Barrier(comm_));
+  committed_ = true;
+}
+
+}  // namespace sb
