@@ -29,7 +29,7 @@ GTEST_LIBS:= -lgtest -lgtest_main -pthread
 LIB_SRC := $(wildcard src/model/*.cpp src/backend/*.cpp src/strategy/*.cpp src/trace/*.cpp src/harness/*.cpp)
 LIB_OBJ := $(patsubst src/%.cpp,$(OBJ)/%.o,$(LIB_SRC))
 LIB     := $(BUILD)/libshardbench.a
-PROGRAMS:= ddp_perf fsdp_perf
+PROGRAMS:= ddp_perf fsdp_perf collective_perf
 TEST_SRC:= $(wildcard tests/test_*.cpp)
 TESTS   := $(patsubst tests/%.cpp,$(BIN)/%,$(TEST_SRC))
 

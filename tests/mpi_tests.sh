@@ -3,32 +3,10 @@
 # single-rank reference), bad input (one clear line, the documented exit code, no hang),
 # the memory plan and out-of-memory handling. Ends with "N passed, N failed".
 set -uo pipefail
-cd "$(dirname "$0")/.."
-ROOT=$(pwd)
-source scripts/mpi-env.sh
-BIN=$ROOT/build/bin
+source "$(dirname "$0")/lib.sh"
 NP=${NP:-4}
 MPIRUN=(timeout 300 mpirun -np "$NP" --oversubscribe --bind-to none)
 TINY=(--model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1)
-pass=0 fail=0
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mkdir -p "$tmp/work"
-cd "$tmp/work"  # default result names (results/...) land here, not in the checkout
-
-ok() { pass=$((pass + 1)); echo "ok    $1"; }
-bad() { fail=$((fail + 1)); echo "FAIL  $1"; sed 's/^/      | /' "$tmp/out" | tail -n 25; }
-
-# expect NAME CODE PATTERN -- command...: exit code CODE and PATTERN in stdout+stderr.
-expect() {
-  local name=$1 code=$2 pattern=$3
-  shift 4
-  "$@" >"$tmp/out" 2>&1
-  local rc=$?
-  if [ "$rc" -ne "$code" ]; then echo "      exit $rc, expected $code" >>"$tmp/out"; bad "$name"; return; fi
-  if ! grep -qE -- "$pattern" "$tmp/out"; then echo "      missing /$pattern/" >>"$tmp/out"; bad "$name"; return; fi
-  ok "$name"
-}
 
 # --- every strategy trains to the single-rank reference's weights on 4 ranks ---
 check_pattern='check: .* -> PASS'
@@ -54,12 +32,12 @@ expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' 
 
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
-  /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5
-expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- /usr/bin/python3 $ROOT/analysis/summarize.py $T/*.h5
-expect "the python check fails on a wrong rank count" 1 'FAIL' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5
+expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
+expect "the python check fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
 expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --mem-limit-gib 0.000001 --out $T/oom.h5
-expect "out-of-memory record (python check)" 0 '^ok ' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 4 --oom $T/oom.h5
+expect "out-of-memory record (python check)" 0 '^ok ' -- $PY $ROOT/tests/check_trace.py --ranks 4 --oom $T/oom.h5
 expect "the final line names the file" 0 "wrote $T/named.h5 \([0-9.]+ [KM]?i?B in [0-9.]+ s\)\$" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/named.h5
 expect "existing --out without --overwrite" 2 "--out '$T/named.h5' exists \(pass --overwrite" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/named.h5
@@ -106,11 +84,10 @@ expect "plan: hybrid on 512 ranks" 0 'world 512, shard group 8' -- \
 expect "plan with --out records out-of-memory for 512 ranks" 3 'wrote .*plan-oom.h5' -- \
   timeout 120 $BIN/ddp_perf --model t5-11.3b --batch 8 --seq-len 512 --plan --world-size 512 \
   --mem-limit-gib 80 --out $T/plan-oom.h5
-expect "planned out-of-memory record (python check)" 0 '^ok ' -- /usr/bin/python3 $ROOT/tests/check_trace.py --ranks 512 --oom $T/plan-oom.h5
+expect "planned out-of-memory record (python check)" 0 '^ok ' -- $PY $ROOT/tests/check_trace.py --ranks 512 --oom $T/plan-oom.h5
 expect "plan with --out that fits writes nothing" 0 '-> fits' -- \
   timeout 120 $BIN/fsdp_perf --model t5-tiny --plan --world-size 8 --out $T/plan-fits.h5
 if [ -e $T/plan-fits.h5 ]; then bad "no file for a plan that fits"; else ok "no file for a plan that fits"; fi
 expect "--world-size only with --plan" 2 'only allowed with --plan' -- $BIN/fsdp_perf --world-size 8
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+summary

@@ -10,5 +10,7 @@ for t in build/bin/test_*; do
 done
 echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))
+echo "=== collective_perf and regression tests"
+bash tests/collective_tests.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then echo "make test: $failed suite(s) failed"; exit 1; fi
 echo "make test: all suites passed"

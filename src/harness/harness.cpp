@@ -38,14 +38,6 @@ struct Out {
 
 int64_t host_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE); }
 
-int local_ranks() {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int n = 0;
-  MPI_CHECK(MPI_Comm_size(node, &n));
-  MPI_CHECK(MPI_Comm_free(&node));
-  return n;
-}
 
 // Resident set of this process from /proc/self/status: "VmHWM:" (peak) or "VmRSS:" (now).
 // The peak's growth over the start-up value is an independent check of the accounted peak.
@@ -165,80 +157,13 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
 }
 
 // Wall-clock time as ISO 8601 UTC.
-std::string iso_time(double epoch_seconds) {
-  const time_t t = time_t(epoch_seconds);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
 
-double wall_clock_rank0() {
-  double t = double(std::time(nullptr));
-  MPI_CHECK(MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
-  return t;
-}
 
-// Decides the result path and checks it on rank 0 before any work: an existing file
-// (without --overwrite), a missing or unwritable directory is a usage error on every rank.
-// Broadcasts rank 0's string to every rank.
-void bcast_string(std::string& s) {
-  int size = int(s.size());
-  MPI_CHECK(MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD));
-  s.resize(size);
-  MPI_CHECK(MPI_Bcast(s.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD));
-}
 
 // Decides the result path and checks it on rank 0 before any work: an existing file
 // (without --overwrite), a missing or unwritable directory is a usage error on every rank.
 // A default name is made unique with a numeric suffix, so it never replaces a result.
-std::string resolve_output(const RunConfig& cfg, int rank, int world, double start) {
-  std::string path = cfg.out_path, error;
-  struct stat st;
-  if (rank == 0 && path.empty()) {
-    struct tm tm;
-    const time_t t = time_t(start);
-    gmtime_r(&t, &tm);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
-    const std::string base = "results/" + cfg.program + "-" + cfg.strategy.label() + "-" + cfg.model.name +
-                             "-w" + std::to_string(world) + "-" + stamp;
-    mkdir("results", 0755);
-    path = base + ".h5";
-    for (int i = 2; stat(path.c_str(), &st) == 0 || stat(temporary_path(path).c_str(), &st) == 0; ++i)
-      path = base + "-" + std::to_string(i) + ".h5";
-  }
-  if (rank == 0) {
-    const size_t slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
-    if (path.empty() || path.back() == '/')
-      error = "--out '" + path + "' is not allowed (must name a file, e.g. results/run.h5)";
-    else if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      error = "--out '" + path + "': directory '" + dir + "' does not exist (create it first)";
-    else if (access(dir.c_str(), W_OK) != 0)
-      error = "--out '" + path + "': directory '" + dir + "' is not writable";
-    else if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      error = "--out '" + path + "' is a directory (must name a file)";
-    else if (stat(path.c_str(), &st) == 0 && !cfg.overwrite)
-      error = "--out '" + path + "' exists (pass --overwrite to replace it, or choose another name)";
-  }
-  bcast_string(error);
-  if (!error.empty()) throw UsageError(error);
-  bcast_string(path);
-  return path;
-}
 
-int count_nodes() {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int node_rank = 0, leaders = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &node_rank));
-  MPI_CHECK(MPI_Comm_free(&node));
-  int leader = node_rank == 0;
-  MPI_CHECK(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-  return leaders;
-}
 
 // Root attributes: what ran (docs/trace-format.md lists every one).
 std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, double start, double end) {
@@ -356,7 +281,9 @@ int run(const RunConfig& cfg, int rank, int world) {
   // --plan writes a result only with --out, and only to record an out-of-memory verdict
   // (so a sweep can skip the point without allocating the ranks).
   const bool writes = !cfg.plan_only || !cfg.out_path.empty();
-  const std::string path = writes ? resolve_output(cfg, rank, plan_world, start) : "";
+  const std::string stem = cfg.program + "-" + cfg.strategy.label() + "-" + cfg.model.name + "-w" +
+                           std::to_string(plan_world);
+  const std::string path = writes ? resolve_output(cfg.out_path, cfg.overwrite, stem, rank) : "";
 
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
@@ -368,7 +295,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   }
   TraceData trace;
   trace.host = hostname();
-  trace.provenance = collect_provenance(cfg);
+  trace.provenance = collect_provenance(cfg.argv);
   trace.plan = plan_attrs(cfg, plan);
   if (!plan.fits()) {
     out("%s", format_plan(cfg, plan).c_str());

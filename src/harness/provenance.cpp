@@ -30,9 +30,9 @@ std::string shell_quote(const std::string& s) {
 }
 }  // namespace
 
-std::vector<Attr> collect_provenance(const RunConfig& cfg) {
+std::vector<Attr> collect_provenance(const std::vector<std::string>& argv) {
   std::string cmd;
-  for (const auto& a : cfg.argv) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
+  for (const auto& a : argv) cmd += (cmd.empty() ? "" : " ") + shell_quote(a);
   char lib[MPI_MAX_LIBRARY_VERSION_STRING] = "";
   int len = 0, major = 0, minor = 0;
   MPI_CHECK(MPI_Get_library_version(lib, &len));

@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# collective_perf on 2 and 4 ranks: the bus-bandwidth arithmetic and the HDF5 contents
+# (recomputed in Python from the raw samples), the data check (including a corrupted
+# result being caught), the bandwidth floor, bad input, and analysis/regress.py flagging an
+# injected slowdown while passing an unchanged rerun. Ends with "N passed, N failed".
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+CP=$BIN/collective_perf
+MPI2=(timeout 300 mpirun -np 2 --bind-to none)
+MPI4=(timeout 300 mpirun -np 4 --oversubscribe --bind-to none)
+SMALL=(-b 1K -e 64K -f 8 -n 5 -w 1)
+R=$tmp/results
+mkdir -p "$R"
+
+# --- every operation, both placements, data checked; arithmetic rechecked from samples ---
+expect "2 ranks: every operation, data checked" 0 'Out of bounds values : 0 OK' -- \
+  "${MPI2[@]}" $CP --ops all "${SMALL[@]}" --out $R/all2.h5
+expect "4 ranks: every operation and hybrid, -a 3 (max)" 0 'Out of bounds values : 0 OK' -- \
+  "${MPI4[@]}" $CP --ops all,hybrid --shard-size 2 "${SMALL[@]}" -a 3 --out $R/all4.h5
+expect "4 ranks: -a 0 (rank 0), -z 1 (aligned iterations)" 0 'time across ranks: rank0' -- \
+  "${MPI4[@]}" $CP --ops all-reduce,reduce-scatter "${SMALL[@]}" -a 0 -z 1 --out $R/a0.h5
+expect "busbw, algbw, times, percentiles recomputed from the samples (2 ranks)" 0 '^ok .*all2.h5' -- \
+  $PY $ROOT/tests/check_collectives.py --ranks 2 $R/all2.h5
+expect "the same for the 4-rank files" 0 '^ok .*a0.h5' -- $PY $ROOT/tests/check_collectives.py --ranks 4 $R/all4.h5 $R/a0.h5
+expect "the recheck fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_collectives.py --ranks 3 $R/all2.h5
+expect "nccl-tests table layout" 0 '#wrong +time +algbw +busbw #wrong' -- "${MPI2[@]}" $CP "${SMALL[@]}" --out $R/t.h5
+for spec in "double max" "int32 avg" "int64 prod" "uint8 sum" "float min"; do
+  set -- $spec
+  expect "4 ranks: $1 $2 (all-reduce, reduce-scatter, reduce, hybrid)" 0 'Out of bounds values : 0 OK' -- \
+    "${MPI4[@]}" $CP --ops all-reduce,reduce-scatter,reduce,hybrid --shard-size 2 -d $1 -o $2 "${SMALL[@]}" \
+    --out $R/$1-$2.h5
+done
+expect "bfloat16 moves (all-gather, broadcast, all-to-all, send-recv)" 0 'Out of bounds values : 0 OK' -- \
+  "${MPI2[@]}" $CP --ops all-gather,broadcast,all-to-all,send-recv -d bfloat16 "${SMALL[@]}" --out $R/bf16.h5
+
+# --- a corrupted result is caught ---
+expect "corrupted element on rank 1: #wrong counted, exit 4" 4 'Out of bounds values : [1-9][0-9]* FAILED' -- \
+  "${MPI4[@]}" $CP --ops all-reduce,all-gather "${SMALL[@]}" --inject-error 1 --out $R/bad.h5
+expect "the corrupted run is recorded as failed" 0 'failed' -- \
+  $PY -c "import h5py; print(h5py.File('$R/bad.h5')['/'].attrs['status'])"
+
+# --- the bandwidth floor ---
+expect "--min-busbw above the achieved bandwidth: exit 5" 5 'below the floor' -- \
+  "${MPI2[@]}" $CP "${SMALL[@]}" --min-busbw 100000 --out $R/floor.h5
+expect "SHARDBENCH_MIN_BUSBW does the same" 5 'below the floor' -- \
+  env SHARDBENCH_MIN_BUSBW=100000 "${MPI2[@]}" -x SHARDBENCH_MIN_BUSBW $CP "${SMALL[@]}" --out $R/floor2.h5
+expect "a floor that is met passes" 0 'Bus bandwidth floor .* OK' -- \
+  "${MPI2[@]}" $CP "${SMALL[@]}" --min-busbw 0.000001 --out $R/floor3.h5
+
+# --- bad input: one line, exit 2, nothing written ---
+B=$tmp/bad
+mkdir -p $B
+expect "min size above max" 2 "-b 1M is larger than -e 1K" -- "${MPI2[@]}" $CP -b 1M -e 1K --out $B/x.h5
+expect "zero size" 2 "-b '0' is not allowed" -- "${MPI2[@]}" $CP -b 0 --out $B/x.h5
+expect "unparsable size" 2 "-e 'lots' is not allowed" -- "${MPI2[@]}" $CP -e lots --out $B/x.h5
+expect "unknown operation" 2 "unknown operation 'all-sum'" -- "${MPI2[@]}" $CP --ops all-sum --out $B/x.h5
+expect "unknown dtype" 2 "-d 'float8' is not allowed" -- "${MPI2[@]}" $CP -d float8 --out $B/x.h5
+expect "unknown reduce op" 2 "-o 'median' is not allowed" -- "${MPI2[@]}" $CP -o median --out $B/x.h5
+expect "shard size not dividing the world" 2 "shard size 3 is not allowed with world size 4" -- \
+  "${MPI4[@]}" $CP --ops hybrid --shard-size 3 --out $B/x.h5
+expect "hybrid without a shard size" 2 "needs --shard-size" -- "${MPI2[@]}" $CP --ops hybrid --out $B/x.h5
+expect "bfloat16 sum on the CPU backend" 2 "not supported by the cpu backend" -- "${MPI2[@]}" $CP -d bfloat16 --out $B/x.h5
+if [ -z "$(ls -A $B)" ]; then ok "bad input writes nothing"; else ls $B >"$tmp/out"; bad "bad input writes nothing"; fi
+
+# --- regression check ---
+RG=(-b 256K -e 1M -f 4 -n 40 -w 5 -z 1)
+"${MPI2[@]}" $CP --ops all-reduce,all-gather "${RG[@]}" --out $R/base.h5 >"$tmp/out" 2>&1 || bad "baseline run"
+"${MPI2[@]}" $CP --ops all-reduce,all-gather "${RG[@]}" --out $R/rerun.h5 >"$tmp/out" 2>&1 || bad "rerun"
+# The injected slowdown: every all-reduce iteration of a copy of the rerun takes 2x longer.
+$PY - "$R/rerun.h5" "$R/slow.h5" <<'PYEOF'
+import shutil, sys, h5py
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "r+") as f:
+    s = f["samples"][()]
+    op = [n.decode() if isinstance(n, bytes) else n for n in f["samples"].attrs["op_names"]].index("all-reduce")
+    s["time"][s["op"] == op] *= 2.0
+    f["samples"][...] = s
+PYEOF
+expect "regress: an unchanged rerun passes" 0 'no regression in 8 points' -- \
+  $PY $ROOT/analysis/regress.py $R/base.h5 $R/rerun.h5 --threshold 0.25 --alpha 0.001 --report-dir $tmp/rep1
+expect "regress: a 2x slower all-reduce is flagged, exit 1" 1 '4 regression\(s\) in 8 points' -- \
+  $PY $ROOT/analysis/regress.py $R/base.h5 $R/slow.h5 --threshold 0.25 --alpha 0.001 --report-dir $tmp/rep2
+if grep -q "all-gather.*REGRESSION" "$tmp/out"; then bad "regress: only the slowed operation is flagged"; else ok "regress: only the slowed operation is flagged"; fi
+check "regress: report.md and report.png written" test -s $tmp/rep2/report.md -a -s $tmp/rep2/report.png
+expect "regress: bootstrap method flags it too" 1 'REGRESSION' -- \
+  $PY $ROOT/analysis/regress.py $R/base.h5 $R/slow.h5 --method bootstrap --threshold 0.25 --alpha 0.01 --report-dir $tmp/rep3
+mkdir -p $tmp/dirb && cp $R/base.h5 $tmp/dirb/
+expect "regress: a baseline directory works" 0 'no regression' -- \
+  $PY $ROOT/analysis/regress.py $tmp/dirb $R/rerun.h5 --threshold 0.25 --alpha 0.001 --report-dir $tmp/rep4
+expect "regress: different sizes cannot be compared, exit 2" 2 'operations or sizes differ' -- \
+  $PY $ROOT/analysis/regress.py $R/base.h5 $R/all2.h5 --report-dir $tmp/rep5
+expect "regress: different rank counts cannot be compared, exit 2" 2 'rank counts differ' -- \
+  $PY $ROOT/analysis/regress.py $R/base.h5 $R/all4.h5 --report-dir $tmp/rep6
+if [ -e $tmp/rep5 ] || [ -e $tmp/rep6 ]; then bad "regress writes nothing when it cannot compare"; else ok "regress writes nothing when it cannot compare"; fi
+
+summary

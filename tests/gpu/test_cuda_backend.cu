@@ -1,0 +1,538 @@
+// The CUDA backend against the CPU backend (the reference): every operation on random inputs,
+// memory accounting, timing through the recorder, collectives on a 1-rank NCCL communicator,
+// a whole T5 step and whole DDP/FSDP steps. Where no GPU is visible every test is skipped
+// with the reason and the binary exits 0 (tests/run_tests.sh runs it on CPU-only machines).
+//
+// Tolerances (normwise: max|cuda − cpu| ≤ tol · max|cpu|):
+//   GEMM 1e-5 in fp32 (5e-3 with SB_CUDA_TF32=1); reductions and atomics (norms, softmax,
+//   cross-entropy, embedding/bias gradients, Adam) 1e-5; a whole step's loss and per-unit
+//   gradients 1e-4 (5e-3 with TF32). Pure data movement and init_uniform: bit-identical.
+#include <cuda_runtime.h>  // cudaGetDeviceCount: is a GPU visible?
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardbench/backend.h"
+#include "shardbench/layout.h"
+#include "shardbench/model.h"
+#include "shardbench/rng.h"
+#include "shardbench/strategy.h"
+#include "shardbench/t5.h"
+
+namespace sb {
+namespace {
+
+// Why the CUDA backend cannot run here, or "" when a GPU is visible.
+std::string no_gpu_reason() {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess)
+    return std::string("no CUDA device visible: cudaGetDeviceCount() failed: ") + cudaGetErrorName(rc) + " (" +
+           cudaGetErrorString(rc) + ")";
+  if (count == 0) return "no CUDA device visible (cudaGetDeviceCount() = 0)";
+  return "";
+}
+
+bool tf32() {
+  const char* v = std::getenv("SB_CUDA_TF32");
+  return v && std::strcmp(v, "1") == 0;
+}
+double gemm_tol() { return tf32() ? 5e-3 : 1e-5; }
+double step_tol() { return tf32() ? 5e-3 : 1e-4; }
+constexpr double kReduceTol = 1e-5;
+
+// max|got − ref| / max|ref|
+double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
+  EXPECT_EQ(got.size(), ref.size());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
+    const double d = std::fabs(double(got[i]) - ref[i]);
+    diff = std::isnan(d) ? INFINITY : std::max(diff, d);
+    scale = std::max(scale, std::fabs(double(ref[i])));
+  }
+  return diff / std::max(scale, 1e-30);
+}
+#define EXPECT_CLOSE(got, ref, tol) EXPECT_LE(rel_error((got), (ref)), (tol))
+
+std::vector<float> random(int64_t n, uint64_t key, float scale = 1.f) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = scale * uniform_pm1(key, uint64_t(i));
+  return v;
+}
+std::vector<int> random_ids(int64_t n, uint64_t key, int bound) {
+  std::vector<int> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = int(hash_index(key, uint64_t(i)) % uint64_t(bound));
+  return v;
+}
+
+// Collects what a backend reports.
+struct Collect : Recorder {
+  std::vector<OpEvent> ops;
+  void on_op(const OpEvent& e) override { ops.push_back(e); }
+  void on_memory(double, const MemBytes&) override {}
+};
+
+class CudaVsCpu : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string why = no_gpu_reason();
+    if (!why.empty()) GTEST_SKIP() << why;
+    cpu_ = make_backend("cpu");
+    gpu_ = make_backend("cuda");
+  }
+  void TearDown() override {
+    if (!gpu_) return;
+    gpu_->set_recorder(nullptr);  // a failed assertion may have left a test's recorder attached
+    for (void* p : owned_) gpu_->release(p);
+    owned_.clear();
+    gpu_->synchronize();
+  }
+  // A device copy of host data, released at the end of the test.
+  template <class T>
+  T* dev(const std::vector<T>& h) {
+    void* p = gpu_->alloc(h.size() * sizeof(T), MemCategory::Workspace);
+    gpu_->upload(p, h.data(), h.size() * sizeof(T));
+    owned_.push_back(p);
+    return static_cast<T*>(p);
+  }
+  std::vector<float> host(const float* p, int64_t n) {
+    std::vector<float> h(n);
+    gpu_->download(h.data(), p, size_t(n) * 4);
+    return h;
+  }
+  Backend& cpu() { return *cpu_; }
+  Backend& gpu() { return *gpu_; }
+
+  std::unique_ptr<Backend> cpu_, gpu_;
+  std::vector<void*> owned_;
+};
+
+// ---------------------------------------------------------------- GEMM
+
+TEST_F(CudaVsCpu, GemmAllTransposesWithPaddedLeadingDimensions) {
+  const int M = 67, N = 45, K = 129, pad = 3;
+  for (int ta = 0; ta < 2; ++ta)
+    for (int tb = 0; tb < 2; ++tb) {
+      const int lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+      const auto A = random(int64_t(ta ? K : M) * lda, 1), B = random(int64_t(tb ? N : K) * ldb, 2);
+      auto C = random(int64_t(M) * ldc, 3);
+      float* dC = dev(C);
+      gpu().gemm(ta, tb, M, N, K, 0.7f, dev(A), lda, dev(B), ldb, 0.3f, dC, ldc);
+      cpu().gemm(ta, tb, M, N, K, 0.7f, A.data(), lda, B.data(), ldb, 0.3f, C.data(), ldc);
+      EXPECT_CLOSE(host(dC, C.size()), C, gemm_tol()) << "ta " << ta << " tb " << tb;
+    }
+}
+
+TEST_F(CudaVsCpu, GemmBatchedStrided) {
+  // The attention layout: heads side by side in a row (stride d_kv, leading dimension inner).
+  const int tq = 19, tk = 23, dkv = 16, H = 4, inner = H * dkv;
+  const auto q = random(int64_t(tq) * inner, 4), k = random(int64_t(tk) * inner, 5);
+  for (int ta = 0; ta < 2; ++ta) {
+    // scores_h [tq, tk] = q_h k_h^T, or with A stored transposed (ta): [dkv, tq] per head
+    const int M = tq, N = tk, K = dkv;
+    const auto A = ta ? random(int64_t(H) * K * M, 6) : q;
+    const int lda = ta ? M : inner;
+    const int64_t sa = ta ? int64_t(K) * M : dkv;
+    auto C = random(int64_t(H) * M * N, 7);
+    float* dC = dev(C);
+    gpu().gemm_batched(ta, true, M, N, K, 1.f, dev(A), lda, sa, dev(k), inner, dkv, 0.5f, dC, N, int64_t(M) * N, H);
+    cpu().gemm_batched(ta, true, M, N, K, 1.f, A.data(), lda, sa, k.data(), inner, dkv, 0.5f, C.data(), N,
+                       int64_t(M) * N, H);
+    EXPECT_CLOSE(host(dC, C.size()), C, gemm_tol()) << "ta " << ta;
+  }
+}
+
+// ---------------------------------------------------------------- row-wise and scatter ops
+
+TEST_F(CudaVsCpu, EmbeddingForwardIsExactAndBackwardAccumulates) {
+  const int V = 50, d = 37, n = 300;  // ids repeat: the backward needs its atomics
+  const auto table = random(int64_t(V) * d, 8), dout = random(int64_t(n) * d, 9);
+  const auto ids = random_ids(n, 10, V);
+  std::vector<float> out(int64_t(n) * d);
+  float* d_out = dev(out);
+  const int* d_ids = dev(ids);
+  gpu().embedding_forward(d_out, dev(table), d_ids, n, d);
+  cpu().embedding_forward(out.data(), table.data(), ids.data(), n, d);
+  EXPECT_EQ(host(d_out, out.size()), out);
+  auto dtable = random(int64_t(V) * d, 11);  // accumulates into what is there
+  float* d_dtable = dev(dtable);
+  gpu().embedding_backward(d_dtable, dev(dout), d_ids, n, d);
+  cpu().embedding_backward(dtable.data(), dout.data(), ids.data(), n, d);
+  EXPECT_CLOSE(host(d_dtable, dtable.size()), dtable, kReduceTol);
+}
+
+TEST_F(CudaVsCpu, RmsNormForwardAndAccumulatingBackward) {
+  const int n = 600, d = 300;  // d not a multiple of the block size; n spans 3 dw blocks
+  const auto x = random(int64_t(n) * d, 12, 3.f), w = random(d, 13), dout = random(int64_t(n) * d, 14);
+  std::vector<float> out(int64_t(n) * d), rstd(n);
+  float *d_out = dev(out), *d_rstd = dev(rstd);
+  const float* d_x = dev(x);
+  const float* d_w = dev(w);
+  gpu().rmsnorm_forward(d_out, d_rstd, d_x, d_w, n, d, 1e-6f);
+  cpu().rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), n, d, 1e-6f);
+  EXPECT_CLOSE(host(d_out, out.size()), out, kReduceTol);
+  EXPECT_CLOSE(host(d_rstd, n), rstd, kReduceTol);
+  auto dx = random(int64_t(n) * d, 15), dw = random(d, 16);  // both accumulate
+  float *d_dx = dev(dx), *d_dw = dev(dw);
+  gpu().rmsnorm_backward(d_dx, d_dw, dev(dout), d_x, d_w, dev(rstd), n, d);
+  cpu().rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), n, d);
+  EXPECT_CLOSE(host(d_dx, dx.size()), dx, kReduceTol);
+  EXPECT_CLOSE(host(d_dw, d), dw, kReduceTol);
+}
+
+TEST_F(CudaVsCpu, PositionBiasForwardIsExactAndBackwardAccumulates) {
+  const int H = 3, buckets = 32, tq = 90, tk = 70;  // tq·tk spans two blocks of the backward
+  const auto table = random(int64_t(buckets) * H, 17), dbias = random(int64_t(H) * tq * tk, 18);
+  const auto ids = random_ids(int64_t(tq) * tk, 19, buckets);
+  std::vector<float> bias(int64_t(H) * tq * tk);
+  float* d_bias = dev(bias);
+  const int* d_ids = dev(ids);
+  gpu().position_bias_forward(d_bias, dev(table), d_ids, H, tq, tk);
+  cpu().position_bias_forward(bias.data(), table.data(), ids.data(), H, tq, tk);
+  EXPECT_EQ(host(d_bias, bias.size()), bias);
+  auto dtable = random(int64_t(buckets) * H, 20);
+  float* d_dtable = dev(dtable);
+  gpu().position_bias_backward(d_dtable, dev(dbias), d_ids, H, tq, tk);
+  cpu().position_bias_backward(dtable.data(), dbias.data(), ids.data(), H, tq, tk);
+  EXPECT_CLOSE(host(d_dtable, dtable.size()), dtable, kReduceTol);
+}
+
+TEST_F(CudaVsCpu, SoftmaxForwardWithAndWithoutBiasAndMask) {
+  const int B = 2, H = 3;
+  struct Case { int tq, tk; bool bias, causal; };
+  for (const Case c : {Case{17, 17, true, true}, Case{17, 17, false, true}, Case{5, 300, true, false},
+                       Case{9, 40, false, false}}) {
+    auto s = random(int64_t(B) * H * c.tq * c.tk, 21, 4.f);
+    const auto bias = random(int64_t(H) * c.tq * c.tk, 22);
+    float* d_s = dev(s);
+    gpu().softmax_forward(d_s, c.bias ? dev(bias) : nullptr, c.causal, B, H, c.tq, c.tk);
+    cpu().softmax_forward(s.data(), c.bias ? bias.data() : nullptr, c.causal, B, H, c.tq, c.tk);
+    const auto got = host(d_s, s.size());
+    EXPECT_CLOSE(got, s, kReduceTol) << c.tq << "x" << c.tk << " bias " << c.bias << " causal " << c.causal;
+    if (c.causal)  // masked entries (key after query) are exact zeros
+      for (int i = 0; i < c.tq; ++i)
+        for (int j = i + 1; j < c.tk; ++j) ASSERT_EQ(got[int64_t(i) * c.tk + j], 0.f) << i << "," << j;
+  }
+}
+
+TEST_F(CudaVsCpu, SoftmaxBackwardWithAndWithoutBiasGradient) {
+  const int B = 3, H = 2, tq = 11, tk = 45;
+  const int64_t n = int64_t(B) * H * tq * tk;
+  // Real probabilities, as backward sees them.
+  auto p = random(n, 23, 3.f);
+  cpu().softmax_forward(p.data(), nullptr, false, B, H, tq, tk);
+  for (bool with_bias : {true, false}) {
+    auto ds = random(n, 24);
+    auto dbias = random(int64_t(H) * tq * tk, 25);  // accumulates over the batch
+    float *d_ds = dev(ds), *d_dbias = dev(dbias);
+    gpu().softmax_backward(d_ds, dev(p), with_bias ? d_dbias : nullptr, B, H, tq, tk);
+    cpu().softmax_backward(ds.data(), p.data(), with_bias ? dbias.data() : nullptr, B, H, tq, tk);
+    EXPECT_CLOSE(host(d_ds, n), ds, kReduceTol) << "with bias " << with_bias;
+    EXPECT_CLOSE(host(d_dbias, dbias.size()), dbias, kReduceTol) << "with bias " << with_bias;
+  }
+}
+
+TEST_F(CudaVsCpu, CrossEntropyOverTheT5Vocabulary) {
+  const int n = 6, V = 32128;
+  auto logits = random(int64_t(n) * V, 26, 5.f);
+  const auto labels = random_ids(n, 27, V);
+  std::vector<float> losses(n);
+  float *d_logits = dev(logits), *d_losses = dev(losses);
+  gpu().cross_entropy(d_logits, d_losses, dev(labels), n, V, 1.f / n);
+  cpu().cross_entropy(logits.data(), losses.data(), labels.data(), n, V, 1.f / n);
+  EXPECT_CLOSE(host(d_losses, n), losses, kReduceTol);
+  EXPECT_CLOSE(host(d_logits, logits.size()), logits, kReduceTol);
+}
+
+TEST_F(CudaVsCpu, AdamOverSeveralSteps) {
+  const int64_t n = 100003;
+  auto p = random(n, 28), m = std::vector<float>(n, 0.f), v = std::vector<float>(n, 0.f);
+  float *d_p = dev(p), *d_m = dev(m), *d_v = dev(v);
+  AdamConfig c;
+  c.lr = 0.01f;
+  for (int step = 1; step <= 3; ++step) {
+    const auto g = random(n, 29 + step, 0.1f);
+    gpu().adam(d_p, dev(g), d_m, d_v, n, c, step);
+    cpu().adam(p.data(), g.data(), m.data(), v.data(), n, c, step);
+  }
+  EXPECT_CLOSE(host(d_p, n), p, kReduceTol);
+  EXPECT_CLOSE(host(d_m, n), m, kReduceTol);
+  EXPECT_CLOSE(host(d_v, n), v, kReduceTol);
+}
+
+// ---------------------------------------------------------------- elementwise and data movement
+
+TEST_F(CudaVsCpu, ElementwiseOpsAreExact) {
+  const int64_t n = 100003;
+  const auto a = random(n, 33), b = random(n, 34);
+  auto x = a;
+  float* d_x = dev(a);
+  const float* d_b = dev(b);
+  gpu().relu_forward(d_x, n);
+  cpu().relu_forward(x.data(), n);
+  EXPECT_EQ(host(d_x, n), x);
+  auto dy = b;
+  float* d_dy = dev(b);
+  gpu().relu_backward(d_dy, d_x, n);
+  cpu().relu_backward(dy.data(), x.data(), n);
+  EXPECT_EQ(host(d_dy, n), dy);
+  gpu().add(d_x, d_b, n);
+  cpu().add(x.data(), b.data(), n);
+  EXPECT_EQ(host(d_x, n), x);
+  gpu().scale(d_x, -1.7f, n);
+  cpu().scale(x.data(), -1.7f, n);
+  EXPECT_EQ(host(d_x, n), x);
+  gpu().copy(d_dy, d_x, n);
+  EXPECT_EQ(host(d_dy, n), x);
+  gpu().fill(d_x, 2.5f, n);
+  EXPECT_EQ(host(d_x, n), std::vector<float>(n, 2.5f));
+}
+
+TEST_F(CudaVsCpu, InitUniformIsBitIdentical) {
+  const int64_t n = 100001, first = 12345;
+  std::vector<float> ref(n);
+  cpu().init_uniform(ref.data(), n, 0xfeedULL, first, 0.37f);
+  float* d_x = dev(std::vector<float>(n));
+  gpu().init_uniform(d_x, n, 0xfeedULL, first, 0.37f);
+  const auto got = host(d_x, n);
+  EXPECT_EQ(std::memcmp(got.data(), ref.data(), size_t(n) * 4), 0);
+}
+
+// ---------------------------------------------------------------- memory and timing
+
+TEST_F(CudaVsCpu, MemoryAccountingByCategoryAndCapacity) {
+  EXPECT_EQ(gpu().device_name().rfind("cuda:", 0), 0u) << gpu().device_name();
+  float* p = gpu().alloc_floats(100, MemCategory::Parameters);
+  float* a = gpu().alloc_floats(50, MemCategory::Activations);
+  EXPECT_EQ(gpu().mem_current()[int(MemCategory::Parameters)], 400);
+  EXPECT_EQ(gpu().mem_total_current(), 600);
+  gpu().release(a);
+  float* w = gpu().alloc_floats(10, MemCategory::Workspace);
+  EXPECT_EQ(gpu().mem_peak()[int(MemCategory::Activations)], 200);
+  EXPECT_EQ(gpu().mem_peak_total(), 600);
+  EXPECT_EQ(gpu().mem_total_current(), 440);
+  gpu().release(w);
+  gpu().release(p);
+  EXPECT_EQ(gpu().mem_total_current(), 0);
+
+  // Capacity: free device memory plus what the pool holds unused.
+  gpu().synchronize();
+  const int64_t before = gpu().memory_capacity(), gib = int64_t(1) << 30;
+  ASSERT_GT(before, 2 * gib);
+  float* big = gpu().alloc_floats(gib / 4, MemCategory::Workspace);
+  gpu().fill(big, 1.f, gib / 4);
+  gpu().synchronize();
+  EXPECT_LT(gpu().memory_capacity(), before - gib * 9 / 10);
+  gpu().release(big);
+  gpu().synchronize();
+  EXPECT_GT(gpu().memory_capacity(), before - gib / 10);  // kept by the pool, still usable
+}
+
+TEST_F(CudaVsCpu, OperationsReachTheRecorderAtSynchronizeWithIssueContext) {
+  Collect rec;
+  gpu().set_recorder(&rec);
+  float* x = dev(random(1 << 20, 35));
+  gpu().synchronize();
+  rec.ops.clear();
+  const double t0 = gpu().now();
+  gpu().set_context(Phase::Forward, 3);
+  gpu().gemm(false, false, 256, 256, 256, 1.f, x, 256, x + 65536, 256, 0.f, x + 131072, 256);
+  gpu().set_context(Phase::Backward, 5);
+  gpu().fill(x, 0.f, 1 << 20);
+  EXPECT_TRUE(rec.ops.empty()) << "operations are resolved at synchronize(), not at issue";
+  gpu().set_context(Phase::Other, -1);
+  gpu().synchronize();
+  const double t1 = gpu().now();
+  gpu().set_recorder(nullptr);
+  ASSERT_EQ(rec.ops.size(), 2u);
+  const OpEvent &g = rec.ops[0], &f = rec.ops[1];
+  EXPECT_EQ(g.kind, OpKind::Gemm);
+  EXPECT_EQ(g.phase, Phase::Forward);
+  EXPECT_EQ(g.unit, 3);
+  EXPECT_EQ(g.lane, 0);
+  EXPECT_DOUBLE_EQ(g.flops, 2.0 * 256 * 256 * 256);
+  EXPECT_EQ(g.gemm[0], 256);
+  EXPECT_EQ(g.gemm[3], 1);
+  EXPECT_EQ(f.kind, OpKind::Elementwise);
+  EXPECT_EQ(f.phase, Phase::Backward);
+  EXPECT_EQ(f.unit, 5);
+  const double slack = 1e-3;  // the GPU clock is paired with the host clock to a few µs
+  for (const OpEvent& e : rec.ops) {
+    EXPECT_LE(e.start, e.end);
+    EXPECT_GE(e.start, t0 - slack);
+    EXPECT_LE(e.end, t1 + slack);
+  }
+  EXPECT_LE(g.end, f.start + slack);  // one stream: in issue order
+}
+
+// ---------------------------------------------------------------- collectives
+
+TEST_F(CudaVsCpu, CollectivesOnOneRankAreOrderedByEvents) {
+  auto comm = gpu().make_comm(MPI_COMM_SELF);
+  ASSERT_EQ(comm->size(), 1);
+  ASSERT_EQ(comm->rank(), 0);
+  Collect rec;
+  gpu().set_recorder(&rec);
+  const int64_t n = 1 << 24;  // large enough that an unordered comm stream would read stale data
+  float* send = dev(std::vector<float>(n, 0.f));
+  float* recv = dev(std::vector<float>(n, 0.f));
+  gpu().synchronize();
+  rec.ops.clear();
+
+  gpu().fill(send, 2.f, n);  // compute stream; the all-gather must start after it
+  const Request ag = gpu().all_gather(send, recv, n, *comm);
+  gpu().wait(ag);
+  gpu().scale(recv, 3.f, n);  // compute stream; must start after the all-gather
+  EXPECT_EQ(host(recv, n), std::vector<float>(n, 6.f));
+
+  const Request ar = gpu().all_reduce(recv, n, *comm);  // sum over one rank: unchanged
+  const double deadline = gpu().now() + 10.0;
+  while (!gpu().test(ar) && gpu().now() < deadline) {
+  }
+  EXPECT_TRUE(gpu().test(ar)) << "the all-reduce did not complete within 10 s";
+  gpu().wait(ar);  // after a successful test: nothing left to wait for
+  EXPECT_EQ(host(recv, n), std::vector<float>(n, 6.f));
+
+  gpu().fill(recv, 1.f, n);
+  gpu().wait(gpu().reduce_scatter(recv, send, n, *comm));
+  EXPECT_EQ(host(send, n), std::vector<float>(n, 1.f));
+  gpu().synchronize();
+  gpu().set_recorder(nullptr);
+
+  int comm_ops = 0, waits = 0;
+  for (const OpEvent& e : rec.ops) {
+    if (is_communication(e.kind)) {
+      ++comm_ops;
+      EXPECT_EQ(e.lane, 1);
+      EXPECT_EQ(e.bytes, n * 4);
+    }
+    if (e.kind == OpKind::Wait) {
+      ++waits;
+      EXPECT_EQ(e.lane, 0);
+    }
+  }
+  EXPECT_EQ(comm_ops, 3);
+  EXPECT_EQ(waits, 2);  // all-gather and reduce-scatter; the all-reduce completed in test()
+}
+
+TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
+  // On one rank every collective (and every reduction, avg included) returns its input.
+  auto comm = gpu().make_comm(MPI_COMM_SELF);
+  const int64_t count = 4096;
+  for (int op = 0; op < int(Collective::kCount); ++op)
+    for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64, DType::U8})
+      for (ReduceOp red : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+        ASSERT_TRUE(gpu().supports(Collective(op), dt, red));
+        std::vector<uint8_t> in(size_t(count) * dtype_size(dt));
+        for (size_t i = 0; i < in.size(); ++i) in[i] = uint8_t(hash_index(op, i) % 64);  // small, exact in every dtype
+        if (dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F64)
+          for (size_t i = 0; i < in.size(); ++i) in[i] &= (i % dtype_size(dt) == size_t(dtype_size(dt) - 1)) ? 0x3f : 0x00;
+        void* send = dev(in);
+        void* recv = dev(std::vector<uint8_t>(in.size(), 0xff));
+        gpu().wait(gpu().collective({Collective(op), send, recv, count, dt, red, 0}, *comm));
+        std::vector<uint8_t> out(in.size());
+        gpu().download(out.data(), recv, out.size());
+        EXPECT_EQ(out, in) << collective_name(Collective(op)) << " " << dtype_name(dt) << " " << reduce_op_name(red);
+      }
+}
+
+// ---------------------------------------------------------------- whole steps
+
+constexpr uint64_t kSeed = 1234;
+
+// One rank's full model on a backend (as tests/test_t5.cpp): parameters, gradients, a T5Step.
+struct Model {
+  Backend& b;
+  float grad_scale;
+  std::unique_ptr<T5Step> step;
+  std::vector<float*> params, grads;
+
+  Model(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt)
+      : b(be), grad_scale(1.f / float(x.batch * x.dec_len)) {
+    step = std::make_unique<T5Step>(spec, b, x, ckpt, grad_scale);
+    const auto& units = step->units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      params.push_back(b.alloc_floats(units[u].numel, MemCategory::Parameters));
+      grads.push_back(b.alloc_floats(units[u].numel, MemCategory::Gradients));
+      init_unit_params(b, units[u], int(u), kSeed, params[u], 0, units[u].numel);
+    }
+    step->set_tokens(make_tokens(kSeed, 0, 0, x, spec.vocab));
+  }
+  ~Model() {
+    step.reset();
+    for (float* p : params) b.release(p);
+    for (float* g : grads) b.release(g);
+    b.synchronize();
+  }
+  double forward_backward() {
+    const auto& st = step->stages();
+    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
+    const double loss = step->loss_sum() * grad_scale;
+    for (size_t u = 0; u < grads.size(); ++u) b.fill(grads[u], 0.f, step->units()[u].numel);
+    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
+    return loss;
+  }
+  std::vector<float> grad(size_t u) {
+    std::vector<float> h(step->units()[u].numel);
+    b.download(h.data(), grads[u], h.size() * 4);
+    return h;
+  }
+};
+
+TEST_F(CudaVsCpu, T5StepLossAndGradientsMatchCpu) {
+  struct Case { const char* model; StepShape shape; bool ckpt; };
+  for (const Case c : {Case{"t5-tiny", {2, 12, 8}, false}, Case{"t5-tiny", {2, 12, 8}, true},
+                       Case{"t5-small", {2, 32, 24}, false}}) {
+    const ModelSpec spec = model_preset(c.model);
+    Model on_cpu(cpu(), spec, c.shape, c.ckpt), on_gpu(gpu(), spec, c.shape, c.ckpt);
+    const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
+    EXPECT_NEAR(l_gpu, l_cpu, step_tol() * std::fabs(l_cpu)) << c.model << " ckpt " << c.ckpt;
+    for (size_t u = 0; u < on_cpu.grads.size(); ++u)
+      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), step_tol())
+          << c.model << " ckpt " << c.ckpt << " unit " << on_cpu.step->units()[u].name;
+  }
+}
+
+TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape shape{2, 12, 8};
+  for (StrategyKind kind : {StrategyKind::DDP, StrategyKind::FSDP}) {
+    StrategyConfig cfg;
+    cfg.kind = kind;
+    cfg.seed = kSeed;
+    cfg.bucket_mb = 0.002;  // several buckets, several all-reduces in flight
+    std::vector<std::vector<float>> weights[2];
+    double losses[2] = {0, 0};
+    Backend* backends[2] = {&cpu(), &gpu()};
+    for (int i = 0; i < 2; ++i) {
+      Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+      auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+      for (int s = 1; s <= 3; ++s) losses[i] = strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
+      for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
+    }
+    const char* name = kind == StrategyKind::DDP ? "ddp" : "fsdp";
+    EXPECT_NEAR(losses[1], losses[0], step_tol() * std::fabs(losses[0])) << name;
+    for (size_t u = 0; u < weights[0].size(); ++u) EXPECT_CLOSE(weights[1][u], weights[0][u], step_tol()) << name << " unit " << u;
+  }
+}
+
+}  // namespace
+}  // namespace sb
+
+// NCCL communicators are made from MPI ones, so MPI is initialised around the tests.
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  ::testing::InitGoogleTest(&argc, argv);
+  const std::string why = sb::no_gpu_reason();
+  if (!why.empty()) std::printf("test_cuda_backend: every test skips: %s\n", why.c_str());
+  const int rc = RUN_ALL_TESTS();
+  MPI_Finalize();
+  return rc;
+}

@@ -1,0 +1,444 @@
+#!/usr/bin/python3
+"""Tests of slurm/sweep without Slurm: matrix validation, result names, dry-run output,
+skipping of existing results, out-of-memory records written by the real programs' --plan,
+and the submission sequence against a fake Slurm (stub sbatch, scontrol, squeue, sinfo,
+scancel on PATH). The real cluster is slurm/test/slurm-test.sh (make slurm-test).
+
+Run from anywhere: /usr/bin/python3 tests/test_sweep.py  (make sweep-test)
+"""
+import importlib.machinery
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SWEEP = REPO / "slurm" / "sweep"
+BIN = REPO / "build" / "bin"
+sys.path.insert(0, str(REPO / "analysis"))
+
+
+def load_sweep():
+    loader = importlib.machinery.SourceFileLoader("sweep", str(SWEEP))
+    spec = importlib.util.spec_from_loader("sweep", loader)
+    mod = importlib.util.module_from_spec(spec)
+    loader.exec_module(mod)
+    return mod
+
+
+sweep = load_sweep()
+
+# A small valid matrix; tests replace lines of it.
+BASE = """\
+[sweep]
+name = "t"
+
+[cluster]
+name = "test"
+gpus_per_node = 4
+gpu_memory_gib = 1
+partition = "debug"
+time_limit = "00:10:00"
+launcher = "srun"
+setup = ["source scripts/mpi-env.sh"]
+
+[matrix]
+models = ["t5-tiny", "t5-611m"]
+strategies = ["ddp", "fsdp-full", "fsdp-hybrid"]
+gpus = [4]
+batch = [2]
+seq_len = [32]
+backend = "cpu"
+steps = 2
+warmup = 1
+hybrid_shard_size = 2
+"""
+
+# One program stands for every Slurm command; what it answers is set through FAKE_* variables.
+FAKE = r'''#!/usr/bin/python3
+import os, sys
+cmd, args = os.path.basename(sys.argv[0]), sys.argv[1:]
+d = os.path.dirname(os.path.abspath(sys.argv[0]))
+with open(os.path.join(d, "calls.log"), "a") as f:
+    f.write(" ".join([cmd] + args) + "\n")
+env = os.environ.get
+if cmd == "scontrol" and args[:1] == ["ping"]:
+    state = env("FAKE_PING", "UP")
+    print(f"Slurmctld(primary) at fakehost is {state}")
+    sys.exit(0 if state == "UP" else 1)
+if cmd == "scontrol" and args[:2] == ["show", "partition"]:
+    if args[2] != env("FAKE_PARTITION", "debug"):
+        print(f"Partition {args[2]} not found", file=sys.stderr)
+        sys.exit(1)
+    print(f"PartitionName={args[2]} State={env('FAKE_PART_STATE', 'UP')} TotalNodes={env('FAKE_NODES', '4')} TotalCPUs=16")
+    sys.exit(0)
+if cmd == "sinfo":
+    print(env("FAKE_PARTITION", "debug"))
+    sys.exit(0)
+if cmd == "squeue":
+    out = env("FAKE_SQUEUE", "")
+    if out:
+        print(out)
+    sys.exit(0)
+if cmd == "sbatch":
+    if "--test-only" in args:
+        if env("FAKE_TESTONLY_FAIL"):
+            print("sbatch: error: Invalid account or account/partition combination specified", file=sys.stderr)
+            sys.exit(1)
+        print("sbatch: Job 99 to start at now using 4 processors on nodes fakehost in partition debug", file=sys.stderr)
+        sys.exit(0)
+    counter = os.path.join(d, "next_id")
+    n = int(open(counter).read()) if os.path.exists(counter) else 100
+    if env("FAKE_SBATCH_FAIL_AT") and n - 100 == int(env("FAKE_SBATCH_FAIL_AT")):
+        print("sbatch: error: Batch job submission failed: Socket timed out", file=sys.stderr)
+        sys.exit(1)
+    open(counter, "w").write(str(n + 1))
+    print(f"{n};fakecluster" if n % 2 else n)
+    sys.exit(0)
+if cmd == "scancel":
+    sys.exit(0)
+print(f"fake slurm: unexpected {cmd} {args}", file=sys.stderr)
+sys.exit(9)
+'''
+
+
+class SweepCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = Path(tempfile.mkdtemp(prefix="test_sweep."))
+        self.results = self.tmp / "results"
+        self.fake = self.tmp / "fakebin"
+        self.fake.mkdir()
+        (self.fake / "fake").write_text(FAKE)
+        (self.fake / "fake").chmod(0o755)
+        for name in ("sbatch", "scontrol", "squeue", "sinfo", "scancel"):
+            (self.fake / name).symlink_to("fake")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def matrix(self, text=BASE, **replace):
+        """BASE with `key = value` lines replaced (value None: line removed), as a file."""
+        for key, value in replace.items():
+            pattern = re.compile(rf"^{key} = .*$", re.M)
+            self.assertRegex(text, pattern, f"no line for {key}")
+            text = pattern.sub("" if value is None else f"{key} = {value}", text)
+        path = self.tmp / "m.toml"
+        path.write_text(text)
+        return path
+
+    def run_sweep(self, matrix, *args, fake=True, env=None):
+        e = dict(os.environ)
+        if fake:
+            e["PATH"] = f"{self.fake}:{e['PATH']}"
+        e.update(env or {})
+        r = subprocess.run([str(SWEEP), str(matrix), "--results", str(self.results), *args],
+                           capture_output=True, text=True, env=e, cwd=self.tmp)
+        return r
+
+    def calls(self):
+        log = self.fake / "calls.log"
+        return log.read_text().splitlines() if log.exists() else []
+
+    def sbatch_calls(self):
+        return [c for c in self.calls() if c.startswith("sbatch")]
+
+
+class Validation(SweepCase):
+    """Bad input: one clear line, exit 2, no Slurm command, nothing written."""
+
+    def assert_refused(self, matrix, fragment, *args):
+        r = self.run_sweep(matrix, *args)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        first = r.stderr.splitlines()[0]
+        self.assertTrue(first.startswith("sweep: error: "), first)
+        self.assertIn(fragment, first)
+        self.assertIn("nothing submitted", r.stderr)
+        self.assertEqual(self.sbatch_calls(), [])
+        self.assertFalse(self.results.exists(), "something was written")
+
+    def test_unknown_key(self):
+        self.assert_refused(self.matrix(BASE.replace("steps = 2", "steps = 2\ngpu_count = 8")),
+                            "[matrix] unknown key 'gpu_count'")
+
+    def test_unknown_section(self):
+        self.assert_refused(self.matrix(BASE + "\n[extra]\nx = 1\n"), "unknown section [extra]")
+
+    def test_missing_key(self):
+        self.assert_refused(self.matrix(partition=None), "[cluster] missing required key 'partition'")
+
+    def test_wrong_types(self):
+        cases = {
+            "gpus": ('"4"', "[matrix] gpus must be a non-empty list of distinct positive integers"),
+            "batch": ('[2, "4"]', "[matrix] batch must be"),
+            "steps": ("1.5", "[matrix] steps must be a positive integer, got 1.5 (float)"),
+            "gpus_per_node": ("true", "[cluster] gpus_per_node must be a positive integer, got True (boolean)"),
+            "gpu_memory_gib": ('"80"', "[cluster] gpu_memory_gib must be a positive number"),
+            "backend": ('"tpu"', '[matrix] backend must be one of "cpu", "cuda"'),
+            "launcher": ('"mpiexec"', '[cluster] launcher must be one of "srun", "mpirun"'),
+            "time_limit": ('"2 hours"', "[cluster] time_limit must be a Slurm time limit"),
+            "setup": ('"source x"', "[cluster] setup must be a list of strings"),
+        }
+        for key, (value, fragment) in cases.items():
+            with self.subTest(key=key):
+                self.assert_refused(self.matrix(**{key: value}), fragment)
+
+    def test_duplicates_and_empty_lists(self):
+        self.assert_refused(self.matrix(gpus="[4, 4]"), "[matrix] gpus must be a non-empty list of distinct")
+        self.assert_refused(self.matrix(batch="[]"), "[matrix] batch must be a non-empty list")
+
+    def test_unknown_model_and_strategy(self):
+        self.assert_refused(self.matrix(models='["t5-3b"]'), "[matrix] models must be a non-empty list of distinct models")
+        self.assert_refused(self.matrix(strategies='["zero3"]'), "[matrix] strategies must be")
+
+    def test_count_not_multiple_of_gpus_per_node(self):
+        self.assert_refused(self.matrix(gpus="[4, 6]"), "gpus: 6 is not a multiple of [cluster] gpus_per_node = 4")
+
+    def test_hybrid_shard_size_must_divide(self):
+        self.assert_refused(self.matrix(hybrid_shard_size="8"), "hybrid shard size 8 does not divide the GPU count 4")
+        self.assert_refused(self.matrix(strategies='["ddp"]'), "hybrid_shard_size is set but strategies has no")
+
+    def test_env_table(self):
+        text = BASE.replace('setup = ["source scripts/mpi-env.sh"]',
+                            'setup = []\n\n[cluster.env]\n"NCCL-DEBUG" = "WARN"')
+        self.assert_refused(self.matrix(text), "[cluster] env must be a table of NAME")
+
+    def test_not_toml(self):
+        self.assert_refused(self.matrix(BASE + "\nthis is not toml\n"), "not valid TOML")
+
+    def test_no_such_matrix(self):
+        self.assert_refused(self.tmp / "missing.toml", "no such run matrix")
+
+    def test_shipped_matrices_are_valid(self):
+        for name in ("fsdp_vs_ddp.toml", "local.toml"):
+            with self.subTest(matrix=name):
+                cfg = sweep.load_matrix(REPO / "runs" / name, {})
+                self.assertTrue(sweep.points(cfg))
+
+
+class Names(SweepCase):
+    def test_deterministic_and_unique(self):
+        cfg = sweep.load_matrix(REPO / "runs" / "fsdp_vs_ddp.toml", {})
+        names = [p.name for p in sweep.points(cfg)]
+        self.assertEqual(len(names), 3 * 4 * 7 * 2)
+        self.assertEqual(len(set(names)), len(names))
+        self.assertEqual(names, [p.name for p in sweep.points(sweep.load_matrix(REPO / "runs" / "fsdp_vs_ddp.toml", {}))])
+        for n in ("t5-611m-ddp-g8-b8-s512", "t5-2.28b-fsdp-full-g512-b16-s512",
+                  "t5-11.3b-fsdp-hybrid8-g64-b8-s512", "t5-11.3b-fsdp-none-g16-b16-s512"):
+            self.assertIn(n, names)
+
+    def test_study_jobs(self):
+        """One job per GPU count: nodes = GPUs / 8, one task per GPU, GPUs requested."""
+        cfg = sweep.load_matrix(REPO / "runs" / "fsdp_vs_ddp.toml", {})
+        pts = sweep.points(cfg)
+        binaries = {"ddp_perf": BIN / "ddp_perf", "fsdp_perf": BIN / "fsdp_perf"}
+        for n in (8, 64, 512):
+            text = sweep.job_script(cfg, n, [p for p in pts if p.gpus == n], Path("/r"), "m.toml", binaries)
+            self.assertIn(f"#SBATCH --nodes={n // 8}\n", text)
+            self.assertIn("#SBATCH --ntasks-per-node=8\n", text)
+            self.assertIn("#SBATCH --gpus-per-node=8\n", text)
+            self.assertIn(f"LAUNCH=(srun --mpi=pmix --nodes={n // 8} --ntasks={n} --ntasks-per-node=8)", text)
+            self.assertEqual(text.count("\nrun_point "), 24)
+            self.assertNotRegex(text, r"@[A-Z_]+@")
+
+    def test_study_memory_verdicts(self):
+        """At 80 GiB per GPU DDP cannot hold T5-11.3B (the paper's finding); FSDP full can."""
+        cfg = sweep.load_matrix(REPO / "runs" / "fsdp_vs_ddp.toml", {})
+        pts = {p.name: p for p in sweep.points(cfg)}
+        binaries = {"ddp_perf": BIN / "ddp_perf", "fsdp_perf": BIN / "fsdp_perf"}
+        verdict = lambda name: sweep.plan(binaries[pts[name].program], pts[name])  # noqa: E731
+        self.assertFalse(verdict("t5-11.3b-ddp-g8-b8-s512"))
+        self.assertTrue(verdict("t5-11.3b-fsdp-full-g8-b8-s512"))
+        self.assertTrue(verdict("t5-2.28b-ddp-g8-b8-s512"))
+
+
+class DryRun(SweepCase):
+    def test_prints_jobs_writes_nothing(self):
+        r = self.run_sweep(self.matrix(), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout
+        self.assertIn("#!/bin/bash\n#SBATCH --job-name=sb-t-g4\n#SBATCH --nodes=1\n#SBATCH --ntasks-per-node=4\n", out)
+        self.assertNotIn("--gpus-per-node", out)  # backend cpu
+        self.assertIn("#SBATCH --partition=debug", out)
+        self.assertIn("LAUNCH=(srun --mpi=pmix --nodes=1 --ntasks=4 --ntasks-per-node=4)", out)
+        self.assertIn("source scripts/mpi-env.sh", out)
+        self.assertIn("--dependency=afterany:", out)
+        runs = re.findall(r"^run_point (\S+) ", out, re.M)
+        self.assertEqual(runs, ["t5-tiny-ddp-g4-b2-s32", "t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-hybrid2-g4-b2-s32"])
+        self.assertEqual(len(re.findall(r"^# record: .*--plan --world-size 4 --out ", out, re.M)), 3)  # t5-611m
+        self.assertIn("dry run: 1 jobs + 1 summary job, 3 runs, 3 out-of-memory records, 0 done", out)
+        self.assertFalse(self.results.exists())
+        self.assertEqual(self.calls(), [])  # no Slurm needed
+        again = self.run_sweep(self.matrix(), "--dry-run")
+        self.assertEqual(again.stdout, out, "dry-run output is not deterministic")
+
+    def test_one_job_per_count(self):
+        r = self.run_sweep(self.matrix(gpus="[4, 8, 16]", models='["t5-tiny"]'), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for n in (4, 8, 16):
+            self.assertIn(f"#SBATCH --job-name=sb-t-g{n}\n#SBATCH --nodes={n // 4}\n", r.stdout)
+            self.assertIn(f"--ntasks={n} --ntasks-per-node=4)", r.stdout)
+        self.assertIn("3 jobs + 1 summary job, 9 runs", r.stdout)
+
+    def test_mpirun_launcher_and_cluster_settings(self):
+        text = BASE.replace('launcher = "srun"', 'launcher = "mpirun"\nlauncher_args = ["--bind-to", "none"]\n'
+                            'account = "proj1"\ncpus_per_task = 2\nsbatch_args = ["--exclusive"]\n'
+                            'modules = ["cuda/12.4"]').replace(
+            'setup = ["source scripts/mpi-env.sh"]', 'setup = ["echo ready"]\n\n[cluster.env]\nNCCL_DEBUG = "WARN"\nNCCL_IB_HCA = "mlx5_0 mlx5_1"')
+        r = self.run_sweep(self.matrix(text), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for s in ("LAUNCH=(mpirun -np 4 --map-by ppr:4:node --bind-to none)", "#SBATCH --account=proj1",
+                  "#SBATCH --cpus-per-task=2", "#SBATCH --exclusive", "module load cuda/12.4",
+                  "export NCCL_DEBUG=WARN", "export NCCL_IB_HCA='mlx5_0 mlx5_1'", "echo ready"):
+            self.assertIn(s, r.stdout)
+
+    def test_skips_existing_results(self):
+        self.results.mkdir()
+        done = self.results / "t5-tiny-fsdp-full-g4-b2-s32.h5"
+        done.write_bytes(b"a result")
+        r = self.run_sweep(self.matrix(), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("already done:   1", r.stdout)
+        self.assertNotIn("run_point t5-tiny-fsdp-full-g4-b2-s32 ", r.stdout)
+        self.assertIn("run_point t5-tiny-ddp-g4-b2-s32 ", r.stdout)
+        self.assertEqual(done.read_bytes(), b"a result")
+        self.assertEqual(sorted(os.listdir(self.results)), [done.name])
+
+
+class Submit(SweepCase):
+    """The submission sequence against the fake Slurm; out-of-memory records by the real programs."""
+
+    def test_submit_then_rerun(self):
+        from shardbench_h5 import load
+        m = self.matrix()
+        r = self.run_sweep(m)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        sb = self.sbatch_calls()
+        # every script checked with --test-only before the first submission
+        self.assertEqual([c.split()[1] for c in sb], ["--test-only", "--test-only", "--parsable", "--parsable"])
+        self.assertTrue(sb[2].endswith("/jobs/g4.sbatch"))
+        self.assertRegex(sb[3], r"^sbatch --parsable --dependency=afterany:100 .*/jobs/summary\.sbatch$")
+        self.assertIn("submitted job 100: 4 GPUs, 3 runs", r.stdout)
+        self.assertIn("submitted job 101: summary (after 100)", r.stdout)
+        job = (self.results / "jobs" / "g4.sbatch").read_text()
+        self.assertEqual(len(re.findall(r"^run_point ", job, re.M)), 3)
+        self.assertTrue((self.results / "logs").is_dir())
+        # the three t5-611m points do not fit 1 GiB: recorded by --plan, not run
+        oom = sorted(p.name for p in self.results.glob("*.h5"))
+        self.assertEqual(oom, ["t5-611m-ddp-g4-b2-s32.h5", "t5-611m-fsdp-full-g4-b2-s32.h5",
+                               "t5-611m-fsdp-hybrid2-g4-b2-s32.h5"])
+        for name in oom:
+            run = load(self.results / name)
+            self.assertEqual(run.meta["status"], "out-of-memory")
+            self.assertEqual(run.meta["planned_only"], 1)
+            self.assertEqual(run.meta["world_size"], 4)
+            self.assertEqual(run.plan["fits"], 0)
+            self.assertNotIn(name[:-3], job)
+        # re-run with the runs' results present: nothing submitted, nothing rewritten
+        for name in ("t5-tiny-ddp-g4-b2-s32", "t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-hybrid2-g4-b2-s32"):
+            (self.results / f"{name}.h5").write_bytes(b"done")
+        before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in self.results.rglob("*") if p.is_file()}
+        (self.fake / "calls.log").unlink()
+        r = self.run_sweep(m)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("submitted 0 jobs", r.stdout)
+        self.assertEqual(self.sbatch_calls(), [])
+        after = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in self.results.rglob("*") if p.is_file()}
+        self.assertEqual(before, after)
+
+    def test_partial_rerun_submits_only_missing(self):
+        self.results.mkdir()
+        (self.results / "t5-tiny-ddp-g4-b2-s32.h5").write_bytes(b"done")
+        r = self.run_sweep(self.matrix(models='["t5-tiny"]'))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        job = (self.results / "jobs" / "g4.sbatch").read_text()
+        self.assertEqual(re.findall(r"^run_point (\S+)", job, re.M),
+                         ["t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-hybrid2-g4-b2-s32"])
+        self.assertEqual((self.results / "t5-tiny-ddp-g4-b2-s32.h5").read_bytes(), b"done")
+
+    def assert_refused_before_submitting(self, fragment, env=None, args=(), fake=True):
+        r = self.run_sweep(self.matrix(), *args, env=env, fake=fake)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertIn(fragment, r.stderr.splitlines()[0])
+        self.assertEqual([c for c in self.sbatch_calls() if "--test-only" not in c], [])
+        return r
+
+    def test_unknown_partition(self):
+        self.assert_refused_before_submitting("partition 'gpu' does not exist (this cluster has: debug)",
+                                              args=("--partition", "gpu"))
+        self.assertFalse(self.results.exists())
+
+    def test_slurm_down(self):
+        self.assert_refused_before_submitting("Slurm not reachable: `scontrol ping`", env={"FAKE_PING": "DOWN"})
+        self.assertFalse(self.results.exists())
+
+    def test_slurm_missing(self):
+        empty = self.tmp / "empty"
+        empty.mkdir()
+        self.assert_refused_before_submitting("Slurm not reachable: `scontrol` not found",
+                                              env={"PATH": str(empty)}, fake=False)
+
+    def test_jobs_of_the_sweep_still_queued(self):
+        tag = f"shardbench-sweep:{self.results}"
+        self.assert_refused_before_submitting("are still queued or running: 42", env={"FAKE_SQUEUE": f"42|{tag}\n43|other"})
+
+    def test_rejected_by_test_only(self):
+        r = self.assert_refused_before_submitting("Slurm would reject", env={"FAKE_TESTONLY_FAIL": "1"})
+        self.assertIn("Invalid account", r.stderr)
+        self.assertEqual(list(self.results.glob("*.h5")), [], "out-of-memory records written before the check")
+
+    def test_failed_submission_cancels_the_rest(self):
+        r = self.run_sweep(self.matrix(gpus="[4, 8]", models='["t5-tiny"]'), env={"FAKE_SBATCH_FAIL_AT": "1"})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("Socket timed out", r.stderr)
+        self.assertIn("scancel 100", self.calls())
+
+
+class Partition(SweepCase):
+    def test_partition_too_small(self):
+        r = self.run_sweep(self.matrix(gpus="[4, 8]", models='["t5-tiny"]'), env={"FAKE_NODES": "1"})
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("partition 'debug' has 1 node(s); the largest job needs 2", r.stderr)
+        self.assertEqual(self.sbatch_calls(), [])
+
+
+class JobScript(SweepCase):
+    """A generated job script runs its points and skips existing results (mpirun, no Slurm)."""
+
+    def test_runs_and_skips(self):
+        from shardbench_h5 import load
+        text = BASE.replace('launcher = "srun"', 'launcher = "mpirun"\nlauncher_args = ["--bind-to", "none"]')
+        m = self.matrix(text, models='["t5-tiny"]', strategies='["ddp", "fsdp-full"]', hybrid_shard_size=None)
+        self.assertEqual(self.run_sweep(m).returncode, 0)
+        script = self.results / "jobs" / "g4.sbatch"
+        self.assertEqual(subprocess.run(["bash", "-n", str(script)]).returncode, 0)
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=self.tmp, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertIn("2 ok, 0 out of memory, 0 skipped, 0 failed", r.stdout)
+        files = sorted(self.results.glob("*.h5"))
+        self.assertEqual([p.name for p in files], ["t5-tiny-ddp-g4-b2-s32.h5", "t5-tiny-fsdp-full-g4-b2-s32.h5"])
+        for p in files:
+            self.assertEqual(load(p).meta["status"], "ok")
+        mtimes = [p.stat().st_mtime_ns for p in files]
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=self.tmp, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("0 ok, 0 out of memory, 2 skipped, 0 failed", r.stdout)
+        self.assertEqual([p.stat().st_mtime_ns for p in files], mtimes)
+        # the summary job's work: summary.csv and the plots
+        r = subprocess.run(["bash", str(REPO / "slurm" / "summarize.sbatch"), str(self.results)],
+                           capture_output=True, text=True, cwd=self.tmp, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(len((self.results / "summary.csv").read_text().splitlines()), 1 + 2)
+        for png in ("compare-t5-tiny-g4-b2-s32.png", "scaling.png"):
+            self.assertEqual((self.results / png).read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+
+
+if __name__ == "__main__":
+    for p in ("ddp_perf", "fsdp_perf"):
+        if not os.access(BIN / p, os.X_OK):
+            sys.exit(f"test_sweep: {BIN / p} is not built (run make)")
+    unittest.main(verbosity=2)
