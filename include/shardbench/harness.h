@@ -52,8 +52,16 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
 struct Attr;
 // Command line, versions of shardbench, compiler, MPI, HDF5 (and CUDA/NCCL where built),
 // and rank 0's SLURM_* environment. Collective over MPI_COMM_WORLD.
-std::vector<Attr> collect_provenance(const RunConfig& cfg);
+std::vector<Attr> collect_provenance(const std::vector<std::string>& argv);
 std::string hostname();
+int local_ranks();  // ranks sharing this node (collective)
+int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
+// Decides a result path (default under results/ from `stem`) and checks it on rank 0
+// before any work; throws UsageError on every rank for an existing file (without
+// overwrite), a missing or unwritable directory.
+std::string resolve_output(const std::string& out, bool overwrite, const std::string& stem, int rank);
+std::string iso_time(double epoch_seconds);
+double wall_clock_rank0();
 
 // The whole program: MPI init, parse, plan, run, report, exit code.
 int run_program(int argc, char** argv, StrategyKind kind);
