@@ -18,7 +18,7 @@ HAVE_NCCL   := $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl
 
 CXX       := $(if $(MPICXX),$(MPICXX),mpicxx)
 CXXFLAGS  ?= -O3 -march=native -g
-CXXFLAGS  += -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
+CXXFLAGS  += -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
 HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
 HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
 VERSION   := $(shell git describe --always --dirty --tags 2>/dev/null || echo unknown)
@@ -39,7 +39,7 @@ EXTRA_TEST :=   # more targets run by `make test`, after the core tests
 -include $(sort $(wildcard mk/*.mk))
 
 .PHONY: all probe deps test unit-test mpi-test demo clean FORCE
-all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(TESTS) $(EXTRA_ALL)
+all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(TESTS) $(EXTRA_ALL)
 
 probe:
 	@echo "shardbench build:"
@@ -77,6 +77,11 @@ $(BIN)/test_%: tests/test_%.cpp $(LIB)
 	@mkdir -p $(@D)
 	@mkdir -p $(OBJ)/deps
 	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) $(GTEST_LIBS)
+
+# Google Benchmark micro-benchmarks (not MPI).
+$(BIN)/kernel_bench: src/programs/kernel_bench.cpp $(LIB)
+	@mkdir -p $(@D) $(OBJ)/deps
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) -lbenchmark -pthread
 
 test: all
 	@bash tests/run_tests.sh

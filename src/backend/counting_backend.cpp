@@ -46,13 +46,14 @@ class CountingBackend final : public Backend {
   void upload(void*, const void*, size_t) override {}
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
 
-  void gemm(bool, bool, int M, int N, int K, float, const float*, int, const float*, int, float,
+  // GEMMs are counted and recorded with their shapes (kernel_bench reads a step's shapes).
+  void gemm(bool ta, bool tb, int M, int N, int K, float, const float*, int, const float*, int, float,
             float*, int) override {
-    flops_ += 2.0 * M * N * K;
+    count_gemm(ta, tb, M, N, K, 1);
   }
-  void gemm_batched(bool, bool, int M, int N, int K, float, const float*, int, int64_t, const float*,
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float, const float*, int, int64_t, const float*,
                     int, int64_t, float, float*, int, int64_t, int batch) override {
-    flops_ += 2.0 * M * N * K * batch;
+    count_gemm(ta, tb, M, N, K, batch);
   }
   void embedding_forward(float*, const float*, const int*, int, int) override {}
   void embedding_backward(float*, const float*, const int*, int, int) override {}
@@ -93,6 +94,12 @@ class CountingBackend final : public Backend {
   double flops_ = 0.0;
 
  private:
+  void count_gemm(bool ta, bool tb, int M, int N, int K, int batch) {
+    const double flops = 2.0 * M * N * K * batch;
+    flops_ += flops;
+    const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
+    record(OpKind::Gemm, 0, 0.0, 0.0, 0, flops, shape);
+  }
   Request issue(OpKind kind, int64_t bytes) {
     record(kind, 1, double(next_request_), double(next_request_), bytes, 0.0);
     return next_request_++;
