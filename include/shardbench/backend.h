@@ -54,6 +54,7 @@ struct OpEvent {
   int64_t bytes;  // bytes moved by a collective (the full buffer) or touched by compute
   double flops;   // matmul FLOPs (2·m·n·k) for a GEMM
   int32_t gemm[5];  // GEMM shape: m, n, k, batch, transposes (bit 0: A, bit 1: B); else zeros
+  int64_t request = -1;  // collectives and waits: the request, so a schedule can be replayed
 };
 
 // Receives every operation and memory change of the backend, in completion order.
@@ -204,7 +205,7 @@ class Backend {
   void account_alloc(MemCategory cat, int64_t bytes);
   void account_free(MemCategory cat, int64_t bytes);
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-              const int32_t* gemm_shape = nullptr);
+              const int32_t* gemm_shape = nullptr, int64_t request = -1);
   Recorder* recorder_ = nullptr;
 
  private:

@@ -22,6 +22,7 @@ struct RunConfig {
   std::string backend = "cpu";
   double mem_limit_gib = 0;  // 0: the machine's memory / ranks on the node
   int plan_world = 0;        // --world-size for --plan (0: the MPI world)
+  std::string schedule_json;  // --schedule-json: with --plan, the step's schedule for the projection
   bool plan_only = false;
   bool check = false;
   std::string out_path;      // --out; empty: a name under results/ made from the run
@@ -40,12 +41,15 @@ struct MemoryPlan {
   int64_t peak_total = 0;
   int64_t limit = 0;            // bytes
   double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
+  std::vector<OpEvent> schedule;  // GEMMs, collectives, waits, optimizer of one step, in order
   bool fits() const { return peak_total <= limit; }
 };
 
 // Runs one step of the configured strategy on the counting backend for rank 0 of a world
 // of `world` ranks: nothing is allocated or computed.
 MemoryPlan plan_memory(const RunConfig& cfg, int world);
+// The plan and the step's schedule as JSON (analysis/project.py replays it).
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan);
 // The plan as a table (rank 0 prints it).
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
 

@@ -72,7 +72,9 @@ class CountingBackend final : public Backend {
   void softmax_forward(float*, const float*, bool, int, int, int, int) override {}
   void softmax_backward(float*, const float*, float*, int, int, int, int) override {}
   void cross_entropy(float*, float*, const int*, int, int, float) override {}
-  void adam(float*, const float*, float*, float*, int64_t, const AdamConfig&, int) override {}
+  void adam(float*, const float*, float*, float*, int64_t n, const AdamConfig&, int) override {
+    record(OpKind::Optimizer, 0, 0.0, 0.0, 28 * n, 0.0);  // bytes touched, for the projection
+  }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
   // Collectives are recorded at issue (start = end = issue index) so tests can read the
@@ -86,7 +88,7 @@ class CountingBackend final : public Backend {
   Request reduce_scatter(const float*, float*, int64_t count, Comm& c) override {
     return issue(OpKind::ReduceScatter, count * 4 * c.size());
   }
-  void wait(Request) override {}
+  void wait(Request r) override { record(OpKind::Wait, 0, 0.0, 0.0, 0, 0.0, nullptr, r); }
   bool test(Request) override { return true; }
   void synchronize() override {}
   double now() const override { return 0.0; }
@@ -101,7 +103,7 @@ class CountingBackend final : public Backend {
     record(OpKind::Gemm, 0, 0.0, 0.0, 0, flops, shape);
   }
   Request issue(OpKind kind, int64_t bytes) {
-    record(kind, 1, double(next_request_), double(next_request_), bytes, 0.0);
+    record(kind, 1, double(next_request_), double(next_request_), bytes, 0.0, nullptr, next_request_);
     return next_request_++;
   }
 

@@ -289,6 +289,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
                                      : host_memory_bytes() / local_ranks();
   print_config(out, cfg, plan_world, shard);
+  if (cfg.plan_only && !cfg.schedule_json.empty() && rank == 0) write_schedule_json(cfg.schedule_json, cfg, plan);
   if (cfg.plan_only && (plan.fits() || path.empty())) {
     out("%s", format_plan(cfg, plan).c_str());
     return plan.fits() ? kExitOk : kExitOutOfMemory;

@@ -54,6 +54,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--mem-limit-gib", cfg.mem_limit_gib,
                  "memory per rank in GiB (default: host memory / ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
+  app.add_option("--schedule-json", cfg.schedule_json,
+                 "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
   app.add_option("--world-size", world, "world size to plan for with --plan (default: the MPI world)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
   app.add_option("--check-tolerance", cfg.check_tolerance, "allowed relative error of --check")->capture_default_str();
@@ -104,6 +106,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     throw UsageError("--mem-limit-gib " + std::to_string(cfg.mem_limit_gib) + " is not allowed (must be > 0)");
   if (world < 0) throw UsageError("--world-size " + std::to_string(world) + " is not allowed (must be > 0)");
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
+  if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
   if (!(lr > 0)) throw UsageError("--lr " + std::to_string(lr) + " is not allowed (must be > 0)");
   if (!(cfg.check_tolerance > 0))
     throw UsageError("--check-tolerance is not allowed to be <= 0");

@@ -1,7 +1,9 @@
 // The memory plan: one step of the configured strategy on the counting backend, for rank 0
 // of any world size. The allocations are the code's own, so the plan is exact for
 // everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 
 #include "shardbench/check.h"
@@ -11,10 +13,14 @@
 namespace sb {
 namespace {
 
-// Remembers the per-category bytes at the moment the total was highest.
+// Remembers the per-category bytes at the moment the total was highest, and the schedule.
 class PeakRecorder : public Recorder {
  public:
-  void on_op(const OpEvent&) override {}
+  void on_op(const OpEvent& e) override {
+    if (keep) schedule.push_back(e);
+  }
+  bool keep = false;
+  std::vector<OpEvent> schedule;
   void on_memory(double, const MemBytes& cur) override {
     int64_t total = 0;
     for (int64_t v : cur) total += v;
@@ -39,8 +45,11 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world) {
   {
     auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
     const double before = counted_gemm_flops(*backend);
+    rec.keep = true;
     strategy->step(1, make_tokens(cfg.strategy.seed, 1, 0, cfg.shape, cfg.model.vocab));
+    rec.keep = false;
     plan.counted_flops = counted_gemm_flops(*backend) - before;
+    plan.schedule = std::move(rec.schedule);
   }
   SB_ASSERT(backend->mem_total_current() == 0, "the plan's schedule leaked memory");
   plan.peak = backend->mem_peak();
@@ -83,6 +92,39 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                 model, hw, plan.counted_flops);
   o << line;
   return o.str();
+}
+
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& p) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
+  const ModelSpec& m = cfg.model;
+  std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-1\",\n");
+  std::fprintf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
+               cfg.strategy.label().c_str(), m.name.c_str());
+  std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
+               "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
+               p.world, p.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
+               (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing));
+  std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
+               (long long)param_count(m), model_flops_per_step(m, cfg.shape),
+               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing));
+  std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
+               (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
+  for (int c = 0; c < kMemCategories; ++c)
+    std::fprintf(f, ", \"%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.peak[c]);
+  std::fprintf(f, "},\n  \"op_names\": [");
+  for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
+  std::fprintf(f, "],\n  \"phase_names\": [");
+  for (int k = 0; k < int(Phase::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
+  // One op per row: [op, phase, unit, bytes, flops, request].
+  std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\"],\n  \"ops\": [\n");
+  for (size_t i = 0; i < p.schedule.size(); ++i) {
+    const OpEvent& e = p.schedule[i];
+    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld]%s\n", int(e.kind), int(e.phase), e.unit, (long long)e.bytes,
+                 e.flops, (long long)e.request, i + 1 < p.schedule.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");
 }
 
 }  // namespace sb
