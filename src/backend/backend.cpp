@@ -104,20 +104,28 @@ void Backend::account_free(MemCategory cat, int64_t bytes) {
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-                     const int32_t* gemm_shape) {
+                     const int32_t* gemm_shape, int64_t request) {
   if (!recorder_) return;
-  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}};
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
   recorder_->on_op(e);
 }
 
 std::unique_ptr<Backend> make_cpu_backend();
+#ifdef SB_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend();  // src/backend/cuda/cuda_backend.cu
+#endif
 
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return make_cpu_backend();
+#ifdef SB_HAVE_CUDA
+  if (name == "cuda") return make_cuda_backend();
+  throw UsageError("unknown backend '" + name + "' (allowed: cpu, cuda)");
+#else
   if (name == "cuda")
     throw UsageError("--backend cuda is not built yet (CUDA backend: issue 3/6); allowed: cpu");
   throw UsageError("unknown backend '" + name + "' (allowed: cpu)");
+#endif
 }
 
 }  // namespace sb
