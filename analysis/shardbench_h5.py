@@ -46,15 +46,18 @@ class Run:
             version = self.meta.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
+            # A projected result (analysis/project.py) has metadata and the plan, no tables.
+            projected = bool(self.meta.get("projected"))
+            table = lambda name: _table(f[name]) if name in f or not projected else pd.DataFrame()  # noqa: E731
             self.provenance = _attrs(f["provenance"])
-            self.ranks = _table(f["provenance/ranks"])
+            self.ranks = table("provenance/ranks")
             self.plan = _attrs(f["plan"])
-            self.steps = _table(f["steps"])
-            self.events = _table(f["events"])
-            op_names = _value(f["events"].attrs["op_names"])
-            phase_names = _value(f["events"].attrs["phase_names"])
-            self.memory = _table(f["memory"])
-            self.peaks = _table(f["memory_peaks"])
+            self.steps = table("steps")
+            self.events = table("events")
+            op_names = _value(f["events"].attrs["op_names"]) if "events" in f else []
+            phase_names = _value(f["events"].attrs["phase_names"]) if "events" in f else []
+            self.memory = table("memory")
+            self.peaks = table("memory_peaks")
         if len(self.events):
             self.events["op_name"] = pd.Categorical.from_codes(self.events["op"], op_names)
             self.events["phase_name"] = pd.Categorical.from_codes(self.events["phase"], phase_names)
@@ -63,7 +66,7 @@ class Run:
     @property
     def timed_steps(self):
         """Steps after the warm-up."""
-        return self.steps[self.steps["warmup"] == 0]
+        return self.steps[self.steps["warmup"] == 0] if len(self.steps) else self.steps
 
     def __repr__(self):
         m = self.meta

@@ -24,3 +24,5 @@ echo
 /usr/bin/python3 analysis/summarize.py "$OUT"/*.h5
 echo
 /usr/bin/python3 analysis/compare.py "$OUT"/ddp.h5 "$OUT"/fsdp-*.h5 --plot "$OUT/comparison.png"
+echo
+/usr/bin/python3 analysis/report.py "$OUT"

@@ -1,0 +1,61 @@
+#!/usr/bin/python3
+"""Projection against measurement: pairs measured and projected results of the same
+configuration (strategy, model, ranks, batch, sequence) and prints the error of the
+projected step time. Usage: validate_projection.py --measured DIR_OR_FILES... --projected DIR
+[--max-error 0.35]: exit 1 when a pair's |error| exceeds --max-error.
+"""
+import argparse
+import glob
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import h5py  # noqa: E402
+
+
+def attrs(path):
+    with h5py.File(path, "r") as f:
+        return {k: (v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v))
+                for k, v in f.attrs.items()}
+
+
+def files(items):
+    out = []
+    for x in items:
+        out += sorted(glob.glob(os.path.join(x, "*.h5"))) if os.path.isdir(x) else [x]
+    return out
+
+
+def key(m):
+    return (m["label"], m["model"], m["world_size"], m["batch_per_rank"], m["enc_seq_len"])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measured", nargs="+", required=True)
+    ap.add_argument("--projected", nargs="+", required=True)
+    ap.add_argument("--max-error", type=float, default=None)
+    a = ap.parse_args(argv)
+    measured = {key(m): m for m in map(attrs, files(a.measured)) if m.get("status") == "ok" and not m.get("projected")}
+    projected = {key(m): m for m in map(attrs, files(a.projected)) if m.get("projected")}
+    pairs = sorted(set(measured) & set(projected))
+    if not pairs:
+        print("validate: no configuration was both measured and projected", file=sys.stderr)
+        return 2
+    print(f"{'strategy':<14} {'model':<9} {'ranks':>5} {'batch':>5} {'seq':>4} {'measured ms':>12} "
+          f"{'projected ms':>13} {'error':>8}")
+    worst = 0.0
+    for k in pairs:
+        m, p = measured[k]["median_step_time_s"], projected[k]["median_step_time_s"]
+        err = p / m - 1
+        worst = max(worst, abs(err))
+        print(f"{k[0]:<14} {k[1]:<9} {k[2]:>5} {k[3]:>5} {k[4]:>4} {m * 1e3:>12.2f} {p * 1e3:>13.2f} {err:>+8.1%}")
+    print(f"validate: {len(pairs)} configurations, worst |error| {worst:.1%}")
+    if a.max_error is not None and worst > a.max_error:
+        print(f"validate: FAIL: worst error above {a.max_error:.0%}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
