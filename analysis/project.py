@@ -228,12 +228,13 @@ def plan_schedule(program_args, world, limit_gib, binary_dir):
 def strategy_args(label, cluster, world):
     if label == "ddp":
         return ["ddp_perf"]
-    if label == "fsdp-hybrid":
-        g = min(cluster["gpus_per_node"], world)
+    if label.startswith("fsdp-hybrid"):  # fsdp-hybrid: one node per shard group; fsdp-hybridG: G ranks
+        g = int(label[11:]) if label[11:] else min(cluster["gpus_per_node"], world)
         return ["fsdp_perf", "--sharding", "hybrid", "--shard-size", str(g)]
     if label.startswith("fsdp-"):
         return ["fsdp_perf", "--sharding", label[5:]]
-    raise ProjectionError(f"unknown strategy '{label}' (allowed: ddp, fsdp-full, fsdp-hybrid, fsdp-none, fsdp-grad-op)")
+    raise ProjectionError(f"unknown strategy '{label}' (allowed: ddp, fsdp-full, fsdp-hybrid[G], fsdp-none, "
+                          "fsdp-grad-op)")
 
 
 def write_result(path, sched, sim, cluster, args, label):

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Measures local CPU runs and checks the projection against them (docs/projection.md):
-# calibrate from a 1-rank run and from collective_perf on the same rank count, project,
-# compare. Usage: scripts/validate-projection.sh OUT_DIR [MAX_ERROR]
+# Measures local CPU runs and checks the projection against them (docs/projection.md).
+# For each rank count: calibrate compute from a measured DDP run at that rank count (ranks
+# share this machine's cores and memory bandwidth, so compute rates depend on ranks per
+# node) and the network from collective_perf at that rank count; project the FSDP
+# strategies, which were not used for calibration; compare with their measured runs.
+# Usage: scripts/validate-projection.sh OUT_DIR [MAX_ERROR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
@@ -11,22 +14,22 @@ MODEL=${MODEL:-t5-small}
 ARGS=(--model "$MODEL" --batch "${BATCH:-2}" --seq-len "${SEQ:-64}" --steps "${STEPS:-4}" --warmup 1)
 RANKS=${RANKS:-"2 4"}
 mkdir -p "$OUT/measured" "$OUT/calibration"
-run() { # ranks name program args...
-  local np=$1 name=$2
-  shift 2
-  mpirun -np "$np" --oversubscribe --bind-to none "$@" "${ARGS[@]}" --out "$OUT/measured/$name-w$np.h5" --overwrite >/dev/null
+run() { # ranks dir name program args...
+  local np=$1 dir=$2 name=$3
+  shift 3
+  mpirun -np "$np" --oversubscribe --bind-to none "$@" "${ARGS[@]}" --out "$OUT/$dir/$name-w$np.h5" --overwrite >/dev/null
 }
-mpirun -np 1 build/bin/fsdp_perf "${ARGS[@]}" --out "$OUT/calibration/run-w1.h5" --overwrite >/dev/null
 for np in $RANKS; do
+  run "$np" calibration ddp build/bin/ddp_perf
   mpirun -np "$np" --oversubscribe --bind-to none build/bin/collective_perf --ops all-reduce,all-gather,reduce-scatter \
     -b 64K -e 16M -f 4 -n 10 -w 2 --out "$OUT/calibration/coll-w$np.h5" --overwrite >/dev/null
-  run "$np" ddp build/bin/ddp_perf
-  run "$np" full build/bin/fsdp_perf --sharding full
-  run "$np" none build/bin/fsdp_perf --sharding none
-  strategies=ddp,fsdp-full,fsdp-none
-  if [ "$np" -ge 4 ]; then run "$np" hybrid build/bin/fsdp_perf --sharding hybrid --shard-size 2; fi
+  run "$np" measured full build/bin/fsdp_perf --sharding full
+  run "$np" measured none build/bin/fsdp_perf --sharding none
+  strategies=fsdp-full,fsdp-none
+  if [ "$np" -ge 4 ]; then run "$np" measured hybrid build/bin/fsdp_perf --sharding hybrid --shard-size 2; fi
+  if [ "$np" -ge 4 ]; then strategies=$strategies,fsdp-hybrid2; fi
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies $strategies \
-    --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/calibration/run-w1.h5" \
+    --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/calibration/ddp-w$np.h5" \
     --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
 done
 /usr/bin/python3 analysis/validate_projection.py --measured "$OUT/measured" --projected "$OUT/projected" \

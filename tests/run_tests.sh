@@ -22,5 +22,7 @@ echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
+echo "=== analysis: figures, report, projection"
+bash tests/analysis_tests.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then echo "make test: $failed suite(s) failed"; exit 1; fi
 echo "make test: all suites passed"
