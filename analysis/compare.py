@@ -23,14 +23,17 @@ def main(argv=None):
         print(f"compare: not completed runs: {', '.join(bad)}", file=sys.stderr)
         return 1
     m = [r.meta for r in runs]
-    base = next((x["median_step_time_s"] for x in m if x["strategy"] == "ddp"), m[0]["median_step_time_s"])
+    # Each run is compared with the DDP run of the same model, ranks, batch and sequence.
+    same = lambda x, y: all(x[k] == y[k] for k in ("model", "world_size", "batch_per_rank", "enc_seq_len"))  # noqa: E731
+    base_of = lambda x: next((y["median_step_time_s"] for y in m if y["strategy"] == "ddp" and same(x, y)),  # noqa: E731
+                             float("nan"))
     hdr = (f"{'strategy':<14} {'model':<10} {'ranks':>5} {'step ms':>9} {'vs ddp':>7} {'TFLOPS/rank':>12} "
            f"{'tokens/s':>10} {'exposed ms':>11} {'peak MiB':>9} {'plan MiB':>9} {'loss':>9}")
     print(hdr)
     print("-" * len(hdr))
     for x in m:
         print(f"{x['label']:<14} {x['model']:<10} {x['world_size']:>5} {x['median_step_time_s'] * 1e3:>9.2f} "
-              f"{x['median_step_time_s'] / base:>7.2f} {x['median_model_tflops_per_rank']:>12.4f} "
+              f"{x['median_step_time_s'] / base_of(x):>7.2f} {x['median_model_tflops_per_rank']:>12.4f} "
               f"{x['median_tokens_per_s']:>10.0f} {x['median_exposed_comm_s'] * 1e3:>11.2f} "
               f"{x['max_peak_memory_bytes'] / 2**20:>9.1f} {x['plan_peak_memory_bytes'] / 2**20:>9.1f} "
               f"{x['final_loss']:>9.5f}")
@@ -38,7 +41,8 @@ def main(argv=None):
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        names = [x["label"] for x in m]
+        several = len({(x["model"], x["world_size"]) for x in m}) > 1
+        names = [x["label"] + (f"\n{x['model']} w{x['world_size']}" if several else "") for x in m]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
         ax[0].bar(names, [x["median_step_time_s"] * 1e3 for x in m], color="tab:blue")
         ax[0].set_ylabel("step time (ms), median")

@@ -218,7 +218,10 @@ def plan_schedule(program_args, world, limit_gib, binary_dir):
         path = os.path.join(tmp, "s.json")
         cmd = [os.path.join(binary_dir, program_args[0])] + program_args[1:] + [
             "--plan", "--world-size", str(world), "--mem-limit-gib", str(limit_gib), "--schedule-json", path]
-        p = subprocess.run(cmd, capture_output=True, text=True)
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True)
+        except OSError as e:
+            raise ProjectionError(f"cannot run {cmd[0]}: {e} (build it with make)")
         if p.returncode not in (0, 3) or not os.path.exists(path):
             raise ProjectionError(f"plan failed ({' '.join(cmd)}): {p.stderr.strip() or p.stdout[-300:]}")
         with open(path) as f:
