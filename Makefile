@@ -48,7 +48,8 @@ probe:
 	@[ -n "$(NVCC)" ] && echo "  ✓ nvcc     $(NVCC)" || echo "  ✗ nvcc not found: CUDA backend not built"
 	@[ -n "$(HAVE_CUBLAS)" ] && echo "  ✓ cuBLAS   $(firstword $(HAVE_CUBLAS))" || echo "  ✗ cuBLAS not found"
 	@[ -n "$(HAVE_NCCL)" ] && echo "  ✓ NCCL     $(firstword $(HAVE_NCCL))" || echo "  ✗ NCCL not found"
-	@echo "  · CUDA backend: arrives with issue 3/6; this build is CPU (OpenBLAS + MPI)"
+	@[ -n "$(HAVE_CUDA)" ] && echo "  · CUDA backend: built (fp32/TF32 cuBLAS + NCCL; see docs/gpu.md)" \
+	  || echo "  · CUDA backend: not built (needs nvcc, cuBLAS and NCCL); CPU backend only"
 
 deps:
 	@bash scripts/install-deps.sh

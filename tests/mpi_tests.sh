@@ -67,7 +67,7 @@ expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp
 expect "unknown flag" 2 "--frobnicate" -- "${MPIRUN[@]}" $BIN/ddp_perf --frobnicate
 expect "unparsable number" 2 "error: .*batch" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch many
 expect "ddp has no --sharding" 2 "sharding" -- "${MPIRUN[@]}" $BIN/ddp_perf --sharding full
-expect "unknown backend" 2 "--backend 'tpu' is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --backend tpu
+expect "unknown backend" 2 "--backend 'tpu' is not allowed \(allowed: cpu, cuda\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --backend tpu
 
 # --- memory plan and out-of-memory ---
 expect "memory limit too small: out-of-memory, exit 3" 3 'status: out-of-memory' -- \

@@ -43,7 +43,9 @@ std::vector<T> column(hid_t file, const char* dset, const char* field, hid_t nat
   hid_t mt = H5Tcreate(H5T_COMPOUND, sizeof(T));
   H5Tinsert(mt, field, 0, native);
   std::vector<T> out(n);
-  if (n > 0) EXPECT_GE(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), 0) << dset << "." << field;
+  if (n > 0) {
+    EXPECT_GE(H5Dread(d, mt, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.data()), 0) << dset << "." << field;
+  }
   H5Tclose(mt);
   H5Sclose(space);
   H5Dclose(d);

@@ -386,6 +386,8 @@ check "re-run: no file under the results folder was created or changed ($(echo "
 say "shutting the cluster down"
 stop_cluster
 check "no slurmctld, slurmd or munged of this test left running" cluster_gone
+# Job steps end a moment after slurmd: give them up to 15 s.
+for _ in $(seq 30); do [ -z "$(pgrep -x slurmstepd)" ] && break; sleep 0.5; done
 check "no job step (slurmstepd) left running" test -z "$(pgrep -x slurmstepd)"
 out=$(slurm/sweep "$MATRIX" --results "$WORK/unreachable" 2>&1)
 rc=$?

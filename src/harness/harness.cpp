@@ -285,8 +285,13 @@ int run(const RunConfig& cfg, int rank, int world) {
                            std::to_string(plan_world);
   const std::string path = writes ? resolve_output(cfg.out_path, cfg.overwrite, stem, rank) : "";
 
+  // The backend exists before the plan (it allocates nothing) so that the default limit
+  // can be the device's free memory; --plan alone needs no device.
+  std::unique_ptr<Backend> backend = cfg.plan_only ? nullptr : make_backend(cfg.backend);
+  const int64_t device_free = backend ? backend->memory_capacity() : -1;
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
+               : device_free > 0     ? device_free
                                      : host_memory_bytes() / local_ranks();
   print_config(out, cfg, plan_world, shard);
   if (cfg.plan_only && !cfg.schedule_json.empty() && rank == 0) write_schedule_json(cfg.schedule_json, cfg, plan);
@@ -303,7 +308,7 @@ int run(const RunConfig& cfg, int rank, int world) {
     out("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
         "nothing was allocated\n",
         human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
-    trace.device = "not allocated";
+    trace.device = backend ? backend->device_name() + " (not allocated)" : "not allocated";
     trace.run = run_attrs(cfg, plan_world, "out-of-memory", start, wall_clock_rank0());
     trace.run.push_back(Attr::integer("planned_only", cfg.plan_only));
     write_trace(path, trace, MPI_COMM_WORLD);
@@ -312,7 +317,6 @@ int run(const RunConfig& cfg, int rank, int world) {
   }
 
   const int64_t rss_start = rss_bytes("VmRSS:");
-  auto backend = make_backend(cfg.backend);
   trace.device = backend->device_name();
   Mesh mesh = Mesh::split(*backend, MPI_COMM_WORLD, shard);
   MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));

@@ -50,9 +50,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--warmup", warmup, "untimed steps first (they train too)")->capture_default_str();
   app.add_option("--seed", seed, "seed of data and initial weights")->capture_default_str();
   app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
-  app.add_option("--backend", cfg.backend, "cpu (cuda: issue 3/6)")->capture_default_str();
+  app.add_option("--backend", cfg.backend, "cpu, or cuda where built (one rank per GPU)")->capture_default_str();
   app.add_option("--mem-limit-gib", cfg.mem_limit_gib,
-                 "memory per rank in GiB (default: host memory / ranks on the node)");
+                 "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
   app.add_option("--schedule-json", cfg.schedule_json,
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
@@ -113,7 +113,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (ddp && !(cfg.strategy.bucket_mb > 0))
     throw UsageError("--bucket-mb " + std::to_string(cfg.strategy.bucket_mb) + " is not allowed (must be > 0)");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
-    throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu)");
+    throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
 
   cfg.shape = StepShape{batch, seq_len, dec_len};
   cfg.steps = int(steps);

@@ -7,6 +7,8 @@
 //   GEMM 1e-5 in fp32 (5e-3 with SB_CUDA_TF32=1); reductions and atomics (norms, softmax,
 //   cross-entropy, embedding/bias gradients, Adam) 1e-5; a whole step's loss and per-unit
 //   gradients 1e-4 (5e-3 with TF32). Pure data movement and init_uniform: bit-identical.
+#include <cuda_bf16.h>     // __float2bfloat16 (host): test data for bf16 collectives
+#include <cuda_fp16.h>     // __float2half (host)
 #include <cuda_runtime.h>  // cudaGetDeviceCount: is a GPU visible?
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -412,14 +414,38 @@ TEST_F(CudaVsCpu, CollectivesOnOneRankAreOrderedByEvents) {
       ++comm_ops;
       EXPECT_EQ(e.lane, 1);
       EXPECT_EQ(e.bytes, n * 4);
+      EXPECT_NE(e.request, kNoRequest);  // the request it was issued as
     }
     if (e.kind == OpKind::Wait) {
       ++waits;
       EXPECT_EQ(e.lane, 0);
+      EXPECT_NE(e.request, kNoRequest);  // a wait names the collective it waited for
     }
+    if (e.kind == OpKind::Elementwise) EXPECT_EQ(e.request, kNoRequest);
   }
   EXPECT_EQ(comm_ops, 3);
   EXPECT_EQ(waits, 2);  // all-gather and reduce-scatter; the all-reduce completed in test()
+}
+
+// `count` values 0..63 (exact in every dtype) as raw bytes of `dt`.
+std::vector<uint8_t> small_integers(DType dt, int64_t count, uint64_t key) {
+  std::vector<uint8_t> bytes(size_t(count) * dtype_size(dt));
+  for (int64_t i = 0; i < count; ++i) {
+    const int v = int(hash_index(key, uint64_t(i)) % 64);
+    uint8_t* p = bytes.data() + i * dtype_size(dt);
+    auto put = [&](auto x) { std::memcpy(p, &x, sizeof x); };
+    switch (dt) {
+      case DType::F32: put(float(v)); break;
+      case DType::F64: put(double(v)); break;
+      case DType::I32: put(int32_t(v)); break;
+      case DType::I64: put(int64_t(v)); break;
+      case DType::U8: put(uint8_t(v)); break;
+      case DType::BF16: put(__float2bfloat16(float(v))); break;
+      case DType::F16: put(__float2half(float(v))); break;
+      default: ADD_FAILURE() << "dtype " << int(dt);
+    }
+  }
+  return bytes;
 }
 
 TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
@@ -430,10 +456,7 @@ TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
     for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64, DType::U8})
       for (ReduceOp red : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         ASSERT_TRUE(gpu().supports(Collective(op), dt, red));
-        std::vector<uint8_t> in(size_t(count) * dtype_size(dt));
-        for (size_t i = 0; i < in.size(); ++i) in[i] = uint8_t(hash_index(op, i) % 64);  // small, exact in every dtype
-        if (dt == DType::BF16 || dt == DType::F16 || dt == DType::F32 || dt == DType::F64)
-          for (size_t i = 0; i < in.size(); ++i) in[i] &= (i % dtype_size(dt) == size_t(dtype_size(dt) - 1)) ? 0x3f : 0x00;
+        const std::vector<uint8_t> in = small_integers(dt, count, uint64_t(op));
         void* send = dev(in);
         void* recv = dev(std::vector<uint8_t>(in.size(), 0xff));
         gpu().wait(gpu().collective({Collective(op), send, recv, count, dt, red, 0}, *comm));

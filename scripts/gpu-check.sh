@@ -1,0 +1,196 @@
+#!/usr/bin/env bash
+# make gpu-check: the CUDA backend on a machine WITH a GPU, in one job.
+#   1. prerequisites (a visible GPU, mpirun, nvcc, make), said clearly when missing
+#   2. build (make -j), then the GPU tests (build/bin/test_cuda_backend, no skips allowed)
+#   3. cuBLAS peak of this GPU (build/bin/gemm_peak: bf16, tf32, fp32)
+#   4. correctness runs: --check on one rank (and on every GPU when there are several), and
+#      an out-of-memory run that must fail with one clear "out-of-memory" line
+#   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose memory plan fits the
+#      GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed with
+#      ddp_perf and fsdp_perf --backend cuda, and with analysis/torch_t5_step.py (PyTorch,
+#      same shapes, same GPU, same job)
+#   6. a table: step TFLOPS, measured peaks, MFU against them, PyTorch step time and ratio
+# Raw outputs go to results/gpu-check/. Exit 0 when every step passed, 1 otherwise.
+# Environment: GPU_CHECK_HEADROOM (fraction of GPU memory the plan may use, default 0.90),
+# LAYERS / BATCH / CKPT=1 (skip the plan search), STEPS (default 5), WARMUP (default 2),
+# SKIP_BUILD=1, PYTHON (default python3), SB_CUDA_TF32=1 (TF32 GEMMs in ours and PyTorch's).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+OUT=$ROOT/results/gpu-check
+BIN=$ROOT/build/bin
+PYTHON=${PYTHON:-python3}
+STEPS=${STEPS:-5}
+WARMUP=${WARMUP:-2}
+HEADROOM=${GPU_CHECK_HEADROOM:-0.90}
+SEQ=512
+failed=()
+
+say() { echo "gpu-check: $*"; }
+fail() { failed+=("$1"); say "FAILED: $1"; }
+die() { echo "gpu-check: error: $*" >&2; exit 1; }
+# field NAME FILE PREFIX: value of NAME=... on the last line of FILE starting with PREFIX
+field() { grep -E "^$3" "$2" 2>/dev/null | tail -n 1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+
+# ---------------------------------------------------------------- 1. prerequisites
+command -v nvidia-smi >/dev/null ||
+  die "no GPU visible: nvidia-smi not found (no NVIDIA driver on this host). Run make gpu-check on a GPU node."
+nvidia-smi -L >/dev/null 2>&1 ||
+  die "no GPU visible: nvidia-smi -L failed: $(nvidia-smi -L 2>&1 | head -n 1)"
+NGPU=$(nvidia-smi -L | grep -c '^GPU ')
+[ "$NGPU" -ge 1 ] || die "no GPU visible: nvidia-smi lists no GPU (check CUDA_VISIBLE_DEVICES)"
+missing=()
+command -v mpirun >/dev/null || missing+=("mpirun (Open MPI: bash scripts/install-deps.sh)")
+command -v make >/dev/null || missing+=("make")
+[ -n "${SKIP_BUILD:-}" ] || [ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ] || command -v nvcc >/dev/null ||
+  missing+=("nvcc (the CUDA toolkit; set CUDA_HOME)")
+[ ${#missing[@]} -eq 0 ] || die "missing: ${missing[*]}"
+source scripts/mpi-env.sh
+MPIRUN=(mpirun --bind-to none)
+mkdir -p "$OUT"
+nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
+GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | tr -d ' ')
+LIMIT_GIB=$(awk -v m="$GPU_MIB" -v h="$HEADROOM" 'BEGIN { printf "%.1f", m / 1024 * h }')
+say "$NGPU GPU(s), GPU 0: $GPU_NAME, $GPU_MIB MiB; plans may use $LIMIT_GIB GiB (headroom $HEADROOM)"
+
+# ---------------------------------------------------------------- 2. build and GPU tests
+if [ -z "${SKIP_BUILD:-}" ]; then
+  say "building (log: $OUT/build.log)"
+  make -j"$(nproc)" > "$OUT/build.log" 2>&1 || die "build failed: see $OUT/build.log"
+fi
+for b in test_cuda_backend gemm_peak ddp_perf fsdp_perf; do
+  [ -x "$BIN/$b" ] || die "$BIN/$b was not built: the CUDA parts need nvcc, cuBLAS and NCCL (make probe)"
+done
+say "GPU tests (log: $OUT/test_cuda_backend.log)"
+"${MPIRUN[@]}" -np 1 "$BIN/test_cuda_backend" > "$OUT/test_cuda_backend.log" 2>&1 || fail "test_cuda_backend"
+grep -q "SKIPPED" "$OUT/test_cuda_backend.log" && fail "test_cuda_backend skipped tests on a GPU machine"
+tail -n 3 "$OUT/test_cuda_backend.log"
+
+# ---------------------------------------------------------------- 3. cuBLAS peak
+say "cuBLAS peak (log: $OUT/gemm_peak.log)"
+"$BIN/gemm_peak" > "$OUT/gemm_peak.log" 2>&1 || fail "gemm_peak"
+cat "$OUT/gemm_peak.log"
+PEAK_BF16=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=bf16")
+PEAK_TF32=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=tf32")
+PEAK_FP32=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=fp32")
+
+# ---------------------------------------------------------------- 4. correctness runs
+SMALL=(--backend cuda --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 --check)
+check_run() {  # check_run NAME NP PROGRAM ARGS...: --check must PASS
+  local name=$1 np=$2 prog=$3
+  shift 3
+  if "${MPIRUN[@]}" -np "$np" "$BIN/$prog" "$@" --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 &&
+    grep -q -- "-> PASS" "$OUT/$name.log"; then
+    say "ok $name"
+  else
+    fail "$name (see $OUT/$name.log)"
+  fi
+}
+check_run check-ddp-1gpu 1 ddp_perf "${SMALL[@]}"
+check_run check-fsdp-1gpu 1 fsdp_perf "${SMALL[@]}"
+if [ "$NGPU" -ge 2 ]; then  # NCCL between real ranks: one rank per GPU
+  NP=$((NGPU < 8 ? NGPU : 8))
+  check_run "check-ddp-${NP}gpu" "$NP" ddp_perf "${SMALL[@]}" --bucket-mb 1
+  check_run "check-fsdp-full-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding full
+  [ $((NP % 2)) -eq 0 ] &&
+    check_run "check-fsdp-hybrid-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding hybrid --shard-size 2
+fi
+# The whole t5-11.3b under DDP needs ~180 GB: allocation must fail with one clear line.
+"${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" --backend cuda --model t5-11.3b --batch 1 --seq-len 64 --steps 1 --warmup 0 \
+  --mem-limit-gib 100000 --out "$OUT/oom.h5" --overwrite > "$OUT/oom.log" 2>&1
+oom_rc=$?
+if [ "$oom_rc" -ne 0 ] && grep -q "fatal: .*out-of-memory" "$OUT/oom.log"; then
+  say "ok out-of-memory is reported: $(grep -o 'out-of-memory: [^;]*' "$OUT/oom.log" | head -n 1)"
+else
+  fail "out-of-memory run (exit $oom_rc, see $OUT/oom.log)"
+fi
+
+# ---------------------------------------------------------------- 5. t5-11.3b layers on one rank
+plan_fits() {  # plan_fits LAYERS BATCH CKPT_FLAG: both programs' plans fit the GPU
+  local p
+  for p in ddp_perf fsdp_perf; do
+    "${MPIRUN[@]}" -np 1 "$BIN/$p" --plan --model t5-11.3b --layers "$1" --batch "$2" --seq-len $SEQ $3 \
+      --mem-limit-gib "$LIMIT_GIB" >> "$OUT/plan.log" 2>&1 || return 1
+  done
+}
+largest_fit() {  # largest_fit BATCH CKPT_FLAG: the largest layer count in 1..24 that fits, else 0
+  local lo=0 hi=24 mid  # memory grows with the layer count: bisect
+  while [ "$lo" -lt "$hi" ]; do
+    mid=$(((lo + hi + 1) / 2))
+    if plan_fits "$mid" "$1" "$2"; then lo=$mid; else hi=$((mid - 1)); fi
+  done
+  echo "$lo"
+}
+: > "$OUT/plan.log"
+if [ -n "${LAYERS:-}" ]; then
+  N=$LAYERS B=${BATCH:-8} CKPT=${CKPT:+--activation-checkpointing}
+else
+  N=0
+  for CKPT in "" --activation-checkpointing; do
+    for B in 8 4 2 1; do
+      N=$(largest_fit "$B" "$CKPT")
+      [ "$N" -gt 0 ] && break
+    done
+    [ "$N" -gt 0 ] && break
+  done
+  [ "$N" -gt 0 ] || die "not even one t5-11.3b layer fits $LIMIT_GIB GiB at batch 1 (see $OUT/plan.log)"
+fi
+SHAPE=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ)
+say "shapes: t5-11.3b layers $N+$N, batch $B, seq $SEQ ${CKPT:-(no checkpointing)}"
+for p in ddp_perf fsdp_perf; do
+  say "$p --backend cuda (log: $OUT/$p.log)"
+  "${MPIRUN[@]}" -np 1 "$BIN/$p" --backend cuda "${SHAPE[@]}" $CKPT --steps "$STEPS" --warmup "$WARMUP" \
+    --mem-limit-gib "$LIMIT_GIB" --out "$OUT/$p.h5" --overwrite > "$OUT/$p.log" 2>&1 || fail "$p"
+  grep -E "^(RESULT|  step time|  TFLOPS|  compute|  peak memory)" "$OUT/$p.log"
+done
+TORCH_ARGS=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ --steps "$STEPS" --warmup "$WARMUP")
+[ -n "$CKPT" ] && TORCH_ARGS+=(--checkpointing)
+[ "${SB_CUDA_TF32:-}" = 1 ] && TORCH_ARGS+=(--tf32)
+if "$PYTHON" -c "import torch, numpy; assert torch.cuda.is_available()" > "$OUT/torch-probe.log" 2>&1; then
+  for dt in fp32 bf16; do
+    say "PyTorch $dt (log: $OUT/torch_$dt.log)"
+    "$PYTHON" analysis/torch_t5_step.py "${TORCH_ARGS[@]}" --dtype "$dt" > "$OUT/torch_$dt.log" 2>&1 ||
+      fail "torch_t5_step --dtype $dt (see $OUT/torch_$dt.log; out of memory at these shapes?)"
+    grep "^TORCH" "$OUT/torch_$dt.log"
+  done
+else
+  fail "PyTorch with CUDA is not available to $PYTHON (see $OUT/torch-probe.log): no PyTorch comparison"
+fi
+
+# ---------------------------------------------------------------- 6. the table
+DDP_MS=$(field step_ms "$OUT/ddp_perf.log" RESULT)
+DDP_TF=$(field tflops_per_rank "$OUT/ddp_perf.log" RESULT)
+FSDP_MS=$(field step_ms "$OUT/fsdp_perf.log" RESULT)
+FSDP_TF=$(field tflops_per_rank "$OUT/fsdp_perf.log" RESULT)
+T32_MS=$(field step_ms "$OUT/torch_fp32.log" TORCH)
+T32_TF=$(field tflops "$OUT/torch_fp32.log" TORCH)
+T16_MS=$(field step_ms "$OUT/torch_bf16.log" TORCH)
+T16_TF=$(field tflops "$OUT/torch_bf16.log" TORCH)
+# Our GEMMs are fp32 (TF32 with SB_CUDA_TF32=1): that peak is the MFU denominator.
+OWN_PEAK=$PEAK_FP32 OWN_PEAK_NAME=fp32
+[ "${SB_CUDA_TF32:-}" = 1 ] && OWN_PEAK=$PEAK_TF32 OWN_PEAK_NAME=tf32
+{
+  echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $GPU_NAME ($(hostname)), $(git describe --always --dirty 2>/dev/null)"
+  echo "shapes: t5-11.3b, layers $N+$N, batch $B, seq $SEQ/$SEQ, ${CKPT:-no activation checkpointing}, 1 rank"
+  echo "measured cuBLAS peak (gemm_peak, 8192^3): bf16 ${PEAK_BF16:-?}  tf32 ${PEAK_TF32:-?}  fp32 ${PEAK_FP32:-?} TFLOPS"
+  echo "TFLOPS are model FLOPs (3 x forward) per second; MFU = TFLOPS / measured peak"
+  awk -v own="$OWN_PEAK" -v ownname="$OWN_PEAK_NAME" -v bf16="$PEAK_BF16" -v tms="$T32_MS" '
+    function missing(a) { return a == "" || a == "-" }
+    function pct(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.1f%%", 100 * a / b) }
+    function num(a, f) { return missing(a) ? "-" : sprintf(f, a) }
+    function ratio(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.2fx", a / b) }
+    BEGIN {
+      printf "| %-18s | %10s | %8s | %14s | %14s | %19s |\n", "run", "step ms", "TFLOPS", "MFU vs " ownname, "MFU vs bf16", "time / PyTorch fp32"
+      printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------", "------------", "----------", "----------------", "----------------", "---------------------"
+    }
+    { printf "| %-18s | %10s | %8s | %14s | %14s | %19s |\n", $1, num($2, "%.1f"), num($3, "%.2f"),
+        $4 == "bf16" ? "-" : pct($3, own), pct($3, bf16), ratio($2, tms) }' <<EOF
+ddp_perf(cuda) ${DDP_MS:--} ${DDP_TF:--} fp32
+fsdp_perf(cuda) ${FSDP_MS:--} ${FSDP_TF:--} fp32
+PyTorch-fp32 ${T32_MS:--} ${T32_TF:--} fp32
+PyTorch-bf16 ${T16_MS:--} ${T16_TF:--} bf16
+EOF
+  if [ ${#failed[@]} -eq 0 ]; then echo "gpu-check: all steps passed"; else printf 'gpu-check: FAILED: %s\n' "${failed[@]}"; fi
+} | tee "$OUT/summary.txt"
+[ ${#failed[@]} -eq 0 ]

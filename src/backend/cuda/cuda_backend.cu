@@ -1,0 +1,704 @@
+// CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
+// compute stream, NCCL collectives on a communication stream, stream-ordered memory, and
+// every operation timed with CUDA events on the GPU's own timeline. fp32 throughout (the
+// Backend interface is fp32); GEMMs optionally on TF32 tensor cores (SB_CUDA_TF32=1).
+//
+// Why there is no host synchronisation inside a step (only synchronize() and download()):
+//   compute stream:  op  op [record ready]  op  op  op  [wait done]  op ...
+//   comm stream:               wait ready → NCCL call → [record done]
+// A collective starts when everything issued on the compute stream before it has finished
+// (its input is ready); wait() makes the compute stream, not the host, wait for `done`, and
+// the stall is timed on the compute stream (exposed communication). Memory is allocated and
+// freed in compute-stream order (cudaMallocAsync / cudaFreeAsync), so a buffer released after
+// wait() cannot be handed out again before the collective reading it has finished; plain
+// cudaFree would synchronise the whole device and serialise communication with compute.
+#include <mpi.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
+#include "kernels.cuh"            // the elementwise and row-wise kernels
+#include "shardbench/backend.h"
+#include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
+#include "shardbench/model.h"     // human_bytes
+
+#ifndef SB_CUDA_ARCHS
+#define SB_CUDA_ARCHS "unknown"  // mk/cuda.mk passes the compute capabilities compiled in
+#endif
+
+namespace sb {
+namespace {
+
+// ------------------------------------------------------------------ device selection
+
+int world_rank() {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  return rank;
+}
+
+// Every rank selects its device at the same time; when some cannot, the lowest failing rank
+// reports (one line instead of one per rank) and the others wait for its abort.
+void fail_together(const std::string& problem) {
+  const int mine = problem.empty() ? INT_MAX : world_rank();
+  int first = INT_MAX, failing = 0, one = problem.empty() ? 0 : 1, world = 1;
+  MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  if (first == INT_MAX) return;
+  MPI_CHECK(MPI_Allreduce(&one, &failing, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  if (mine == first)
+    SB_FATAL(problem + " [" + std::to_string(failing) + " of " + std::to_string(world) +
+             " ranks cannot use a GPU]");
+  MPI_Barrier(MPI_COMM_WORLD);  // never completes: rank `first` aborts the job
+  std::exit(kExitFailure);
+}
+
+// Which device this rank takes among `count` visible ones, or why it cannot take one.
+std::string pick_device(int local_rank, int local_size, int& device) {
+  int count = 0;
+  const cudaError_t rc = cudaGetDeviceCount(&count);
+  if (rc != cudaSuccess)
+    return std::string("no CUDA device visible: cudaGetDeviceCount() failed: ") + cudaGetErrorName(rc) +
+           " (" + cudaGetErrorString(rc) +
+           "); this host needs an NVIDIA GPU and driver (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
+  if (count == 0) return "no CUDA device visible (cudaGetDeviceCount() = 0; check CUDA_VISIBLE_DEVICES)";
+  if (local_rank < count) {
+    device = local_rank;
+    return "";
+  }
+  if (count == 1) {  // a launcher that shows each rank only its own GPU (srun --gpus-per-task=1)
+    device = 0;
+    return "";
+  }
+  return std::to_string(local_size) + " ranks on this node but only " + std::to_string(count) +
+         " GPUs visible: run one rank per GPU (e.g. mpirun -np <GPUs per node × nodes> "
+         "--map-by ppr:<GPUs per node>:node)";
+}
+
+// Makes `device` current and checks this build has kernels for it.
+std::string use_device(int device) {
+  cudaError_t rc = cudaSetDevice(device);
+  if (rc != cudaSuccess)
+    return "cudaSetDevice(" + std::to_string(device) + ") failed: " + cudaGetErrorName(rc) + " (" +
+           cudaGetErrorString(rc) + ")";
+  cudaDeviceProp p{};
+  CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+  rc = cuda::probe_kernel_image(0);
+  if (rc == cudaErrorNoKernelImageForDevice || rc == cudaErrorInvalidDeviceFunction ||
+      rc == cudaErrorUnsupportedPtxVersion) {
+    cudaGetLastError();  // reset the (non-sticky) launch error before reporting it
+    return "GPU " + std::to_string(device) + " (" + p.name + ") is sm_" + std::to_string(p.major) +
+           std::to_string(p.minor) + " but this build has kernels for compute capabilities " +
+           SB_CUDA_ARCHS + " only (" + cudaGetErrorName(rc) +
+           "): rebuild with make CUDA_ARCHS=\"" + std::to_string(p.major) + std::to_string(p.minor) + "\"";
+  }
+  if (rc != cudaSuccess)
+    return std::string("a first kernel launch on GPU ") + std::to_string(device) + " failed: " +
+           cudaGetErrorName(rc) + " (" + cudaGetErrorString(rc) + ")";
+  return "";
+}
+
+// Two ranks of a node on one GPU make NCCL fail later with "duplicate GPU"; say it now.
+std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, int device) {
+  int local_size = 1;
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  cudaUUID_t mine{};
+  if (have_device) {
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, device));
+    mine = p.uuid;
+  }
+  std::vector<cudaUUID_t> all(local_size);
+  MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, node));
+  if (!have_device) return "";
+  for (int r = 0; r < local_size; ++r)
+    if (r != local_rank && std::memcmp(&all[r], &mine, sizeof mine) == 0)
+      return "local ranks " + std::to_string(std::min(r, local_rank)) + " and " +
+             std::to_string(std::max(r, local_rank)) +
+             " would share one GPU: run one rank per GPU (each rank sees GPU " + std::to_string(device) + ")";
+  return "";
+}
+
+// The device of this process, chosen once: local rank on the node → device. The first call
+// is collective over MPI_COMM_WORLD (the harness builds its backend on every rank at once);
+// later backends of the process (the --check reference) reuse the choice.
+int select_device() {
+  static int chosen = -1;
+  if (chosen >= 0) {
+    CUDA_CHECK(cudaSetDevice(chosen));
+    return chosen;
+  }
+  int mpi_up = 0;
+  MPI_CHECK(MPI_Initialized(&mpi_up));
+  SB_ASSERT(mpi_up, "the CUDA backend needs MPI to be initialised (it picks a GPU per local rank)");
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int local_rank = 0, local_size = 1, device = -1;
+  MPI_CHECK(MPI_Comm_rank(node, &local_rank));
+  MPI_CHECK(MPI_Comm_size(node, &local_size));
+  std::string problem = pick_device(local_rank, local_size, device);
+  if (problem.empty()) problem = use_device(device);
+  const std::string shared = check_not_shared(node, local_rank, problem.empty(), device);
+  if (problem.empty()) problem = shared;
+  MPI_CHECK(MPI_Comm_free(&node));
+  fail_together(problem);
+  chosen = device;
+  return chosen;
+}
+
+// ------------------------------------------------------------------ communicators
+
+class NcclComm final : public Comm {
+ public:
+  // Collective over `c`: rank 0 makes the unique id, MPI broadcasts it.
+  explicit NcclComm(MPI_Comm c) {
+    MPI_CHECK(MPI_Comm_size(c, &size_));
+    MPI_CHECK(MPI_Comm_rank(c, &rank_));
+    ncclUniqueId id{};
+    if (rank_ == 0) NCCL_CHECK(ncclGetUniqueId(&id));
+    MPI_CHECK(MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, c));
+    const ncclResult_t rc = ncclCommInitRank(&comm, size_, id, rank_);
+    if (rc != ncclSuccess)
+      nccl_check(rc,
+                 ("NCCL initialisation (ncclCommInitRank, rank " + std::to_string(rank_) + " of " +
+                  std::to_string(size_) + ")").c_str(),
+                 __FILE__, __LINE__);
+  }
+  ~NcclComm() override { ncclCommDestroy(comm); }  // teardown: nothing to do on failure
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  ncclComm_t comm = nullptr;
+
+ private:
+  int size_ = 0, rank_ = 0;
+};
+
+// ------------------------------------------------------------------ the backend
+
+// An operation whose start and end events are read in synchronize().
+struct TimedOp {
+  OpKind kind;
+  Phase phase;
+  int unit, lane;
+  cudaEvent_t start, end;
+  int64_t bytes;
+  double flops;
+  bool has_shape;
+  int32_t gemm[5];
+  int64_t request;  // collectives and their waits; -1 otherwise
+};
+
+constexpr int kCommLane = 1;  // one communication stream: its operations never overlap
+
+cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::F32: return ncclFloat32;
+    case DType::F64: return ncclFloat64;
+    case DType::I32: return ncclInt32;
+    case DType::I64: return ncclInt64;
+    case DType::U8: return ncclUint8;
+    case DType::BF16: return ncclBfloat16;
+    case DType::F16: return ncclFloat16;
+    default: SB_FATAL("unknown dtype " + std::to_string(int(t)));
+  }
+}
+
+ncclRedOp_t nccl_op(ReduceOp o) {
+  switch (o) {
+    case ReduceOp::Sum: return ncclSum;
+    case ReduceOp::Prod: return ncclProd;
+    case ReduceOp::Min: return ncclMin;
+    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Avg: return ncclAvg;
+    default: SB_FATAL("unknown reduction " + std::to_string(int(o)));
+  }
+}
+
+OpKind op_kind(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return OpKind::AllReduce;
+    case Collective::AllGather: return OpKind::AllGather;
+    case Collective::ReduceScatter: return OpKind::ReduceScatter;
+    case Collective::Broadcast: return OpKind::Broadcast;
+    case Collective::Reduce: return OpKind::Reduce;
+    case Collective::AllToAll: return OpKind::AllToAll;
+    case Collective::SendRecv: return OpKind::SendRecv;
+    default: SB_FATAL("unknown collective " + std::to_string(int(c)));
+  }
+}
+
+bool env_is_one(const char* name) {
+  const char* v = std::getenv(name);
+  return v && std::strcmp(v, "1") == 0;
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() : epoch_(std::chrono::steady_clock::now()) {
+    device_ = select_device();
+    CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
+    make_streams();
+    make_cublas();
+    keep_pool_memory();
+    CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    CUDA_CHECK(cudaEventCreate(&anchor_event_));
+    anchor();
+  }
+
+  ~CudaBackend() override {  // teardown: errors here cannot be acted on, so they are ignored
+    cudaStreamSynchronize(compute_);
+    cudaStreamSynchronize(comm_);
+    for (auto& [p, a] : allocs_) cudaFreeAsync(p, compute_);
+    cudaStreamSynchronize(compute_);
+    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    for (auto& [r, e] : requests_) free_done_.push_back(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
+    cudaEventDestroy(ready_);
+    cudaEventDestroy(anchor_event_);
+    cublasDestroy(cublas_);
+    cudaStreamDestroy(comm_);
+    cudaStreamDestroy(compute_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  // "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, GEMM fp32)": the GEMM math is part of the device.
+  std::string device_name() const override {
+    return "cuda:" + std::to_string(device_) + " " + prop_.name + " (sm_" + std::to_string(prop_.major) +
+           std::to_string(prop_.minor) + ", GEMM " + (tf32_ ? "tf32" : "fp32") + ")";
+  }
+
+  // ---- memory ----
+  void* alloc(size_t bytes, MemCategory cat) override {
+    void* p = nullptr;
+    cudaError_t rc = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), compute_);
+    if (rc == cudaErrorMemoryAllocation) {
+      // The pool may hold free memory in pieces too small for this request: once the
+      // pending frees have completed, give it back to the driver and try once more. (A host
+      // synchronisation, but only on the way to an out-of-memory failure.)
+      cudaGetLastError();
+      CUDA_CHECK(cudaStreamSynchronize(compute_));
+      CUDA_CHECK(cudaMemPoolTrimTo(pool_, 0));
+      rc = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), compute_);
+    }
+    if (rc == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      SB_FATAL(out_of_memory_message(bytes, cat));
+    }
+    cuda_check(rc, "cudaMallocAsync(&p, bytes, compute_)", __FILE__, __LINE__);
+    allocs_[p] = {bytes, cat};
+    account_alloc(cat, int64_t(bytes));
+    return p;
+  }
+  void release(void* p) override {
+    if (!p) return;
+    auto it = allocs_.find(p);
+    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
+    account_free(it->second.cat, int64_t(it->second.bytes));
+    allocs_.erase(it);
+    CUDA_CHECK(cudaFreeAsync(p, compute_));
+  }
+  // From pageable host memory the runtime stages the data before returning, so the caller
+  // may free its buffer at once; the copy itself is ordered on the compute stream.
+  void upload(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
+  }
+  // The caller reads the host data next: wait for the compute stream (and only for it).
+  void download(void* dst, const void* src, size_t bytes) override {
+    CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+  }
+  // Free device memory plus what the stream-ordered pool holds but no allocation uses.
+  int64_t memory_capacity() const override {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    uint64_t reserved = 0, used = 0;
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
+    CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used));
+    return int64_t(free_bytes) + int64_t(reserved - used);
+  }
+
+  // ---- compute ----
+  // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets the
+  // operands swapped (B first), M and N swapped, and the same leading dimensions.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
+            int ldb, float beta, float* C, int ldc) override {
+    const int32_t shape[5] = {M, N, K, 1, int(ta) | int(tb) << 1};
+    timed(OpKind::Gemm, kComputeLane, compute_, 4 * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+          [&] {
+            CUBLAS_CHECK(cublasSgemm(cublas_, op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+          },
+          2.0 * M * N * K, shape);
+  }
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, int64_t sa,
+                    const float* B, int ldb, int64_t sb, float beta, float* C, int ldc, int64_t sc,
+                    int batch) override {
+    const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
+    timed(OpKind::Gemm, kComputeLane, compute_,
+          4 * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+          [&] {
+            CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_, op(tb), op(ta), N, M, K, &alpha, B, ldb, sb, A, lda,
+                                                   sa, &beta, C, ldc, sc, batch));
+          },
+          2.0 * M * N * K * batch, shape);
+  }
+  void embedding_forward(float* out, const float* table, const int* ids, int n, int d) override {
+    elementwise(8 * int64_t(n) * d, [&] { cuda::embedding_forward(compute_, out, table, ids, n, d); });
+  }
+  void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) override {
+    elementwise(12 * int64_t(n) * d, [&] { cuda::embedding_backward(compute_, dtable, dout, ids, n, d); });
+  }
+  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
+                       float eps) override {
+    elementwise(8 * int64_t(n) * d, [&] { cuda::rmsnorm_forward(compute_, out, rstd, x, w, n, d, eps); });
+  }
+  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
+                        const float* rstd, int n, int d) override {
+    elementwise(16 * int64_t(n) * d, [&] { cuda::rmsnorm_backward(compute_, dx, dw, dout, x, w, rstd, n, d); });
+  }
+  void relu_forward(float* x, int64_t n) override {
+    elementwise(8 * n, [&] { cuda::relu_forward(compute_, x, n); });
+  }
+  void relu_backward(float* dy, const float* y, int64_t n) override {
+    elementwise(12 * n, [&] { cuda::relu_backward(compute_, dy, y, n); });
+  }
+  void add(float* y, const float* x, int64_t n) override {
+    elementwise(12 * n, [&] { cuda::add(compute_, y, x, n); });
+  }
+  void scale(float* x, float a, int64_t n) override {
+    elementwise(8 * n, [&] { cuda::scale(compute_, x, a, n); });
+  }
+  void copy(float* dst, const float* src, int64_t n) override {
+    timed(OpKind::Copy, kComputeLane, compute_, 8 * n, [&] {
+      CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDeviceToDevice, compute_));
+    });
+  }
+  void fill(float* x, float value, int64_t n) override {
+    elementwise(4 * n, [&] { cuda::fill(compute_, x, value, n); });
+  }
+  void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
+    elementwise(4 * n, [&] { cuda::init_uniform(compute_, x, n, key, first, scale); });
+  }
+  void position_bias_forward(float* bias, const float* table, const int* buckets, int heads, int tq,
+                             int tk) override {
+    elementwise(8 * int64_t(heads) * tq * tk,
+                [&] { cuda::position_bias_forward(compute_, bias, table, buckets, heads, tq, tk); });
+  }
+  void position_bias_backward(float* dtable, const float* dbias, const int* buckets, int heads, int tq,
+                              int tk) override {
+    elementwise(8 * int64_t(heads) * tq * tk,
+                [&] { cuda::position_bias_backward(compute_, dtable, dbias, buckets, heads, tq, tk); });
+  }
+  void softmax_forward(float* s, const float* bias, bool causal, int batch, int heads, int tq, int tk) override {
+    elementwise(8 * int64_t(batch) * heads * tq * tk,
+                [&] { cuda::softmax_forward(compute_, s, bias, causal, batch, heads, tq, tk); });
+  }
+  void softmax_backward(float* ds, const float* p, float* dbias, int batch, int heads, int tq, int tk) override {
+    elementwise(12 * int64_t(batch) * heads * tq * tk,
+                [&] { cuda::softmax_backward(compute_, ds, p, dbias, batch, heads, tq, tk); });
+  }
+  void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
+                     float grad_scale) override {
+    elementwise(8 * int64_t(n) * vocab,
+                [&] { cuda::cross_entropy(compute_, logits, losses, labels, n, vocab, grad_scale); });
+  }
+  void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
+    // Bias corrections on the host, as the CPU backend computes them.
+    const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
+    timed(OpKind::Optimizer, kComputeLane, compute_, 28 * n,
+          [&] { cuda::adam(compute_, p, g, m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2); });
+  }
+
+  // ---- collectives ----
+  std::unique_ptr<Comm> make_comm(MPI_Comm c) override {
+    CUDA_CHECK(cudaSetDevice(device_));  // NCCL binds the communicator to the current device
+    return std::make_unique<NcclComm>(c);
+  }
+  Request all_reduce(float* buf, int64_t count, Comm& c) override {
+    ncclComm_t n = nccl(c);
+    return issue(OpKind::AllReduce, count * 4, [&] {
+      NCCL_CHECK(ncclAllReduce(buf, buf, size_t(count), ncclFloat, ncclSum, n, comm_));
+    });
+  }
+  Request all_gather(const float* send, float* recv, int64_t count, Comm& c) override {
+    ncclComm_t n = nccl(c);
+    return issue(OpKind::AllGather, count * 4 * c.size(),
+                 [&] { NCCL_CHECK(ncclAllGather(send, recv, size_t(count), ncclFloat, n, comm_)); });
+  }
+  Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& c) override {
+    ncclComm_t n = nccl(c);
+    return issue(OpKind::ReduceScatter, count * 4 * c.size(), [&] {
+      NCCL_CHECK(ncclReduceScatter(send, recv, size_t(count), ncclFloat, ncclSum, n, comm_));
+    });
+  }
+  // NCCL has every type, reduction (ncclAvg included) and collective of CollectiveArgs.
+  bool supports(Collective op, DType dtype, ReduceOp redop) const override {
+    return int(op) >= 0 && op < Collective::kCount && int(dtype) >= 0 && dtype < DType::kCount &&
+           int(redop) >= 0 && redop < ReduceOp::kCount;
+  }
+  // CollectiveArgs follow NCCL's buffer conventions (in place included), so each maps to one
+  // NCCL call; all-to-all and send-recv are grouped point-to-point calls. Bytes as the CPU
+  // backend records them: the full buffer.
+  Request collective(const CollectiveArgs& a, Comm& c) override {
+    if (!supports(a.op, a.dtype, a.redop))
+      throw UsageError(std::string(collective_name(a.op)) + " of " + dtype_name(a.dtype) + " with " +
+                       reduce_op_name(a.redop) + " is not supported by the cuda backend");
+    const ncclComm_t n = nccl(c);
+    const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
+    const ncclDataType_t t = nccl_type(a.dtype);
+    const ncclRedOp_t op = nccl_op(a.redop);
+    const size_t count = size_t(a.count);
+    const bool gathers = a.op == Collective::AllGather || a.op == Collective::ReduceScatter;
+    return issue(op_kind(a.op), a.count * es * (gathers ? size : 1), [&] {
+      switch (a.op) {
+        case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, comm_)); break;
+        case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, comm_)); break;
+        case Collective::ReduceScatter:
+          NCCL_CHECK(ncclReduceScatter(a.send, a.recv, count, t, op, n, comm_));
+          break;
+        case Collective::Broadcast: NCCL_CHECK(ncclBroadcast(a.send, a.recv, count, t, a.root, n, comm_)); break;
+        case Collective::Reduce: NCCL_CHECK(ncclReduce(a.send, a.recv, count, t, op, a.root, n, comm_)); break;
+        case Collective::AllToAll: all_to_all(a, t, n, size, es); break;
+        case Collective::SendRecv: {  // send to rank+1, receive from rank−1
+          NCCL_CHECK(ncclGroupStart());
+          NCCL_CHECK(ncclSend(a.send, count, t, (rank + 1) % size, n, comm_));
+          NCCL_CHECK(ncclRecv(a.recv, count, t, (rank - 1 + size) % size, n, comm_));
+          NCCL_CHECK(ncclGroupEnd());
+          break;
+        }
+        default: SB_FATAL("unknown collective");
+      }
+    });
+  }
+  // The compute stream (not the host) waits for the collective; the stall it causes is
+  // timed on the compute stream as exposed communication.
+  void wait(Request r) override {
+    auto it = requests_.find(r);
+    if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
+    const cudaEvent_t done = it->second;
+    timed(OpKind::Wait, kComputeLane, compute_, 0, [&] { CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0)); },
+          0.0, nullptr, r);
+    // cudaStreamWaitEvent has captured the event: it may be recorded again at once.
+    free_done_.push_back(done);
+    requests_.erase(it);
+  }
+  bool test(Request r) override {
+    auto it = requests_.find(r);
+    if (it == requests_.end()) return true;
+    const cudaError_t rc = cudaEventQuery(it->second);
+    if (rc == cudaErrorNotReady) return false;
+    CUDA_CHECK(rc);
+    free_done_.push_back(it->second);  // finished on the GPU: its writes are visible to later work
+    requests_.erase(it);
+    return true;
+  }
+  // Waits for both streams, then hands every operation issued since the last call to the
+  // recorder with its GPU times, in completion order.
+  void synchronize() override {
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    CUDA_CHECK(cudaStreamSynchronize(comm_));
+    for (auto& [r, done] : requests_) free_done_.push_back(done);  // all complete now
+    requests_.clear();
+    resolve_timed_ops();
+    anchor();
+  }
+
+  double now() const override {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  }
+
+ private:
+  struct Alloc {
+    size_t bytes;
+    MemCategory cat;
+  };
+  static constexpr int kComputeLane = 0;
+
+  void make_streams() {
+    // The communication stream gets the highest priority so NCCL kernels are scheduled as
+    // soon as their inputs are ready, between the compute kernels that would delay them.
+    int least = 0, greatest = 0;
+    CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, least));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+  }
+
+  void make_cublas() {
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
+    tf32_ = env_is_one("SB_CUDA_TF32");
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+  }
+
+  // The default pool gives freed memory back to the driver at every synchronisation unless
+  // told to keep it; a training step frees and reallocates the same sizes every step.
+  void keep_pool_memory() {
+    CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool_, device_));
+    uint64_t keep = UINT64_MAX;
+    CUDA_CHECK(cudaMemPoolSetAttribute(pool_, cudaMemPoolAttrReleaseThreshold, &keep));
+  }
+
+  std::string out_of_memory_message(size_t bytes, MemCategory cat) const {
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    std::string held;
+    for (int c = 0; c < kMemCategories; ++c)
+      if (mem_current()[c] > 0)
+        held += std::string(held.empty() ? "" : ", ") + mem_category_name(MemCategory(c)) + " " +
+                human_bytes(double(mem_current()[c]));
+    return "out-of-memory: cudaMallocAsync of " + human_bytes(double(bytes)) + " (" + std::to_string(bytes) +
+           " bytes) for " + mem_category_name(cat) + " failed on " + device_name() + ": shardbench holds " +
+           human_bytes(double(mem_total_current())) + (held.empty() ? "" : " (" + held + ")") + ", the device has " +
+           human_bytes(double(free_bytes)) + " free of " + human_bytes(double(total)) +
+           "; plan with --plan --mem-limit-gib <GPU GiB>, or lower --batch, or add "
+           "--activation-checkpointing or ranks";
+  }
+
+  // Pairs GPU time with the backend clock: an event recorded on an idle stream completes
+  // between the two host readings around it. Re-anchored at every synchronize() so the
+  // elapsed times stay short (cudaEventElapsedTime is a float in milliseconds).
+  void anchor() {
+    const double t0 = now();
+    CUDA_CHECK(cudaEventRecord(anchor_event_, compute_));
+    CUDA_CHECK(cudaEventSynchronize(anchor_event_));
+    anchor_time_ = 0.5 * (t0 + now());
+  }
+  double host_time(cudaEvent_t e) const {
+    float ms = 0.f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, anchor_event_, e));
+    return anchor_time_ + 1e-3 * double(ms);
+  }
+
+  cudaEvent_t timing_event() {
+    if (free_events_.empty()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    const cudaEvent_t e = free_events_.back();
+    free_events_.pop_back();
+    return e;
+  }
+  cudaEvent_t done_event() {
+    if (free_done_.empty()) {
+      cudaEvent_t e;
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      return e;
+    }
+    const cudaEvent_t e = free_done_.back();
+    free_done_.pop_back();
+    return e;
+  }
+
+  // Enqueues `launch` on stream `s` between two timing events (when a recorder listens),
+  // tagged with the phase and unit current at issue.
+  template <class Launch>
+  void timed(OpKind kind, int lane, cudaStream_t s, int64_t bytes, Launch&& launch, double flops = 0.0,
+             const int32_t* gemm_shape = nullptr, Request request = kNoRequest) {
+    if (!recorder_) {
+      launch();
+      return;
+    }
+    TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
+              gemm_shape != nullptr, {}, request};
+    if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
+    CUDA_CHECK(cudaEventRecord(t.start, s));
+    launch();
+    CUDA_CHECK(cudaEventRecord(t.end, s));
+    timed_.push_back(t);
+  }
+  template <class Launch>
+  void elementwise(int64_t bytes, Launch&& launch) {
+    timed(OpKind::Elementwise, kComputeLane, compute_, bytes, launch);
+  }
+
+  // A collective: the comm stream waits for the compute stream's work issued so far, runs
+  // the NCCL call, and records `done`, which the request maps to.
+  template <class Launch>
+  Request issue(OpKind kind, int64_t bytes, Launch&& nccl_call) {
+    CUDA_CHECK(cudaEventRecord(ready_, compute_));
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));  // captured: ready_ is reusable at once
+    const Request id = next_request_++;
+    timed(kind, kCommLane, comm_, bytes, nccl_call, 0.0, nullptr, id);
+    const cudaEvent_t done = done_event();
+    CUDA_CHECK(cudaEventRecord(done, comm_));
+    requests_[id] = done;
+    return id;
+  }
+
+  // count/size elements to and from every peer, as one NCCL group.
+  void all_to_all(const CollectiveArgs& a, ncclDataType_t t, ncclComm_t n, int size, int es) {
+    SB_ASSERT(a.count % size == 0 && a.send != a.recv, "all-to-all needs count divisible by ranks, out of place");
+    const size_t each = size_t(a.count / size), stride = each * size_t(es);
+    NCCL_CHECK(ncclGroupStart());
+    for (int peer = 0; peer < size; ++peer) {
+      NCCL_CHECK(ncclSend(static_cast<const char*>(a.send) + peer * stride, each, t, peer, n, comm_));
+      NCCL_CHECK(ncclRecv(static_cast<char*>(a.recv) + peer * stride, each, t, peer, n, comm_));
+    }
+    NCCL_CHECK(ncclGroupEnd());
+  }
+
+  static ncclComm_t nccl(Comm& c) {
+    auto* n = dynamic_cast<NcclComm*>(&c);
+    SB_ASSERT(n, "a collective on a communicator that the CUDA backend did not make");
+    return n->comm;
+  }
+
+  // Reports the finished operations to the recorder (with the phase and unit of their
+  // issue) and returns their events to the pool.
+  void resolve_timed_ops() {
+    struct Resolved {
+      double start, end;
+      size_t index;
+    };
+    std::vector<Resolved> done;
+    done.reserve(timed_.size());
+    for (size_t i = 0; i < timed_.size(); ++i)
+      done.push_back({host_time(timed_[i].start), host_time(timed_[i].end), i});
+    std::stable_sort(done.begin(), done.end(), [](const Resolved& a, const Resolved& b) { return a.end < b.end; });
+    const Phase phase0 = phase();
+    const int unit0 = unit();
+    for (const Resolved& r : done) {
+      const TimedOp& t = timed_[r.index];
+      set_context(t.phase, t.unit);
+      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request);
+    }
+    set_context(phase0, unit0);
+    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    timed_.clear();
+  }
+
+  std::chrono::steady_clock::time_point epoch_;
+  int device_ = -1;
+  cudaDeviceProp prop_{};
+  bool tf32_ = false;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  cublasHandle_t cublas_ = nullptr;
+  cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
+  cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after
+  cudaEvent_t anchor_event_ = nullptr;  // GPU time origin of the pending timed operations
+  double anchor_time_ = 0.0;            // its backend-clock time
+  std::vector<TimedOp> timed_;          // issued since the last synchronize()
+  std::vector<cudaEvent_t> free_events_, free_done_;
+  std::unordered_map<void*, Alloc> allocs_;
+  std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
+  Request next_request_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+}  // namespace sb

@@ -1,0 +1,365 @@
+// The CUDA backend's kernels: one kernel per operation (rmsnorm backward has two: the row
+// gradient and the column sum of the weight gradient), each followed by its launcher.
+// Semantics are the CPU backend's (cpu_backend.cpp); the tests in tests/gpu compare them.
+//
+// Launch shapes, named in the comment above each kernel:
+//   elementwise: grid-stride loop, blockDim 256, at most kMaxBlocks blocks (int64 indices);
+//   row-wise (norms, softmax, cross-entropy): one block per row, blockDim row_threads(cols),
+//   warp-shuffle reductions combined through shared memory.
+#include <algorithm>
+#include <cfloat>
+#include <cstdint>
+
+#include "cuda_check.cuh"      // CUDA_LAUNCH
+#include "kernels.cuh"
+#include "shardbench/rng.h"    // uniform_pm1, shared with the CPU backend
+
+namespace sb {
+namespace cuda {
+namespace {
+
+constexpr int kThreads = 256;           // elementwise block size
+constexpr int64_t kMaxBlocks = 65536;   // enough to fill any GPU; the loop covers the rest
+
+unsigned blocks_for(int64_t n) { return unsigned(std::min<int64_t>((n + kThreads - 1) / kThreads, kMaxBlocks)); }
+
+// Threads for one block per row of `cols` elements: about four elements per thread, a
+// multiple of the warp size, 32 to 1024.
+unsigned row_threads(int64_t cols) {
+  const int64_t t = (cols + 3) / 4;
+  return unsigned(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
+}
+
+#define GRID_STRIDE(i, n) \
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
+
+struct Sum {
+  __device__ float operator()(float a, float b) const { return a + b; }
+  static constexpr float identity = 0.f;
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  static constexpr float identity = -INFINITY;
+};
+
+template <class Op>
+__device__ float warp_reduce(float v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Reduces one value per thread over the block; every thread gets the result. blockDim.x must
+// be a multiple of 32. Safe to call repeatedly in one kernel (the first barrier protects
+// the partials of the previous call).
+template <class Op>
+__device__ float block_reduce(float v, Op op) {
+  __shared__ float partial[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  v = warp_reduce(v, op);
+  __syncthreads();
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  return warp_reduce(lane < warps ? partial[lane] : Op::identity, op);
+}
+
+// ---------------------------------------------------------------- embedding
+// one block per token row, blockDim row_threads(d)
+__global__ void embedding_forward_kernel(float* out, const float* table, const int* ids, int d) {
+  const int64_t i = blockIdx.x;
+  const float* src = table + int64_t(ids[i]) * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = src[j];
+}
+
+// one block per token row, blockDim row_threads(d); atomics because ids repeat
+__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int* ids, int d) {
+  const int64_t i = blockIdx.x;
+  float* dst = dtable + int64_t(ids[i]) * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(dst + j, dout[i * d + j]);
+}
+
+// ---------------------------------------------------------------- RMS norm
+// one block per row, blockDim row_threads(d)
+__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w, int d,
+                                       float eps) {
+  const int64_t i = blockIdx.x;
+  const float* xi = x + i * d;
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
+  ss = block_reduce(ss, Sum());
+  const float r = 1.f / sqrtf(ss / float(d) + eps);
+  if (threadIdx.x == 0) rstd[i] = r;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = xi[j] * r * w[j];
+}
+
+// one block per row, blockDim row_threads(d). out_j = x_j r w_j with r = (mean x² + eps)^-1/2
+// ⇒ dx_j += r (g_j w_j − x_j r² mean_k(g_k w_k x_k)).
+__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
+                                           const float* rstd, int d) {
+  const int64_t i = blockIdx.x;
+  const float *xi = x + i * d, *gi = dout + i * d;
+  float dot = 0.f;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dot += gi[j] * w[j] * xi[j];
+  dot = block_reduce(dot, Sum());
+  const float r = rstd[i], c = dot / float(d) * r * r;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dx[i * d + j] += r * (gi[j] * w[j] - xi[j] * c);
+}
+
+constexpr int kDwRowsPerBlock = 256;  // rows summed by one block before its one atomic per column
+// grid (ceil(d/32), ceil(n/256)), blockDim (32, 8): a 32-column strip of 256 rows per block,
+// summed over the 8 row lanes in shared memory, then one atomicAdd per column.
+__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* x,
+                                           const float* rstd, int n, int d) {
+  __shared__ float part[8][33];  // +1 column: no bank conflicts in the final sum
+  const int col = blockIdx.x * 32 + threadIdx.x;
+  const int row0 = blockIdx.y * kDwRowsPerBlock, row1 = min(n, row0 + kDwRowsPerBlock);
+  float acc = 0.f;
+  if (col < d)
+    for (int row = row0 + threadIdx.y; row < row1; row += blockDim.y)
+      acc += dout[int64_t(row) * d + col] * x[int64_t(row) * d + col] * rstd[row];
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  if (threadIdx.y == 0 && col < d) {
+    float sum = 0.f;
+    for (int k = 0; k < blockDim.y; ++k) sum += part[k][threadIdx.x];
+    atomicAdd(dw + col, sum);
+  }
+}
+
+// ---------------------------------------------------------------- elementwise
+// grid-stride, blockDim 256 (all of this section)
+__global__ void relu_forward_kernel(float* x, int64_t n) {
+  GRID_STRIDE(i, n) x[i] = x[i] > 0.f ? x[i] : 0.f;
+}
+__global__ void relu_backward_kernel(float* dy, const float* y, int64_t n) {
+  GRID_STRIDE(i, n) dy[i] = y[i] > 0.f ? dy[i] : 0.f;
+}
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  GRID_STRIDE(i, n) y[i] += x[i];
+}
+__global__ void scale_kernel(float* x, float a, int64_t n) {
+  GRID_STRIDE(i, n) x[i] *= a;
+}
+__global__ void fill_kernel(float* x, float value, int64_t n) {
+  GRID_STRIDE(i, n) x[i] = value;
+}
+__global__ void init_uniform_kernel(float* x, int64_t n, uint64_t key, int64_t first, float scale) {
+  GRID_STRIDE(i, n) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
+}
+__global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1,
+                            float b2, float eps, float bc1, float bc2) {
+  GRID_STRIDE(i, n) {
+    const float gi = g[i];
+    const float mi = b1 * m[i] + (1.f - b1) * gi;
+    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+  }
+}
+
+// ---------------------------------------------------------------- position bias
+// grid-stride over H*tq*tk, blockDim 256
+__global__ void position_bias_forward_kernel(float* bias, const float* table, const int* buckets, int heads,
+                                             int64_t tt) {
+  GRID_STRIDE(idx, heads * tt) {
+    const int64_t h = idx / tt, ij = idx % tt;
+    bias[idx] = table[int64_t(buckets[ij]) * heads + h];
+  }
+}
+
+constexpr int kBiasChunk = 4096;         // (i, j) positions per block
+constexpr int kSharedBuckets = 1024;     // T5 has 32 buckets; larger ids go straight to global
+// grid (ceil(tq*tk / 4096), H), blockDim 256: one head and a chunk of positions per block.
+// Millions of positions fall into a few dozen buckets, so each block sums into shared
+// memory first and adds one value per bucket it touched to the table.
+__global__ void position_bias_backward_kernel(float* dtable, const float* dbias, const int* buckets,
+                                              int heads, int64_t tt) {
+  __shared__ float acc[kSharedBuckets];
+  __shared__ int top;  // largest bucket seen, bounds the flush
+  const int h = blockIdx.y;
+  for (int k = threadIdx.x; k < kSharedBuckets; k += blockDim.x) acc[k] = 0.f;
+  if (threadIdx.x == 0) top = -1;
+  __syncthreads();
+  const int64_t lo = int64_t(blockIdx.x) * kBiasChunk, hi = min(tt, lo + kBiasChunk);
+  int my_top = -1;
+  for (int64_t ij = lo + threadIdx.x; ij < hi; ij += blockDim.x) {
+    const int b = buckets[ij];
+    const float g = dbias[h * tt + ij];
+    if (b < kSharedBuckets) {
+      atomicAdd(acc + b, g);
+      my_top = max(my_top, b);
+    } else {
+      atomicAdd(dtable + int64_t(b) * heads + h, g);
+    }
+  }
+  atomicMax(&top, my_top);
+  __syncthreads();
+  for (int k = threadIdx.x; k <= top; k += blockDim.x)
+    if (acc[k] != 0.f) atomicAdd(dtable + int64_t(k) * heads + h, acc[k]);
+}
+
+// ---------------------------------------------------------------- softmax
+// one block per row of [B*H*tq, tk], blockDim row_threads(tk)
+__global__ void softmax_forward_kernel(float* scores, const float* bias, bool causal, int heads, int tq,
+                                       int tk) {
+  const int64_t row = blockIdx.x;
+  const int i = int(row % tq), h = int(row / tq % heads);
+  float* s = scores + row * tk;
+  const float* b = bias ? bias + (int64_t(h) * tq + i) * tk : nullptr;
+  const int valid = causal ? min(tk, i + 1) : tk;  // keys j > i are masked
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) {
+    if (b) s[j] += b[j];
+    mx = fmaxf(mx, s[j]);
+  }
+  mx = block_reduce(mx, Max());
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += (s[j] = expf(s[j] - mx));
+  const float inv = 1.f / block_reduce(sum, Sum());
+  for (int j = threadIdx.x; j < tk; j += blockDim.x) s[j] = j < valid ? s[j] * inv : 0.f;
+}
+
+// one block per (head, query) row, blockDim row_threads(tk), looping over the batch: the
+// thread that owns column j of dbias is the only one to update it (no atomics, and the
+// batch is summed in the CPU backend's order)
+__global__ void softmax_backward_kernel(float* ds, const float* p, float* dbias, int batch, int heads,
+                                        int tq, int tk) {
+  const int64_t hi = blockIdx.x;  // h * tq + i
+  const int h = int(hi / tq), i = int(hi % tq);
+  float* db = dbias ? dbias + hi * tk : nullptr;
+  for (int bi = 0; bi < batch; ++bi) {
+    const int64_t off = ((int64_t(bi) * heads + h) * tq + i) * tk;
+    float* g = ds + off;
+    const float* pr = p + off;
+    float dot = 0.f;
+    for (int j = threadIdx.x; j < tk; j += blockDim.x) dot += g[j] * pr[j];
+    dot = block_reduce(dot, Sum());
+    for (int j = threadIdx.x; j < tk; j += blockDim.x) {
+      const float gj = pr[j] * (g[j] - dot);
+      g[j] = gj;
+      if (db) db[j] += gj;
+    }
+  }
+}
+
+// ---------------------------------------------------------------- cross-entropy
+// one block per token row of [n, vocab], blockDim row_threads(vocab) (1024 for T5's 32128)
+__global__ void cross_entropy_kernel(float* logits, float* losses, const int* labels, int vocab,
+                                     float grad_scale) {
+  const int64_t i = blockIdx.x;
+  float* row = logits + i * vocab;
+  const int label = labels[i];
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  mx = block_reduce(mx, Max());
+  const float target = row[label] - mx;
+  __syncthreads();  // everyone has read row[label] before it is overwritten below
+  float sum = 0.f;  // the exponentials are computed once and kept in the row
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += (row[j] = expf(row[j] - mx));
+  sum = block_reduce(sum, Sum());
+  if (threadIdx.x == 0) losses[i] = logf(sum) - target;
+  const float k = grad_scale / sum;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) row[j] *= k;
+  __syncthreads();  // the scaled row[label] is written before the one-hot is subtracted
+  if (threadIdx.x == 0) row[label] -= grad_scale;
+}
+
+__global__ void probe_kernel() {}
+
+}  // namespace
+
+void embedding_forward(cudaStream_t s, float* out, const float* table, const int* ids, int n, int d) {
+  if (n <= 0 || d <= 0) return;
+  CUDA_LAUNCH(embedding_forward_kernel<<<n, row_threads(d), 0, s>>>(out, table, ids, d));
+}
+
+void embedding_backward(cudaStream_t s, float* dtable, const float* dout, const int* ids, int n, int d) {
+  if (n <= 0 || d <= 0) return;
+  CUDA_LAUNCH(embedding_backward_kernel<<<n, row_threads(d), 0, s>>>(dtable, dout, ids, d));
+}
+
+void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w, int n, int d,
+                     float eps) {
+  if (n <= 0 || d <= 0) return;
+  CUDA_LAUNCH(rmsnorm_forward_kernel<<<n, row_threads(d), 0, s>>>(out, rstd, x, w, d, eps));
+}
+
+void rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout, const float* x, const float* w,
+                      const float* rstd, int n, int d) {
+  if (n <= 0 || d <= 0) return;
+  CUDA_LAUNCH(rmsnorm_backward_dx_kernel<<<n, row_threads(d), 0, s>>>(dx, dout, x, w, rstd, d));
+  const dim3 grid((d + 31) / 32, (n + kDwRowsPerBlock - 1) / kDwRowsPerBlock), block(32, 8);
+  CUDA_LAUNCH(rmsnorm_backward_dw_kernel<<<grid, block, 0, s>>>(dw, dout, x, rstd, n, d));
+}
+
+void relu_forward(cudaStream_t s, float* x, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(relu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n));
+}
+void relu_backward(cudaStream_t s, float* dy, const float* y, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(relu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, y, n));
+}
+void add(cudaStream_t s, float* y, const float* x, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n));
+}
+void scale(cudaStream_t s, float* x, float a, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, a, n));
+}
+void fill(cudaStream_t s, float* x, float value, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, value, n));
+}
+void init_uniform(cudaStream_t s, float* x, int64_t n, uint64_t key, int64_t first, float scale) {
+  if (n > 0) CUDA_LAUNCH(init_uniform_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, key, first, scale));
+}
+void adam(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
+          float beta2, float eps, float bc1, float bc2) {
+  if (n > 0)
+    CUDA_LAUNCH(adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2));
+}
+
+void position_bias_forward(cudaStream_t s, float* bias, const float* table, const int* buckets, int heads,
+                           int tq, int tk) {
+  const int64_t tt = int64_t(tq) * tk;
+  if (heads <= 0 || tt <= 0) return;
+  CUDA_LAUNCH(position_bias_forward_kernel<<<blocks_for(heads * tt), kThreads, 0, s>>>(bias, table, buckets,
+                                                                                        heads, tt));
+}
+
+void position_bias_backward(cudaStream_t s, float* dtable, const float* dbias, const int* buckets, int heads,
+                            int tq, int tk) {
+  const int64_t tt = int64_t(tq) * tk;
+  if (heads <= 0 || tt <= 0) return;
+  const dim3 grid(unsigned((tt + kBiasChunk - 1) / kBiasChunk), unsigned(heads));
+  CUDA_LAUNCH(position_bias_backward_kernel<<<grid, kThreads, 0, s>>>(dtable, dbias, buckets, heads, tt));
+}
+
+void softmax_forward(cudaStream_t s, float* scores, const float* bias, bool causal, int batch, int heads,
+                     int tq, int tk) {
+  const int64_t rows = int64_t(batch) * heads * tq;
+  if (rows <= 0 || tk <= 0) return;
+  CUDA_LAUNCH(softmax_forward_kernel<<<unsigned(rows), row_threads(tk), 0, s>>>(scores, bias, causal, heads,
+                                                                                tq, tk));
+}
+
+void softmax_backward(cudaStream_t s, float* dscores, const float* probs, float* dbias, int batch, int heads,
+                      int tq, int tk) {
+  const int64_t rows = int64_t(heads) * tq;
+  if (batch <= 0 || rows <= 0 || tk <= 0) return;
+  CUDA_LAUNCH(softmax_backward_kernel<<<unsigned(rows), row_threads(tk), 0, s>>>(dscores, probs, dbias, batch,
+                                                                                 heads, tq, tk));
+}
+
+void cross_entropy(cudaStream_t s, float* logits, float* losses, const int* labels, int n, int vocab,
+                   float grad_scale) {
+  if (n <= 0 || vocab <= 0) return;
+  CUDA_LAUNCH(cross_entropy_kernel<<<n, row_threads(vocab), 0, s>>>(logits, losses, labels, vocab,
+                                                                     grad_scale));
+}
+
+cudaError_t probe_kernel_image(cudaStream_t s) {
+  probe_kernel<<<1, 1, 0, s>>>();
+  const cudaError_t rc = cudaGetLastError();
+  return rc == cudaSuccess ? cudaStreamSynchronize(s) : rc;
+}
+
+}  // namespace cuda
+}  // namespace sb
