@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 namespace sb {
 
@@ -202,13 +204,23 @@ class Backend {
   int unit() const { return unit_; }
 
  protected:
-  void account_alloc(MemCategory cat, int64_t bytes);
-  void account_free(MemCategory cat, int64_t bytes);
+  // The allocation ledger every backend keeps: track() after allocating p, untrack()
+  // before freeing it (it checks p was ours and accounts the bytes).
+  void track(void* p, size_t bytes, MemCategory cat);
+  void untrack(void* p);
+  std::vector<void*> tracked() const;  // what is still allocated (for destructors)
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
               const int32_t* gemm_shape = nullptr, int64_t request = -1);
   Recorder* recorder_ = nullptr;
 
  private:
+  void account_alloc(MemCategory cat, int64_t bytes);
+  void account_free(MemCategory cat, int64_t bytes);
+  struct Allocation {
+    size_t bytes;
+    MemCategory cat;
+  };
+  std::unordered_map<void*, Allocation> allocations_;
   MemBytes current_{}, peak_{};
   int64_t peak_total_ = 0;
   Phase phase_ = Phase::Other;

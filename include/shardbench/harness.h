@@ -67,6 +67,11 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
 std::string iso_time(double epoch_seconds);
 double wall_clock_rank0();
 
+// Every program's main: MPI up with errors returned to MPI_CHECK, `body(rank, world)`,
+// a UsageError printed once as "<program>: error: ..." with exit code 2 on every rank
+// (all ranks parsed the same argv, so none hangs), any other exception fatal.
+int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank, int world));
+
 // The whole program: MPI init, parse, plan, run, report, exit code.
 int run_program(int argc, char** argv, StrategyKind kind);
 

@@ -89,6 +89,24 @@ void Backend::reset_peaks() {
   peak_total_ = mem_total_current();
 }
 
+void Backend::track(void* p, size_t bytes, MemCategory cat) {
+  allocations_[p] = {bytes, cat};
+  account_alloc(cat, int64_t(bytes));
+}
+
+void Backend::untrack(void* p) {
+  auto it = allocations_.find(p);
+  SB_ASSERT(it != allocations_.end(), "release of a pointer the backend did not allocate");
+  account_free(it->second.cat, int64_t(it->second.bytes));
+  allocations_.erase(it);
+}
+
+std::vector<void*> Backend::tracked() const {
+  std::vector<void*> v;
+  for (const auto& [p, a] : allocations_) v.push_back(p);
+  return v;
+}
+
 void Backend::account_alloc(MemCategory cat, int64_t bytes) {
   const int c = int(cat);
   current_[c] += bytes;

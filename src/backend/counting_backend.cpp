@@ -32,16 +32,11 @@ class CountingBackend final : public Backend {
     // Distinct, aligned, never dereferenced.
     const uintptr_t p = next_;
     next_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
-    allocs_[p] = {bytes, cat};
-    account_alloc(cat, int64_t(bytes));
+    track(reinterpret_cast<void*>(p), bytes, cat);
     return reinterpret_cast<void*>(p);
   }
   void release(void* p) override {
-    if (!p) return;
-    auto it = allocs_.find(reinterpret_cast<uintptr_t>(p));
-    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
-    account_free(it->second.second, int64_t(it->second.first));
-    allocs_.erase(it);
+    if (p) untrack(p);
   }
   void upload(void*, const void*, size_t) override {}
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
@@ -108,7 +103,6 @@ class CountingBackend final : public Backend {
   }
 
   uintptr_t next_ = 4096;
-  std::unordered_map<uintptr_t, std::pair<size_t, MemCategory>> allocs_;
   Request next_request_ = 0;
 };
 

@@ -51,7 +51,7 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend() : epoch_(std::chrono::steady_clock::now()) {}
   ~CpuBackend() override {
-    for (auto& [p, a] : allocs_) std::free(p);
+    for (void* p : tracked()) std::free(p);
   }
   std::string name() const override { return "cpu"; }
   std::string device_name() const override {
@@ -66,16 +66,12 @@ class CpuBackend final : public Backend {
     void* p = std::aligned_alloc(64, rounded);
     if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
                      mem_category_name(cat));
-    allocs_[p] = {bytes, cat};
-    account_alloc(cat, int64_t(bytes));
+    track(p, bytes, cat);
     return p;
   }
   void release(void* p) override {
     if (!p) return;
-    auto it = allocs_.find(p);
-    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
-    account_free(it->second.cat, int64_t(it->second.bytes));
-    allocs_.erase(it);
+    untrack(p);
     std::free(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
@@ -405,11 +401,6 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  struct Alloc {
-    size_t bytes;
-    MemCategory cat;
-  };
-
   static MPI_Comm mpi(Comm& c) { return static_cast<MpiComm&>(c).comm; }
   static MPI_Datatype mpi_type(DType t) {
     switch (t) {
@@ -507,7 +498,6 @@ class CpuBackend final : public Backend {
   }
 
   std::chrono::steady_clock::time_point epoch_;
-  std::unordered_map<void*, Alloc> allocs_;
   std::unordered_map<Request, Pending> pending_;
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;

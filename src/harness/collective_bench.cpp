@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "shardbench/check.h"
+#include "shardbench/cli.h"
 #include "shardbench/collectives.h"
 #include "shardbench/h5.h"
 #include "shardbench/harness.h"
@@ -70,15 +71,7 @@ bool parse(int argc, char** argv, Options& o, int world) {
                  "fail (exit 5) when the average bus bandwidth is under this many GB/s "
                  "(default: $SHARDBENCH_MIN_BUSBW)");
   app.add_option("--inject-error", o.inject_error, "self-test: corrupt one result element on this rank");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return false;
-  } catch (const CLI::ParseError& e) {
-    const std::string msg = e.what();
-    throw UsageError(msg.substr(0, msg.find('\n')) + " (see --help)");
-  }
+  if (!parse_command_line(app, argc, argv)) return false;
   if (o.min_busbw == 0 && floor_env) {
     char* end = nullptr;
     o.min_busbw = std::strtod(floor_env, &end);
@@ -443,22 +436,10 @@ int run(const Options& o, int rank, int n) {
 }  // namespace
 
 int run_collective_perf(int argc, char** argv) {
-  MPI_CHECK(MPI_Init(&argc, &argv));
-  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  int rank = 0, world = 1, code = kExitOk;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-  try {
+  return mpi_main(argc, argv, [](int argc, char** argv, int rank, int world) {
     Options o;
-    if (parse(argc, argv, o, world)) code = run(o, rank, world);
-  } catch (const UsageError& e) {
-    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
-    code = kExitUsage;
-  } catch (const std::exception& e) {
-    SB_FATAL(std::string("unexpected error: ") + e.what());
-  }
-  MPI_CHECK(MPI_Finalize());
-  return code;
+    return parse(argc, argv, o, world) ? run(o, rank, world) : int(kExitOk);
+  });
 }
 
 }  // namespace sb

@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <ctime>
 #include <string>
 
@@ -91,6 +92,25 @@ int count_nodes() {
   int leader = node_rank == 0;
   MPI_CHECK(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
   return leaders;
+}
+
+int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank, int world)) {
+  MPI_CHECK(MPI_Init(&argc, &argv));
+  // Errors come back to MPI_CHECK, which names the call, host and rank before aborting.
+  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  int rank = 0, world = 1, code = kExitOk;
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  try {
+    code = body(argc, argv, rank, world);
+  } catch (const UsageError& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = kExitUsage;
+  } catch (const std::exception& e) {
+    SB_FATAL(std::string("unexpected error: ") + e.what());
+  }
+  MPI_CHECK(MPI_Finalize());
+  return code;
 }
 
 }  // namespace sb

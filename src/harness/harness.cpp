@@ -432,25 +432,12 @@ int run(const RunConfig& cfg, int rank, int world) {
 }  // namespace
 
 int run_program(int argc, char** argv, StrategyKind kind) {
-  MPI_CHECK(MPI_Init(&argc, &argv));
-  // Errors come back to MPI_CHECK, which names the call, host and rank before aborting.
-  MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
-  int rank = 0, world = 1;
-  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
-  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
-  int code = kExitOk;
-  RunConfig cfg;
-  try {
-    if (parse_options(argc, argv, kind, cfg)) code = run(cfg, rank, world);
-  } catch (const UsageError& e) {
-    // Every rank parsed the same argv and failed the same way: all exit, none hangs.
-    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
-    code = kExitUsage;
-  } catch (const std::exception& e) {
-    SB_FATAL(std::string("unexpected error: ") + e.what());
-  }
-  MPI_CHECK(MPI_Finalize());
-  return code;
+  static StrategyKind program_kind;  // the one piece of state a plain function pointer needs
+  program_kind = kind;
+  return mpi_main(argc, argv, [](int argc, char** argv, int rank, int world) {
+    RunConfig cfg;
+    return parse_options(argc, argv, program_kind, cfg) ? run(cfg, rank, world) : int(kExitOk);
+  });
 }
 
 }  // namespace sb

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include "shardbench/check.h"
+#include "shardbench/cli.h"
 #include "shardbench/harness.h"
 
 namespace sb {
@@ -11,9 +12,6 @@ namespace {
 void require_positive(const char* flag, int64_t v) {
   if (v <= 0) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (must be > 0)");
 }
-
-// CLI11's messages are already one line; prefix them so users know which program spoke.
-std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
 }  // namespace
 
@@ -75,14 +73,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
                  "issue the next unit's all-gather during the current forward");
   }
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp&) {
-    std::printf("%s", app.help().c_str());
-    return false;
-  } catch (const CLI::ParseError& e) {
-    throw UsageError(first_line(e.what()) + " (see --help)");
-  }
+  if (!parse_command_line(app, argc, argv)) return false;
 
   cfg.model = model_preset(model);
   const std::pair<CLI::Option*, int64_t*> overrides[] = {

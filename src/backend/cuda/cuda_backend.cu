@@ -260,7 +260,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {  // teardown: errors here cannot be acted on, so they are ignored
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
-    for (auto& [p, a] : allocs_) cudaFreeAsync(p, compute_);
+    for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
     for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
     for (auto& [r, e] : requests_) free_done_.push_back(e);
@@ -298,16 +298,12 @@ class CudaBackend final : public Backend {
       SB_FATAL(out_of_memory_message(bytes, cat));
     }
     cuda_check(rc, "cudaMallocAsync(&p, bytes, compute_)", __FILE__, __LINE__);
-    allocs_[p] = {bytes, cat};
-    account_alloc(cat, int64_t(bytes));
+    track(p, bytes, cat);
     return p;
   }
   void release(void* p) override {
     if (!p) return;
-    auto it = allocs_.find(p);
-    SB_ASSERT(it != allocs_.end(), "release of a pointer the backend did not allocate");
-    account_free(it->second.cat, int64_t(it->second.bytes));
-    allocs_.erase(it);
+    untrack(p);
     CUDA_CHECK(cudaFreeAsync(p, compute_));
   }
   // From pageable host memory the runtime stages the data before returning, so the caller
@@ -520,10 +516,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  struct Alloc {
-    size_t bytes;
-    MemCategory cat;
-  };
   static constexpr int kComputeLane = 0;
 
   void make_streams() {
@@ -692,7 +684,6 @@ class CudaBackend final : public Backend {
   double anchor_time_ = 0.0;            // its backend-clock time
   std::vector<TimedOp> timed_;          // issued since the last synchronize()
   std::vector<cudaEvent_t> free_events_, free_done_;
-  std::unordered_map<void*, Alloc> allocs_;
   std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
 };
