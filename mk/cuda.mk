@@ -34,7 +34,7 @@ CUDA_LDLIBS := $(foreach d,$(sort $(CUDA_LIBDIR) $(CUDART_DIR) $(NCCL_LIBDIR)),-
 CUDA_SRC := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJ := $(patsubst src/%.cu,$(OBJ)/%.o,$(CUDA_SRC))
 LIB_OBJ  += $(CUDA_OBJ)
-CXXFLAGS += -DSB_HAVE_CUDA
+CXXFLAGS += -DSB_HAVE_CUDA -I$(CUBLAS_INC) -I$(NCCL_INC)
 LDLIBS   += $(CUDA_LDLIBS)
 EXTRA_ALL += $(BIN)/test_cuda_backend $(BIN)/gemm_peak
 
