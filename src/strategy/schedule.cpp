@@ -94,7 +94,6 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     model_.forward(pos, params_for(u));
     after_forward(pos);
   }
-  const double loss = model_.loss_sum();
   for (int pos = 0; pos < num_stages(); ++pos) {
     const int u = backward_unit(pos);
     ScopedContext ctx(b_, Phase::Backward, u);
@@ -109,7 +108,9 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
   ScopedContext ctx(b_, Phase::Optimizer, -1);
   optimizer_step(step);
   b_.synchronize();
-  return loss;
+  // Read after the step, not between forward and backward: on a GPU the download would
+  // synchronise the host in the middle of the step.
+  return model_.loss_sum();
 }
 
 std::unique_ptr<Strategy> make_ddp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,
