@@ -3,7 +3,8 @@
 # For each rank count: calibrate compute from a measured DDP run at that rank count (ranks
 # share this machine's cores and memory bandwidth, so compute rates depend on ranks per
 # node) and the network from collective_perf at that rank count; project the FSDP
-# strategies, which were not used for calibration; compare with their measured runs.
+# strategies, which were not used for calibration; then DDP, calibrated from the measured
+# FSDP no-shard run instead; compare every projection with its measured run.
 # Usage: scripts/validate-projection.sh OUT_DIR [MAX_ERROR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,10 @@ for np in $RANKS; do
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies $strategies \
     --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/calibration/ddp-w$np.h5" \
     --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
+  /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies ddp \
+    --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/measured/none-w$np.h5" \
+    --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
+  cp "$OUT/calibration/ddp-w$np.h5" "$OUT/measured/ddp-w$np.h5"
 done
 /usr/bin/python3 analysis/validate_projection.py --measured "$OUT/measured" --projected "$OUT/projected" \
   ${MAX:+--max-error "$MAX"}
