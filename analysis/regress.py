@@ -49,6 +49,8 @@ def load(path):
             if _attr(f, "program") != "collective_perf" if "program" in f.attrs else True:
                 raise InputError(f"{fname}: not a collective_perf result")
             this = {k: _attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
+            if this["status"] == "failed":
+                raise InputError(f"{fname}: its data check found wrong elements (status failed): not comparable")
             names = [n.decode() if isinstance(n, bytes) else n for n in f["samples"].attrs["op_names"]]
             s = f["samples"][()]
         if facts is None:

@@ -51,6 +51,13 @@ class CpuBackend final : public Backend {
  public:
   CpuBackend() : epoch_(std::chrono::steady_clock::now()) {}
   ~CpuBackend() override {
+    // Complete what MPI may still write into before freeing the memory.
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    for (auto& [id, p] : pending_) {
+      MPI_Request reqs[2] = {p.req, p.req2};
+      if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
+    }
     for (void* p : tracked()) std::free(p);
   }
   std::string name() const override { return "cpu"; }

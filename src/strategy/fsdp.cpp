@@ -44,7 +44,11 @@ class FSDP final : public TrainingSchedule {
     b_.fill(v_, 0.f, total_);
   }
   ~FSDP() override {
-    for (size_t u = 0; u < units_.size(); ++u) free_gathered(int(u));
+    finish_gradients();  // no reduction may still write into buffers freed below
+    for (size_t u = 0; u < units_.size(); ++u) {
+      free_gathered(int(u));
+      b_.release(full_grad_[u]);
+    }
     for (float* p : {params_, grads_, m_, v_}) b_.release(p);
   }
 
