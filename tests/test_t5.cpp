@@ -14,36 +14,15 @@
 #include "shardbench/backend.h"
 #include "shardbench/model.h"
 #include "shardbench/t5.h"
+#include "t5_model.h"
 
 namespace sb {
 namespace {
 
-constexpr uint64_t kSeed = 1234;
 
-// One rank's full model on a backend: every unit's parameters and gradients, and a T5Step.
-struct Harness {
-  Backend& b;
-  StepShape shape;
-  float grad_scale;
-  std::unique_ptr<T5Step> step;
-  std::vector<float*> params, grads;
-
-  Harness(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt)
-      : b(be), shape(x), grad_scale(1.f / float(x.batch * x.dec_len)) {
-    step = std::make_unique<T5Step>(spec, b, x, ckpt, grad_scale);
-    const auto& units = step->units();
-    for (size_t u = 0; u < units.size(); ++u) {
-      params.push_back(b.alloc_floats(units[u].numel, MemCategory::Parameters));
-      grads.push_back(b.alloc_floats(units[u].numel, MemCategory::Gradients));
-      init_unit_params(b, units[u], int(u), kSeed, params[u], 0, units[u].numel);
-    }
-    step->set_tokens(make_tokens(kSeed, 0, 0, x, spec.vocab));
-  }
-  ~Harness() {
-    step.reset();
-    for (float* p : params) b.release(p);
-    for (float* g : grads) b.release(g);
-  }
+// The shared fixture plus the stage loops these tests drive.
+struct Harness : T5Model {
+  using T5Model::T5Model;
 
   void forward() {
     const auto& st = step->stages();

@@ -27,6 +27,7 @@
 #include "shardbench/rng.h"
 #include "shardbench/strategy.h"
 #include "shardbench/t5.h"
+#include "../t5_model.h"
 
 namespace sb {
 namespace {
@@ -468,32 +469,12 @@ TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
 
 // ---------------------------------------------------------------- whole steps
 
-constexpr uint64_t kSeed = 1234;
+constexpr uint64_t kSeed = T5Model::kSeed;  // the fixture's seed
 
-// One rank's full model on a backend (as tests/test_t5.cpp): parameters, gradients, a T5Step.
-struct Model {
-  Backend& b;
-  float grad_scale;
-  std::unique_ptr<T5Step> step;
-  std::vector<float*> params, grads;
+// The shared fixture (tests/t5_model.h) plus a whole forward and backward.
+struct Model : T5Model {
+  using T5Model::T5Model;
 
-  Model(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt)
-      : b(be), grad_scale(1.f / float(x.batch * x.dec_len)) {
-    step = std::make_unique<T5Step>(spec, b, x, ckpt, grad_scale);
-    const auto& units = step->units();
-    for (size_t u = 0; u < units.size(); ++u) {
-      params.push_back(b.alloc_floats(units[u].numel, MemCategory::Parameters));
-      grads.push_back(b.alloc_floats(units[u].numel, MemCategory::Gradients));
-      init_unit_params(b, units[u], int(u), kSeed, params[u], 0, units[u].numel);
-    }
-    step->set_tokens(make_tokens(kSeed, 0, 0, x, spec.vocab));
-  }
-  ~Model() {
-    step.reset();
-    for (float* p : params) b.release(p);
-    for (float* g : grads) b.release(g);
-    b.synchronize();
-  }
   double forward_backward() {
     const auto& st = step->stages();
     for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
