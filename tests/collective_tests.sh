@@ -32,6 +32,15 @@ for spec in "double max" "int32 avg" "int64 prod" "uint8 sum" "float min"; do
 done
 expect "bfloat16 moves (all-gather, broadcast, all-to-all, send-recv)" 0 'Out of bounds values : 0 OK' -- \
   "${MPI2[@]}" $CP --ops all-gather,broadcast,all-to-all,send-recv -d bfloat16 "${SMALL[@]}" --out $R/bf16.h5
+# 16-bit floats reduce through user-defined MPI operations (fp32 math, rounded).
+for spec in "bfloat16 sum" "half avg" "bfloat16 max" "half prod"; do
+  set -- $spec
+  expect "4 ranks: $1 $2 (all-reduce, reduce-scatter, reduce, hybrid)" 0 'Out of bounds values : 0 OK' -- \
+    "${MPI4[@]}" $CP --ops all-reduce,reduce-scatter,reduce,hybrid --shard-size 2 -d $1 -o $2 "${SMALL[@]}" \
+    --out $R/$1-$2.h5
+done
+expect "a corrupted bfloat16 sum is caught" 4 'Out of bounds values : [1-9][0-9]* FAILED' -- \
+  "${MPI2[@]}" $CP --ops all-reduce -d bfloat16 "${SMALL[@]}" --inject-error 0 --out $R/bad-bf16.h5
 
 # --- a corrupted result is caught ---
 expect "corrupted element on rank 1: #wrong counted, exit 4" 4 'Out of bounds values : [1-9][0-9]* FAILED' -- \
@@ -59,7 +68,6 @@ expect "unknown reduce op" 2 "-o 'median' is not allowed" -- "${MPI2[@]}" $CP -o
 expect "shard size not dividing the world" 2 "shard size 3 is not allowed with world size 4" -- \
   "${MPI4[@]}" $CP --ops hybrid --shard-size 3 --out $B/x.h5
 expect "hybrid without a shard size" 2 "needs --shard-size" -- "${MPI2[@]}" $CP --ops hybrid --out $B/x.h5
-expect "bfloat16 sum on the CPU backend" 2 "not supported by the cpu backend" -- "${MPI2[@]}" $CP -d bfloat16 --out $B/x.h5
 if [ -z "$(ls -A $B)" ]; then ok "bad input writes nothing"; else ls $B >"$tmp/out"; bad "bad input writes nothing"; fi
 
 # --- regression check ---

@@ -25,6 +25,21 @@ expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
 expect "ddp checkpointing --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --activation-checkpointing --check
 expect "fsdp hybrid 4 on 4 ranks (no replicas) --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 4 --check
+# Mixed precision (fp32 master weights and Adam; bf16/fp16 gathers, compute, gradients):
+# the reference trains in the same precision on one rank; 16-bit rounding differs with the
+# reduction order, so the default tolerance is 5e-3 (measured: 4e-4 bf16, 4e-5 fp16).
+expect "ddp bf16 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype bf16 --check --out $T/ddp-bf16.h5
+expect "fsdp full bf16 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --check --out $T/full-bf16.h5
+expect "fsdp hybrid 2 bf16, fp32 reductions --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --dtype bf16 --reduce-dtype fp32 --check
+expect "fsdp none fp16 (loss scale 1024) --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --dtype fp16 --check
+expect "ddp fp16 gradients reduced in fp32 --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype fp16 --reduce-dtype fp32 --bucket-mb 0.002 --check
+expect "bf16 --check fails below the bf16 rounding error" 4 'check: .* -> FAIL' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --check --check-tolerance 1e-6
+expect "the bf16 trace records its precisions" 0 "bf16 bf16 1.0" -- \
+  $PY -c "import h5py; a = h5py.File('$T/full-bf16.h5')['/'].attrs; print(a['dtype'], a['reduce_dtype'], a['loss_scale'])"
 # The check can fail: 4-rank sums are not bit-identical to one rank's, so a tolerance
 # below the rounding error must be reported as a mismatch with exit code 4.
 expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' -- \
@@ -32,7 +47,7 @@ expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' 
 
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
-  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5
 expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
 expect "the python check fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
 expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \
@@ -61,6 +76,9 @@ expect "unknown sharding" 2 "--sharding 'zero9' is not allowed" -- "${MPIRUN[@]}
 expect "shard size not dividing world" 2 "shard size 3 is not allowed with world size 4" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
+expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
+expect "non-positive loss scale" 2 "--loss-scale 0.000000 is not allowed|--loss-scale -2.000000 is not allowed" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale -2
 expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
 expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
 expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0

@@ -1,10 +1,12 @@
 // CPU backend kernels against naive references, and memory accounting.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "shardbench/backend.h"
+#include "shardbench/half.h"
 
 using namespace sb;
 
@@ -103,4 +105,60 @@ TEST(Backend, MemoryAccountingByCategory) {
 
 TEST(Backend, UnknownBackendIsAUsageError) {
   EXPECT_ANY_THROW(make_backend("tpu"));
+}
+
+// Host bfloat16/half conversions: round to nearest even, the edges of the ranges.
+TEST(Half, ConversionsRoundToNearestEven) {
+  EXPECT_EQ(float_to_bf16_bits(1.f), 0x3f80);
+  EXPECT_EQ(float_to_bf16_bits(bits_float(0x3f808000u)), 0x3f80);  // tie → even
+  EXPECT_EQ(float_to_bf16_bits(bits_float(0x3f818000u)), 0x3f82);  // tie → even (up)
+  EXPECT_EQ(float_to_bf16_bits(bits_float(0x3f808001u)), 0x3f81);  // above the tie
+  EXPECT_TRUE(std::isnan(bf16_bits_to_float(float_to_bf16_bits(NAN))));
+  EXPECT_EQ(float_to_f16_bits(1.f), 0x3c00);
+  EXPECT_EQ(float_to_f16_bits(-2.f), 0xc000);
+  EXPECT_EQ(float_to_f16_bits(65504.f), 0x7bff);
+  EXPECT_EQ(float_to_f16_bits(65520.f), 0x7c00);               // rounds up to infinity
+  EXPECT_EQ(float_to_f16_bits(1.f / 3), 0x3555);
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.f, -24)), 0x0001);  // smallest subnormal
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(1.f, -25)), 0x0000);  // tie → even (zero)
+  EXPECT_EQ(float_to_f16_bits(std::ldexp(3.f, -25)), 0x0002);  // tie → even (up)
+  for (uint32_t h = 0; h < 0x7c00; ++h)  // every finite half survives the round trip
+    ASSERT_EQ(float_to_f16_bits(f16_bits_to_float(uint16_t(h))), h) << h;
+  for (uint32_t h = 0; h < 0x7f80; h += 7)
+    ASSERT_EQ(float_to_bf16_bits(bf16_bits_to_float(uint16_t(h))), h) << h;
+}
+
+// The CPU backend on bf16/fp16 tensors: loads, computes in fp32, stores rounded once.
+TEST(CpuBackend, LowPrecisionOpsRoundOnceFromFp32) {
+  auto b = make_backend("cpu");
+  const int M = 6, N = 5, K = 7;
+  std::vector<float> A(M * K), B(N * K), C(M * N, 0.25f);
+  for (int i = 0; i < M * K; ++i) A[i] = std::sin(0.7f * i);
+  for (int i = 0; i < N * K; ++i) B[i] = std::cos(0.3f * i);
+  for (DType t : {DType::BF16, DType::F16}) {
+    auto round = [&](float x) { return t == DType::BF16 ? float(bf16(x)) : float(f16(x)); };
+    std::vector<uint16_t> a(A.size()), bb(B.size()), c(C.size());
+    Buf ab{a.data(), t}, bbuf{bb.data(), t}, cb{c.data(), t};
+    b->cast(ab, A.data(), M * K);
+    b->cast(bbuf, B.data(), N * K);
+    b->cast(cb, C.data(), M * N);
+    b->gemm(false, true, M, N, K, 1.5f, ab, K, bbuf, K, 1.f, cb, N);  // C = 1.5 A B^T + C
+    std::vector<float> got(C.size());
+    b->cast(got.data(), cb, M * N);
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) {
+        float ref = round(0.25f);
+        for (int k = 0; k < K; ++k) ref += 1.5f * round(A[i * K + k]) * round(B[j * K + k]);
+        EXPECT_EQ(got[i * N + j], round(ref)) << dtype_name(t) << " " << i << "," << j;
+      }
+    // An in-place elementwise op on a 16-bit tensor equals the fp32 op, rounded.
+    std::vector<float> x = {-1.5f, 0.3f, 2.7f, -0.1f};
+    std::vector<uint16_t> xs(x.size());
+    b->cast(Buf{xs.data(), t}, x.data(), 4);
+    b->relu_forward(Buf{xs.data(), t}, 4);
+    b->scale(Buf{xs.data(), t}, 3.f, 4);
+    std::vector<float> back(4);
+    b->cast(back.data(), CBuf{xs.data(), t}, 4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(back[i], round(std::max(0.f, round(x[i])) * 3.f)) << i;
+  }
 }

@@ -147,3 +147,35 @@ TEST(Schedule, PrefetchIssuesNextGatherBeforeCurrentCompute) {
   // Prefetching holds one more gathered unit at a time.
   EXPECT_GT(a.peak[int(MemCategory::CommBuffers)], b.peak[int(MemCategory::CommBuffers)]);
 }
+
+// Mixed precision: the collectives move param-dtype (gathers) and reduce-dtype (reductions)
+// bytes; master parameters and Adam state stay fp32; the gathered units shrink.
+TEST(Schedule, MixedPrecisionMovesAndKeepsTheRightBytes) {
+  const ModelSpec spec = model_preset("t5-small");
+  const double M = padded_bytes(spec, 4);  // fp32 bytes of the padded model
+  for (DType reduce : {DType::BF16, DType::F32}) {
+    StrategyConfig c = fsdp(Sharding::Full);
+    c.param_dtype = DType::BF16;
+    c.reduce_dtype = reduce;
+    Schedule s = run_schedule(c, 4);
+    Schedule f32 = run_schedule(fsdp(Sharding::Full), 4);
+    EXPECT_EQ(s.rec.bytes(OpKind::AllGather) * 2, f32.rec.bytes(OpKind::AllGather));
+    EXPECT_EQ(s.rec.bytes(OpKind::ReduceScatter), M / 4 * dtype_size(reduce));
+    EXPECT_EQ(s.peak[int(MemCategory::Parameters)], M / 4);          // fp32 master shards
+    EXPECT_EQ(s.peak[int(MemCategory::OptimizerState)], 2 * M / 4);  // fp32 Adam
+    EXPECT_EQ(s.peak[int(MemCategory::Gradients)], M / 4 / 4 * dtype_size(reduce));
+    EXPECT_LT(s.peak[int(MemCategory::CommBuffers)], f32.peak[int(MemCategory::CommBuffers)]);
+    EXPECT_LT(s.peak[int(MemCategory::Activations)], f32.peak[int(MemCategory::Activations)]);
+  }
+  // DDP: an fp32 master plus a bf16 copy; bf16 gradient buckets, all-reduced in fp32 from a
+  // second buffer when the reduce dtype is fp32.
+  StrategyConfig d;
+  d.kind = StrategyKind::DDP;
+  d.param_dtype = DType::BF16;
+  d.reduce_dtype = DType::F32;
+  Schedule s = run_schedule(d, 4);
+  const int64_t P = param_count(spec);
+  EXPECT_EQ(s.peak[int(MemCategory::Parameters)], P * (4 + 2));
+  EXPECT_EQ(s.peak[int(MemCategory::Gradients)], P * (2 + 4));
+  EXPECT_EQ(s.rec.bytes(OpKind::AllReduce), P * 4);
+}

@@ -2,21 +2,55 @@
 // nothing of models or strategies. Implementations: CPU (BLAS + MPI non-blocking
 // collectives), counting (memory and FLOP accounting only, used by the plan), CUDA (3/6).
 //
-// All tensors are fp32, row-major, and live in the backend's memory: callers never
-// dereference a backend pointer on the host (the counting backend hands out addresses that
-// point nowhere). Host data moves through upload()/download().
+// Tensors are row-major and live in the backend's memory: callers never dereference a
+// backend pointer on the host (the counting backend hands out addresses that point
+// nowhere). Host data moves through upload()/download(). Compute operations take Buf/CBuf
+// (address + element type: fp32, bf16 or fp16, all arguments of one call alike, math in
+// fp32); master parameters, optimizer state, norms' rstd and losses are always fp32.
 #pragma once
 #include <mpi.h>
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 namespace sb {
+
+enum class DType : int { F32, F64, I32, I64, U8, BF16, F16, kCount };
+const char* dtype_name(DType t);    // nccl-tests names: float, double, int32, int64, uint8, bfloat16, half
+int dtype_size(DType t);
+// Training precisions (--dtype, --reduce-dtype): "fp32", "bf16", "fp16".
+const char* precision_name(DType t);
+DType parse_precision(const std::string& s, const std::string& flag);  // throws UsageError
+
+// A tensor (or a view into one) in backend memory with its element type. `+ n` moves by n
+// elements. A float* converts implicitly, so fp32 callers read as before.
+struct Buf {
+  void* ptr = nullptr;
+  DType dtype = DType::F32;
+  Buf() = default;
+  Buf(std::nullptr_t) {}
+  Buf(float* p) : ptr(p) {}
+  Buf(void* p, DType t) : ptr(p), dtype(t) {}
+  Buf operator+(int64_t n) const { return {static_cast<char*>(ptr) + n * dtype_size(dtype), dtype}; }
+  explicit operator bool() const { return ptr != nullptr; }
+};
+struct CBuf {
+  const void* ptr = nullptr;
+  DType dtype = DType::F32;
+  CBuf() = default;
+  CBuf(std::nullptr_t) {}
+  CBuf(const float* p) : ptr(p) {}
+  CBuf(const void* p, DType t) : ptr(p), dtype(t) {}
+  CBuf(const Buf& b) : ptr(b.ptr), dtype(b.dtype) {}
+  CBuf operator+(int64_t n) const { return {static_cast<const char*>(ptr) + n * dtype_size(dtype), dtype}; }
+  explicit operator bool() const { return ptr != nullptr; }
+};
 
 enum class MemCategory : int {
   Parameters,      // owned parameters (a shard under FSDP, the full model under DDP)
@@ -79,9 +113,6 @@ using Request = int64_t;  // handle of an outstanding collective
 constexpr Request kNoRequest = -1;
 
 // ---- the general collective, for the interconnect benchmark (collective_perf) ----
-enum class DType : int { F32, F64, I32, I64, U8, BF16, F16, kCount };
-const char* dtype_name(DType t);    // nccl-tests names: float, double, int32, int64, uint8, bfloat16, half
-int dtype_size(DType t);
 enum class ReduceOp : int { Sum, Prod, Min, Max, Avg, kCount };
 const char* reduce_op_name(ReduceOp o);  // sum, prod, min, max, avg
 enum class Collective : int {
@@ -105,8 +136,14 @@ struct CollectiveArgs {
   int root = 0;
 };
 
+// What a collective records: its OpKind, and its bytes, the full buffer (count × ranks for
+// all-gather and reduce-scatter), as nccl-tests counts them.
+OpKind collective_kind(Collective c);
+int64_t collective_bytes(const CollectiveArgs& a, int comm_size);
+
 struct AdamConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float grad_unscale = 1.f;  // gradients are multiplied by this first (1 / the loss scale)
 };
 
 class Backend {
@@ -119,6 +156,7 @@ class Backend {
   virtual void* alloc(size_t bytes, MemCategory cat) = 0;
   virtual void release(void* p) = 0;
   float* alloc_floats(int64_t n, MemCategory cat) { return static_cast<float*>(alloc(size_t(n) * 4, cat)); }
+  Buf alloc_buf(int64_t n, DType t, MemCategory cat) { return {alloc(size_t(n) * dtype_size(t), cat), t}; }
   int* alloc_ints(int64_t n, MemCategory cat) { return static_cast<int*>(alloc(size_t(n) * 4, cat)); }
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
@@ -132,66 +170,70 @@ class Backend {
   virtual int64_t memory_capacity() const { return -1; }
 
   // ---- compute (row-major; a Linear weight W is [out, in] and y = x W^T) ----
-  // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set.
-  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float* A,
-                    int lda, const float* B, int ldb, float beta, float* C, int ldc) = 0;
+  // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set; fp32
+  // accumulation whatever the element type.
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A, int lda,
+                    CBuf B, int ldb, float beta, Buf C, int ldc) = 0;
   // The same for `batch` independent problems at fixed element strides.
-  virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha,
-                            const float* A, int lda, int64_t stride_a, const float* B, int ldb,
-                            int64_t stride_b, float beta, float* C, int ldc, int64_t stride_c,
-                            int batch) = 0;
+  virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A,
+                            int lda, int64_t stride_a, CBuf B, int ldb, int64_t stride_b, float beta,
+                            Buf C, int ldc, int64_t stride_c, int batch) = 0;
   // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
-  virtual void embedding_forward(float* out, const float* table, const int* ids, int n, int d) = 0;
+  virtual void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) = 0;
   // dtable[ids[i],:] += dout[i,:]
-  virtual void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) = 0;
+  virtual void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) = 0;
   // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)     x, out [n,d]
-  virtual void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
-                               float eps) = 0;
+  virtual void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) = 0;
   // dx += d(out)/dx · dout; dw += sum_i dout * x * rstd
-  virtual void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x,
-                                const float* w, const float* rstd, int n, int d) = 0;
-  virtual void relu_forward(float* x, int64_t n) = 0;                          // in place
-  virtual void relu_backward(float* dy, const float* y, int64_t n) = 0;        // dy *= (y > 0)
-  virtual void add(float* y, const float* x, int64_t n) = 0;                   // y += x
-  virtual void scale(float* x, float a, int64_t n) = 0;                        // x *= a
-  virtual void copy(float* dst, const float* src, int64_t n) = 0;
-  virtual void fill(float* x, float value, int64_t n) = 0;
+  virtual void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
+                                int d) = 0;
+  virtual void relu_forward(Buf x, int64_t n) = 0;                    // in place
+  virtual void relu_backward(Buf dy, CBuf y, int64_t n) = 0;          // dy *= (y > 0)
+  virtual void add(Buf y, CBuf x, int64_t n) = 0;                     // y += x
+  virtual void scale(Buf x, float a, int64_t n) = 0;                  // x *= a
+  virtual void copy(Buf dst, CBuf src, int64_t n) = 0;
+  virtual void fill(Buf x, float value, int64_t n) = 0;
+  // dst = src rounded to dst's type (round to nearest even); a copy when the types match.
+  virtual void cast(Buf dst, CBuf src, int64_t n) = 0;
   // x[i] = scale * u(key, first + i), u uniform in [-1, 1) from a counter-based hash, so
   // any slice of a tensor can be initialised without the rest (see rng.h).
   virtual void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) = 0;
   // bias[h,i,j] = table[buckets[i*tk+j], h]         table [num_buckets, H]
-  virtual void position_bias_forward(float* bias, const float* table, const int* buckets, int heads,
-                                     int tq, int tk) = 0;
+  virtual void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
+                                     int tk) = 0;
   // dtable[buckets[i*tk+j], h] += dbias[h,i,j]
-  virtual void position_bias_backward(float* dtable, const float* dbias, const int* buckets,
-                                      int heads, int tq, int tk) = 0;
+  virtual void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
+                                      int tk) = 0;
   // In place over scores [B,H,tq,tk]: add bias [H,tq,tk] (may be null), mask j > i when
   // causal, softmax over the last axis.
-  virtual void softmax_forward(float* scores, const float* bias, bool causal, int batch, int heads,
-                               int tq, int tk) = 0;
+  virtual void softmax_forward(Buf scores, CBuf bias, bool causal, int batch, int heads, int tq,
+                               int tk) = 0;
   // In place: dscores holds dP on entry and dS = P ⊙ (dP − Σ dP⊙P) on exit; dbias
   // (may be null) += Σ_b dS.
-  virtual void softmax_backward(float* dscores, const float* probs, float* dbias, int batch,
-                                int heads, int tq, int tk) = 0;
+  virtual void softmax_backward(Buf dscores, CBuf probs, Buf dbias, int batch, int heads, int tq,
+                                int tk) = 0;
   // Fused softmax cross-entropy: losses[i] = -log softmax(logits[i])[labels[i]]; logits are
   // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
-  virtual void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
+  virtual void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                              float grad_scale) = 0;
-  // Adam (bias-corrected, no weight decay), step counts from 1.
-  virtual void adam(float* param, const float* grad, float* m, float* v, int64_t n,
-                    const AdamConfig& cfg, int step) = 0;
+  // Adam (bias-corrected, no weight decay), step counts from 1, on fp32 parameters and
+  // moments; the gradient may be of any training precision (read as fp32).
+  virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg,
+                    int step) = 0;
 
-  // ---- collectives (sum; non-blocking; issued in the same order on every rank) ----
+  // ---- collectives (non-blocking; issued in the same order on every rank) ----
   virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;
-  virtual Request all_reduce(float* buf, int64_t count, Comm& comm) = 0;  // in place
-  // recv [size*count] gathers every rank's send [count]
-  virtual Request all_gather(const float* send, float* recv, int64_t count, Comm& comm) = 0;
-  // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
-  virtual Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& comm) = 0;
   // Any collective of CollectiveArgs; backends without it say so (UsageError).
   virtual Request collective(const CollectiveArgs& args, Comm& comm);
-  // Whether `collective` supports this combination here (e.g. MPI has no bfloat16 sum).
+  // Whether `collective` supports this combination here.
   virtual bool supports(Collective op, DType dtype, ReduceOp redop) const { return false; }
+  // The strategies' three, as sums (all through collective()):
+  Request all_reduce(Buf buf, int64_t count, Comm& comm);  // in place
+  // recv [size*count] gathers every rank's send [count]; in place when send is recv's
+  // slice of this rank (send == recv + rank*count)
+  Request all_gather(CBuf send, Buf recv, int64_t count, Comm& comm);
+  // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
+  Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
   virtual void synchronize() = 0;  // all compute issued so far has finished
@@ -226,6 +268,10 @@ class Backend {
   Phase phase_ = Phase::Other;
   int unit_ = -1;
 };
+
+// The one element type of a compute call's non-null tensors; names `op` in the error when
+// they differ.
+DType common_dtype(const char* op, std::initializer_list<CBuf> tensors);
 
 // RAII: tags the operations issued in a scope with a phase and a unit.
 class ScopedContext {

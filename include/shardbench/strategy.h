@@ -31,6 +31,14 @@ struct StrategyConfig {
   Prefetch prefetch = Prefetch::BackwardPre;
   bool forward_prefetch = false;
   bool checkpointing = false;
+  // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
+  // parameters and Adam state; parameters gathered and computed in param_dtype (so are
+  // activations and gradients); gradients reduced in reduce_dtype.
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
+  // Static loss scaling (fp16 gradients underflow without it): the loss gradient is
+  // multiplied by it and Adam divides it out.
+  float loss_scale = 1.f;
   uint64_t seed = 0;
   AdamConfig adam;
 
@@ -69,8 +77,8 @@ class TrainingSchedule : public Strategy {
     int first_forward = -1, last_forward = -1;
     int first_backward = -1, last_backward = -1;  // positions in backward order
   };
-  virtual const float* params_for(int unit) = 0;     // before forward or backward of a stage
-  virtual float* grads_for(int unit) = 0;            // before backward of a stage
+  virtual CBuf params_for(int unit) = 0;             // before forward or backward of a stage
+  virtual Buf grads_for(int unit) = 0;               // before backward of a stage
   virtual void before_forward(int pos) {}            // pos: position in forward order
   virtual void after_forward(int pos) {}
   virtual void before_backward(int pos) {}           // pos: position in backward order

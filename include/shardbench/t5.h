@@ -50,8 +50,10 @@ class T5Step {
  public:
   // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
   // global batch, so summing gradients across data-parallel ranks yields the global mean.
-  T5Step(const ModelSpec& spec, Backend& backend, const StepShape& shape, bool checkpointing,
-         float grad_scale);
+  // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
+  // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
+  T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
+         bool checkpointing, float grad_scale);
   ~T5Step();
   T5Step(const T5Step&) = delete;
   T5Step& operator=(const T5Step&) = delete;
@@ -59,6 +61,7 @@ class T5Step {
   const ModelSpec& spec() const;
   const std::vector<UnitSpec>& units() const;
   const std::vector<Stage>& stages() const;  // forward order
+  DType dtype() const;
 
   // Uploads this step's tokens (sizes must match the shape).
   void set_tokens(const Tokens& t);
@@ -66,10 +69,10 @@ class T5Step {
   // `params` points at the unit's full flat parameter (layout: units()[unit].tensors).
   // Saves what backward needs (category Activations); with checkpointing a block saves
   // only its input and recomputes the rest in backward.
-  void forward(int stage, const float* params);
+  void forward(int stage, CBuf params);
   // Accumulates (+=) into `grads`, the unit's full flat gradient, which the caller zeroes
   // before the unit's first backward stage. Frees the stage's saved activations.
-  void backward(int stage, const float* params, float* grads);
+  void backward(int stage, CBuf params, Buf grads);
 
   // Sum over this rank's tokens of the cross-entropy, valid after the Head forward.
   double loss_sum();

@@ -76,8 +76,66 @@ const char* collective_name(Collective c) {
   return int(c) >= 0 && c < Collective::kCount ? names[int(c)] : "?";
 }
 
+const char* precision_name(DType t) {
+  switch (t) {
+    case DType::F32: return "fp32";
+    case DType::BF16: return "bf16";
+    case DType::F16: return "fp16";
+    default: return "?";
+  }
+}
+
+DType parse_precision(const std::string& s, const std::string& flag) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    if (s == precision_name(t)) return t;
+  throw UsageError(flag + " '" + s + "' is not allowed (allowed: fp32, bf16, fp16)");
+}
+
+OpKind collective_kind(Collective c) {
+  switch (c) {
+    case Collective::AllReduce: return OpKind::AllReduce;
+    case Collective::AllGather: return OpKind::AllGather;
+    case Collective::ReduceScatter: return OpKind::ReduceScatter;
+    case Collective::Broadcast: return OpKind::Broadcast;
+    case Collective::Reduce: return OpKind::Reduce;
+    case Collective::AllToAll: return OpKind::AllToAll;
+    case Collective::SendRecv: return OpKind::SendRecv;
+    default: SB_FATAL("unknown collective " + std::to_string(int(c)));
+  }
+}
+
+int64_t collective_bytes(const CollectiveArgs& a, int comm_size) {
+  const bool per_rank = a.op == Collective::AllGather || a.op == Collective::ReduceScatter;
+  return a.count * dtype_size(a.dtype) * (per_rank ? comm_size : 1);
+}
+
+DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {
+  DType t = DType::kCount;
+  for (const CBuf& b : tensors) {
+    if (!b) continue;
+    if (t == DType::kCount) t = b.dtype;
+    if (b.dtype != t)
+      SB_FATAL(std::string(op) + " mixes element types " + dtype_name(t) + " and " + dtype_name(b.dtype));
+  }
+  return t == DType::kCount ? DType::F32 : t;
+}
+
 Request Backend::collective(const CollectiveArgs& a, Comm&) {
   throw UsageError(std::string(collective_name(a.op)) + " is not supported by the " + name() + " backend");
+}
+
+Request Backend::all_reduce(Buf buf, int64_t count, Comm& comm) {
+  return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0}, comm);
+}
+
+Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
+  SB_ASSERT(send.dtype == recv.dtype, "all-gather between different element types");
+  return collective({Collective::AllGather, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
+}
+
+Request Backend::reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm) {
+  SB_ASSERT(send.dtype == recv.dtype, "reduce-scatter between different element types");
+  return collective({Collective::ReduceScatter, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
 }
 
 int64_t Backend::mem_total_current() const {

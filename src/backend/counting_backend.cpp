@@ -42,46 +42,44 @@ class CountingBackend final : public Backend {
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
 
   // GEMMs are counted and recorded with their shapes (kernel_bench reads a step's shapes).
-  void gemm(bool ta, bool tb, int M, int N, int K, float, const float*, int, const float*, int, float,
-            float*, int) override {
+  void gemm(bool ta, bool tb, int M, int N, int K, float, CBuf, int, CBuf, int, float, Buf, int) override {
     count_gemm(ta, tb, M, N, K, 1);
   }
-  void gemm_batched(bool ta, bool tb, int M, int N, int K, float, const float*, int, int64_t, const float*,
-                    int, int64_t, float, float*, int, int64_t, int batch) override {
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float, CBuf, int, int64_t, CBuf, int, int64_t,
+                    float, Buf, int, int64_t, int batch) override {
     count_gemm(ta, tb, M, N, K, batch);
   }
-  void embedding_forward(float*, const float*, const int*, int, int) override {}
-  void embedding_backward(float*, const float*, const int*, int, int) override {}
-  void rmsnorm_forward(float*, float*, const float*, const float*, int, int, float) override {}
-  void rmsnorm_backward(float*, float*, const float*, const float*, const float*, const float*, int,
-                        int) override {}
-  void relu_forward(float*, int64_t) override {}
-  void relu_backward(float*, const float*, int64_t) override {}
-  void add(float*, const float*, int64_t) override {}
-  void scale(float*, float, int64_t) override {}
-  void copy(float*, const float*, int64_t) override {}
-  void fill(float*, float, int64_t) override {}
+  void embedding_forward(Buf, CBuf, const int*, int, int) override {}
+  void embedding_backward(Buf, CBuf, const int*, int, int) override {}
+  void rmsnorm_forward(Buf, float*, CBuf, CBuf, int, int, float) override {}
+  void rmsnorm_backward(Buf, Buf, CBuf, CBuf, CBuf, const float*, int, int) override {}
+  void relu_forward(Buf, int64_t) override {}
+  void relu_backward(Buf, CBuf, int64_t) override {}
+  void add(Buf, CBuf, int64_t) override {}
+  void scale(Buf, float, int64_t) override {}
+  void copy(Buf, CBuf, int64_t) override {}
+  void cast(Buf dst, CBuf src, int64_t n) override {  // recorded: the projection replays it
+    record(OpKind::Copy, 0, 0.0, 0.0, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n, 0.0);
+  }
+  void fill(Buf, float, int64_t) override {}
   void init_uniform(float*, int64_t, uint64_t, int64_t, float) override {}
-  void position_bias_forward(float*, const float*, const int*, int, int, int) override {}
-  void position_bias_backward(float*, const float*, const int*, int, int, int) override {}
-  void softmax_forward(float*, const float*, bool, int, int, int, int) override {}
-  void softmax_backward(float*, const float*, float*, int, int, int, int) override {}
-  void cross_entropy(float*, float*, const int*, int, int, float) override {}
-  void adam(float*, const float*, float*, float*, int64_t n, const AdamConfig&, int) override {
-    record(OpKind::Optimizer, 0, 0.0, 0.0, 28 * n, 0.0);  // bytes touched, for the projection
+  void position_bias_forward(Buf, CBuf, const int*, int, int, int) override {}
+  void position_bias_backward(Buf, CBuf, const int*, int, int, int) override {}
+  void softmax_forward(Buf, CBuf, bool, int, int, int, int) override {}
+  void softmax_backward(Buf, CBuf, Buf, int, int, int, int) override {}
+  void cross_entropy(Buf, float*, const int*, int, int, float) override {}
+  void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int) override {
+    record(OpKind::Optimizer, 0, 0.0, 0.0, (24 + dtype_size(g.dtype)) * n, 0.0);  // bytes touched, for the projection
   }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
   // Collectives are recorded at issue (start = end = issue index) so tests can read the
   // schedule a strategy would run.
-  Request all_reduce(float*, int64_t count, Comm&) override {
-    return issue(OpKind::AllReduce, count * 4);
-  }
-  Request all_gather(const float*, float*, int64_t count, Comm& c) override {
-    return issue(OpKind::AllGather, count * 4 * c.size());
-  }
-  Request reduce_scatter(const float*, float*, int64_t count, Comm& c) override {
-    return issue(OpKind::ReduceScatter, count * 4 * c.size());
+  bool supports(Collective, DType, ReduceOp) const override { return true; }
+  Request collective(const CollectiveArgs& a, Comm& c) override {
+    record(collective_kind(a.op), 1, double(next_request_), double(next_request_), collective_bytes(a, c.size()),
+           0.0, nullptr, next_request_);
+    return next_request_++;
   }
   void wait(Request r) override { record(OpKind::Wait, 0, 0.0, 0.0, 0, 0.0, nullptr, r); }
   bool test(Request) override { return true; }
@@ -96,10 +94,6 @@ class CountingBackend final : public Backend {
     flops_ += flops;
     const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
     record(OpKind::Gemm, 0, 0.0, 0.0, 0, flops, shape);
-  }
-  Request issue(OpKind kind, int64_t bytes) {
-    record(kind, 1, double(next_request_), double(next_request_), bytes, 0.0, nullptr, next_request_);
-    return next_request_++;
   }
 
   uintptr_t next_ = 4096;

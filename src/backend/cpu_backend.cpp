@@ -16,6 +16,7 @@
 
 #include "shardbench/backend.h"
 #include "shardbench/check.h"
+#include "shardbench/half.h"
 #include "shardbench/model.h"
 #include "shardbench/rng.h"
 
@@ -34,6 +35,78 @@ class MpiComm : public Comm {
 
  private:
   int size_ = 0, rank_ = 0;
+};
+
+// Elements a strided matrix spans: `batch` matrices of rows × cols with leading dimension
+// ld, `stride` elements apart.
+int64_t span(int rows, int cols, int ld, int64_t stride, int batch) {
+  return int64_t(batch - 1) * stride + int64_t(rows - 1) * ld + cols;
+}
+
+void load_f32(float* dst, CBuf src, int64_t n) {
+  switch (src.dtype) {
+    case DType::BF16: {
+      auto* s = static_cast<const bf16*>(src.ptr);
+      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* s = static_cast<const f16*>(src.ptr);
+      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      break;
+    }
+    default: std::memcpy(dst, src.ptr, size_t(n) * 4);
+  }
+}
+
+void store_f32(Buf dst, const float* src, int64_t n) {
+  switch (dst.dtype) {
+    case DType::BF16: {
+      auto* d = static_cast<bf16*>(dst.ptr);
+      for (int64_t i = 0; i < n; ++i) d[i] = bf16(src[i]);
+      break;
+    }
+    case DType::F16: {
+      auto* d = static_cast<f16*>(dst.ptr);
+      for (int64_t i = 0; i < n; ++i) d[i] = f16(src[i]);
+      break;
+    }
+    default: std::memcpy(dst.ptr, src, size_t(n) * 4);
+  }
+}
+
+// An fp32 view of n elements of a tensor: the tensor itself when it is fp32; otherwise a
+// host copy converted to fp32 (when read) and, for an output, stored back rounded at
+// store() or the end of the view. The copies are the CPU's emulation of 16-bit storage and
+// are not in the memory ledger. A null tensor gives a null view.
+class F32View {
+ public:
+  F32View(CBuf in, int64_t n) : out_(nullptr), n_(n) { init(in, true); }
+  F32View(Buf out, int64_t n, bool read) : out_(out), n_(n) { init(out, read); }
+  ~F32View() { store(); }
+  F32View(const F32View&) = delete;
+  F32View& operator=(const F32View&) = delete;
+  void store() {
+    if (out_ && !copy_.empty()) store_f32(out_, p, n_);
+    out_ = nullptr;
+  }
+  float* p = nullptr;
+
+ private:
+  void init(CBuf b, bool read) {
+    if (!b || b.dtype == DType::F32) {
+      p = const_cast<float*>(static_cast<const float*>(b.ptr));
+      return;
+    }
+    SB_ASSERT(b.dtype == DType::BF16 || b.dtype == DType::F16,
+              std::string("compute on ") + dtype_name(b.dtype) + " tensors");
+    copy_.resize(size_t(n_));
+    p = copy_.data();
+    if (read) load_f32(p, b, n_);
+  }
+  Buf out_;
+  int64_t n_;
+  std::vector<float> copy_;
 };
 
 struct Pending {
@@ -58,6 +131,8 @@ class CpuBackend final : public Backend {
       MPI_Request reqs[2] = {p.req, p.req2};
       if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
     }
+    for (auto& [key, op] : half_ops_)
+      if (!finalized) MPI_Op_free(&op);
     for (void* p : tracked()) std::free(p);
   }
   std::string name() const override { return "cpu"; }
@@ -85,200 +160,274 @@ class CpuBackend final : public Backend {
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   // ---- compute ----
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-            const float* B, int ldb, float beta, float* C, int ldc) override {
-    const double t0 = now();
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
-                K, alpha, A, lda, B, ldb, beta, C, ldc);
-    const int32_t shape[5] = {M, N, K, 1, int(ta) | int(tb) << 1};
-    done(OpKind::Gemm, t0, 4 * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
-         2.0 * M * N * K, shape);
+  // Each operation runs its fp32 kernel on fp32 views of its tensors (F32View): bf16 and
+  // fp16 tensors are loaded, computed in fp32 and stored rounded, as GPU kernels do.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B, int ldb,
+            float beta, Buf C, int ldc) override {
+    gemm_batched(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
   }
-  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda,
-                    int64_t sa, const float* B, int ldb, int64_t sb, float beta, float* C, int ldc,
-                    int64_t sc, int batch) override {
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa,
+                    CBuf B, int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc,
+                    int batch) override {
     const double t0 = now();
-    const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
-    for (int i = 0; i < batch; ++i)
-      cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, A + i * sa, lda, B + i * sb, ldb, beta,
-                  C + i * sc, ldc);
+    const int es = dtype_size(common_dtype("gemm", {A, B, C}));
+    {
+      const F32View a(A, span(ta ? K : M, ta ? M : K, lda, sa, batch));
+      const F32View b(B, span(tb ? N : K, tb ? K : N, ldb, sb, batch));
+      F32View c(C, span(M, N, ldc, sc, batch), /*read=*/beta != 0.f);
+      const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
+      for (int i = 0; i < batch; ++i)
+        cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta,
+                    c.p + i * sc, ldc);
+    }
     const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
-    done(OpKind::Gemm, t0,
-         4 * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+    done(OpKind::Gemm, t0, es * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
          2.0 * M * N * K * batch, shape);
   }
-  void embedding_forward(float* out, const float* table, const int* ids, int n, int d) override {
+  void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) override {
     const double t0 = now();
-    for (int i = 0; i < n; ++i) std::memcpy(out + int64_t(i) * d, table + int64_t(ids[i]) * d, 4 * size_t(d));
-    done(OpKind::Elementwise, t0, 8 * int64_t(n) * d);
+    const int es = dtype_size(common_dtype("embedding_forward", {out, table}));
+    // A row gather moves elements unchanged, whatever their type.
+    auto* o = static_cast<char*>(out.ptr);
+    auto* t = static_cast<const char*>(table.ptr);
+    for (int i = 0; i < n; ++i) std::memcpy(o + int64_t(i) * d * es, t + int64_t(ids[i]) * d * es, size_t(d) * es);
+    done(OpKind::Elementwise, t0, 2 * es * int64_t(n) * d);
   }
-  void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) override {
+  void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) override {
     const double t0 = now();
+    const int es = dtype_size(common_dtype("embedding_backward", {dtable, dout}));
+    const int rows = *std::max_element(ids, ids + n) + 1;
+    F32View table(dtable, int64_t(rows) * d, true);
+    const F32View g(dout, int64_t(n) * d);
     for (int i = 0; i < n; ++i) {
-      float* row = dtable + int64_t(ids[i]) * d;
-      const float* g = dout + int64_t(i) * d;
-      for (int j = 0; j < d; ++j) row[j] += g[j];
+      float* row = table.p + int64_t(ids[i]) * d;
+      const float* gi = g.p + int64_t(i) * d;
+      for (int j = 0; j < d; ++j) row[j] += gi[j];
     }
-    done(OpKind::Elementwise, t0, 12 * int64_t(n) * d);
+    done(OpKind::Elementwise, t0, 3 * es * int64_t(n) * d);
   }
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
-                       float eps) override {
+  void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
     const double t0 = now();
+    const int es = dtype_size(common_dtype("rmsnorm_forward", {out, x, w}));
+    const int64_t nd = int64_t(n) * d;
+    F32View o(out, nd, false);
+    const F32View xv(x, nd), wv(w, d);
     for (int i = 0; i < n; ++i) {
-      const float* xi = x + int64_t(i) * d;
-      float* oi = out + int64_t(i) * d;
+      const float* xi = xv.p + int64_t(i) * d;
+      float* oi = o.p + int64_t(i) * d;
       double ss = 0;
       for (int j = 0; j < d; ++j) ss += double(xi[j]) * xi[j];
       const float r = float(1.0 / std::sqrt(ss / d + eps));
       rstd[i] = r;
-      for (int j = 0; j < d; ++j) oi[j] = xi[j] * r * w[j];
+      for (int j = 0; j < d; ++j) oi[j] = xi[j] * r * wv.p[j];
     }
-    done(OpKind::Elementwise, t0, 8 * int64_t(n) * d);
+    done(OpKind::Elementwise, t0, 2 * es * nd);
   }
-  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                        const float* rstd, int n, int d) override {
+  void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
+                        int d) override {
     const double t0 = now();
+    const int es = dtype_size(common_dtype("rmsnorm_backward", {dx, dw, dout, x, w}));
+    const int64_t nd = int64_t(n) * d;
+    F32View dxv(dx, nd, true), dwv(dw, d, true);
+    const F32View g(dout, nd), xv(x, nd), wv(w, d);
     for (int i = 0; i < n; ++i) {
-      const float* xi = x + int64_t(i) * d;
-      const float* gi = dout + int64_t(i) * d;
-      float* dxi = dx + int64_t(i) * d;
+      const float* xi = xv.p + int64_t(i) * d;
+      const float* gi = g.p + int64_t(i) * d;
+      float* dxi = dxv.p + int64_t(i) * d;
       const float r = rstd[i];
       // out_j = x_j r w_j, r = (mean x^2 + eps)^-1/2  ⇒  dx_j = r (g_j w_j − x_j r² mean_k(g_k w_k x_k))
       double dot = 0;
-      for (int j = 0; j < d; ++j) dot += double(gi[j]) * w[j] * xi[j];
+      for (int j = 0; j < d; ++j) dot += double(gi[j]) * wv.p[j] * xi[j];
       const float c = float(dot / d) * r * r;
       for (int j = 0; j < d; ++j) {
-        dxi[j] += r * (gi[j] * w[j] - xi[j] * c);
-        dw[j] += gi[j] * xi[j] * r;
+        dxi[j] += r * (gi[j] * wv.p[j] - xi[j] * c);
+        dwv.p[j] += gi[j] * xi[j] * r;
       }
     }
-    done(OpKind::Elementwise, t0, 16 * int64_t(n) * d);
+    done(OpKind::Elementwise, t0, 4 * es * nd);
   }
-  void relu_forward(float* x, int64_t n) override {
+  void relu_forward(Buf x, int64_t n) override {
     const double t0 = now();
-    for (int64_t i = 0; i < n; ++i) x[i] = x[i] > 0.f ? x[i] : 0.f;
-    done(OpKind::Elementwise, t0, 8 * n);
+    F32View v(x, n, true);
+    for (int64_t i = 0; i < n; ++i) v.p[i] = v.p[i] > 0.f ? v.p[i] : 0.f;
+    v.store();
+    done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
-  void relu_backward(float* dy, const float* y, int64_t n) override {
+  void relu_backward(Buf dy, CBuf y, int64_t n) override {
     const double t0 = now();
-    for (int64_t i = 0; i < n; ++i) dy[i] = y[i] > 0.f ? dy[i] : 0.f;
-    done(OpKind::Elementwise, t0, 12 * n);
+    const int es = dtype_size(common_dtype("relu_backward", {dy, y}));
+    {
+      F32View g(dy, n, true);
+      const F32View yv(y, n);
+      for (int64_t i = 0; i < n; ++i) g.p[i] = yv.p[i] > 0.f ? g.p[i] : 0.f;
+    }
+    done(OpKind::Elementwise, t0, 3 * es * n);
   }
-  void add(float* y, const float* x, int64_t n) override {
+  void add(Buf y, CBuf x, int64_t n) override {
     const double t0 = now();
-    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
-    done(OpKind::Elementwise, t0, 12 * n);
+    const int es = dtype_size(common_dtype("add", {y, x}));
+    {
+      F32View yv(y, n, true);
+      const F32View xv(x, n);
+      for (int64_t i = 0; i < n; ++i) yv.p[i] += xv.p[i];
+    }
+    done(OpKind::Elementwise, t0, 3 * es * n);
   }
-  void scale(float* x, float a, int64_t n) override {
+  void scale(Buf x, float a, int64_t n) override {
     const double t0 = now();
-    for (int64_t i = 0; i < n; ++i) x[i] *= a;
-    done(OpKind::Elementwise, t0, 8 * n);
+    F32View v(x, n, true);
+    for (int64_t i = 0; i < n; ++i) v.p[i] *= a;
+    v.store();
+    done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
-  void copy(float* dst, const float* src, int64_t n) override {
+  void copy(Buf dst, CBuf src, int64_t n) override {
     const double t0 = now();
-    std::memcpy(dst, src, size_t(n) * 4);
-    done(OpKind::Copy, t0, 8 * n);
+    const int es = dtype_size(common_dtype("copy", {dst, src}));
+    std::memcpy(dst.ptr, src.ptr, size_t(n) * es);
+    done(OpKind::Copy, t0, 2 * es * n);
   }
-  void fill(float* x, float value, int64_t n) override {
+  void cast(Buf dst, CBuf src, int64_t n) override {
     const double t0 = now();
-    std::fill(x, x + n, value);
-    done(OpKind::Elementwise, t0, 4 * n);
+    if (dst.dtype == src.dtype) {
+      std::memcpy(dst.ptr, src.ptr, size_t(n) * dtype_size(src.dtype));
+    } else {
+      const F32View s(src, n);
+      store_f32(dst, s.p, n);
+    }
+    done(OpKind::Copy, t0, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n);
+  }
+  void fill(Buf x, float value, int64_t n) override {
+    const double t0 = now();
+    const int es = dtype_size(x.dtype);
+    switch (x.dtype) {
+      case DType::BF16: std::fill_n(static_cast<bf16*>(x.ptr), n, bf16(value)); break;
+      case DType::F16: std::fill_n(static_cast<f16*>(x.ptr), n, f16(value)); break;
+      default: std::fill_n(static_cast<float*>(x.ptr), n, value);
+    }
+    done(OpKind::Elementwise, t0, es * n);
   }
   void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
     const double t0 = now();
     for (int64_t i = 0; i < n; ++i) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
     done(OpKind::Elementwise, t0, 4 * n);
   }
-  void position_bias_forward(float* bias, const float* table, const int* buckets, int heads, int tq,
+  void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
                              int tk) override {
     const double t0 = now();
+    const int es = dtype_size(common_dtype("position_bias_forward", {bias, table}));
     const int64_t tt = int64_t(tq) * tk;
-    for (int h = 0; h < heads; ++h)
-      for (int64_t ij = 0; ij < tt; ++ij) bias[h * tt + ij] = table[int64_t(buckets[ij]) * heads + h];
-    done(OpKind::Elementwise, t0, 8 * heads * tt);
+    const int rows = *std::max_element(buckets, buckets + tt) + 1;
+    {
+      F32View b(bias, heads * tt, false);
+      const F32View t(table, int64_t(rows) * heads);
+      for (int h = 0; h < heads; ++h)
+        for (int64_t ij = 0; ij < tt; ++ij) b.p[h * tt + ij] = t.p[int64_t(buckets[ij]) * heads + h];
+    }
+    done(OpKind::Elementwise, t0, 2 * es * heads * tt);
   }
-  void position_bias_backward(float* dtable, const float* dbias, const int* buckets, int heads,
-                              int tq, int tk) override {
+  void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
+                              int tk) override {
     const double t0 = now();
+    const int es = dtype_size(common_dtype("position_bias_backward", {dtable, dbias}));
     const int64_t tt = int64_t(tq) * tk;
-    for (int h = 0; h < heads; ++h)
-      for (int64_t ij = 0; ij < tt; ++ij) dtable[int64_t(buckets[ij]) * heads + h] += dbias[h * tt + ij];
-    done(OpKind::Elementwise, t0, 8 * heads * tt);
+    const int rows = *std::max_element(buckets, buckets + tt) + 1;
+    {
+      F32View t(dtable, int64_t(rows) * heads, true);
+      const F32View b(dbias, heads * tt);
+      for (int h = 0; h < heads; ++h)
+        for (int64_t ij = 0; ij < tt; ++ij) t.p[int64_t(buckets[ij]) * heads + h] += b.p[h * tt + ij];
+    }
+    done(OpKind::Elementwise, t0, 2 * es * heads * tt);
   }
-  void softmax_forward(float* s, const float* bias, bool causal, int batch, int heads, int tq,
+  void softmax_forward(Buf scores, CBuf bias, bool causal, int batch, int heads, int tq,
                        int tk) override {
     const double t0 = now();
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < heads; ++h)
-        for (int i = 0; i < tq; ++i) {
-          float* row = s + ((int64_t(b) * heads + h) * tq + i) * tk;
-          const float* brow = bias ? bias + (int64_t(h) * tq + i) * tk : nullptr;
-          const int valid = causal ? std::min(tk, i + 1) : tk;
-          float mx = -INFINITY;
-          for (int j = 0; j < valid; ++j) {
-            if (brow) row[j] += brow[j];
-            mx = std::max(mx, row[j]);
+    const int es = dtype_size(common_dtype("softmax_forward", {scores, bias}));
+    {
+      F32View sv(scores, int64_t(batch) * heads * tq * tk, true);
+      const F32View bv(bias, int64_t(heads) * tq * tk);
+      for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < tq; ++i) {
+            float* row = sv.p + ((int64_t(b) * heads + h) * tq + i) * tk;
+            const float* brow = bv.p ? bv.p + (int64_t(h) * tq + i) * tk : nullptr;
+            const int valid = causal ? std::min(tk, i + 1) : tk;
+            float mx = -INFINITY;
+            for (int j = 0; j < valid; ++j) {
+              if (brow) row[j] += brow[j];
+              mx = std::max(mx, row[j]);
+            }
+            float sum = 0.f;
+            for (int j = 0; j < valid; ++j) sum += (row[j] = std::exp(row[j] - mx));
+            const float inv = 1.f / sum;
+            for (int j = 0; j < valid; ++j) row[j] *= inv;
+            for (int j = valid; j < tk; ++j) row[j] = 0.f;
           }
-          float sum = 0.f;
-          for (int j = 0; j < valid; ++j) sum += (row[j] = std::exp(row[j] - mx));
-          const float inv = 1.f / sum;
-          for (int j = 0; j < valid; ++j) row[j] *= inv;
-          for (int j = valid; j < tk; ++j) row[j] = 0.f;
-        }
-    done(OpKind::Elementwise, t0, 8 * int64_t(batch) * heads * tq * tk);
+    }
+    done(OpKind::Elementwise, t0, 2 * es * int64_t(batch) * heads * tq * tk);
   }
-  void softmax_backward(float* ds, const float* p, float* dbias, int batch, int heads, int tq,
-                        int tk) override {
+  void softmax_backward(Buf ds, CBuf p, Buf dbias, int batch, int heads, int tq, int tk) override {
     const double t0 = now();
-    for (int b = 0; b < batch; ++b)
-      for (int h = 0; h < heads; ++h)
-        for (int i = 0; i < tq; ++i) {
-          const int64_t off = ((int64_t(b) * heads + h) * tq + i) * tk;
-          float* g = ds + off;
-          const float* pr = p + off;
-          float dot = 0.f;
-          for (int j = 0; j < tk; ++j) dot += g[j] * pr[j];
-          for (int j = 0; j < tk; ++j) g[j] = pr[j] * (g[j] - dot);
-          if (dbias) {
-            float* db = dbias + (int64_t(h) * tq + i) * tk;
-            for (int j = 0; j < tk; ++j) db[j] += g[j];
+    const int es = dtype_size(common_dtype("softmax_backward", {ds, p, dbias}));
+    {
+      const int64_t total = int64_t(batch) * heads * tq * tk;
+      F32View g(ds, total, true);
+      const F32View pv(p, total);
+      F32View db(dbias, int64_t(heads) * tq * tk, true);
+      for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+          for (int i = 0; i < tq; ++i) {
+            const int64_t off = ((int64_t(b) * heads + h) * tq + i) * tk;
+            float* gi = g.p + off;
+            const float* pr = pv.p + off;
+            float dot = 0.f;
+            for (int j = 0; j < tk; ++j) dot += gi[j] * pr[j];
+            for (int j = 0; j < tk; ++j) gi[j] = pr[j] * (gi[j] - dot);
+            if (db.p) {
+              float* dbi = db.p + (int64_t(h) * tq + i) * tk;
+              for (int j = 0; j < tk; ++j) dbi[j] += gi[j];
+            }
           }
-        }
-    done(OpKind::Elementwise, t0, 12 * int64_t(batch) * heads * tq * tk);
+    }
+    done(OpKind::Elementwise, t0, 3 * es * int64_t(batch) * heads * tq * tk);
   }
-  void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
+  void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                      float grad_scale) override {
     const double t0 = now();
-    for (int i = 0; i < n; ++i) {
-      float* row = logits + int64_t(i) * vocab;
-      float mx = -INFINITY;
-      for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
-      const float target = row[labels[i]] - mx;
-      double sum = 0;  // exponentials computed once, kept in the row
-      for (int j = 0; j < vocab; ++j) sum += (row[j] = std::exp(row[j] - mx));
-      losses[i] = float(std::log(sum)) - target;
-      const float k = float(grad_scale / sum);
-      for (int j = 0; j < vocab; ++j) row[j] *= k;
-      row[labels[i]] -= grad_scale;
+    {
+      F32View lv(logits, int64_t(n) * vocab, true);
+      for (int i = 0; i < n; ++i) {
+        float* row = lv.p + int64_t(i) * vocab;
+        float mx = -INFINITY;
+        for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
+        const float target = row[labels[i]] - mx;
+        double sum = 0;  // exponentials computed once, kept in the row
+        for (int j = 0; j < vocab; ++j) sum += (row[j] = std::exp(row[j] - mx));
+        losses[i] = float(std::log(sum)) - target;
+        const float k = float(grad_scale / sum);
+        for (int j = 0; j < vocab; ++j) row[j] *= k;
+        row[labels[i]] -= grad_scale;
+      }
     }
-    done(OpKind::Elementwise, t0, 8 * int64_t(n) * vocab);
+    done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
   }
-  void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConfig& c,
-            int step) override {
+  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
     const double t0 = now();
-    adam_kernel(p, g, m, v, n, c.lr, c.beta1, c.beta2, c.eps, 1.f - std::pow(c.beta1, float(step)),
-                1.f - std::pow(c.beta2, float(step)));
-    done(OpKind::Optimizer, t0, 28 * n);
+    const F32View gv(g, n);
+    adam_kernel(p, gv.p, m, v, n, c.lr, c.beta1, c.beta2, c.eps, 1.f - std::pow(c.beta1, float(step)),
+                1.f - std::pow(c.beta2, float(step)), c.grad_unscale);
+    done(OpKind::Optimizer, t0, (24 + dtype_size(g.dtype)) * n);
   }
   // Separate buffers (restrict) and bias corrections folded into multipliers let the
   // compiler vectorise the loop.
   static void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
                           float* __restrict__ v, int64_t n, float lr, float b1, float b2, float eps,
-                          float bc1, float bc2) {
+                          float bc1, float bc2, float unscale) {
     const float step_size = lr / bc1, inv_bc2 = 1.f / bc2;
     for (int64_t i = 0; i < n; ++i) {
-      m[i] = b1 * m[i] + (1.f - b1) * g[i];
-      v[i] = b2 * v[i] + (1.f - b2) * g[i] * g[i];
+      const float gi = g[i] * unscale;
+      m[i] = b1 * m[i] + (1.f - b1) * gi;
+      v[i] = b2 * v[i] + (1.f - b2) * gi * gi;
       p[i] -= step_size * m[i] / (std::sqrt(v[i] * inv_bc2) + eps);
     }
   }
@@ -286,28 +435,11 @@ class CpuBackend final : public Backend {
   // ---- collectives ----
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override { return std::make_unique<MpiComm>(c); }
 
-  Request all_reduce(float* buf, int64_t count, Comm& c) override {
-    Pending p = begin(OpKind::AllReduce, count * 4);
-    MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf, mpi_count(count), MPI_FLOAT, MPI_SUM, mpi(c), &p.req));
-    return enqueue(p);
-  }
-  Request all_gather(const float* send, float* recv, int64_t count, Comm& c) override {
-    Pending p = begin(OpKind::AllGather, count * 4 * c.size());
-    MPI_CHECK(MPI_Iallgather(send, mpi_count(count), MPI_FLOAT, recv, mpi_count(count), MPI_FLOAT,
-                             mpi(c), &p.req));
-    return enqueue(p);
-  }
-  Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& c) override {
-    Pending p = begin(OpKind::ReduceScatter, count * 4 * c.size());
-    MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, mpi_count(count), MPI_FLOAT, MPI_SUM, mpi(c),
-                                        &p.req));
-    return enqueue(p);
-  }
+  // Every type and reduction; bfloat16 and half reduce through user-defined MPI operations
+  // (MPI has no 16-bit float arithmetic) that compute in fp32 and round, as NCCL does.
   bool supports(Collective op, DType dtype, ReduceOp redop) const override {
-    const bool reduces = op == Collective::AllReduce || op == Collective::ReduceScatter || op == Collective::Reduce;
-    // MPI has no bfloat16 or half arithmetic: those types only move.
-    if (reduces && (dtype == DType::BF16 || dtype == DType::F16)) return false;
-    return int(dtype) >= 0 && dtype < DType::kCount && int(redop) >= 0 && redop < ReduceOp::kCount;
+    return int(op) >= 0 && op < Collective::kCount && int(dtype) >= 0 && dtype < DType::kCount &&
+           int(redop) >= 0 && redop < ReduceOp::kCount;
   }
 
   Request collective(const CollectiveArgs& a, Comm& c) override {
@@ -317,7 +449,7 @@ class CpuBackend final : public Backend {
     const MPI_Comm comm = mpi(c);
     const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
     const MPI_Datatype t = mpi_type(a.dtype);
-    const MPI_Op op = mpi_op(a.redop);
+    const MPI_Op op = mpi_op(a.redop, a.dtype);
     const int cnt = mpi_count(a.count);
     auto* send = static_cast<const char*>(a.send);
     auto* recv = static_cast<char*>(a.recv);
@@ -419,13 +551,46 @@ class CpuBackend final : public Backend {
       default: return MPI_UINT16_T;  // bfloat16, half: moved as 16-bit words
     }
   }
-  static MPI_Op mpi_op(ReduceOp o) {
+  MPI_Op mpi_op(ReduceOp o, DType t) {
+    if (t == DType::BF16 || t == DType::F16) return half_op(o, t);
     switch (o) {
       case ReduceOp::Prod: return MPI_PROD;
       case ReduceOp::Min: return MPI_MIN;
       case ReduceOp::Max: return MPI_MAX;
       default: return MPI_SUM;  // avg = sum, divided on completion (MPI has no average)
     }
+  }
+  template <class T, ReduceOp R>
+  static void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
+    const T* a = static_cast<const T*>(in);
+    T* b = static_cast<T*>(inout);
+    for (int i = 0; i < *len; ++i) {
+      const float x = a[i], y = b[i];
+      switch (R) {
+        case ReduceOp::Prod: b[i] = T(x * y); break;
+        case ReduceOp::Min: b[i] = T(std::min(x, y)); break;
+        case ReduceOp::Max: b[i] = T(std::max(x, y)); break;
+        default: b[i] = T(x + y);
+      }
+    }
+  }
+  template <class T>
+  static MPI_User_function* half_function(ReduceOp o) {
+    switch (o) {
+      case ReduceOp::Prod: return &half_reduce<T, ReduceOp::Prod>;
+      case ReduceOp::Min: return &half_reduce<T, ReduceOp::Min>;
+      case ReduceOp::Max: return &half_reduce<T, ReduceOp::Max>;
+      default: return &half_reduce<T, ReduceOp::Sum>;
+    }
+  }
+  // Created on first use, freed with the backend.
+  MPI_Op half_op(ReduceOp o, DType t) {
+    const int key = int(t) * int(ReduceOp::kCount) + int(o == ReduceOp::Avg ? ReduceOp::Sum : o);
+    auto it = half_ops_.find(key);
+    if (it != half_ops_.end()) return it->second;
+    MPI_Op op;
+    MPI_CHECK(MPI_Op_create(t == DType::BF16 ? half_function<bf16>(o) : half_function<f16>(o), 1, &op));
+    return half_ops_[key] = op;
   }
   template <class T>
   static void divide(void* buf, int64_t n, int by) {
@@ -440,6 +605,8 @@ class CpuBackend final : public Backend {
       case DType::I32: return [=] { divide<int32_t>(buf, n, ranks); };
       case DType::I64: return [=] { divide<int64_t>(buf, n, ranks); };
       case DType::U8: return [=] { divide<uint8_t>(buf, n, ranks); };
+      case DType::BF16: return [=] { divide<bf16>(buf, n, ranks); };
+      case DType::F16: return [=] { divide<f16>(buf, n, ranks); };
       default: return {};
     }
   }
@@ -506,6 +673,7 @@ class CpuBackend final : public Backend {
 
   std::chrono::steady_clock::time_point epoch_;
   std::unordered_map<Request, Pending> pending_;
+  std::unordered_map<int, MPI_Op> half_ops_;
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
 };

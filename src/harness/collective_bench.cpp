@@ -13,6 +13,7 @@
 #include <numeric>
 
 #include "shardbench/check.h"
+#include "shardbench/half.h"
 #include "shardbench/cli.h"
 #include "shardbench/collectives.h"
 #include "shardbench/h5.h"
@@ -105,10 +106,23 @@ bool parse(int argc, char** argv, Options& o, int world) {
 
 // ---- deterministic inputs and expected results, per element type ----
 template <class T>
+constexpr bool is_half() { return std::is_same<T, bf16>::value || std::is_same<T, f16>::value; }
+
+template <class T>
 T input(int rank, int64_t i, ReduceOp redop) {
-  if (std::is_same<T, uint16_t>::value) return T((rank * 31 + i * 17) & 0xffff);  // moved, never reduced
-  if (redop == ReduceOp::Prod) return (rank + i) % 3 == 0 ? T(-1) : T(1);       // products stay small
-  return T(((rank + 1) * 3 + i * 7) % 11 - 5);                                   // sums stay exact
+  if (redop == ReduceOp::Prod) return (rank + i) % 3 == 0 ? T(-1) : T(1);  // products stay small
+  // Sums stay exact: 16-bit floats hold every integer up to 256 (bfloat16) or 2048 (half).
+  if (is_half<T>()) return T(((rank + 1) * 3 + i * 7) % 3 - 1);
+  return T(((rank + 1) * 3 + i * 7) % 11 - 5);
+}
+
+// Exact, except averages of 16-bit floats: NCCL may scale before summing, so the rounding
+// of x/n is allowed (half an ulp of each term, a few ulps in all).
+template <class T>
+bool matches(T got, T want, ReduceOp redop) {
+  if (!is_half<T>() || redop != ReduceOp::Avg) return got == want;
+  const float ulp = std::is_same<T, bf16>::value ? 1.f / 128 : 1.f / 1024;
+  return std::fabs(float(got) - float(want)) <= 4 * ulp * std::max(1.f, std::fabs(float(want)));
 }
 
 template <class T>
@@ -180,7 +194,7 @@ struct Bench {
     if (out_n) b.download(got.data(), src, size_t(out_n) * sizeof(T));
     if (o.inject_error == rank && out_n) got[out_n / 2] = T(got[out_n / 2] + T(1));
     int64_t wrong = 0;
-    for (int64_t j = 0; j < out_n; ++j) wrong += !(got[j] == expected<T>(op, s, j));
+    for (int64_t j = 0; j < out_n; ++j) wrong += !matches(got[j], expected<T>(op, s, j), r);
     return wrong;
   }
 
@@ -218,7 +232,9 @@ struct Bench {
       case DType::I32: return check<int32_t>(op, s, in_place);
       case DType::I64: return check<int64_t>(op, s, in_place);
       case DType::U8: return check<uint8_t>(op, s, in_place);
-      default: return check<uint16_t>(op, s, in_place);
+      case DType::BF16: return check<bf16>(op, s, in_place);
+      case DType::F16: return check<f16>(op, s, in_place);
+      default: SB_FATAL("unknown dtype");
     }
   }
 

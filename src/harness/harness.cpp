@@ -77,7 +77,9 @@ void print_config(const Out& out, const RunConfig& c, int world, int shard) {
       {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * world)},
       {"seq len enc / dec", std::to_string(c.shape.enc_len) + " / " + std::to_string(c.shape.dec_len)},
       {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
-      {"backend / dtype", c.backend + " / fp32"},
+      {"backend / dtype / reduce", c.backend + " / " + precision_name(c.strategy.param_dtype) + " / " +
+                                       precision_name(c.strategy.reduce_dtype)},
+      {"loss scale", std::to_string(c.strategy.loss_scale)},
       {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
       {"seed", std::to_string(c.strategy.seed)},
   };
@@ -199,7 +201,9 @@ std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, d
       Attr::integer("global_batch", c.shape.batch * world),
       Attr::integer("enc_seq_len", c.shape.enc_len),
       Attr::integer("dec_seq_len", c.shape.dec_len),
-      Attr::str("dtype", "fp32"),
+      Attr::str("dtype", precision_name(c.strategy.param_dtype)),
+      Attr::str("reduce_dtype", precision_name(c.strategy.reduce_dtype)),
+      Attr::num("loss_scale", c.strategy.loss_scale),
       Attr::str("backend", c.backend),
       Attr::integer("steps", c.steps),
       Attr::integer("warmup", c.warmup),

@@ -2,6 +2,8 @@
 // UsageError line naming the value and what is allowed.
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+
 #include "shardbench/check.h"
 #include "shardbench/cli.h"
 #include "shardbench/harness.h"
@@ -26,7 +28,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                cfg.program};
   // A flag given twice takes its last value, so scripts can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  std::string model = "t5-small", sharding = "full", prefetch = "backward-pre";
+  std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0;
   double lr = cfg.strategy.adam.lr;
@@ -56,10 +58,21 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
   app.add_option("--world-size", world, "world size to plan for with --plan (default: the MPI world)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
-  app.add_option("--check-tolerance", cfg.check_tolerance, "allowed relative error of --check")->capture_default_str();
+  auto* o_tol = app.add_option("--check-tolerance", cfg.check_tolerance,
+                               "allowed relative error of --check (default 1e-5 in fp32, 5e-3 with bf16/fp16 "
+                               "--dtype or --reduce-dtype: rounding differs with the reduction order)");
   app.add_option("--out", cfg.out_path,
                  "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5)");
   app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
+  app.add_option("--dtype", dtype,
+                 "fp32 | bf16 | fp16: parameters as computed (gathered), activations, gradients; "
+                 "master weights and Adam stay fp32")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16: gradient reduction (default: --dtype)");
+  double loss_scale = 0;
+  app.add_option("--loss-scale", loss_scale,
+                 "static loss scale, divided out before Adam (default: 1024 with fp16, else 1; fp16 "
+                 "gradients underflow without it)");
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {
@@ -113,6 +126,15 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.kind = kind;
   cfg.strategy.seed = seed;
   cfg.strategy.adam.lr = float(lr);
+  cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");
+  cfg.strategy.reduce_dtype = reduce_dtype.empty() ? cfg.strategy.param_dtype
+                                                   : parse_precision(reduce_dtype, "--reduce-dtype");
+  const bool low_precision = cfg.strategy.param_dtype != DType::F32 || cfg.strategy.reduce_dtype != DType::F32;
+  if (!o_tol->count()) cfg.check_tolerance = low_precision ? 5e-3 : 1e-5;
+  if (loss_scale == 0) loss_scale = cfg.strategy.param_dtype == DType::F16 ? 1024 : 1;
+  if (!(loss_scale > 0) || !std::isfinite(loss_scale))
+    throw UsageError("--loss-scale " + std::to_string(loss_scale) + " is not allowed (must be > 0)");
+  cfg.strategy.loss_scale = float(loss_scale);
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);

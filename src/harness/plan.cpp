@@ -61,12 +61,21 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world) {
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   const double psi = double(param_count(cfg.model));
   const int n = plan.shard;  // ZeRO's data-parallel degree for the sharded states
-  // fp32 model states: 4 bytes of parameters, 4 of gradients, 8 of Adam moments per parameter.
-  const double zero[kMemCategories] = {4 * psi / n, 4 * psi / n, 8 * psi / n, -1, -1, -1};
+  // Model states per parameter: 4 bytes of fp32 master parameters and 8 of Adam moments,
+  // sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
+  // dtype plus a reduce-dtype copy when they differ; without sharding a param-dtype copy
+  // of the parameters when that is not fp32.
+  const StrategyConfig& sc = cfg.strategy;
+  const double pb = dtype_size(sc.param_dtype), rb = dtype_size(sc.reduce_dtype);
+  const double params = 4 * psi / n + (n == 1 && sc.param_dtype != DType::F32 ? pb * psi : 0);
+  const double grads = sc.kind == StrategyKind::DDP ? pb * psi + (rb != pb ? rb * psi : 0) : rb * psi / n;
+  const double zero[kMemCategories] = {params, grads, 8 * psi / n, -1, -1, -1};
   std::ostringstream o;
   char line[256];
-  std::snprintf(line, sizeof line, "memory plan, per rank: %s, %s, world %d, shard group %d, fp32\n",
-                cfg.model.name.c_str(), cfg.strategy.label().c_str(), plan.world, plan.shard);
+  std::snprintf(line, sizeof line,
+                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s (master and Adam fp32)\n",
+                cfg.model.name.c_str(), sc.label().c_str(), plan.world, plan.shard, precision_name(sc.param_dtype),
+                precision_name(sc.reduce_dtype));
   o << line;
   std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", "category", "peak", "at total peak",
                 "ZeRO formula");
@@ -105,6 +114,8 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
                "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
                p.world, p.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
                (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing));
+  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\",\n", precision_name(cfg.strategy.param_dtype),
+               precision_name(cfg.strategy.reduce_dtype));
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape),
                hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing));

@@ -1,4 +1,4 @@
-// The T5 training step (Hugging Face T5 semantics, fp32) as forward/backward stages, every
+// The T5 training step (Hugging Face T5 semantics) as forward/backward stages, every
 // tensor touched through Backend calls only (the counting backend hands out fake pointers).
 //
 // Data flow between stages (N_e = B*T_e encoder tokens, N_d = B*T_d decoder tokens):
@@ -60,29 +60,30 @@ int relative_position_bucket(int relative_position, bool bidirectional, int num_
 
 // One attention sub-layer's saved tensors.
 struct AttnState {
-  float* rstd = nullptr;   // [B*tq] of the pre-norm
-  float* xn = nullptr;     // [B*tq, d] normed query input (also the K/V input for self)
-  float* q = nullptr;      // [B*tq, inner]
-  float* k = nullptr;      // [B*tk, inner]
-  float* v = nullptr;      // [B*tk, inner]
-  float* probs = nullptr;  // [B, H, tq, tk]
-  float* ctx = nullptr;    // [B*tq, inner]
+  float* rstd = nullptr;  // [B*tq] of the pre-norm (fp32)
+  Buf xn;                 // [B*tq, d] normed query input (also the K/V input for self)
+  Buf q;                  // [B*tq, inner]
+  Buf k;                  // [B*tk, inner]
+  Buf v;                  // [B*tk, inner]
+  Buf probs;              // [B, H, tq, tk]
+  Buf ctx;                // [B*tq, inner]
 };
 
 // One block's saved tensors (its output is owned separately: it outlives a recompute).
 struct BlockState {
   AttnState self, cross;   // cross only in the decoder
-  float* x1 = nullptr;     // [N, d] after self-attention residual
-  float* x2 = nullptr;     // [N, d] after cross-attention residual (decoder)
-  float* rstd_ff = nullptr;  // [N]
-  float* xn_ff = nullptr;    // [N, d]
-  float* h = nullptr;        // [N, d_ff] after ReLU
+  Buf x1;                  // [N, d] after self-attention residual
+  Buf x2;                  // [N, d] after cross-attention residual (decoder)
+  float* rstd_ff = nullptr;  // [N] (fp32)
+  Buf xn_ff;                 // [N, d]
+  Buf h;                     // [N, d_ff] after ReLU
 };
 
 }  // namespace
 
 struct T5Step::Impl {
   Backend& b;
+  DType dtype;  // of every tensor below but rstd and losses
   ModelSpec spec;
   StepShape shape;
   bool checkpointing;
@@ -97,26 +98,26 @@ struct T5Step::Impl {
   int* dec_ids = nullptr;      // [Nd]
   int* labels = nullptr;       // [Nd]
   int* buckets[2] = {};        // [T*T] per stack (0 encoder, 1 decoder)
-  float* losses = nullptr;     // [Nd]
-  float* d_hidden[2] = {};     // d_enc [Ne,d], d_dec [Nd,d]
-  float* d_enc_out = nullptr;  // [Ne, d]
-  float* dbias[2] = {};        // [H, T, T] per stack, summed over the stack's blocks
+  float* losses = nullptr;     // [Nd] (fp32)
+  Buf d_hidden[2];             // d_enc [Ne,d], d_dec [Nd,d]
+  Buf d_enc_out;               // [Ne, d]
+  Buf dbias[2];                // [H, T, T] per stack, summed over the stack's blocks
 
   // Produced by forward stages (owned by the producing stage's saved list).
-  std::vector<float*> hidden[2];  // [L+1] each: hidden[s][l] is block l's input
-  float* enc_out = nullptr;       // [Ne, d] encoder output after its final norm
-  float* bias[2] = {};            // [H, T, T] position bias, computed by block 0
-  float* bridge_rstd = nullptr;   // [Ne]
-  float* head_hn = nullptr;       // [Nd, d] decoder output after its final norm
-  float* head_rstd = nullptr;     // [Nd]
-  float* logits = nullptr;        // [Nd, V]; holds dlogits after the Head forward
+  std::vector<Buf> hidden[2];     // [L+1] each: hidden[s][l] is block l's input
+  Buf enc_out;                    // [Ne, d] encoder output after its final norm
+  Buf bias[2];                    // [H, T, T] position bias, computed by block 0
+  float* bridge_rstd = nullptr;   // [Ne] (fp32)
+  Buf head_hn;                    // [Nd, d] decoder output after its final norm
+  float* head_rstd = nullptr;     // [Nd] (fp32)
+  Buf logits;                     // [Nd, V]; holds dlogits after the Head forward
 
   std::vector<std::vector<void*>> saved;  // per stage: what its forward allocated
   std::vector<BlockState> block_state;    // per stage (blocks only)
   std::vector<bool> forwarded;            // per stage: saved state is live
 
-  Impl(const ModelSpec& s, Backend& be, const StepShape& x, bool ckpt, float gs)
-      : b(be), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), units(model_units(s)) {
+  Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs)
+      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), units(model_units(s)) {
     validate(s);
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
     SB_ASSERT(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2,
@@ -134,8 +135,8 @@ struct T5Step::Impl {
     saved.resize(stages.size());
     block_state.resize(stages.size());
     forwarded.assign(stages.size(), false);
-    hidden[0].assign(L + 1, nullptr);
-    hidden[1].assign(L + 1, nullptr);
+    hidden[0].assign(L + 1, Buf());
+    hidden[1].assign(L + 1, Buf());
 
     const MemCategory ws = MemCategory::Workspace;
     enc_ids = b.alloc_ints(Ne, ws);
@@ -150,37 +151,43 @@ struct T5Step::Impl {
               j - i, /*bidirectional=*/st == 0, int(s.num_buckets), int(s.max_distance));
       buckets[st] = b.alloc_ints(int64_t(T) * T, ws);
       b.upload(buckets[st], table.data(), table.size() * sizeof(int));
-      dbias[st] = b.alloc_floats(int64_t(H) * T * T, ws);
+      dbias[st] = b.alloc_buf(int64_t(H) * T * T, dtype, ws);
     }
     losses = b.alloc_floats(Nd, ws);
-    d_hidden[0] = b.alloc_floats(int64_t(Ne) * d, ws);
-    d_hidden[1] = b.alloc_floats(int64_t(Nd) * d, ws);
-    d_enc_out = b.alloc_floats(int64_t(Ne) * d, ws);
+    d_hidden[0] = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
+    d_hidden[1] = b.alloc_buf(int64_t(Nd) * d, dtype, ws);
+    d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
   }
 
   ~Impl() {
     for (size_t i = 0; i < stages.size(); ++i) release_saved(int(i));
-    void* bufs[] = {enc_ids, dec_ids,     labels,      buckets[0], buckets[1], dbias[0],
-                    dbias[1], losses, d_hidden[0], d_hidden[1], d_enc_out};
+    void* bufs[] = {enc_ids,     dec_ids,         labels,         buckets[0],
+                    buckets[1],  dbias[0].ptr,    dbias[1].ptr,   losses,
+                    d_hidden[0].ptr, d_hidden[1].ptr, d_enc_out.ptr};
     for (void* p : bufs) b.release(p);
   }
 
   int seq(int stack) const { return stack == 0 ? Te : Td; }
   static int stack_of(const Stage& s) { return s.kind == Stage::DecoderBlock ? 1 : 0; }
 
-  const float* param(const float* W, const Stage& s, const std::string& name) const {
+  CBuf param(CBuf W, const Stage& s, const std::string& name) const {
     return W + units[s.unit].tensor(name).offset;
   }
-  float* grad(float* G, const Stage& s, const std::string& name) const {
+  Buf grad(Buf G, const Stage& s, const std::string& name) const {
     return G + units[s.unit].tensor(name).offset;
   }
 
-  float* alloc(std::vector<void*>& owner, int64_t n, MemCategory cat) {
+  Buf alloc(std::vector<void*>& owner, int64_t n, MemCategory cat) {
+    const Buf p = b.alloc_buf(n, dtype, cat);
+    owner.push_back(p.ptr);
+    return p;
+  }
+  float* alloc_f32(std::vector<void*>& owner, int64_t n, MemCategory cat) {
     float* p = b.alloc_floats(n, cat);
     owner.push_back(p);
     return p;
   }
-  float* act(int si, int64_t n) { return alloc(saved[si], n, MemCategory::Activations); }
+  Buf act(int si, int64_t n) { return alloc(saved[si], n, MemCategory::Activations); }
   void release_all(std::vector<void*>& owner) {
     for (void* p : owner) b.release(p);
     owner.clear();
@@ -193,7 +200,7 @@ struct T5Step::Impl {
   // ---------------------------------------------------------------- attention
   AttnState alloc_attn(std::vector<void*>& o, MemCategory c, int tq, int tk) {
     AttnState a;
-    a.rstd = alloc(o, int64_t(B) * tq, c);
+    a.rstd = alloc_f32(o, int64_t(B) * tq, c);
     a.xn = alloc(o, int64_t(B) * tq * d, c);
     a.q = alloc(o, int64_t(B) * tq * inner, c);
     a.k = alloc(o, int64_t(B) * tk * inner, c);
@@ -205,11 +212,11 @@ struct T5Step::Impl {
 
   // out += Attn(q from a.xn, k/v from xkv). T5 does not scale scores by 1/sqrt(d_kv).
   // xkv [B*tk, d]; bias [H, tq, tk] or null; out [B*tq, d].
-  void attention_forward(const float* W, const Stage& s, const std::string& p, AttnState& a,
-                         const float* xkv, int tq, int tk, const float* pos_bias, bool causal,
-                         float* out) {
-    const float *wq = param(W, s, p + ".q"), *wk = param(W, s, p + ".k");
-    const float *wv = param(W, s, p + ".v"), *wo = param(W, s, p + ".o");
+  void attention_forward(CBuf W, const Stage& s, const std::string& p, AttnState& a,
+                         CBuf xkv, int tq, int tk, CBuf pos_bias, bool causal,
+                         Buf out) {
+    const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
+    const CBuf wv = param(W, s, p + ".v"), wo = param(W, s, p + ".o");
     b.gemm(false, true, B * tq, inner, d, 1.f, a.xn, d, wq, d, 0.f, a.q, inner);  // q = xn Wq^T
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wk, d, 0.f, a.k, inner);   // k [B*tk, inner]
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wv, d, 0.f, a.v, inner);   // v [B*tk, inner]
@@ -227,20 +234,20 @@ struct T5Step::Impl {
   // dout [B*tq, d] is d(loss)/d(attention output). Writes dxn [B*tq, d] = d/d(a.xn) and
   // adds d/d(xkv) into dxkv [B*tk, d] (which may be dxn itself for self-attention, since
   // dxn is written first). dbias_acc (may be null) += d/d(bias).
-  void attention_backward(const float* W, float* G, const Stage& s, const std::string& p,
-                          const AttnState& a, const float* xkv, int tq, int tk, const float* dout,
-                          float* dxn, float* dxkv, float* dbias_acc) {
-    const float *wq = param(W, s, p + ".q"), *wk = param(W, s, p + ".k");
-    const float *wv = param(W, s, p + ".v"), *wo = param(W, s, p + ".o");
-    float *gq = grad(G, s, p + ".q"), *gk = grad(G, s, p + ".k");
-    float *gv = grad(G, s, p + ".v"), *go = grad(G, s, p + ".o");
+  void attention_backward(CBuf W, Buf G, const Stage& s, const std::string& p,
+                          const AttnState& a, CBuf xkv, int tq, int tk, CBuf dout,
+                          Buf dxn, Buf dxkv, Buf dbias_acc) {
+    const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
+    const CBuf wv = param(W, s, p + ".v"), wo = param(W, s, p + ".o");
+    const Buf gq = grad(G, s, p + ".q"), gk = grad(G, s, p + ".k");
+    const Buf gv = grad(G, s, p + ".v"), go = grad(G, s, p + ".o");
     std::vector<void*> tmp;
     const MemCategory ws = MemCategory::Workspace;
-    float* dctx = alloc(tmp, int64_t(B) * tq * inner, ws);    // [B*tq, inner]
-    float* ds = alloc(tmp, int64_t(B) * H * tq * tk, ws);     // [B, H, tq, tk]
-    float* dq = alloc(tmp, int64_t(B) * tq * inner, ws);      // [B*tq, inner]
-    float* dk = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
-    float* dv = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
+    const Buf dctx = alloc(tmp, int64_t(B) * tq * inner, ws);    // [B*tq, inner]
+    const Buf ds = alloc(tmp, int64_t(B) * H * tq * tk, ws);     // [B, H, tq, tk]
+    const Buf dq = alloc(tmp, int64_t(B) * tq * inner, ws);      // [B*tq, inner]
+    const Buf dk = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
+    const Buf dv = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
 
     b.gemm(true, false, d, inner, B * tq, 1.f, dout, d, a.ctx, inner, 1.f, go, inner);  // dWo += dout^T ctx
     b.gemm(false, false, B * tq, inner, d, 1.f, dout, d, wo, inner, 0.f, dctx, inner);  // dctx = dout Wo
@@ -283,7 +290,7 @@ struct T5Step::Impl {
       st.cross = alloc_attn(o, c, Td, Te);
       st.x2 = alloc(o, N * d, c);
     }
-    st.rstd_ff = alloc(o, N, c);
+    st.rstd_ff = alloc_f32(o, N, c);
     st.xn_ff = alloc(o, N * d, c);
     st.h = alloc(o, N * ff, c);
     return st;
@@ -292,15 +299,15 @@ struct T5Step::Impl {
   // The block's forward from hidden[stack][layer] into out [N, d], saving into st.
   // Pre-norm residual sub-layers: x1 = x + SelfAttn(ln1 x); [x2 = x1 + CrossAttn(ln2 x1,
   // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream.
-  void block_compute(int si, const float* W, BlockState& st, float* out) {
+  void block_compute(int si, CBuf W, BlockState& st, Buf out) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const float* x = hidden[stack][s.layer];
+    const CBuf x = hidden[stack][s.layer];
     b.rmsnorm_forward(st.self.xn, st.self.rstd, x, param(W, s, "ln1"), N, d, kNormEps);
     b.copy(st.x1, x, int64_t(N) * d);
     attention_forward(W, s, "self", st.self, st.self.xn, T, T, bias[stack], /*causal=*/stack == 1,
                       st.x1);
-    const float* r = st.x1;
+    CBuf r = st.x1;
     std::string ln_ff = "ln2";
     if (stack == 1) {
       b.rmsnorm_forward(st.cross.xn, st.cross.rstd, st.x1, param(W, s, "ln2"), N, d, kNormEps);
@@ -317,20 +324,20 @@ struct T5Step::Impl {
   }
 
   // d_hidden[stack] holds d(out) on entry and d(x) on exit.
-  void block_backward(int si, const float* W, float* G, const BlockState& st) {
+  void block_backward(int si, CBuf W, Buf G, const BlockState& st) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const float* x = hidden[stack][s.layer];
-    float* dy = d_hidden[stack];  // [N, d], the residual stream's gradient
+    const CBuf x = hidden[stack][s.layer];
+    const Buf dy = d_hidden[stack];  // [N, d], the residual stream's gradient
     std::vector<void*> tmp;
-    float* dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
+    const Buf dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
 
     // FFN: out = r + h Wo^T, h = relu(xn_ff Wi^T)
     {
-      const float* r = stack == 1 ? st.x2 : st.x1;
+      const CBuf r = stack == 1 ? st.x2 : st.x1;
       const std::string ln_ff = stack == 1 ? "ln3" : "ln2";
       std::vector<void*> tff;
-      float* dh = alloc(tff, int64_t(N) * ff, MemCategory::Workspace);  // [N, ff]
+      const Buf dh = alloc(tff, int64_t(N) * ff, MemCategory::Workspace);  // [N, ff]
       b.gemm(true, false, d, ff, N, 1.f, dy, d, st.h, ff, 1.f, grad(G, s, "wo"), ff);  // dWo += dy^T h
       b.gemm(false, false, N, ff, d, 1.f, dy, d, param(W, s, "wo"), ff, 0.f, dh, ff);  // dh = dy Wo
       b.relu_backward(dh, st.h, int64_t(N) * ff);
@@ -350,10 +357,10 @@ struct T5Step::Impl {
     release_all(tmp);
   }
 
-  void block_forward(int si, const float* W) {
+  void block_forward(int si, CBuf W) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack);
-    float* out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
+    const Buf out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
     if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
       bias[stack] = act(si, int64_t(H) * T * T);
       b.position_bias_forward(bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
@@ -371,7 +378,7 @@ struct T5Step::Impl {
     hidden[stack][s.layer + 1] = out;
   }
 
-  void block_backward_stage(int si, const float* W, float* G) {
+  void block_backward_stage(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     const int stack = stack_of(s);
     if (checkpointing) {  // recompute into the (identical) output still held by this stage
@@ -382,25 +389,25 @@ struct T5Step::Impl {
   }
 
   // ---------------------------------------------------------------- root stages
-  void embed_forward(int si, const float* W) {
+  void embed_forward(int si, CBuf W) {
     hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
     b.embedding_forward(hidden[0][0], param(W, stages[si], "shared"), enc_ids, Ne, d);
   }
-  void embed_backward(int si, float* G) {
+  void embed_backward(int si, Buf G) {
     b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], enc_ids, Ne, d);
   }
 
-  void bridge_forward(int si, const float* W) {
+  void bridge_forward(int si, CBuf W) {
     const Stage& s = stages[si];
     enc_out = act(si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
-    bridge_rstd = act(si, Ne);
+    bridge_rstd = alloc_f32(saved[si], Ne, MemCategory::Activations);
     b.rmsnorm_forward(enc_out, bridge_rstd, hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
                       kNormEps);
     hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
     b.embedding_forward(hidden[1][0], param(W, s, "shared"), dec_ids, Nd, d);
     b.fill(d_enc_out, 0.f, int64_t(Ne) * d);  // the decoder blocks' backward accumulate into it
   }
-  void bridge_backward(int si, const float* W, float* G) {
+  void bridge_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     b.embedding_backward(grad(G, s, "shared"), d_hidden[1], dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
@@ -409,22 +416,22 @@ struct T5Step::Impl {
   }
 
   // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha.
-  void head_forward(int si, const float* W) {
+  void head_forward(int si, CBuf W) {
     const Stage& s = stages[si];
     const float rescale = 1.f / std::sqrt(float(d));
     head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
-    head_rstd = act(si, Nd);
+    head_rstd = alloc_f32(saved[si], Nd, MemCategory::Activations);
     logits = act(si, int64_t(Nd) * V);   // [Nd, V]
     b.rmsnorm_forward(head_hn, head_rstd, hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
     b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, "shared"), d, 0.f, logits, V);
     b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
   }
-  void head_backward(int si, const float* W, float* G) {
+  void head_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     const float rescale = 1.f / std::sqrt(float(d));
     std::vector<void*> tmp;
-    float* dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
+    const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
     // dshared += r · dlogits^T hn [V, d];  dhn = r · dlogits shared [Nd, d]
     b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, "shared"), d);
     b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, "shared"), d, 0.f, dhn, d);
@@ -435,7 +442,7 @@ struct T5Step::Impl {
   }
 
   // ---------------------------------------------------------------- dispatch
-  void forward(int si, const float* W) {
+  void forward(int si, CBuf W) {
     check_stage(si);
     release_saved(si);  // a repeated forward replaces the earlier one
     switch (stages[si].kind) {
@@ -448,7 +455,7 @@ struct T5Step::Impl {
     forwarded[si] = true;
   }
 
-  void backward(int si, const float* W, float* G) {
+  void backward(int si, CBuf W, Buf G) {
     check_stage(si);
     SB_ASSERT(forwarded[si], std::string("backward of stage ") + std::to_string(si) +
                                  " without its forward");
@@ -467,15 +474,16 @@ struct T5Step::Impl {
   }
 };
 
-T5Step::T5Step(const ModelSpec& spec, Backend& backend, const StepShape& shape, bool checkpointing,
-               float grad_scale)
-    : impl_(new Impl(spec, backend, shape, checkpointing, grad_scale)) {}
+T5Step::T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
+               bool checkpointing, float grad_scale)
+    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale)) {}
 
 T5Step::~T5Step() { delete impl_; }
 
 const ModelSpec& T5Step::spec() const { return impl_->spec; }
 const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
+DType T5Step::dtype() const { return impl_->dtype; }
 
 void T5Step::set_tokens(const Tokens& t) {
   Impl& m = *impl_;
@@ -489,8 +497,8 @@ void T5Step::set_tokens(const Tokens& t) {
   m.b.upload(m.labels, t.labels.data(), t.labels.size() * sizeof(int));
 }
 
-void T5Step::forward(int stage, const float* params) { impl_->forward(stage, params); }
-void T5Step::backward(int stage, const float* params, float* grads) {
+void T5Step::forward(int stage, CBuf params) { impl_->forward(stage, params); }
+void T5Step::backward(int stage, CBuf params, Buf grads) {
   impl_->backward(stage, params, grads);
 }
 

@@ -53,7 +53,7 @@ class Collect : public sb::Recorder {
 std::set<Shape> step_gemms(sb::ModelSpec spec, const sb::StepShape& shape) {
   spec.layers = 1;
   auto counting = sb::make_counting_backend();
-  sb::T5Step step(spec, *counting, shape, false, 1.0f);
+  sb::T5Step step(spec, *counting, sb::DType::F32, shape, false, 1.0f);
   Collect rec(step.units());
   const int n = int(step.stages().size());
   float* params = counting->alloc_floats(1, sb::MemCategory::Parameters);  // never read

@@ -3,6 +3,10 @@
 // which backward completes them, so each bucket is a contiguous view of it
 // (gradient_as_bucket_view). A bucket's all-reduce is issued as soon as its last gradient
 // is complete, in bucket order, overlapping the rest of backward.
+// Mixed precision (param_dtype P, reduce_dtype R), as DDP's mixed_precision: fp32 master
+// parameters and Adam state, a P copy of the parameters for compute (refreshed after each
+// optimizer step), P gradients; when R differs, each bucket is cast into an R buffer and
+// all-reduced there, and Adam reads that buffer.
 #include <algorithm>
 #include <cstring>
 
@@ -30,16 +34,25 @@ class DDP final : public TrainingSchedule {
     }
     make_buckets();
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
-    grads_ = b_.alloc_floats(total_, MemCategory::Gradients);
+    grads_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Gradients);
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], int(u), cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
     b_.fill(m_, 0.f, total_);
     b_.fill(v_, 0.f, total_);
+    if (cfg_.param_dtype != DType::F32) {
+      compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
+      b_.cast(compute_, params_, total_);
+    }
+    reduced_ = grads_;
+    if (cfg_.reduce_dtype != cfg_.param_dtype)
+      reduced_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
   }
   ~DDP() override {
-    for (float* p : {params_, grads_, m_, v_}) b_.release(p);
+    finish_gradients();  // no reduction may still write into buffers freed below
+    if (reduced_.ptr != grads_.ptr) b_.release(reduced_.ptr);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
   }
 
   std::vector<float> gather_unit(int u) override {
@@ -50,15 +63,15 @@ class DDP final : public TrainingSchedule {
 
  private:
   // PyTorch's compute_bucket_assignment_by_size: whole tensors, in gradient order, a bucket
-  // closes once it reaches its cap; the first bucket's cap is 1 MiB.
+  // closes once its gradients (param dtype) reach its cap; the first bucket's cap is 1 MiB.
   void make_buckets() {
-    const double cap = cfg_.bucket_mb * 1024.0 * 1024.0;
+    const double cap = cfg_.bucket_mb * 1024.0 * 1024.0, es = dtype_size(cfg_.param_dtype);
     Bucket cur;
     for (int u = int(units_.size()) - 1; u >= 0; --u)
       for (const TensorSpec& t : units_[u].tensors) {
         if (cur.numel == 0) cur.offset = offset_[u] + t.offset;
         cur.numel += t.numel();
-        if (cur.numel * 4.0 >= (buckets_.empty() ? kFirstBucketBytes : cap)) {
+        if (cur.numel * es >= (buckets_.empty() ? kFirstBucketBytes : cap)) {
           buckets_.push_back(cur);
           cur = Bucket{};
         }
@@ -66,8 +79,10 @@ class DDP final : public TrainingSchedule {
     if (cur.numel > 0) buckets_.push_back(cur);
   }
 
-  const float* params_for(int u) override { return params_ + offset_[u]; }
-  float* grads_for(int u) override { return grads_ + offset_[u]; }
+  CBuf params_for(int u) override {
+    return compute_ ? CBuf(compute_ + offset_[u]) : CBuf(params_ + offset_[u]);
+  }
+  Buf grads_for(int u) override { return grads_ + offset_[u]; }
 
   void before_backward(int pos) override {
     if (pos == 0) {
@@ -84,23 +99,33 @@ class DDP final : public TrainingSchedule {
     while (next_bucket_ < buckets_.size()) {
       Bucket& bk = buckets_[next_bucket_];
       if (bk.offset + bk.numel > ready_) break;
-      bk.request = b_.all_reduce(grads_ + bk.offset, bk.numel, *mesh_.replicate_comm);
+      if (reduced_.ptr != grads_.ptr) b_.cast(reduced_ + bk.offset, grads_ + bk.offset, bk.numel);
+      bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, *mesh_.replicate_comm);
       ++next_bucket_;
     }
   }
 
   void finish_gradients() override {
-    SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
-    for (Bucket& bk : buckets_) b_.wait(bk.request);
+    for (Bucket& bk : buckets_) {
+      if (bk.request != kNoRequest) b_.wait(bk.request);
+      bk.request = kNoRequest;
+    }
   }
 
-  void optimizer_step(int step) override { b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step); }
+  void optimizer_step(int step) override {
+    SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
+    b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step);
+    if (compute_) b_.cast(compute_, params_, total_);
+  }
 
   std::vector<int64_t> offset_;
   int64_t total_ = 0, ready_ = 0;
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
-  float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
+  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 master and Adam state
+  Buf compute_;   // param dtype copy of params_ (low precision only)
+  Buf grads_;     // param dtype, bucket views
+  Buf reduced_;   // reduce dtype: grads_ itself, or a buffer the buckets are cast into
 };
 
 }  // namespace

@@ -10,6 +10,11 @@
 //   none              no sharding (shard group of 1): all-reduce of each unit's gradient
 // The root unit (embeddings, final norms) is not freed after forward: it is used again
 // right away by the first backward stage.
+// Mixed precision (param_dtype P, reduce_dtype R), as FSDP2's MixedPrecisionPolicy: each
+// rank casts its fp32 shard into its slice of the P gather buffer and all-gathers in place;
+// backward writes P gradients, cast to R (when R differs) before the reduce-scatter; Adam
+// reads the R gradient shard. Without sharding, a persistent P copy of the parameters is
+// refreshed after each optimizer step.
 #include "shardbench/check.h"
 #include "shardbench/strategy.h"
 
@@ -24,9 +29,9 @@ class FSDP final : public TrainingSchedule {
       : TrainingSchedule(cfg, spec, b, mesh, shape),
         shards_(units_.size()),
         offset_(units_.size()),
-        gathered_(units_.size(), nullptr),
+        gathered_(units_.size()),
         gather_req_(units_.size(), kNoRequest),
-        full_grad_(units_.size(), nullptr) {
+        full_grad_(units_.size()) {
     const int G = mesh_.layout.shard;
     for (size_t u = 0; u < units_.size(); ++u) {
       shards_[u] = shard_of(units_[u].numel, G, mesh_.layout.shard_rank());
@@ -34,7 +39,7 @@ class FSDP final : public TrainingSchedule {
       total_ += shards_[u].size;
     }
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
-    grads_ = b_.alloc_floats(total_, MemCategory::Gradients);
+    grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     for (size_t u = 0; u < units_.size(); ++u)
@@ -42,14 +47,18 @@ class FSDP final : public TrainingSchedule {
                        shards_[u].size);
     b_.fill(m_, 0.f, total_);
     b_.fill(v_, 0.f, total_);
+    if (!sharded() && low_precision()) {
+      compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
+      b_.cast(compute_, params_, total_);
+    }
   }
   ~FSDP() override {
     finish_gradients();  // no reduction may still write into buffers freed below
     for (size_t u = 0; u < units_.size(); ++u) {
       free_gathered(int(u));
-      b_.release(full_grad_[u]);
+      b_.release(full_grad_[u].ptr);
     }
-    for (float* p : {params_, grads_, m_, v_}) b_.release(p);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
   }
 
   std::vector<float> gather_unit(int u) override {
@@ -64,15 +73,27 @@ class FSDP final : public TrainingSchedule {
 
  private:
   bool sharded() const { return mesh_.layout.shard > 1; }
+  bool low_precision() const { return cfg_.param_dtype != DType::F32; }
+  // Backward writes into a separate unsharded gradient (rather than the shard itself).
+  bool separate_grad() const { return sharded() || cfg_.param_dtype != cfg_.reduce_dtype; }
   bool keep_after_forward(int u) const { return u == 0 || cfg_.sharding == Sharding::GradOp; }
 
   // ---- parameters ----
-  const float* params_for(int u) override { return sharded() ? gathered_[u] : params_ + offset_[u]; }
+  CBuf params_for(int u) override {
+    if (sharded()) return gathered_[u];
+    return low_precision() ? CBuf(compute_ + offset_[u]) : CBuf(params_ + offset_[u]);
+  }
 
   void issue_gather(int u) {
     const ShardInfo& s = shards_[u];
-    gathered_[u] = b_.alloc_floats(s.padded, MemCategory::CommBuffers);
-    gather_req_[u] = b_.all_gather(params_ + offset_[u], gathered_[u], s.size, *mesh_.shard_comm);
+    gathered_[u] = b_.alloc_buf(s.padded, cfg_.param_dtype, MemCategory::CommBuffers);
+    if (low_precision()) {  // cast into this rank's slice, gather in place
+      const Buf slice = gathered_[u] + int64_t(mesh_.layout.shard_rank()) * s.size;
+      b_.cast(slice, params_ + offset_[u], s.size);
+      gather_req_[u] = b_.all_gather(slice, gathered_[u], s.size, *mesh_.shard_comm);
+    } else {
+      gather_req_[u] = b_.all_gather(params_ + offset_[u], gathered_[u], s.size, *mesh_.shard_comm);
+    }
     ++gathers_in_flight_;
   }
   void prefetch(int u) {
@@ -97,8 +118,8 @@ class FSDP final : public TrainingSchedule {
       gather_req_[u] = kNoRequest;
       --gathers_in_flight_;
     }
-    b_.release(gathered_[u]);
-    gathered_[u] = nullptr;
+    b_.release(gathered_[u].ptr);
+    gathered_[u] = Buf();
   }
 
   void before_forward(int pos) override {
@@ -111,13 +132,14 @@ class FSDP final : public TrainingSchedule {
   }
 
   // ---- gradients ----
-  float* grads_for(int u) override { return sharded() ? full_grad_[u] : grads_ + offset_[u]; }
+  Buf grads_for(int u) override { return separate_grad() ? full_grad_[u] : grads_ + offset_[u]; }
 
   void before_backward(int pos) override {
     const int u = backward_unit(pos);
     if (unit_stages_[u].first_backward == pos) {
-      if (sharded()) full_grad_[u] = b_.alloc_floats(shards_[u].padded, MemCategory::CommBuffers);
-      b_.fill(grads_for(u), 0.f, sharded() ? shards_[u].padded : shards_[u].size);
+      if (separate_grad())
+        full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
+      b_.fill(grads_for(u), 0.f, shards_[u].padded);
     }
     const bool pre = cfg_.prefetch == Prefetch::BackwardPre && pos + 1 < num_stages();
     unshard(u, pre ? backward_unit(pos + 1) : -1);
@@ -139,19 +161,31 @@ class FSDP final : public TrainingSchedule {
   // predicts it exactly).
   void reduce_gradients(int u) {
     complete_scatter();
+    const ShardInfo& s = shards_[u];
+    if (cfg_.param_dtype != cfg_.reduce_dtype && sharded()) {  // the reduce-scatter input in R
+      const Buf reduced = b_.alloc_buf(s.padded, cfg_.reduce_dtype, MemCategory::CommBuffers);
+      b_.cast(reduced, full_grad_[u], s.padded);
+      b_.release(full_grad_[u].ptr);
+      full_grad_[u] = reduced;
+    }
     if (sharded()) {
       scatter_unit_ = u;
-      scatter_ = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], shards_[u].size, *mesh_.shard_comm);
-    } else {
-      allreduces_.push_back(b_.all_reduce(grads_ + offset_[u], shards_[u].size, *mesh_.replicate_comm));
+      scatter_ = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, *mesh_.shard_comm);
+      return;
     }
+    if (separate_grad()) {  // unsharded, P → R
+      b_.cast(grads_ + offset_[u], full_grad_[u], s.size);
+      b_.release(full_grad_[u].ptr);
+      full_grad_[u] = Buf();
+    }
+    allreduces_.push_back(b_.all_reduce(grads_ + offset_[u], s.size, *mesh_.replicate_comm));
   }
   void complete_scatter() {
     if (scatter_unit_ < 0) return;
     const int u = scatter_unit_;
     b_.wait(scatter_);
-    b_.release(full_grad_[u]);
-    full_grad_[u] = nullptr;
+    b_.release(full_grad_[u].ptr);
+    full_grad_[u] = Buf();
     scatter_unit_ = -1;
     if (mesh_.layout.replicate > 1)
       allreduces_.push_back(b_.all_reduce(grads_ + offset_[u], shards_[u].size, *mesh_.replicate_comm));
@@ -162,15 +196,20 @@ class FSDP final : public TrainingSchedule {
     allreduces_.clear();
   }
 
-  void optimizer_step(int step) override { b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step); }
+  void optimizer_step(int step) override {
+    b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step);
+    if (compute_) b_.cast(compute_, params_, total_);
+  }
 
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> offset_;  // of each unit's shard in the flat shard buffers
   int64_t total_ = 0;
-  float *params_ = nullptr, *grads_ = nullptr, *m_ = nullptr, *v_ = nullptr;
-  std::vector<float*> gathered_;
+  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 shards
+  Buf grads_;    // gradient shards, reduce dtype
+  Buf compute_;  // unsharded, low precision: the parameters in param dtype
+  std::vector<Buf> gathered_;
   std::vector<Request> gather_req_;
-  std::vector<float*> full_grad_;
+  std::vector<Buf> full_grad_;
   int gathers_in_flight_ = 0;
   int scatter_unit_ = -1;
   Request scatter_ = kNoRequest;

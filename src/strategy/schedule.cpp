@@ -72,9 +72,11 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
     : cfg_(cfg),
       b_(b),
       mesh_(mesh),
-      model_(spec, b, shape, cfg.checkpointing, grad_scale(shape, mesh.layout.world)),
+      model_(spec, b, cfg.param_dtype, shape, cfg.checkpointing,
+             grad_scale(shape, mesh.layout.world) * cfg.loss_scale),
       units_(model_.units()),
       unit_stages_(units_.size()) {
+  cfg_.adam.grad_unscale = 1.f / cfg.loss_scale;
   for (int pos = 0; pos < num_stages(); ++pos) {
     UnitStages& f = unit_stages_[forward_unit(pos)];
     if (f.first_forward < 0) f.first_forward = pos;

@@ -483,11 +483,7 @@ struct Model : T5Model {
     for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
     return loss;
   }
-  std::vector<float> grad(size_t u) {
-    std::vector<float> h(step->units()[u].numel);
-    b.download(h.data(), grads[u], h.size() * 4);
-    return h;
-  }
+  std::vector<float> grad(size_t u) { return download_f32(b, grads[u], step->units()[u].numel); }
 };
 
 TEST_F(CudaVsCpu, T5StepLossAndGradientsMatchCpu) {

@@ -1,7 +1,8 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
 // compute stream, NCCL collectives on a communication stream, stream-ordered memory, and
-// every operation timed with CUDA events on the GPU's own timeline. fp32 throughout (the
-// Backend interface is fp32); GEMMs optionally on TF32 tensor cores (SB_CUDA_TF32=1).
+// every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
+// fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
+// (SB_CUDA_TF32=1).
 //
 // Why there is no host synchronisation inside a step (only synchronize() and download()):
 //   compute stream:  op  op [record ready]  op  op  op  [wait done]  op ...
@@ -226,18 +227,28 @@ ncclRedOp_t nccl_op(ReduceOp o) {
   }
 }
 
-OpKind op_kind(Collective c) {
-  switch (c) {
-    case Collective::AllReduce: return OpKind::AllReduce;
-    case Collective::AllGather: return OpKind::AllGather;
-    case Collective::ReduceScatter: return OpKind::ReduceScatter;
-    case Collective::Broadcast: return OpKind::Broadcast;
-    case Collective::Reduce: return OpKind::Reduce;
-    case Collective::AllToAll: return OpKind::AllToAll;
-    case Collective::SendRecv: return OpKind::SendRecv;
-    default: SB_FATAL("unknown collective " + std::to_string(int(c)));
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::BF16: return CUDA_R_16BF;
+    case DType::F16: return CUDA_R_16F;
+    default: SB_FATAL(std::string("no CUDA compute on ") + dtype_name(t));
   }
 }
+
+// Calls f with a value of the element type of t (float, __nv_bfloat16, __half).
+template <class F>
+void with_type(DType t, F&& f) {
+  switch (t) {
+    case DType::F32: f(float{}); break;
+    case DType::BF16: f(__nv_bfloat16{}); break;
+    case DType::F16: f(__half{}); break;
+    default: SB_FATAL(std::string("no CUDA compute on ") + dtype_name(t));
+  }
+}
+// A tensor's address as element type E (E chosen by with_type, so it matches the dtype).
+template <class E> E* as(E, Buf b) { return static_cast<E*>(b.ptr); }
+template <class E> const E* as(E, CBuf b) { return static_cast<const E*>(b.ptr); }
 
 bool env_is_one(const char* name) {
   const char* v = std::getenv(name);
@@ -328,116 +339,137 @@ class CudaBackend final : public Backend {
 
   // ---- compute ----
   // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: cuBLAS gets the
-  // operands swapped (B first), M and N swapped, and the same leading dimensions.
-  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, const float* B,
-            int ldb, float beta, float* C, int ldc) override {
+  // operands swapped (B first), M and N swapped, and the same leading dimensions. fp32
+  // accumulation for every type; fp32 inputs on TF32 tensor cores when SB_CUDA_TF32=1.
+  void gemm(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B, int ldb, float beta,
+            Buf C, int ldc) override {
+    const DType t = common_dtype("gemm", {A, B, C});
     const int32_t shape[5] = {M, N, K, 1, int(ta) | int(tb) << 1};
-    timed(OpKind::Gemm, kComputeLane, compute_, 4 * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+    timed(OpKind::Gemm, kComputeLane, compute_,
+          dtype_size(t) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
           [&] {
-            CUBLAS_CHECK(cublasSgemm(cublas_, op(tb), op(ta), N, M, K, &alpha, B, ldb, A, lda, &beta, C, ldc));
+            CUBLAS_CHECK(cublasGemmEx(cublas_, op(tb), op(ta), N, M, K, &alpha, B.ptr, cuda_type(t), ldb, A.ptr,
+                                      cuda_type(t), lda, &beta, C.ptr, cuda_type(t), ldc, compute_type(t),
+                                      CUBLAS_GEMM_DEFAULT));
           },
           2.0 * M * N * K, shape);
   }
-  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, const float* A, int lda, int64_t sa,
-                    const float* B, int ldb, int64_t sb, float beta, float* C, int ldc, int64_t sc,
-                    int batch) override {
+  void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa, CBuf B,
+                    int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc, int batch) override {
+    const DType t = common_dtype("gemm_batched", {A, B, C});
     const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
     timed(OpKind::Gemm, kComputeLane, compute_,
-          4 * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+          dtype_size(t) * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
           [&] {
-            CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_, op(tb), op(ta), N, M, K, &alpha, B, ldb, sb, A, lda,
-                                                   sa, &beta, C, ldc, sc, batch));
+            CUBLAS_CHECK(cublasGemmStridedBatchedEx(cublas_, op(tb), op(ta), N, M, K, &alpha, B.ptr, cuda_type(t),
+                                                    ldb, sb, A.ptr, cuda_type(t), lda, sa, &beta, C.ptr,
+                                                    cuda_type(t), ldc, sc, batch, compute_type(t),
+                                                    CUBLAS_GEMM_DEFAULT));
           },
           2.0 * M * N * K * batch, shape);
   }
-  void embedding_forward(float* out, const float* table, const int* ids, int n, int d) override {
-    elementwise(8 * int64_t(n) * d, [&] { cuda::embedding_forward(compute_, out, table, ids, n, d); });
-  }
-  void embedding_backward(float* dtable, const float* dout, const int* ids, int n, int d) override {
-    elementwise(12 * int64_t(n) * d, [&] { cuda::embedding_backward(compute_, dtable, dout, ids, n, d); });
-  }
-  void rmsnorm_forward(float* out, float* rstd, const float* x, const float* w, int n, int d,
-                       float eps) override {
-    elementwise(8 * int64_t(n) * d, [&] { cuda::rmsnorm_forward(compute_, out, rstd, x, w, n, d, eps); });
-  }
-  void rmsnorm_backward(float* dx, float* dw, const float* dout, const float* x, const float* w,
-                        const float* rstd, int n, int d) override {
-    elementwise(16 * int64_t(n) * d, [&] { cuda::rmsnorm_backward(compute_, dx, dw, dout, x, w, rstd, n, d); });
-  }
-  void relu_forward(float* x, int64_t n) override {
-    elementwise(8 * n, [&] { cuda::relu_forward(compute_, x, n); });
-  }
-  void relu_backward(float* dy, const float* y, int64_t n) override {
-    elementwise(12 * n, [&] { cuda::relu_backward(compute_, dy, y, n); });
-  }
-  void add(float* y, const float* x, int64_t n) override {
-    elementwise(12 * n, [&] { cuda::add(compute_, y, x, n); });
-  }
-  void scale(float* x, float a, int64_t n) override {
-    elementwise(8 * n, [&] { cuda::scale(compute_, x, a, n); });
-  }
-  void copy(float* dst, const float* src, int64_t n) override {
-    timed(OpKind::Copy, kComputeLane, compute_, 8 * n, [&] {
-      CUDA_CHECK(cudaMemcpyAsync(dst, src, size_t(n) * 4, cudaMemcpyDeviceToDevice, compute_));
+  void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) override {
+    const DType t = common_dtype("embedding_forward", {out, table});
+    elementwise(2 * dtype_size(t) * int64_t(n) * d, t, [&](auto e) {
+      cuda::embedding_forward(compute_, as(e, out), as(e, table), ids, n, d);
     });
   }
-  void fill(float* x, float value, int64_t n) override {
-    elementwise(4 * n, [&] { cuda::fill(compute_, x, value, n); });
+  void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) override {
+    const DType t = common_dtype("embedding_backward", {dtable, dout});
+    elementwise(3 * dtype_size(t) * int64_t(n) * d, t, [&](auto e) {
+      cuda::embedding_backward(compute_, as(e, dtable), as(e, dout), ids, n, d);
+    });
+  }
+  void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
+    const DType t = common_dtype("rmsnorm_forward", {out, x, w});
+    elementwise(2 * dtype_size(t) * int64_t(n) * d, t, [&](auto e) {
+      cuda::rmsnorm_forward(compute_, as(e, out), rstd, as(e, x), as(e, w), n, d, eps);
+    });
+  }
+  void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n, int d) override {
+    const DType t = common_dtype("rmsnorm_backward", {dx, dw, dout, x, w});
+    elementwise(4 * dtype_size(t) * int64_t(n) * d, t, [&](auto e) {
+      cuda::rmsnorm_backward(compute_, as(e, dx), as(e, dw), as(e, dout), as(e, x), as(e, w), rstd, n, d);
+    });
+  }
+  void relu_forward(Buf x, int64_t n) override {
+    elementwise(2 * dtype_size(x.dtype) * n, x.dtype, [&](auto e) { cuda::relu_forward(compute_, as(e, x), n); });
+  }
+  void relu_backward(Buf dy, CBuf y, int64_t n) override {
+    const DType t = common_dtype("relu_backward", {dy, y});
+    elementwise(3 * dtype_size(t) * n, t, [&](auto e) { cuda::relu_backward(compute_, as(e, dy), as(e, y), n); });
+  }
+  void add(Buf y, CBuf x, int64_t n) override {
+    const DType t = common_dtype("add", {y, x});
+    elementwise(3 * dtype_size(t) * n, t, [&](auto e) { cuda::add(compute_, as(e, y), as(e, x), n); });
+  }
+  void scale(Buf x, float a, int64_t n) override {
+    elementwise(2 * dtype_size(x.dtype) * n, x.dtype, [&](auto e) { cuda::scale(compute_, as(e, x), a, n); });
+  }
+  void copy(Buf dst, CBuf src, int64_t n) override {
+    const int es = dtype_size(common_dtype("copy", {dst, src}));
+    timed(OpKind::Copy, kComputeLane, compute_, 2 * es * n, [&] {
+      CUDA_CHECK(cudaMemcpyAsync(dst.ptr, src.ptr, size_t(n) * es, cudaMemcpyDeviceToDevice, compute_));
+    });
+  }
+  void cast(Buf dst, CBuf src, int64_t n) override {
+    if (dst.dtype == src.dtype) return copy(dst, src, n);
+    timed(OpKind::Copy, kComputeLane, compute_, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n, [&] {
+      with_type(dst.dtype, [&](auto d) {
+        with_type(src.dtype, [&](auto s) { cuda::cast(compute_, as(d, dst), as(s, src), n); });
+      });
+    });
+  }
+  void fill(Buf x, float value, int64_t n) override {
+    elementwise(dtype_size(x.dtype) * n, x.dtype, [&](auto e) { cuda::fill(compute_, as(e, x), value, n); });
   }
   void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
-    elementwise(4 * n, [&] { cuda::init_uniform(compute_, x, n, key, first, scale); });
+    timed(OpKind::Elementwise, kComputeLane, compute_, 4 * n,
+          [&] { cuda::init_uniform(compute_, x, n, key, first, scale); });
   }
-  void position_bias_forward(float* bias, const float* table, const int* buckets, int heads, int tq,
-                             int tk) override {
-    elementwise(8 * int64_t(heads) * tq * tk,
-                [&] { cuda::position_bias_forward(compute_, bias, table, buckets, heads, tq, tk); });
+  void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq, int tk) override {
+    const DType t = common_dtype("position_bias_forward", {bias, table});
+    elementwise(2 * dtype_size(t) * int64_t(heads) * tq * tk, t, [&](auto e) {
+      cuda::position_bias_forward(compute_, as(e, bias), as(e, table), buckets, heads, tq, tk);
+    });
   }
-  void position_bias_backward(float* dtable, const float* dbias, const int* buckets, int heads, int tq,
-                              int tk) override {
-    elementwise(8 * int64_t(heads) * tq * tk,
-                [&] { cuda::position_bias_backward(compute_, dtable, dbias, buckets, heads, tq, tk); });
+  void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq, int tk) override {
+    const DType t = common_dtype("position_bias_backward", {dtable, dbias});
+    elementwise(2 * dtype_size(t) * int64_t(heads) * tq * tk, t, [&](auto e) {
+      cuda::position_bias_backward(compute_, as(e, dtable), as(e, dbias), buckets, heads, tq, tk);
+    });
   }
-  void softmax_forward(float* s, const float* bias, bool causal, int batch, int heads, int tq, int tk) override {
-    elementwise(8 * int64_t(batch) * heads * tq * tk,
-                [&] { cuda::softmax_forward(compute_, s, bias, causal, batch, heads, tq, tk); });
+  void softmax_forward(Buf s, CBuf bias, bool causal, int batch, int heads, int tq, int tk) override {
+    const DType t = common_dtype("softmax_forward", {s, bias});
+    elementwise(2 * dtype_size(t) * int64_t(batch) * heads * tq * tk, t, [&](auto e) {
+      cuda::softmax_forward(compute_, as(e, s), as(e, bias), causal, batch, heads, tq, tk);
+    });
   }
-  void softmax_backward(float* ds, const float* p, float* dbias, int batch, int heads, int tq, int tk) override {
-    elementwise(12 * int64_t(batch) * heads * tq * tk,
-                [&] { cuda::softmax_backward(compute_, ds, p, dbias, batch, heads, tq, tk); });
+  void softmax_backward(Buf ds, CBuf p, Buf dbias, int batch, int heads, int tq, int tk) override {
+    const DType t = common_dtype("softmax_backward", {ds, p, dbias});
+    elementwise(3 * dtype_size(t) * int64_t(batch) * heads * tq * tk, t, [&](auto e) {
+      cuda::softmax_backward(compute_, as(e, ds), as(e, p), as(e, dbias), batch, heads, tq, tk);
+    });
   }
-  void cross_entropy(float* logits, float* losses, const int* labels, int n, int vocab,
-                     float grad_scale) override {
-    elementwise(8 * int64_t(n) * vocab,
-                [&] { cuda::cross_entropy(compute_, logits, losses, labels, n, vocab, grad_scale); });
+  void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab, float grad_scale) override {
+    elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
+      cuda::cross_entropy(compute_, as(e, logits), losses, labels, n, vocab, grad_scale);
+    });
   }
-  void adam(float* p, const float* g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
+  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
     // Bias corrections on the host, as the CPU backend computes them.
     const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
-    timed(OpKind::Optimizer, kComputeLane, compute_, 28 * n,
-          [&] { cuda::adam(compute_, p, g, m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2); });
+    timed(OpKind::Optimizer, kComputeLane, compute_, (24 + dtype_size(g.dtype)) * n, [&] {
+      with_type(g.dtype, [&](auto e) {
+        cuda::adam(compute_, p, as(e, g), m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale);
+      });
+    });
   }
 
   // ---- collectives ----
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override {
     CUDA_CHECK(cudaSetDevice(device_));  // NCCL binds the communicator to the current device
     return std::make_unique<NcclComm>(c);
-  }
-  Request all_reduce(float* buf, int64_t count, Comm& c) override {
-    ncclComm_t n = nccl(c);
-    return issue(OpKind::AllReduce, count * 4, [&] {
-      NCCL_CHECK(ncclAllReduce(buf, buf, size_t(count), ncclFloat, ncclSum, n, comm_));
-    });
-  }
-  Request all_gather(const float* send, float* recv, int64_t count, Comm& c) override {
-    ncclComm_t n = nccl(c);
-    return issue(OpKind::AllGather, count * 4 * c.size(),
-                 [&] { NCCL_CHECK(ncclAllGather(send, recv, size_t(count), ncclFloat, n, comm_)); });
-  }
-  Request reduce_scatter(const float* send, float* recv, int64_t count, Comm& c) override {
-    ncclComm_t n = nccl(c);
-    return issue(OpKind::ReduceScatter, count * 4 * c.size(), [&] {
-      NCCL_CHECK(ncclReduceScatter(send, recv, size_t(count), ncclFloat, ncclSum, n, comm_));
-    });
   }
   // NCCL has every type, reduction (ncclAvg included) and collective of CollectiveArgs.
   bool supports(Collective op, DType dtype, ReduceOp redop) const override {
@@ -456,8 +488,7 @@ class CudaBackend final : public Backend {
     const ncclDataType_t t = nccl_type(a.dtype);
     const ncclRedOp_t op = nccl_op(a.redop);
     const size_t count = size_t(a.count);
-    const bool gathers = a.op == Collective::AllGather || a.op == Collective::ReduceScatter;
-    return issue(op_kind(a.op), a.count * es * (gathers ? size : 1), [&] {
+    return issue(collective_kind(a.op), collective_bytes(a, size), [&] {
       switch (a.op) {
         case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, comm_)); break;
         case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, comm_)); break;
@@ -531,7 +562,7 @@ class CudaBackend final : public Backend {
     CUBLAS_CHECK(cublasCreate(&cublas_));
     CUBLAS_CHECK(cublasSetStream(cublas_, compute_));
     tf32_ = env_is_one("SB_CUDA_TF32");
-    CUBLAS_CHECK(cublasSetMathMode(cublas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH));
+    CUBLAS_CHECK(cublasSetMathMode(cublas_, CUBLAS_DEFAULT_MATH));  // the compute type of each call decides
   }
 
   // The default pool gives freed memory back to the driver at every synchronisation unless
@@ -611,9 +642,13 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaEventRecord(t.end, s));
     timed_.push_back(t);
   }
+  // An elementwise kernel on element type t: launch(e) with e a value of that type.
   template <class Launch>
-  void elementwise(int64_t bytes, Launch&& launch) {
-    timed(OpKind::Elementwise, kComputeLane, compute_, bytes, launch);
+  void elementwise(int64_t bytes, DType t, Launch&& launch) {
+    timed(OpKind::Elementwise, kComputeLane, compute_, bytes, [&] { with_type(t, launch); });
+  }
+  cublasComputeType_t compute_type(DType t) const {
+    return t == DType::F32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   }
 
   // A collective: the comm stream waits for the compute stream's work issued so far, runs

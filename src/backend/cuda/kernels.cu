@@ -6,6 +6,9 @@
 //   elementwise: grid-stride loop, blockDim 256, at most kMaxBlocks blocks (int64 indices);
 //   row-wise (norms, softmax, cross-entropy): one block per row, blockDim row_threads(cols),
 //   warp-shuffle reductions combined through shared memory.
+// Every kernel is a template over the element type T (float, __nv_bfloat16, __half): it
+// loads to fp32 (ld), computes in fp32 and rounds once when it stores (st), like the CPU
+// backend's fp32 views; accumulations across kernels (atomics) round at each addition.
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
@@ -29,6 +32,17 @@ unsigned row_threads(int64_t cols) {
   const int64_t t = (cols + 3) / 4;
   return unsigned(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
 }
+
+__device__ __forceinline__ float ld(float x) { return x; }
+__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ld(__half x) { return __half2float(x); }
+template <class T> __device__ __forceinline__ T st(float x);
+template <> __device__ __forceinline__ float st<float>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half st<__half>(float x) { return __float2half(x); }
+__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
+__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, float v) { atomicAdd(p, __float2bfloat16(v)); }
+__device__ __forceinline__ void atomic_add(__half* p, float v) { atomicAdd(p, __float2half(v)); }
 
 #define GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
@@ -64,91 +78,106 @@ __device__ float block_reduce(float v, Op op) {
 
 // ---------------------------------------------------------------- embedding
 // one block per token row, blockDim row_threads(d)
-__global__ void embedding_forward_kernel(float* out, const float* table, const int* ids, int d) {
+template <class T>
+__global__ void embedding_forward_kernel(T* out, const T* table, const int* ids, int d) {
   const int64_t i = blockIdx.x;
-  const float* src = table + int64_t(ids[i]) * d;
+  const T* src = table + int64_t(ids[i]) * d;
   for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = src[j];
 }
 
 // one block per token row, blockDim row_threads(d); atomics because ids repeat
-__global__ void embedding_backward_kernel(float* dtable, const float* dout, const int* ids, int d) {
+template <class T>
+__global__ void embedding_backward_kernel(T* dtable, const T* dout, const int* ids, int d) {
   const int64_t i = blockIdx.x;
-  float* dst = dtable + int64_t(ids[i]) * d;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) atomicAdd(dst + j, dout[i * d + j]);
+  T* dst = dtable + int64_t(ids[i]) * d;
+  for (int j = threadIdx.x; j < d; j += blockDim.x) atomic_add(dst + j, ld(dout[i * d + j]));
 }
 
 // ---------------------------------------------------------------- RMS norm
 // one block per row, blockDim row_threads(d)
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* x, const float* w, int d,
-                                       float eps) {
+template <class T>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int d, float eps) {
   const int64_t i = blockIdx.x;
-  const float* xi = x + i * d;
+  const T* xi = x + i * d;
   float ss = 0.f;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) ss += xi[j] * xi[j];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) ss += ld(xi[j]) * ld(xi[j]);
   ss = block_reduce(ss, Sum());
   const float r = 1.f / sqrtf(ss / float(d) + eps);
   if (threadIdx.x == 0) rstd[i] = r;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = xi[j] * r * w[j];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = st<T>(ld(xi[j]) * r * ld(w[j]));
 }
 
 // one block per row, blockDim row_threads(d). out_j = x_j r w_j with r = (mean x² + eps)^-1/2
 // ⇒ dx_j += r (g_j w_j − x_j r² mean_k(g_k w_k x_k)).
-__global__ void rmsnorm_backward_dx_kernel(float* dx, const float* dout, const float* x, const float* w,
-                                           const float* rstd, int d) {
+template <class T>
+__global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, const T* w, const float* rstd,
+                                           int d) {
   const int64_t i = blockIdx.x;
-  const float *xi = x + i * d, *gi = dout + i * d;
+  const T *xi = x + i * d, *gi = dout + i * d;
   float dot = 0.f;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) dot += gi[j] * w[j] * xi[j];
+  for (int j = threadIdx.x; j < d; j += blockDim.x) dot += ld(gi[j]) * ld(w[j]) * ld(xi[j]);
   dot = block_reduce(dot, Sum());
   const float r = rstd[i], c = dot / float(d) * r * r;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) dx[i * d + j] += r * (gi[j] * w[j] - xi[j] * c);
+  for (int j = threadIdx.x; j < d; j += blockDim.x)
+    dx[i * d + j] = st<T>(ld(dx[i * d + j]) + r * (ld(gi[j]) * ld(w[j]) - ld(xi[j]) * c));
 }
 
 constexpr int kDwRowsPerBlock = 256;  // rows summed by one block before its one atomic per column
 // grid (ceil(d/32), ceil(n/256)), blockDim (32, 8): a 32-column strip of 256 rows per block,
 // summed over the 8 row lanes in shared memory, then one atomicAdd per column.
-__global__ void rmsnorm_backward_dw_kernel(float* dw, const float* dout, const float* x,
-                                           const float* rstd, int n, int d) {
+template <class T>
+__global__ void rmsnorm_backward_dw_kernel(T* dw, const T* dout, const T* x, const float* rstd, int n, int d) {
   __shared__ float part[8][33];  // +1 column: no bank conflicts in the final sum
   const int col = blockIdx.x * 32 + threadIdx.x;
   const int row0 = blockIdx.y * kDwRowsPerBlock, row1 = min(n, row0 + kDwRowsPerBlock);
   float acc = 0.f;
   if (col < d)
     for (int row = row0 + threadIdx.y; row < row1; row += blockDim.y)
-      acc += dout[int64_t(row) * d + col] * x[int64_t(row) * d + col] * rstd[row];
+      acc += ld(dout[int64_t(row) * d + col]) * ld(x[int64_t(row) * d + col]) * rstd[row];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < d) {
     float sum = 0.f;
     for (int k = 0; k < blockDim.y; ++k) sum += part[k][threadIdx.x];
-    atomicAdd(dw + col, sum);
+    atomic_add(dw + col, sum);
   }
 }
 
 // ---------------------------------------------------------------- elementwise
 // grid-stride, blockDim 256 (all of this section)
-__global__ void relu_forward_kernel(float* x, int64_t n) {
-  GRID_STRIDE(i, n) x[i] = x[i] > 0.f ? x[i] : 0.f;
+template <class T>
+__global__ void relu_forward_kernel(T* x, int64_t n) {
+  GRID_STRIDE(i, n) x[i] = ld(x[i]) > 0.f ? x[i] : st<T>(0.f);
 }
-__global__ void relu_backward_kernel(float* dy, const float* y, int64_t n) {
-  GRID_STRIDE(i, n) dy[i] = y[i] > 0.f ? dy[i] : 0.f;
+template <class T>
+__global__ void relu_backward_kernel(T* dy, const T* y, int64_t n) {
+  GRID_STRIDE(i, n) dy[i] = ld(y[i]) > 0.f ? dy[i] : st<T>(0.f);
 }
-__global__ void add_kernel(float* y, const float* x, int64_t n) {
-  GRID_STRIDE(i, n) y[i] += x[i];
+template <class T>
+__global__ void add_kernel(T* y, const T* x, int64_t n) {
+  GRID_STRIDE(i, n) y[i] = st<T>(ld(y[i]) + ld(x[i]));
 }
-__global__ void scale_kernel(float* x, float a, int64_t n) {
-  GRID_STRIDE(i, n) x[i] *= a;
+template <class T>
+__global__ void scale_kernel(T* x, float a, int64_t n) {
+  GRID_STRIDE(i, n) x[i] = st<T>(ld(x[i]) * a);
 }
-__global__ void fill_kernel(float* x, float value, int64_t n) {
-  GRID_STRIDE(i, n) x[i] = value;
+template <class T>
+__global__ void fill_kernel(T* x, float value, int64_t n) {
+  const T v = st<T>(value);
+  GRID_STRIDE(i, n) x[i] = v;
+}
+template <class D, class S>
+__global__ void cast_kernel(D* dst, const S* src, int64_t n) {
+  GRID_STRIDE(i, n) dst[i] = st<D>(ld(src[i]));
 }
 __global__ void init_uniform_kernel(float* x, int64_t n, uint64_t key, int64_t first, float scale) {
   GRID_STRIDE(i, n) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
 }
-__global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_t n, float lr, float b1,
-                            float b2, float eps, float bc1, float bc2) {
+template <class G>
+__global__ void adam_kernel(float* p, const G* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
+                            float eps, float bc1, float bc2, float unscale) {
   GRID_STRIDE(i, n) {
-    const float gi = g[i];
+    const float gi = ld(g[i]) * unscale;
     const float mi = b1 * m[i] + (1.f - b1) * gi;
     const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
     m[i] = mi;
@@ -159,8 +188,8 @@ __global__ void adam_kernel(float* p, const float* g, float* m, float* v, int64_
 
 // ---------------------------------------------------------------- position bias
 // grid-stride over H*tq*tk, blockDim 256
-__global__ void position_bias_forward_kernel(float* bias, const float* table, const int* buckets, int heads,
-                                             int64_t tt) {
+template <class T>
+__global__ void position_bias_forward_kernel(T* bias, const T* table, const int* buckets, int heads, int64_t tt) {
   GRID_STRIDE(idx, heads * tt) {
     const int64_t h = idx / tt, ij = idx % tt;
     bias[idx] = table[int64_t(buckets[ij]) * heads + h];
@@ -172,8 +201,9 @@ constexpr int kSharedBuckets = 1024;     // T5 has 32 buckets; larger ids go str
 // grid (ceil(tq*tk / 4096), H), blockDim 256: one head and a chunk of positions per block.
 // Millions of positions fall into a few dozen buckets, so each block sums into shared
 // memory first and adds one value per bucket it touched to the table.
-__global__ void position_bias_backward_kernel(float* dtable, const float* dbias, const int* buckets,
-                                              int heads, int64_t tt) {
+template <class T>
+__global__ void position_bias_backward_kernel(T* dtable, const T* dbias, const int* buckets, int heads,
+                                              int64_t tt) {
   __shared__ float acc[kSharedBuckets];
   __shared__ int top;  // largest bucket seen, bounds the flush
   const int h = blockIdx.y;
@@ -184,176 +214,229 @@ __global__ void position_bias_backward_kernel(float* dtable, const float* dbias,
   int my_top = -1;
   for (int64_t ij = lo + threadIdx.x; ij < hi; ij += blockDim.x) {
     const int b = buckets[ij];
-    const float g = dbias[h * tt + ij];
+    const float g = ld(dbias[h * tt + ij]);
     if (b < kSharedBuckets) {
       atomicAdd(acc + b, g);
       my_top = max(my_top, b);
     } else {
-      atomicAdd(dtable + int64_t(b) * heads + h, g);
+      atomic_add(dtable + int64_t(b) * heads + h, g);
     }
   }
   atomicMax(&top, my_top);
   __syncthreads();
   for (int k = threadIdx.x; k <= top; k += blockDim.x)
-    if (acc[k] != 0.f) atomicAdd(dtable + int64_t(k) * heads + h, acc[k]);
+    if (acc[k] != 0.f) atomic_add(dtable + int64_t(k) * heads + h, acc[k]);
 }
 
 // ---------------------------------------------------------------- softmax
-// one block per row of [B*H*tq, tk], blockDim row_threads(tk)
-__global__ void softmax_forward_kernel(float* scores, const float* bias, bool causal, int heads, int tq,
-                                       int tk) {
+// one block per row of [B*H*tq, tk], blockDim row_threads(tk). The row is read three times
+// (max, sum, result) and written once, so a 16-bit row is rounded once, as on the CPU.
+template <class T>
+__global__ void softmax_forward_kernel(T* scores, const T* bias, bool causal, int heads, int tq, int tk) {
   const int64_t row = blockIdx.x;
   const int i = int(row % tq), h = int(row / tq % heads);
-  float* s = scores + row * tk;
-  const float* b = bias ? bias + (int64_t(h) * tq + i) * tk : nullptr;
+  T* s = scores + row * tk;
+  const T* b = bias ? bias + (int64_t(h) * tq + i) * tk : nullptr;
   const int valid = causal ? min(tk, i + 1) : tk;  // keys j > i are masked
+  auto logit = [&](int j) { return b ? ld(s[j]) + ld(b[j]) : ld(s[j]); };
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) {
-    if (b) s[j] += b[j];
-    mx = fmaxf(mx, s[j]);
-  }
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, logit(j));
   mx = block_reduce(mx, Max());
   float sum = 0.f;
-  for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += (s[j] = expf(s[j] - mx));
+  for (int j = threadIdx.x; j < valid; j += blockDim.x) sum += expf(logit(j) - mx);
   const float inv = 1.f / block_reduce(sum, Sum());
-  for (int j = threadIdx.x; j < tk; j += blockDim.x) s[j] = j < valid ? s[j] * inv : 0.f;
+  __syncthreads();  // every thread has read its logits before any is overwritten
+  for (int j = threadIdx.x; j < tk; j += blockDim.x) s[j] = st<T>(j < valid ? expf(logit(j) - mx) * inv : 0.f);
 }
 
-// one block per (head, query) row, blockDim row_threads(tk), looping over the batch: the
-// thread that owns column j of dbias is the only one to update it (no atomics, and the
-// batch is summed in the CPU backend's order)
-__global__ void softmax_backward_kernel(float* ds, const float* p, float* dbias, int batch, int heads,
-                                        int tq, int tk) {
+// one block per (head, query) row, blockDim row_threads(tk), dynamic shared memory `batch`
+// floats. First the batch's row dots Σ dP⊙P, then each thread owns its columns j of dbias and
+// sums the batch in fp32 (no atomics, the CPU backend's order, one rounding).
+template <class T>
+__global__ void softmax_backward_kernel(T* ds, const T* p, T* dbias, int batch, int heads, int tq, int tk) {
+  extern __shared__ float dots[];
   const int64_t hi = blockIdx.x;  // h * tq + i
   const int h = int(hi / tq), i = int(hi % tq);
-  float* db = dbias ? dbias + hi * tk : nullptr;
+  auto offset = [&](int bi) { return ((int64_t(bi) * heads + h) * tq + i) * tk; };
   for (int bi = 0; bi < batch; ++bi) {
-    const int64_t off = ((int64_t(bi) * heads + h) * tq + i) * tk;
-    float* g = ds + off;
-    const float* pr = p + off;
+    const T *g = ds + offset(bi), *pr = p + offset(bi);
     float dot = 0.f;
-    for (int j = threadIdx.x; j < tk; j += blockDim.x) dot += g[j] * pr[j];
+    for (int j = threadIdx.x; j < tk; j += blockDim.x) dot += ld(g[j]) * ld(pr[j]);
     dot = block_reduce(dot, Sum());
-    for (int j = threadIdx.x; j < tk; j += blockDim.x) {
-      const float gj = pr[j] * (g[j] - dot);
-      g[j] = gj;
-      if (db) db[j] += gj;
+    if (threadIdx.x == 0) dots[bi] = dot;
+  }
+  __syncthreads();
+  T* db = dbias ? dbias + hi * tk : nullptr;
+  for (int j = threadIdx.x; j < tk; j += blockDim.x) {
+    float acc = db ? ld(db[j]) : 0.f;
+    for (int bi = 0; bi < batch; ++bi) {
+      const int64_t o = offset(bi) + j;
+      const float gj = ld(p[o]) * (ld(ds[o]) - dots[bi]);
+      ds[o] = st<T>(gj);
+      acc += gj;
     }
+    if (db) db[j] = st<T>(acc);
   }
 }
 
 // ---------------------------------------------------------------- cross-entropy
-// one block per token row of [n, vocab], blockDim row_threads(vocab) (1024 for T5's 32128)
-__global__ void cross_entropy_kernel(float* logits, float* losses, const int* labels, int vocab,
-                                     float grad_scale) {
+// one block per token row of [n, vocab], blockDim row_threads(vocab) (1024 for T5's 32128).
+// Read for the max and the sum, written once with the gradient.
+template <class T>
+__global__ void cross_entropy_kernel(T* logits, float* losses, const int* labels, int vocab, float grad_scale) {
   const int64_t i = blockIdx.x;
-  float* row = logits + i * vocab;
+  T* row = logits + i * vocab;
   const int label = labels[i];
   float mx = -INFINITY;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, row[j]);
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, ld(row[j]));
   mx = block_reduce(mx, Max());
-  const float target = row[label] - mx;
-  __syncthreads();  // everyone has read row[label] before it is overwritten below
-  float sum = 0.f;  // the exponentials are computed once and kept in the row
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += (row[j] = expf(row[j] - mx));
-  sum = block_reduce(sum, Sum());
+  const float target = ld(row[label]) - mx;
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(ld(row[j]) - mx);
+  sum = block_reduce(sum, Sum());  // its barriers: every read above precedes the writes below
   if (threadIdx.x == 0) losses[i] = logf(sum) - target;
   const float k = grad_scale / sum;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) row[j] *= k;
-  __syncthreads();  // the scaled row[label] is written before the one-hot is subtracted
-  if (threadIdx.x == 0) row[label] -= grad_scale;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float gj = expf(ld(row[j]) - mx) * k;
+    row[j] = st<T>(j == label ? gj - grad_scale : gj);
+  }
 }
 
 __global__ void probe_kernel() {}
 
 }  // namespace
 
-void embedding_forward(cudaStream_t s, float* out, const float* table, const int* ids, int n, int d) {
+template <class T>
+void embedding_forward(cudaStream_t s, T* out, const T* table, const int* ids, int n, int d) {
   if (n <= 0 || d <= 0) return;
   CUDA_LAUNCH(embedding_forward_kernel<<<n, row_threads(d), 0, s>>>(out, table, ids, d));
 }
 
-void embedding_backward(cudaStream_t s, float* dtable, const float* dout, const int* ids, int n, int d) {
+template <class T>
+void embedding_backward(cudaStream_t s, T* dtable, const T* dout, const int* ids, int n, int d) {
   if (n <= 0 || d <= 0) return;
   CUDA_LAUNCH(embedding_backward_kernel<<<n, row_threads(d), 0, s>>>(dtable, dout, ids, d));
 }
 
-void rmsnorm_forward(cudaStream_t s, float* out, float* rstd, const float* x, const float* w, int n, int d,
-                     float eps) {
+template <class T>
+void rmsnorm_forward(cudaStream_t s, T* out, float* rstd, const T* x, const T* w, int n, int d, float eps) {
   if (n <= 0 || d <= 0) return;
   CUDA_LAUNCH(rmsnorm_forward_kernel<<<n, row_threads(d), 0, s>>>(out, rstd, x, w, d, eps));
 }
 
-void rmsnorm_backward(cudaStream_t s, float* dx, float* dw, const float* dout, const float* x, const float* w,
-                      const float* rstd, int n, int d) {
+template <class T>
+void rmsnorm_backward(cudaStream_t s, T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd,
+                      int n, int d) {
   if (n <= 0 || d <= 0) return;
   CUDA_LAUNCH(rmsnorm_backward_dx_kernel<<<n, row_threads(d), 0, s>>>(dx, dout, x, w, rstd, d));
   const dim3 grid((d + 31) / 32, (n + kDwRowsPerBlock - 1) / kDwRowsPerBlock), block(32, 8);
   CUDA_LAUNCH(rmsnorm_backward_dw_kernel<<<grid, block, 0, s>>>(dw, dout, x, rstd, n, d));
 }
 
-void relu_forward(cudaStream_t s, float* x, int64_t n) {
+template <class T>
+void relu_forward(cudaStream_t s, T* x, int64_t n) {
   if (n > 0) CUDA_LAUNCH(relu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n));
 }
-void relu_backward(cudaStream_t s, float* dy, const float* y, int64_t n) {
+template <class T>
+void relu_backward(cudaStream_t s, T* dy, const T* y, int64_t n) {
   if (n > 0) CUDA_LAUNCH(relu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(dy, y, n));
 }
-void add(cudaStream_t s, float* y, const float* x, int64_t n) {
+template <class T>
+void add(cudaStream_t s, T* y, const T* x, int64_t n) {
   if (n > 0) CUDA_LAUNCH(add_kernel<<<blocks_for(n), kThreads, 0, s>>>(y, x, n));
 }
-void scale(cudaStream_t s, float* x, float a, int64_t n) {
+template <class T>
+void scale(cudaStream_t s, T* x, float a, int64_t n) {
   if (n > 0) CUDA_LAUNCH(scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, a, n));
 }
-void fill(cudaStream_t s, float* x, float value, int64_t n) {
+template <class T>
+void fill(cudaStream_t s, T* x, float value, int64_t n) {
   if (n > 0) CUDA_LAUNCH(fill_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, value, n));
+}
+template <class D, class S>
+void cast(cudaStream_t s, D* dst, const S* src, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(cast_kernel<<<blocks_for(n), kThreads, 0, s>>>(dst, src, n));
 }
 void init_uniform(cudaStream_t s, float* x, int64_t n, uint64_t key, int64_t first, float scale) {
   if (n > 0) CUDA_LAUNCH(init_uniform_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, key, first, scale));
 }
-void adam(cudaStream_t s, float* p, const float* g, float* m, float* v, int64_t n, float lr, float beta1,
-          float beta2, float eps, float bc1, float bc2) {
+template <class G>
+void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
+          float eps, float bc1, float bc2, float unscale) {
   if (n > 0)
-    CUDA_LAUNCH(adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2));
+    CUDA_LAUNCH(adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2,
+                                                                unscale));
 }
 
-void position_bias_forward(cudaStream_t s, float* bias, const float* table, const int* buckets, int heads,
-                           int tq, int tk) {
+template <class T>
+void position_bias_forward(cudaStream_t s, T* bias, const T* table, const int* buckets, int heads, int tq,
+                           int tk) {
   const int64_t tt = int64_t(tq) * tk;
   if (heads <= 0 || tt <= 0) return;
   CUDA_LAUNCH(position_bias_forward_kernel<<<blocks_for(heads * tt), kThreads, 0, s>>>(bias, table, buckets,
                                                                                         heads, tt));
 }
 
-void position_bias_backward(cudaStream_t s, float* dtable, const float* dbias, const int* buckets, int heads,
-                            int tq, int tk) {
+template <class T>
+void position_bias_backward(cudaStream_t s, T* dtable, const T* dbias, const int* buckets, int heads, int tq,
+                            int tk) {
   const int64_t tt = int64_t(tq) * tk;
   if (heads <= 0 || tt <= 0) return;
   const dim3 grid(unsigned((tt + kBiasChunk - 1) / kBiasChunk), unsigned(heads));
   CUDA_LAUNCH(position_bias_backward_kernel<<<grid, kThreads, 0, s>>>(dtable, dbias, buckets, heads, tt));
 }
 
-void softmax_forward(cudaStream_t s, float* scores, const float* bias, bool causal, int batch, int heads,
-                     int tq, int tk) {
+template <class T>
+void softmax_forward(cudaStream_t s, T* scores, const T* bias, bool causal, int batch, int heads, int tq,
+                     int tk) {
   const int64_t rows = int64_t(batch) * heads * tq;
   if (rows <= 0 || tk <= 0) return;
   CUDA_LAUNCH(softmax_forward_kernel<<<unsigned(rows), row_threads(tk), 0, s>>>(scores, bias, causal, heads,
                                                                                 tq, tk));
 }
 
-void softmax_backward(cudaStream_t s, float* dscores, const float* probs, float* dbias, int batch, int heads,
-                      int tq, int tk) {
+template <class T>
+void softmax_backward(cudaStream_t s, T* dscores, const T* probs, T* dbias, int batch, int heads, int tq,
+                      int tk) {
   const int64_t rows = int64_t(heads) * tq;
   if (batch <= 0 || rows <= 0 || tk <= 0) return;
-  CUDA_LAUNCH(softmax_backward_kernel<<<unsigned(rows), row_threads(tk), 0, s>>>(dscores, probs, dbias, batch,
-                                                                                 heads, tq, tk));
+  CUDA_LAUNCH(softmax_backward_kernel<<<unsigned(rows), row_threads(tk), size_t(batch) * sizeof(float), s>>>(
+      dscores, probs, dbias, batch, heads, tq, tk));
 }
 
-void cross_entropy(cudaStream_t s, float* logits, float* losses, const int* labels, int n, int vocab,
+template <class T>
+void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, int n, int vocab,
                    float grad_scale) {
   if (n <= 0 || vocab <= 0) return;
-  CUDA_LAUNCH(cross_entropy_kernel<<<n, row_threads(vocab), 0, s>>>(logits, losses, labels, vocab,
-                                                                     grad_scale));
+  CUDA_LAUNCH(cross_entropy_kernel<<<n, row_threads(vocab), 0, s>>>(logits, losses, labels, vocab, grad_scale));
 }
+
+// Every launcher for every element type the backend dispatches to.
+#define SB_KERNELS_FOR(T)                                                                                  \
+  template void embedding_forward<T>(cudaStream_t, T*, const T*, const int*, int, int);                   \
+  template void embedding_backward<T>(cudaStream_t, T*, const T*, const int*, int, int);                  \
+  template void rmsnorm_forward<T>(cudaStream_t, T*, float*, const T*, const T*, int, int, float);        \
+  template void rmsnorm_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, const float*, int, \
+                                    int);                                                                  \
+  template void relu_forward<T>(cudaStream_t, T*, int64_t);                                               \
+  template void relu_backward<T>(cudaStream_t, T*, const T*, int64_t);                                    \
+  template void add<T>(cudaStream_t, T*, const T*, int64_t);                                              \
+  template void scale<T>(cudaStream_t, T*, float, int64_t);                                               \
+  template void fill<T>(cudaStream_t, T*, float, int64_t);                                                \
+  template void cast<T, float>(cudaStream_t, T*, const float*, int64_t);                                  \
+  template void cast<T, __nv_bfloat16>(cudaStream_t, T*, const __nv_bfloat16*, int64_t);                  \
+  template void cast<T, __half>(cudaStream_t, T*, const __half*, int64_t);                                \
+  template void adam<T>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float, float, \
+                        float, float, float);                                                              \
+  template void position_bias_forward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);          \
+  template void position_bias_backward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);         \
+  template void softmax_forward<T>(cudaStream_t, T*, const T*, bool, int, int, int, int);                 \
+  template void softmax_backward<T>(cudaStream_t, T*, const T*, T*, int, int, int, int);                  \
+  template void cross_entropy<T>(cudaStream_t, T*, float*, const int*, int, int, float);
+SB_KERNELS_FOR(float)
+SB_KERNELS_FOR(__nv_bfloat16)
+SB_KERNELS_FOR(__half)
+#undef SB_KERNELS_FOR
 
 cudaError_t probe_kernel_image(cudaStream_t s) {
   probe_kernel<<<1, 1, 0, s>>>();
