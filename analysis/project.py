@@ -36,9 +36,10 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CLUSTER_FIELDS = {"name": str, "gpus_per_node": int, "gpu_memory_gib": (int, float), "gemm_tflops": (int, float),
-                  "nongemm_fraction": (int, float), "memory_bandwidth_gbps": (int, float)}
+                  "nongemm_fraction": (int, float), "memory_bandwidth_gbps": (int, float), "dtype": str}
+PRECISIONS = ("fp32", "bf16", "fp16")
 TIER_FIELDS = {"bandwidth_gbps": (int, float), "latency_us": (int, float)}
-OP = {"gemm": 0, "optimizer": 2, "all-reduce": 4, "all-gather": 5, "reduce-scatter": 6, "wait": 7}
+OP = {"gemm": 0, "optimizer": 2, "copy": 3, "all-reduce": 4, "all-gather": 5, "reduce-scatter": 6, "wait": 7}
 
 
 class ProjectionError(Exception):
@@ -64,6 +65,8 @@ def load_cluster(path):
                 raise ProjectionError(f"cluster description {path}: missing field '{tier}.{key}'")
             if not isinstance(c[tier][key], typ) or c[tier][key] <= 0:
                 raise ProjectionError(f"cluster description {path}: '{tier}.{key}' must be a positive number")
+    if c["dtype"] not in PRECISIONS:
+        raise ProjectionError(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
     known = set(CLUSTER_FIELDS) | {"intra", "inter", "cpu_cores_per_node"}
     unknown = set(c) - known
     if unknown:
@@ -86,6 +89,10 @@ def calibrate_run(cluster, path):
         s = s[s["warmup"] == 0]
         e = f["events"][()]
         ranks_per_node = _attr(f, "ranks_per_node")
+        dtype = _attr(f, "dtype")
+    if dtype != cluster["dtype"]:
+        raise ProjectionError(f"--calibrate-run {path}: a {dtype} run cannot calibrate the {cluster['dtype']} "
+                              "rates of this cluster description (its field 'dtype')")
     rate = s["gemm_flops"].sum() / s["gemm_time"].sum()
     slow = _oversubscription(cluster, ranks_per_node)  # the measured rate already suffered it
     cluster["gemm_tflops"] = rate * slow / 1e12
@@ -192,7 +199,7 @@ def simulate(sched, cluster):
             d = flops / rate * (1 + cluster["nongemm_fraction"])
             t += d
             compute += d
-        elif op == OP["optimizer"]:
+        elif op in (OP["optimizer"], OP["copy"]):  # Adam; casts between precisions
             d = nbytes / mem_bw
             t += d
             compute += d
@@ -261,6 +268,8 @@ def write_result(path, sched, sim, cluster, args, label):
         a["enc_seq_len"] = sched["enc_seq_len"]
         a["dec_seq_len"] = sched["dec_seq_len"]
         a["activation_checkpointing"] = sched["activation_checkpointing"]
+        a["dtype"] = sched["dtype"]
+        a["reduce_dtype"] = sched["reduce_dtype"]
         a["backend"] = "projection"
         a["cluster"] = cluster["name"]
         a["calibration"] = "; ".join(cluster["calibration"]) or "none (cluster description as written)"
@@ -298,6 +307,8 @@ def main(argv=None):
     ap.add_argument("--batch", default="8", help="per-GPU batch sizes, comma-separated")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--activation-checkpointing", action="store_true")
+    ap.add_argument("--reduce-dtype", choices=PRECISIONS,
+                    help="gradient reductions (default: the cluster description's dtype, which the steps compute in)")
     ap.add_argument("--calibrate-run", action="append", default=[])
     ap.add_argument("--calibrate-collectives", action="append", default=[])
     ap.add_argument("--require-calibration", action="store_true", help="refuse to project without calibration data")
@@ -332,6 +343,7 @@ def main(argv=None):
                             "--model", model, "--batch", str(batch), "--seq-len", str(a.seq)]
                         if a.activation_checkpointing:
                             args.append("--activation-checkpointing")
+                        args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
                         sched = plan_schedule(args, n, cluster["gpu_memory_gib"], a.bin)
                     except ProjectionError as e:
                         print(f"project: error: {e}", file=sys.stderr)

@@ -5,11 +5,13 @@
 #   3. cuBLAS peak of this GPU (build/bin/gemm_peak: bf16, tf32, fp32)
 #   4. correctness runs: --check on one rank (and on every GPU when there are several), and
 #      an out-of-memory run that must fail with one clear "out-of-memory" line
-#   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose memory plan fits the
-#      GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed with
-#      ddp_perf and fsdp_perf --backend cuda, and with analysis/torch_t5_step.py (PyTorch,
-#      same shapes, same GPU, same job)
+#   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose bf16 memory plan fits
+#      the GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed
+#      with ddp_perf and fsdp_perf --backend cuda in bf16 (the target) and fp32 (where its
+#      plan fits), and with analysis/torch_t5_step.py (PyTorch, same shapes, same GPU, same
+#      job, fp32 and bf16 autocast)
 #   6. a table: step TFLOPS, measured peaks, MFU against them, PyTorch step time and ratio
+#      (each of ours against PyTorch in the same precision)
 # Raw outputs go to results/gpu-check/. Exit 0 when every step passed, 1 otherwise.
 # Environment: GPU_CHECK_HEADROOM (fraction of GPU memory the plan may use, default 0.90),
 # LAYERS / BATCH / CKPT=1 (skip the plan search), STEPS (default 5), WARMUP (default 2),
@@ -89,10 +91,14 @@ check_run() {  # check_run NAME NP PROGRAM ARGS...: --check must PASS
 }
 check_run check-ddp-1gpu 1 ddp_perf "${SMALL[@]}"
 check_run check-fsdp-1gpu 1 fsdp_perf "${SMALL[@]}"
+check_run check-ddp-bf16-1gpu 1 ddp_perf "${SMALL[@]}" --dtype bf16 --reduce-dtype fp32
+check_run check-fsdp-bf16-1gpu 1 fsdp_perf "${SMALL[@]}" --dtype bf16
+check_run check-fsdp-fp16-1gpu 1 fsdp_perf "${SMALL[@]}" --dtype fp16
 if [ "$NGPU" -ge 2 ]; then  # NCCL between real ranks: one rank per GPU
   NP=$((NGPU < 8 ? NGPU : 8))
   check_run "check-ddp-${NP}gpu" "$NP" ddp_perf "${SMALL[@]}" --bucket-mb 1
   check_run "check-fsdp-full-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding full
+  check_run "check-fsdp-full-bf16-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding full --dtype bf16
   [ $((NP % 2)) -eq 0 ] &&
     check_run "check-fsdp-hybrid-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding hybrid --shard-size 2
 fi
@@ -107,11 +113,11 @@ else
 fi
 
 # ---------------------------------------------------------------- 5. t5-11.3b layers on one rank
-plan_fits() {  # plan_fits LAYERS BATCH CKPT_FLAG: both programs' plans fit the GPU
+plan_fits() {  # plan_fits LAYERS BATCH CKPT_FLAG [DTYPE]: both programs' plans fit the GPU
   local p
   for p in ddp_perf fsdp_perf; do
     "${MPIRUN[@]}" -np 1 "$BIN/$p" --plan --model t5-11.3b --layers "$1" --batch "$2" --seq-len $SEQ $3 \
-      --mem-limit-gib "$LIMIT_GIB" >> "$OUT/plan.log" 2>&1 || return 1
+      --dtype "${4:-bf16}" --mem-limit-gib "$LIMIT_GIB" >> "$OUT/plan.log" 2>&1 || return 1
   done
 }
 largest_fit() {  # largest_fit BATCH CKPT_FLAG: the largest layer count in 1..24 that fits, else 0
@@ -138,11 +144,20 @@ else
 fi
 SHAPE=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ)
 say "shapes: t5-11.3b layers $N+$N, batch $B, seq $SEQ ${CKPT:-(no checkpointing)}"
-for p in ddp_perf fsdp_perf; do
-  say "$p --backend cuda (log: $OUT/$p.log)"
-  "${MPIRUN[@]}" -np 1 "$BIN/$p" --backend cuda "${SHAPE[@]}" $CKPT --steps "$STEPS" --warmup "$WARMUP" \
-    --mem-limit-gib "$LIMIT_GIB" --out "$OUT/$p.h5" --overwrite > "$OUT/$p.log" 2>&1 || fail "$p"
-  grep -E "^(RESULT|  step time|  TFLOPS|  compute|  peak memory)" "$OUT/$p.log"
+FP32_FITS=1
+plan_fits "$N" "$B" "$CKPT" fp32 || FP32_FITS=
+for dt in bf16 fp32; do
+  if [ "$dt" = fp32 ] && [ -z "$FP32_FITS" ]; then
+    say "fp32 does not fit these shapes (plan: $OUT/plan.log): fp32 rows left out"
+    continue
+  fi
+  for p in ddp_perf fsdp_perf; do
+    say "$p --backend cuda --dtype $dt (log: $OUT/${p}_$dt.log)"
+    "${MPIRUN[@]}" -np 1 "$BIN/$p" --backend cuda "${SHAPE[@]}" $CKPT --dtype "$dt" --steps "$STEPS" \
+      --warmup "$WARMUP" --mem-limit-gib "$LIMIT_GIB" --out "$OUT/${p}_$dt.h5" --overwrite > "$OUT/${p}_$dt.log" 2>&1 ||
+      fail "$p --dtype $dt"
+    grep -E "^(RESULT|  step time|  TFLOPS|  compute|  GEMM rate|  peak memory)" "$OUT/${p}_$dt.log"
+  done
 done
 TORCH_ARGS=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ --steps "$STEPS" --warmup "$WARMUP")
 [ -n "$CKPT" ] && TORCH_ARGS+=(--checkpointing)
@@ -159,37 +174,39 @@ else
 fi
 
 # ---------------------------------------------------------------- 6. the table
-DDP_MS=$(field step_ms "$OUT/ddp_perf.log" RESULT)
-DDP_TF=$(field tflops_per_rank "$OUT/ddp_perf.log" RESULT)
-FSDP_MS=$(field step_ms "$OUT/fsdp_perf.log" RESULT)
-FSDP_TF=$(field tflops_per_rank "$OUT/fsdp_perf.log" RESULT)
-T32_MS=$(field step_ms "$OUT/torch_fp32.log" TORCH)
-T32_TF=$(field tflops "$OUT/torch_fp32.log" TORCH)
-T16_MS=$(field step_ms "$OUT/torch_bf16.log" TORCH)
-T16_TF=$(field tflops "$OUT/torch_bf16.log" TORCH)
-# Our GEMMs are fp32 (TF32 with SB_CUDA_TF32=1): that peak is the MFU denominator.
-OWN_PEAK=$PEAK_FP32 OWN_PEAK_NAME=fp32
-[ "${SB_CUDA_TF32:-}" = 1 ] && OWN_PEAK=$PEAK_TF32 OWN_PEAK_NAME=tf32
+OWN_FP32_PEAK=$PEAK_FP32 OWN_FP32_NAME=fp32  # fp32 GEMMs run on TF32 tensor cores with SB_CUDA_TF32=1
+[ "${SB_CUDA_TF32:-}" = 1 ] && OWN_FP32_PEAK=$PEAK_TF32 OWN_FP32_NAME=tf32
+row() {  # row NAME LOG PREFIX MS_FIELD TF_FIELD DTYPE TORCH_LOG|torch
+  local ms tf base=-
+  ms=$(field "$4" "$2" "$3")
+  tf=$(field "$5" "$2" "$3")
+  [ "$7" = torch ] || base=$(field step_ms "$7" TORCH)
+  echo "$1 ${ms:--} ${tf:--} $6 ${base:--} $7"
+}
 {
   echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $GPU_NAME ($(hostname)), $(git describe --always --dirty 2>/dev/null)"
   echo "shapes: t5-11.3b, layers $N+$N, batch $B, seq $SEQ/$SEQ, ${CKPT:-no activation checkpointing}, 1 rank"
   echo "measured cuBLAS peak (gemm_peak, 8192^3): bf16 ${PEAK_BF16:-?}  tf32 ${PEAK_TF32:-?}  fp32 ${PEAK_FP32:-?} TFLOPS"
-  echo "TFLOPS are model FLOPs (3 x forward) per second; MFU = TFLOPS / measured peak"
-  awk -v own="$OWN_PEAK" -v ownname="$OWN_PEAK_NAME" -v bf16="$PEAK_BF16" -v tms="$T32_MS" '
+  echo "TFLOPS are model FLOPs (3 x forward) per second; MFU = TFLOPS / the measured peak of the run's precision"
+  echo "(fp32 rows: $OWN_FP32_NAME). Ours: fp32 master weights and Adam, gathers, compute and gradients in the"
+  echo "dtype; PyTorch bf16: fp32 weights under bf16 autocast. Targets (bf16): MFU >= 60%, time / PyTorch <= 0.90x."
+  awk -v f32="$OWN_FP32_PEAK" -v bf16="$PEAK_BF16" '
     function missing(a) { return a == "" || a == "-" }
     function pct(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.1f%%", 100 * a / b) }
     function num(a, f) { return missing(a) ? "-" : sprintf(f, a) }
     function ratio(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.2fx", a / b) }
     BEGIN {
-      printf "| %-18s | %10s | %8s | %14s | %14s | %19s |\n", "run", "step ms", "TFLOPS", "MFU vs " ownname, "MFU vs bf16", "time / PyTorch fp32"
-      printf "|%s|%s|%s|%s|%s|%s|\n", "--------------------", "------------", "----------", "----------------", "----------------", "---------------------"
+      printf "| %-22s | %10s | %8s | %8s | %21s |\n", "run", "step ms", "TFLOPS", "MFU", "time / PyTorch (same)"
+      printf "|%s|%s|%s|%s|%s|\n", "------------------------", "------------", "----------", "----------", "-----------------------"
     }
-    { printf "| %-18s | %10s | %8s | %14s | %14s | %19s |\n", $1, num($2, "%.1f"), num($3, "%.2f"),
-        $4 == "bf16" ? "-" : pct($3, own), pct($3, bf16), ratio($2, tms) }' <<EOF
-ddp_perf(cuda) ${DDP_MS:--} ${DDP_TF:--} fp32
-fsdp_perf(cuda) ${FSDP_MS:--} ${FSDP_TF:--} fp32
-PyTorch-fp32 ${T32_MS:--} ${T32_TF:--} fp32
-PyTorch-bf16 ${T16_MS:--} ${T16_TF:--} bf16
+    { printf "| %-22s | %10s | %8s | %8s | %21s |\n", $1, num($2, "%.1f"), num($3, "%.2f"),
+        pct($3, $4 == "bf16" ? bf16 : f32), ratio($2, $5) }' <<EOF
+$(row "ddp_perf(cuda,bf16)" "$OUT/ddp_perf_bf16.log" RESULT step_ms tflops_per_rank bf16 "$OUT/torch_bf16.log")
+$(row "fsdp_perf(cuda,bf16)" "$OUT/fsdp_perf_bf16.log" RESULT step_ms tflops_per_rank bf16 "$OUT/torch_bf16.log")
+$(row "ddp_perf(cuda,fp32)" "$OUT/ddp_perf_fp32.log" RESULT step_ms tflops_per_rank fp32 "$OUT/torch_fp32.log")
+$(row "fsdp_perf(cuda,fp32)" "$OUT/fsdp_perf_fp32.log" RESULT step_ms tflops_per_rank fp32 "$OUT/torch_fp32.log")
+$(row PyTorch-bf16 "$OUT/torch_bf16.log" TORCH step_ms tflops bf16 torch)
+$(row PyTorch-fp32 "$OUT/torch_fp32.log" TORCH step_ms tflops fp32 torch)
 EOF
   if [ ${#failed[@]} -eq 0 ]; then echo "gpu-check: all steps passed"; else printf 'gpu-check: FAILED: %s\n' "${failed[@]}"; fi
 } | tee "$OUT/summary.txt"

@@ -124,9 +124,10 @@ GlobalStep reduce_step(const StepStats& s, double loss_sum, double global_tokens
   return g;
 }
 
-// Replays the GEMM shapes of one step outside the step, on fresh buffers, and returns the
-// achieved FLOP/s: the reference for the GEMM rate inside the step.
-double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
+// Replays the GEMM shapes of one step outside the step, on fresh buffers of the run's
+// element type, and returns the achieved FLOP/s: the reference for the GEMM rate inside
+// the step.
+double replay_gemms(Backend& b, const std::vector<OpEvent>& events, DType dtype) {
   int64_t max_a = 1, max_b = 1, max_c = 1;
   for (const OpEvent& e : events)
     if (e.kind == OpKind::Gemm) {
@@ -135,11 +136,15 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
       max_b = std::max(max_b, k * n * batch);
       max_c = std::max(max_c, m * n * batch);
     }
-  float* A = b.alloc_floats(max_a, MemCategory::Workspace);
-  float* B = b.alloc_floats(max_b, MemCategory::Workspace);
-  float* C = b.alloc_floats(max_c, MemCategory::Workspace);
-  b.init_uniform(A, max_a, 1, 0, 1.f);
-  b.init_uniform(B, max_b, 2, 0, 1.f);
+  const Buf A = b.alloc_buf(max_a, dtype, MemCategory::Workspace);
+  const Buf B = b.alloc_buf(max_b, dtype, MemCategory::Workspace);
+  const Buf C = b.alloc_buf(max_c, dtype, MemCategory::Workspace);
+  float* init = b.alloc_floats(std::max(max_a, max_b), MemCategory::Workspace);
+  b.init_uniform(init, max_a, 1, 0, 1.f);
+  b.cast(A, init, max_a);
+  b.init_uniform(init, max_b, 2, 0, 1.f);
+  b.cast(B, init, max_b);
+  b.release(init);
   b.fill(C, 0.f, max_c);
   b.synchronize();
   const double t0 = b.now();
@@ -155,7 +160,7 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events) {
   }
   b.synchronize();
   const double t = b.now() - t0;
-  for (float* p : {A, B, C}) b.release(p);
+  for (const Buf& p : {A, B, C}) b.release(p.ptr);
   return flops / t;
 }
 
@@ -376,7 +381,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   trace.peak_total = backend->mem_peak_total();
   int64_t measured = trace.peak_total, rss = rss_bytes("VmHWM:") - rss_start;
   backend->set_recorder(nullptr);
-  const double raw_rate = replay_gemms(*backend, recorder.step_events(cfg.warmup + cfg.steps));
+  const double raw_rate = replay_gemms(*backend, recorder.step_events(cfg.warmup + cfg.steps), cfg.strategy.param_dtype);
   // Each rank compares its own in-step GEMM rate with its own replay; the worst rank counts.
   double rate_min = median(my_gemm_flops) / median(my_gemm_time) / raw_rate;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &rate_min, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));

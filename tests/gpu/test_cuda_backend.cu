@@ -3,7 +3,8 @@
 // a whole T5 step and whole DDP/FSDP steps. Where no GPU is visible every test is skipped
 // with the reason and the binary exits 0 (tests/run_tests.sh runs it on CPU-only machines).
 //
-// Tolerances (normwise: max|cuda − cpu| ≤ tol · max|cpu|):
+// Tolerances (normwise: max|cuda − cpu| ≤ tol · max|cpu|); bf16/fp16 ones are stated above
+// their tests (section "bf16 and fp16"):
 //   GEMM 1e-5 in fp32 (5e-3 with SB_CUDA_TF32=1); reductions and atomics (norms, softmax,
 //   cross-entropy, embedding/bias gradients, Adam) 1e-5; a whole step's loss and per-unit
 //   gradients 1e-4 (5e-3 with TF32). Pure data movement and init_uniform: bit-identical.
@@ -95,6 +96,8 @@ class CudaVsCpu : public ::testing::Test {
     gpu_->set_recorder(nullptr);  // a failed assertion may have left a test's recorder attached
     for (void* p : owned_) gpu_->release(p);
     owned_.clear();
+    for (auto& [b, p] : owned_any_) b->release(p);
+    owned_any_.clear();
     gpu_->synchronize();
   }
   // A device copy of host data, released at the end of the test.
@@ -110,11 +113,24 @@ class CudaVsCpu : public ::testing::Test {
     gpu_->download(h.data(), p, size_t(n) * 4);
     return h;
   }
+  // A tensor of element type t on backend b holding host data rounded to t (uploaded in
+  // fp32, cast there), released at the end of the test.
+  Buf put(Backend& b, const std::vector<float>& h, DType t) {
+    float* f = b.alloc_floats(int64_t(h.size()), MemCategory::Workspace);
+    b.upload(f, h.data(), h.size() * 4);
+    const Buf out = b.alloc_buf(int64_t(h.size()), t, MemCategory::Workspace);
+    b.cast(out, f, int64_t(h.size()));
+    b.release(f);
+    owned_any_.push_back({&b, out.ptr});
+    return out;
+  }
+  std::vector<float> get(Backend& b, CBuf p, int64_t n) { return download_f32(b, p, n); }
   Backend& cpu() { return *cpu_; }
   Backend& gpu() { return *gpu_; }
 
   std::unique_ptr<Backend> cpu_, gpu_;
   std::vector<void*> owned_;
+  std::vector<std::pair<Backend*, void*>> owned_any_;
 };
 
 // ---------------------------------------------------------------- GEMM
@@ -467,6 +483,145 @@ TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
       }
 }
 
+// ---------------------------------------------------------------- bf16 and fp16
+// Both backends load 16-bit values, compute in fp32 and round once on the store, so results
+// differ only by fp32 summation order, which can move a rounding by one ulp: one ulp of bf16
+// is 2^-8 relative (7.8e-3 at worst), of fp16 2^-11 (4.9e-4). Stated tolerances (normwise):
+//   GEMMs and row-wise ops: 2 ulps (bf16 1.6e-2, fp16 1e-3);
+//   atomics on 16-bit tensors (embedding, norm-weight and bias gradients; the GPU rounds
+//   at each atomic addition, the CPU once): bf16 5e-2, fp16 5e-3;
+//   a whole T5 step's loss: bf16 1e-2, fp16 1e-3; its gradients and 3 training steps'
+//   weights: bf16 1e-1, fp16 2e-2 (ReLU kinks amplify one-ulp differences; the fp32 step
+//   on bf16-rounded parameters already moves these gradients by 2-3 %, tests/test_t5.cpp).
+constexpr DType kHalfTypes[] = {DType::BF16, DType::F16};
+double ulps(DType t, double n) { return n * (t == DType::BF16 ? 1.0 / 128 : 1.0 / 1024); }
+double atomic_tol(DType t) { return t == DType::BF16 ? 5e-2 : 5e-3; }
+
+TEST_F(CudaVsCpu, LowPrecisionGemmsMatchCpu) {
+  const int M = 67, N = 45, K = 129;
+  for (DType t : kHalfTypes)
+    for (int ta = 0; ta < 2; ++ta)
+      for (int tb = 0; tb < 2; ++tb) {
+        const int lda = ta ? M : K, ldb = tb ? K : N;
+        const auto A = random(int64_t(M) * K, 41), B = random(int64_t(K) * N, 42), C = random(int64_t(M) * N, 43);
+        Buf out[2];
+        Backend* bs[2] = {&cpu(), &gpu()};
+        for (int i = 0; i < 2; ++i) {
+          out[i] = put(*bs[i], C, t);
+          bs[i]->gemm(ta, tb, M, N, K, 0.7f, put(*bs[i], A, t), lda, put(*bs[i], B, t), ldb, 0.3f, out[i], N);
+        }
+        EXPECT_CLOSE(get(gpu(), out[1], M * N), get(cpu(), out[0], M * N), ulps(t, 2))
+            << dtype_name(t) << " ta " << ta << " tb " << tb;
+      }
+  // The attention's strided batch.
+  const int tq = 19, tk = 23, dkv = 16, H = 4, inner = H * dkv;
+  const auto q = random(int64_t(tq) * inner, 44), k = random(int64_t(tk) * inner, 45);
+  for (DType t : kHalfTypes) {
+    Buf out[2];
+    Backend* bs[2] = {&cpu(), &gpu()};
+    for (int i = 0; i < 2; ++i) {
+      out[i] = put(*bs[i], std::vector<float>(int64_t(H) * tq * tk, 0.f), t);
+      bs[i]->gemm_batched(false, true, tq, tk, dkv, 1.f, put(*bs[i], q, t), inner, dkv, put(*bs[i], k, t), inner,
+                          dkv, 0.f, out[i], tk, int64_t(tq) * tk, H);
+    }
+    EXPECT_CLOSE(get(gpu(), out[1], H * tq * tk), get(cpu(), out[0], H * tq * tk), ulps(t, 2)) << dtype_name(t);
+  }
+}
+
+TEST_F(CudaVsCpu, LowPrecisionRowOpsMatchCpu) {
+  const int n = 300, d = 300, B = 2, H = 3, tq = 17, tk = 17, V = 32128, rows = 6;
+  Backend* bs[2] = {&cpu(), &gpu()};
+  for (DType t : kHalfTypes) {
+    const auto x = random(int64_t(n) * d, 46, 3.f), w = random(d, 47), dout = random(int64_t(n) * d, 48);
+    const auto s = random(int64_t(B) * H * tq * tk, 49, 4.f), bias = random(int64_t(H) * tq * tk, 50);
+    const auto logits = random(int64_t(rows) * V, 51, 5.f);
+    const auto labels = random_ids(rows, 52, V);
+    std::vector<float> norm_out[2], dx[2], dw[2], probs[2], ds[2], dbias[2], grad[2], loss[2];
+    for (int i = 0; i < 2; ++i) {
+      Backend& b = *bs[i];
+      const Buf out = put(b, std::vector<float>(x.size()), t), gx = put(b, random(x.size(), 53), t);
+      const Buf gw = put(b, random(d, 54), t), xb = put(b, x, t), wb = put(b, w, t);
+      float* rstd = b.alloc_floats(n, MemCategory::Workspace);
+      owned_any_.push_back({&b, rstd});
+      b.rmsnorm_forward(out, rstd, xb, wb, n, d, 1e-6f);
+      b.rmsnorm_backward(gx, gw, put(b, dout, t), xb, wb, rstd, n, d);
+      norm_out[i] = get(b, out, x.size()), dx[i] = get(b, gx, x.size()), dw[i] = get(b, gw, d);
+      const Buf sb = put(b, s, t), db = put(b, std::vector<float>(bias.size(), 0.f), t);
+      b.softmax_forward(sb, put(b, bias, t), true, B, H, tq, tk);
+      probs[i] = get(b, sb, s.size());
+      const Buf g = put(b, random(s.size(), 55), t);
+      b.softmax_backward(g, sb, db, B, H, tq, tk);
+      ds[i] = get(b, g, s.size()), dbias[i] = get(b, db, bias.size());
+      const Buf lg = put(b, logits, t);
+      float* losses = b.alloc_floats(rows, MemCategory::Workspace);
+      owned_any_.push_back({&b, losses});
+      int* lab = static_cast<int*>(b.alloc(rows * sizeof(int), MemCategory::Workspace));
+      owned_any_.push_back({&b, lab});
+      b.upload(lab, labels.data(), rows * sizeof(int));
+      b.cross_entropy(lg, losses, lab, rows, V, 1.f / rows);
+      grad[i] = get(b, lg, logits.size()), loss[i] = get(b, losses, rows);
+    }
+    const std::string tn = dtype_name(t);
+    EXPECT_CLOSE(norm_out[1], norm_out[0], ulps(t, 2)) << tn << " rmsnorm";
+    EXPECT_CLOSE(dx[1], dx[0], ulps(t, 2)) << tn << " rmsnorm dx";
+    EXPECT_CLOSE(dw[1], dw[0], atomic_tol(t)) << tn << " rmsnorm dw";
+    EXPECT_CLOSE(probs[1], probs[0], ulps(t, 2)) << tn << " softmax";
+    EXPECT_CLOSE(ds[1], ds[0], ulps(t, 2)) << tn << " softmax backward";
+    EXPECT_CLOSE(dbias[1], dbias[0], ulps(t, 2)) << tn << " softmax dbias";
+    EXPECT_CLOSE(grad[1], grad[0], ulps(t, 2)) << tn << " cross-entropy gradient";
+    EXPECT_CLOSE(loss[1], loss[0], 1e-5) << tn << " cross-entropy loss (fp32)";
+  }
+}
+
+TEST_F(CudaVsCpu, LowPrecisionElementwiseCastsAndAdamMatchCpu) {
+  const int64_t n = 100003;
+  const int V = 50, d = 37, rows = 300;
+  const auto a = random(n, 56), b2 = random(n, 57);
+  Backend* bs[2] = {&cpu(), &gpu()};
+  for (DType t : kHalfTypes) {
+    std::vector<float> ew[2], emb[2], casted[2], adam_p[2];
+    const auto ids = random_ids(rows, 58, V);
+    for (int i = 0; i < 2; ++i) {
+      Backend& b = *bs[i];
+      const Buf x = put(b, a, t), y = put(b, b2, t);
+      b.relu_forward(x, n);
+      b.relu_backward(y, x, n);
+      b.add(x, y, n);
+      b.scale(x, -1.7f, n);
+      ew[i] = get(b, x, n);
+      int* dids = static_cast<int*>(b.alloc(rows * sizeof(int), MemCategory::Workspace));
+      owned_any_.push_back({&b, dids});
+      b.upload(dids, ids.data(), rows * sizeof(int));
+      const Buf table = put(b, random(int64_t(V) * d, 59), t);
+      b.embedding_backward(table, put(b, random(int64_t(rows) * d, 60), t), dids, rows, d);
+      emb[i] = get(b, table, int64_t(V) * d);
+      // fp32 → t → the other 16-bit type → fp32: round to nearest even at each cast.
+      const DType other = t == DType::BF16 ? DType::F16 : DType::BF16;
+      const Buf o = b.alloc_buf(n, other, MemCategory::Workspace);
+      owned_any_.push_back({&b, o.ptr});
+      b.cast(o, put(b, a, t), n);
+      casted[i] = get(b, o, n);
+      // Adam: fp32 parameters and moments, a 16-bit gradient, loss scale 8 divided out.
+      float* p = b.alloc_floats(n, MemCategory::Workspace);
+      float* m = b.alloc_floats(n, MemCategory::Workspace);
+      float* v = b.alloc_floats(n, MemCategory::Workspace);
+      for (float* q : {p, m, v}) owned_any_.push_back({&b, q});
+      b.upload(p, a.data(), size_t(n) * 4);
+      b.fill(m, 0.f, n);
+      b.fill(v, 0.f, n);
+      AdamConfig c;
+      c.grad_unscale = 1.f / 8;
+      for (int step = 1; step <= 3; ++step) b.adam(p, put(b, random(n, 61 + step, 0.8f), t), m, v, n, c, step);
+      adam_p[i] = get(b, p, n);
+    }
+    const std::string tn = dtype_name(t);
+    EXPECT_EQ(ew[1], ew[0]) << tn << " relu, relu backward, add, scale: one rounding each, exact";
+    EXPECT_CLOSE(emb[1], emb[0], atomic_tol(t)) << tn << " embedding backward";
+    EXPECT_EQ(casted[1], casted[0]) << tn << " casts";
+    EXPECT_CLOSE(adam_p[1], adam_p[0], kReduceTol) << tn << " Adam";
+  }
+}
+
 // ---------------------------------------------------------------- whole steps
 
 constexpr uint64_t kSeed = T5Model::kSeed;  // the fixture's seed
@@ -521,6 +676,47 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
     EXPECT_NEAR(losses[1], losses[0], step_tol() * std::fabs(losses[0])) << name;
     for (size_t u = 0; u < weights[0].size(); ++u) EXPECT_CLOSE(weights[1][u], weights[0][u], step_tol()) << name << " unit " << u;
   }
+}
+
+
+TEST_F(CudaVsCpu, LowPrecisionT5StepMatchesCpu) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape shape{2, 12, 8};
+  for (DType t : kHalfTypes) {
+    const float scale = t == DType::F16 ? 1024.f : 1.f;
+    Model on_cpu(cpu(), spec, shape, false, t, scale), on_gpu(gpu(), spec, shape, false, t, scale);
+    const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
+    EXPECT_NEAR(l_gpu, l_cpu, (t == DType::BF16 ? 1e-2 : 1e-3) * std::fabs(l_cpu)) << dtype_name(t);
+    for (size_t u = 0; u < on_cpu.grads.size(); ++u)
+      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), t == DType::BF16 ? 1e-1 : 2e-2)
+          << dtype_name(t) << " unit " << on_cpu.step->units()[u].name;
+  }
+}
+
+TEST_F(CudaVsCpu, LowPrecisionDdpAndFsdpStepsOnOneRankMatchCpu) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape shape{2, 12, 8};
+  for (DType t : kHalfTypes)
+    for (StrategyKind kind : {StrategyKind::DDP, StrategyKind::FSDP}) {
+      StrategyConfig cfg;
+      cfg.kind = kind;
+      cfg.seed = kSeed;
+      cfg.param_dtype = t;
+      cfg.reduce_dtype = kind == StrategyKind::DDP ? DType::F32 : t;  // both cast paths
+      cfg.loss_scale = t == DType::F16 ? 1024.f : 1.f;
+      std::vector<std::vector<float>> weights[2];
+      Backend* backends[2] = {&cpu(), &gpu()};
+      for (int i = 0; i < 2; ++i) {
+        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+        for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
+        for (size_t u = 0; u < strategy->model().units().size(); ++u)
+          weights[i].push_back(strategy->gather_unit(int(u)));
+      }
+      for (size_t u = 0; u < weights[0].size(); ++u)
+        EXPECT_CLOSE(weights[1][u], weights[0][u], t == DType::BF16 ? 1e-1 : 2e-2)
+            << dtype_name(t) << " " << (kind == StrategyKind::DDP ? "ddp" : "fsdp") << " unit " << u;
+    }
 }
 
 }  // namespace
