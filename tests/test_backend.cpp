@@ -162,3 +162,26 @@ TEST(CpuBackend, LowPrecisionOpsRoundOnceFromFp32) {
     for (int i = 0; i < 4; ++i) EXPECT_EQ(back[i], round(std::max(0.f, round(x[i])) * 3.f)) << i;
   }
 }
+
+// The CPU backend's vectorised casts (F16C where the build has it) give the scalar
+// conversions' values, including ties, subnormals and overflow.
+TEST(CpuBackend, CastsAgreeWithTheScalarConversions) {
+  auto b = make_backend("cpu");
+  std::vector<float> x;
+  for (uint32_t u = 0; u < 0xffffffffu - 99991; u += 99991) x.push_back(bits_float(u));  // every exponent
+  for (uint32_t h = 0; h < 0x10000; ++h) x.push_back(f16_bits_to_float(uint16_t(h)) * 1.0004883f);  // near ties
+  x.erase(std::remove_if(x.begin(), x.end(), [](float v) { return std::isnan(v); }), x.end());
+  const int64_t n = int64_t(x.size());
+  for (DType t : {DType::F16, DType::BF16}) {
+    std::vector<uint16_t> got(x.size());
+    b->cast(Buf{got.data(), t}, x.data(), n);
+    std::vector<float> back(x.size());
+    b->cast(back.data(), CBuf{got.data(), t}, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = t == DType::F16 ? float_to_f16_bits(x[i]) : float_to_bf16_bits(x[i]);
+      ASSERT_EQ(got[i], want) << dtype_name(t) << " of " << x[i];
+      const float want_back = t == DType::F16 ? f16_bits_to_float(want) : bf16_bits_to_float(want);
+      ASSERT_EQ(float_bits(back[i]), float_bits(want_back)) << dtype_name(t) << " of " << x[i];
+    }
+  }
+}

@@ -3,6 +3,9 @@
 // compute operation ends with a poll of the outstanding requests: that is what lets a
 // bucket all-reduce or a prefetched all-gather advance while backward computes.
 #include <cblas.h>
+#ifdef __F16C__
+#include <immintrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -52,7 +55,12 @@ void load_f32(float* dst, CBuf src, int64_t n) {
     }
     case DType::F16: {
       auto* s = static_cast<const f16*>(src.ptr);
-      for (int64_t i = 0; i < n; ++i) dst[i] = float(s[i]);
+      int64_t i = 0;
+#ifdef __F16C__  // 8 at a time in hardware: the same values as the scalar conversion
+      for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+#endif
+      for (; i < n; ++i) dst[i] = float(s[i]);
       break;
     }
     default: std::memcpy(dst, src.ptr, size_t(n) * 4);
@@ -68,7 +76,13 @@ void store_f32(Buf dst, const float* src, int64_t n) {
     }
     case DType::F16: {
       auto* d = static_cast<f16*>(dst.ptr);
-      for (int64_t i = 0; i < n; ++i) d[i] = f16(src[i]);
+      int64_t i = 0;
+#ifdef __F16C__  // round to nearest even, as the scalar conversion
+      for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+      for (; i < n; ++i) d[i] = f16(src[i]);
       break;
     }
     default: std::memcpy(dst.ptr, src, size_t(n) * 4);
