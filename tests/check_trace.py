@@ -107,6 +107,10 @@ def check_completed(c, run, ranks, steps):
         for cat in CATEGORIES + ["total"]:
             c.expect(int(mr[cat].max()) == int(pr[cat]), f"rank {rank}: peak {cat} {pr[cat]} != max of /memory {mr[cat].max()}")
         c.expect(int(s[s["rank"] == rank]["peak_memory"].max()) == int(pr["total"]), f"rank {rank}: steps' peak != peak")
+        # The device's own figure (CPU: the resident set) holds at least the persistent state.
+        persistent = int(pr["parameters"]) + int(pr["optimizer_state"])
+        c.expect(bool((s[s["rank"] == rank]["device_used"] >= persistent).all()),
+                 f"rank {rank}: device_used below the parameters and optimizer state ({persistent} B)")
         c.expect((mr[CATEGORIES].sum(axis=1) == mr["total"]).all(), f"rank {rank}: memory total is not the sum")
     c.expect(int(p["total"].max()) == run.meta["max_peak_memory_bytes"], "max_peak_memory_bytes != max of peaks")
     c.expect(run.meta["plan_peak_memory_bytes"] == run.plan["peak_total"], "plan peak attrs disagree")

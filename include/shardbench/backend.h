@@ -168,6 +168,10 @@ class Backend {
   // Bytes this rank can still allocate on its device (a GPU's free memory); -1 when the
   // backend does not know (CPU: the harness uses host memory / ranks on the node).
   virtual int64_t memory_capacity() const { return -1; }
+  // Memory in use as the device itself reports it (beside this ledger): a GPU's total minus
+  // free memory (every process and the CUDA context included); on CPU this process's
+  // resident set. -1 when unknown.
+  virtual int64_t device_memory_used() const { return -1; }
 
   // ---- compute (row-major; a Linear weight W is [out, in] and y = x W^T) ----
   // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set; fp32

@@ -68,6 +68,7 @@ struct StepRow {
   double time, compute, communication, exposed_comm, overhead, gemm_time, gemm_flops;
   double model_tflops, hardware_tflops, tokens_per_s, loss;
   int64_t comm_bytes, peak_memory;
+  int64_t device_used;  // Backend::device_memory_used() at the end of the step
 };
 
 // Everything one rank contributes to the result file.

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -171,6 +172,14 @@ class CpuBackend final : public Backend {
     std::free(p);
   }
   void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  int64_t device_memory_used() const override {  // resident pages of this process
+    long pages = 0, resident = 0;
+    FILE* f = std::fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    const int n = std::fscanf(f, "%ld %ld", &pages, &resident);
+    std::fclose(f);
+    return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
+  }
   void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
 
   // ---- compute ----

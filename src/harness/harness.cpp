@@ -357,7 +357,7 @@ int run(const RunConfig& cfg, int rank, int world) {
                                   st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
                                   hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
                                   loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
-                                  st.peak_memory});
+                                  st.peak_memory, backend->device_memory_used()});
     if (!warm) {
       timed.push_back(g);
       my_gemm_time.push_back(st.gemm);

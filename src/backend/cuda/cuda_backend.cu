@@ -327,6 +327,11 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
     CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
+  int64_t device_memory_used() const override {
+    size_t free_bytes = 0, total = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    return int64_t(total) - int64_t(free_bytes);
+  }
   // Free device memory plus what the stream-ordered pool holds but no allocation uses.
   int64_t memory_capacity() const override {
     size_t free_bytes = 0, total = 0;
