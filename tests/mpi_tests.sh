@@ -77,8 +77,8 @@ expect "shard size not dividing world" 2 "shard size 3 is not allowed with world
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
-expect "non-positive loss scale" 2 "--loss-scale 0.000000 is not allowed|--loss-scale -2.000000 is not allowed" -- \
-  "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale -2
+expect "non-positive loss scale" 2 "--loss-scale 0.000000 is not allowed \(must be > 0\)" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 0
 expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
 expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
 expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0

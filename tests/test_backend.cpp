@@ -151,6 +151,14 @@ TEST(CpuBackend, LowPrecisionOpsRoundOnceFromFp32) {
         for (int k = 0; k < K; ++k) ref += 1.5f * round(A[i * K + k]) * round(B[j * K + k]);
         EXPECT_EQ(got[i * N + j], round(ref)) << dtype_name(t) << " " << i << "," << j;
       }
+    // beta = 0 into a C with ldc > N: the columns past N are not the GEMM's and stay as they were.
+    std::vector<float> wide(M * (N + 3), 7.f);
+    std::vector<uint16_t> w(wide.size());
+    b->cast(Buf{w.data(), t}, wide.data(), int64_t(wide.size()));
+    b->gemm(false, true, M, N, K, 1.f, ab, K, bbuf, K, 0.f, Buf{w.data(), t}, N + 3);
+    b->cast(wide.data(), CBuf{w.data(), t}, int64_t(wide.size()));
+    for (int i = 0; i < M; ++i)
+      for (int j = N; j < N + 3; ++j) EXPECT_EQ(wide[i * (N + 3) + j], 7.f) << dtype_name(t) << " gap " << i << "," << j;
     // An in-place elementwise op on a 16-bit tensor equals the fp32 op, rounded.
     std::vector<float> x = {-1.5f, 0.3f, 2.7f, -0.1f};
     std::vector<uint16_t> xs(x.size());

@@ -197,7 +197,10 @@ class CpuBackend final : public Backend {
     {
       const F32View a(A, span(ta ? K : M, ta ? M : K, lda, sa, batch));
       const F32View b(B, span(tb ? N : K, tb ? K : N, ldb, sb, batch));
-      F32View c(C, span(M, N, ldc, sc, batch), /*read=*/beta != 0.f);
+      // C is loaded when beta reads it, or when its span has gaps (ldc > N, sparse batch
+      // strides) that the store back must leave as they were.
+      const bool dense = ldc == N && (batch == 1 || sc == int64_t(M) * ldc);
+      F32View c(C, span(M, N, ldc, sc, batch), /*read=*/beta != 0.f || !dense);
       const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
       for (int i = 0; i < batch; ++i)
         cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta,
@@ -227,6 +230,7 @@ class CpuBackend final : public Backend {
       const float* gi = g.p + int64_t(i) * d;
       for (int j = 0; j < d; ++j) row[j] += gi[j];
     }
+    table.store();  // inside the timed operation
     done(OpKind::Elementwise, t0, 3 * es * int64_t(n) * d);
   }
   void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
@@ -244,6 +248,7 @@ class CpuBackend final : public Backend {
       rstd[i] = r;
       for (int j = 0; j < d; ++j) oi[j] = xi[j] * r * wv.p[j];
     }
+    o.store();
     done(OpKind::Elementwise, t0, 2 * es * nd);
   }
   void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
@@ -267,6 +272,8 @@ class CpuBackend final : public Backend {
         dwv.p[j] += gi[j] * xi[j] * r;
       }
     }
+    dxv.store();
+    dwv.store();
     done(OpKind::Elementwise, t0, 4 * es * nd);
   }
   void relu_forward(Buf x, int64_t n) override {

@@ -69,10 +69,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                  "master weights and Adam stay fp32")
       ->capture_default_str();
   app.add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16: gradient reduction (default: --dtype)");
-  double loss_scale = 0;
-  app.add_option("--loss-scale", loss_scale,
-                 "static loss scale, divided out before Adam (default: 1024 with fp16, else 1; fp16 "
-                 "gradients underflow without it)");
+  double loss_scale = 1;
+  auto* o_ls = app.add_option("--loss-scale", loss_scale,
+                              "static loss scale, divided out before Adam (default: 1024 when --dtype or "
+                              "--reduce-dtype is fp16, else 1; fp16 gradients underflow without it)");
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {
@@ -131,7 +131,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                                                    : parse_precision(reduce_dtype, "--reduce-dtype");
   const bool low_precision = cfg.strategy.param_dtype != DType::F32 || cfg.strategy.reduce_dtype != DType::F32;
   if (!o_tol->count()) cfg.check_tolerance = low_precision ? 5e-3 : 1e-5;
-  if (loss_scale == 0) loss_scale = cfg.strategy.param_dtype == DType::F16 ? 1024 : 1;
+  const bool fp16 = cfg.strategy.param_dtype == DType::F16 || cfg.strategy.reduce_dtype == DType::F16;
+  if (!o_ls->count() && fp16) loss_scale = 1024;
   if (!(loss_scale > 0) || !std::isfinite(loss_scale))
     throw UsageError("--loss-scale " + std::to_string(loss_scale) + " is not allowed (must be > 0)");
   cfg.strategy.loss_scale = float(loss_scale);
