@@ -57,6 +57,7 @@ backend = "cpu"
 steps = 2
 warmup = 1
 hybrid_shard_size = 2
+dtype = "fp32"
 """
 
 # One program stands for every Slurm command; what it answers is set through FAKE_* variables.
@@ -182,6 +183,7 @@ class Validation(SweepCase):
             "launcher": ('"mpiexec"', '[cluster] launcher must be one of "srun", "mpirun"'),
             "time_limit": ('"2 hours"', "[cluster] time_limit must be a Slurm time limit"),
             "setup": ('"source x"', "[cluster] setup must be a list of strings"),
+            "dtype": ('"fp8"', '[matrix] dtype must be one of "fp32", "bf16", "fp16"'),
         }
         for key, (value, fragment) in cases.items():
             with self.subTest(key=key):
@@ -254,6 +256,8 @@ class Names(SweepCase):
         self.assertFalse(verdict("t5-11.3b-ddp-g8-b8-s512"))
         self.assertTrue(verdict("t5-11.3b-fsdp-full-g8-b8-s512"))
         self.assertTrue(verdict("t5-2.28b-ddp-g8-b8-s512"))
+        self.assertIn("--dtype", pts["t5-11.3b-fsdp-full-g8-b8-s512"].args)  # the study's bf16
+        self.assertEqual(pts["t5-11.3b-fsdp-full-g8-b8-s512"].args[pts["t5-11.3b-fsdp-full-g8-b8-s512"].args.index("--dtype") + 1], "bf16")
 
 
 class DryRun(SweepCase):
