@@ -36,6 +36,10 @@ expect "fsdp none fp16 (loss scale 1024) --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --dtype fp16 --check
 expect "ddp fp16 gradients reduced in fp32 --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype fp16 --reduce-dtype fp32 --bucket-mb 0.002 --check
+expect "an fp16 overflow (loss scale 1e30) is a failed run, exit 4" 4 'error: the loss is not finite from step [0-9]+ on' -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype fp16 --loss-scale 1e30 --out $T/overflow.h5
+expect "the overflowed run is recorded as failed" 0 'failed [1-9]' -- \
+  $PY -c "import h5py; a = h5py.File('$T/overflow.h5')['/'].attrs; print(a['status'], a['first_nonfinite_step'])"
 expect "bf16 --check fails below the bf16 rounding error" 4 'check: .* -> FAIL' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --check --check-tolerance 1e-6
 expect "the bf16 trace records its precisions" 0 "bf16 bf16 1.0" -- \

@@ -339,6 +339,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   const double global_tokens = double(cfg.shape.batch) * world * cfg.shape.dec_len;
   const double tokens_per_step = double(cfg.shape.batch) * world * (cfg.shape.enc_len + cfg.shape.dec_len);
   std::vector<GlobalStep> timed;
+  int first_nonfinite = 0;  // the first step whose global loss was inf or NaN
   std::vector<double> my_gemm_time, my_gemm_flops;  // this rank's timed steps
   out("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
       "exposed ms", "peak mem");
@@ -352,6 +353,7 @@ int run(const RunConfig& cfg, int rank, int world) {
     backend->synchronize();
     const StepStats st = recorder.end_step(backend->now(), backend->mem_peak_total());
     const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world);
+    if (!std::isfinite(g.loss) && first_nonfinite == 0) first_nonfinite = s;
     const bool warm = s <= cfg.warmup;
     trace.steps.push_back(StepRow{rank, s, warm, st.time(), st.compute, st.communication, st.exposed_comm,
                                   st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
@@ -415,8 +417,15 @@ int run(const RunConfig& cfg, int rank, int world) {
       tokens_per_step / t, med(&GlobalStep::exposed) * 1e3, 100 * med(&GlobalStep::overhead) / t,
       (long long)measured, (long long)plan.peak_total, timed.back().loss);
 
-  bool ok = true;
+  // A NaN or inf loss (an fp16 overflow, say) means the steps computed garbage: the timings
+  // may look fine, but the run is recorded as failed.
+  bool ok = first_nonfinite == 0;
+  if (!ok)
+    out("error: the loss is not finite from step %d on: the run is recorded as failed (%s gradients overflow "
+        "under --loss-scale %g? lower it)\n",
+        first_nonfinite, precision_name(cfg.strategy.param_dtype), double(cfg.strategy.loss_scale));
   std::vector<Attr> summary = {
+      Attr::integer("first_nonfinite_step", first_nonfinite),
       Attr::num("median_step_time_s", t),
       Attr::num("median_model_tflops_per_rank", model_flops / t / 1e12),
       Attr::num("median_hardware_tflops_per_rank", hw_flops / t / 1e12),
@@ -430,7 +439,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   };
   if (cfg.check) {
     double rel = 0;
-    ok = check_weights(out, cfg, *strategy, rank, world, rel);
+    ok = check_weights(out, cfg, *strategy, rank, world, rel) && ok;
     summary.push_back(Attr::num("check_relative_error", rel));
     summary.push_back(Attr::num("check_tolerance", cfg.check_tolerance));
     summary.push_back(Attr::str("check_result", ok ? "pass" : "fail"));
@@ -444,7 +453,8 @@ int run(const RunConfig& cfg, int rank, int world) {
   struct stat st {};
   stat(path.c_str(), &st);
   out("wrote %s (%s in %.3f s)%s\n", path.c_str(), human_bytes(double(st.st_size)).c_str(),
-      MPI_Wtime() - t_write, ok ? "" : " (status failed: --check)");
+      MPI_Wtime() - t_write,
+      ok ? "" : first_nonfinite ? " (status failed: non-finite loss)" : " (status failed: --check)");
   return ok ? kExitOk : kExitCheckFailed;
 }
 
