@@ -21,7 +21,8 @@ enum ExitCode : int {
   kExitFailure = 1,     // runtime failure (a library call failed, a rank died)
   kExitUsage = 2,       // bad flag or value; nothing was run
   kExitOutOfMemory = 3, // the memory plan does not fit the limit; nothing was allocated
-  kExitCheckFailed = 4, // --check: final weights differ from the single-rank reference;
+  kExitCheckFailed = 4, // wrong data: --check found final weights that differ from the
+                        // single-rank reference, or the loss became inf/NaN;
                         // collective_perf: wrong elements in a result
   kExitBelowFloor = 5,  // collective_perf: average bus bandwidth under --min-busbw
 };
