@@ -285,10 +285,11 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
-  // "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, GEMM fp32)": the GEMM math is part of the device.
+  // "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, fp32 GEMMs in fp32)": the math of fp32 GEMMs is part of
+  // the device (bf16/fp16 GEMMs always accumulate in fp32; the run's dtype is an attribute).
   std::string device_name() const override {
     return "cuda:" + std::to_string(device_) + " " + prop_.name + " (sm_" + std::to_string(prop_.major) +
-           std::to_string(prop_.minor) + ", GEMM " + (tf32_ ? "tf32" : "fp32") + ")";
+           std::to_string(prop_.minor) + ", fp32 GEMMs in " + (tf32_ ? "tf32" : "fp32") + ")";
   }
 
   // ---- memory ----
