@@ -32,14 +32,27 @@ expect "ddp bf16 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${
 expect "fsdp full bf16 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --check --out $T/full-bf16.h5
 expect "fsdp hybrid 2 bf16, fp32 reductions --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --dtype bf16 --reduce-dtype fp32 --check
-expect "fsdp none fp16 (loss scale 1024) --check" 0 "$check_pattern" -- \
+expect "fsdp none fp16 (dynamic loss scale) --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --dtype fp16 --check
 expect "ddp fp16 gradients reduced in fp32 --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype fp16 --reduce-dtype fp32 --bucket-mb 0.002 --check
-expect "an fp16 overflow (loss scale 1e30) is a failed run, exit 4" 4 'error: the loss is not finite from step [0-9]+ on' -- \
+expect "an fp16 overflow under a static loss scale (1e30) is a failed run, exit 4" 4 'error: the loss is not finite from step [0-9]+ on' -- \
   "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --dtype fp16 --loss-scale 1e30 --out $T/overflow.h5
 expect "the overflowed run is recorded as failed" 0 'failed [1-9]' -- \
   $PY -c "import h5py; a = h5py.File('$T/overflow.h5')['/'].attrs; print(a['status'], a['first_nonfinite_step'])"
+# Dynamic loss scaling (GradScaler): an overflowing scale skips the update on every rank
+# alike and halves; the single-rank reference skips the same steps.
+expect "dynamic loss scale: inf/NaN gradients skip the update and halve the scale" 0 \
+  'inf/NaN gradients at loss scale 1e\+30: update skipped, loss scale now 5e\+29' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype fp16 --loss-scale dynamic --loss-scale-init 1e30 --check \
+  --out $T/skip.h5
+expect "skipped updates are recorded per step and in total" 0 'ok 3 3 1.25e\+29' -- $PY -c "
+import h5py
+f = h5py.File('$T/skip.h5'); a = f['/'].attrs; s = f['steps'][()]
+print(a['status'].decode() if isinstance(a['status'], bytes) else a['status'], a['skipped_steps'],
+      int(s['skipped'][s['rank'] == 0].sum()), '%g' % a['final_loss_scale'])"
+expect "dynamic loss scale doubling every step, then backing off: --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --steps 8 --dtype fp16 --loss-scale-growth-interval 1 --check
 expect "bf16 --check fails below the bf16 rounding error" 4 'check: .* -> FAIL' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --check --check-tolerance 1e-6
 expect "the bf16 trace records its precisions" 0 "bf16 bf16 1.0" -- \
@@ -81,8 +94,10 @@ expect "shard size not dividing world" 2 "shard size 3 is not allowed with world
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
-expect "non-positive loss scale" 2 "--loss-scale 0.000000 is not allowed \(must be > 0\)" -- \
+expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a number > 0, or dynamic\)" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 0
+expect "initial scale without dynamic scaling" 2 "--loss-scale-init is only allowed with --loss-scale dynamic" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 8 --loss-scale-init 1024
 expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
 expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
 expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0

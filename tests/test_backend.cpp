@@ -193,3 +193,22 @@ TEST(CpuBackend, CastsAgreeWithTheScalarConversions) {
     }
   }
 }
+
+// The inf/NaN check of dynamic loss scaling, in every training precision.
+TEST(CpuBackend, AllFiniteFindsInfAndNan) {
+  auto b = make_backend("cpu");
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<float> x(1000, 0.5f);
+    std::vector<uint32_t> store(x.size());  // room for any of the three types
+    const Buf buf{store.data(), t};
+    b->cast(buf, x.data(), int64_t(x.size()));
+    EXPECT_TRUE(b->all_finite(buf, int64_t(x.size()))) << dtype_name(t);
+    for (float bad : {INFINITY, -INFINITY, NAN, 1e6f}) {  // 1e6 overflows fp16 to inf
+      x[737] = bad;
+      b->cast(buf, x.data(), int64_t(x.size()));
+      const bool finite_in_t = !(std::isinf(bad) || std::isnan(bad)) && !(t == DType::F16 && bad > 65504.f);
+      EXPECT_EQ(b->all_finite(buf, int64_t(x.size())), finite_in_t) << dtype_name(t) << " " << bad;
+      EXPECT_TRUE(b->all_finite(buf, 737)) << "only the first 737 elements";
+    }
+  }
+}

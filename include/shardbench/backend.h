@@ -220,6 +220,9 @@ class Backend {
   // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
   virtual void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                              float grad_scale) = 0;
+  // Whether every element is finite (no inf, no NaN). Returns to the host: on a GPU a
+  // synchronisation, once per step with dynamic loss scaling (as PyTorch's GradScaler).
+  virtual bool all_finite(CBuf x, int64_t n) = 0;
   // Adam (bias-corrected, no weight decay), step counts from 1, on fp32 parameters and
   // moments; the gradient may be of any training precision (read as fp32).
   virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg,

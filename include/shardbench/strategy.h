@@ -36,9 +36,13 @@ struct StrategyConfig {
   // activations and gradients); gradients reduced in reduce_dtype.
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
-  // Static loss scaling (fp16 gradients underflow without it): the loss gradient is
-  // multiplied by it and Adam divides it out.
-  float loss_scale = 1.f;
+  // Loss scaling (fp16 gradients underflow without it): the loss gradient is multiplied by
+  // the scale and Adam divides it out. Dynamic, as PyTorch's (Sharded)GradScaler: a step
+  // whose reduced gradients hold an inf or NaN on any rank is skipped and the scale halved;
+  // after `loss_scale_growth_interval` good steps in a row it doubles.
+  float loss_scale = 1.f;  // static scale, or the initial one when dynamic
+  bool dynamic_loss_scale = false;
+  int loss_scale_growth_interval = 2000;
   uint64_t seed = 0;
   AdamConfig adam;
 
@@ -58,6 +62,8 @@ class Strategy {
   // the shard group, for checks.
   virtual std::vector<float> gather_unit(int u) = 0;
   virtual const T5Step& model() const = 0;
+  virtual float loss_scale() const = 0;         // the scale the next step will use
+  virtual bool skipped_last_step() const = 0;   // dynamic scaling found inf/NaN gradients
 };
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
@@ -70,6 +76,8 @@ class TrainingSchedule : public Strategy {
                    const StepShape& shape);
   double step(int step, const Tokens& tokens) override;
   const T5Step& model() const override { return model_; }
+  float loss_scale() const override { return scale_; }
+  bool skipped_last_step() const override { return skipped_; }
 
  protected:
   // Stage indices in backward order, and for each unit its first/last stage in each pass.
@@ -85,6 +93,9 @@ class TrainingSchedule : public Strategy {
   virtual void after_backward(int pos) {}
   virtual void finish_gradients() = 0;               // all reductions complete
   virtual void optimizer_step(int step) = 0;
+  // What Adam reads (this rank's reduced gradients) and the group whose ranks hold
+  // different parts of it (the shard group): for the dynamic loss scale's inf/NaN check.
+  virtual CBuf reduced_gradients(int64_t& n) const = 0;
 
   int forward_unit(int pos) const { return model_.stages()[pos].unit; }
   int backward_stage(int pos) const { return int(model_.stages().size()) - 1 - pos; }
@@ -97,6 +108,13 @@ class TrainingSchedule : public Strategy {
   T5Step model_;
   std::vector<UnitSpec> units_;
   std::vector<UnitStages> unit_stages_;
+
+ private:
+  bool gradients_finite();
+  float base_grad_scale_;  // 1 / global tokens
+  float scale_;            // current loss scale
+  int good_steps_ = 0;     // in a row, since the scale last changed
+  bool skipped_ = false;
 };
 
 }  // namespace sb

@@ -74,6 +74,9 @@ class T5Step {
   // before the unit's first backward stage. Frees the stage's saved activations.
   void backward(int stage, CBuf params, Buf grads);
 
+  // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
+  void set_grad_scale(float grad_scale);
+
   // Sum over this rank's tokens of the cross-entropy, valid after the Head forward.
   double loss_sum();
 

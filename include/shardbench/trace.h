@@ -69,6 +69,8 @@ struct StepRow {
   double model_tflops, hardware_tflops, tokens_per_s, loss;
   int64_t comm_bytes, peak_memory;
   int64_t device_used;  // Backend::device_memory_used() at the end of the step
+  double loss_scale;    // the loss scale this step ran with
+  int32_t skipped;      // 1: dynamic loss scaling skipped the update (inf/NaN gradients)
 };
 
 // Everything one rank contributes to the result file.

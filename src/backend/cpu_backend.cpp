@@ -441,6 +441,14 @@ class CpuBackend final : public Backend {
     }
     done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
   }
+  bool all_finite(CBuf x, int64_t n) override {
+    const double t0 = now();
+    const F32View v(x, n);
+    bool finite = true;
+    for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(v.p[i]);
+    done(OpKind::Elementwise, t0, dtype_size(x.dtype) * n);
+    return finite;
+  }
   void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
     const double t0 = now();
     const F32View gv(g, n);

@@ -63,6 +63,15 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+std::string loss_scale_text(const StrategyConfig& s) {
+  char text[96];
+  if (s.dynamic_loss_scale)
+    std::snprintf(text, sizeof text, "dynamic from %g, x2 / %d steps", double(s.loss_scale), s.loss_scale_growth_interval);
+  else
+    std::snprintf(text, sizeof text, "%g", double(s.loss_scale));
+  return text;
+}
+
 void print_config(const Out& out, const RunConfig& c, int world, int shard) {
   const ModelSpec& m = c.model;
   std::vector<std::pair<std::string, std::string>> rows = {
@@ -79,7 +88,7 @@ void print_config(const Out& out, const RunConfig& c, int world, int shard) {
       {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
       {"backend / dtype / reduce", c.backend + " / " + precision_name(c.strategy.param_dtype) + " / " +
                                        precision_name(c.strategy.reduce_dtype)},
-      {"loss scale", std::to_string(c.strategy.loss_scale)},
+      {"loss scale", loss_scale_text(c.strategy)},
       {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
       {"seed", std::to_string(c.strategy.seed)},
   };
@@ -209,6 +218,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, d
       Attr::str("dtype", precision_name(c.strategy.param_dtype)),
       Attr::str("reduce_dtype", precision_name(c.strategy.reduce_dtype)),
       Attr::num("loss_scale", c.strategy.loss_scale),
+      Attr::str("loss_scale_mode", c.strategy.dynamic_loss_scale ? "dynamic" : "static"),
+      Attr::integer("loss_scale_growth_interval", c.strategy.loss_scale_growth_interval),
       Attr::str("backend", c.backend),
       Attr::integer("steps", c.steps),
       Attr::integer("warmup", c.warmup),
@@ -340,6 +351,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   const double tokens_per_step = double(cfg.shape.batch) * world * (cfg.shape.enc_len + cfg.shape.dec_len);
   std::vector<GlobalStep> timed;
   int first_nonfinite = 0;  // the first step whose global loss was inf or NaN
+  int skipped_steps = 0;    // dynamic loss scaling: updates skipped for inf/NaN gradients
   std::vector<double> my_gemm_time, my_gemm_flops;  // this rank's timed steps
   out("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
       "exposed ms", "peak mem");
@@ -349,7 +361,10 @@ int run(const RunConfig& cfg, int rank, int world) {
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     backend->synchronize();
     recorder.begin_step(s, backend->now());
+    const float scale_used = strategy->loss_scale();
     const double loss_sum = strategy->step(s, tokens);
+    const bool skipped = strategy->skipped_last_step();  // the same on every rank
+    skipped_steps += skipped;
     backend->synchronize();
     const StepStats st = recorder.end_step(backend->now(), backend->mem_peak_total());
     const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world);
@@ -359,7 +374,7 @@ int run(const RunConfig& cfg, int rank, int world) {
                                   st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
                                   hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
                                   loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
-                                  st.peak_memory, backend->device_memory_used()});
+                                  st.peak_memory, backend->device_memory_used(), scale_used, skipped});
     if (!warm) {
       timed.push_back(g);
       my_gemm_time.push_back(st.gemm);
@@ -369,6 +384,9 @@ int run(const RunConfig& cfg, int rank, int world) {
         (std::to_string(s) + "/" + std::to_string(cfg.warmup + cfg.steps)).c_str(), g.loss, g.time * 1e3,
         model_flops / g.time / 1e12, tokens_per_step / g.time, g.exposed * 1e3,
         human_bytes(double(g.peak)).c_str(), warm ? "  (warm-up)" : "");
+    if (skipped)
+      out("       inf/NaN gradients at loss scale %g: update skipped, loss scale now %g\n", double(scale_used),
+          double(strategy->loss_scale()));
   }
 
   auto med = [&](double GlobalStep::*f) {
@@ -426,6 +444,8 @@ int run(const RunConfig& cfg, int rank, int world) {
         first_nonfinite, precision_name(cfg.strategy.param_dtype), double(cfg.strategy.loss_scale));
   std::vector<Attr> summary = {
       Attr::integer("first_nonfinite_step", first_nonfinite),
+      Attr::integer("skipped_steps", skipped_steps),
+      Attr::num("final_loss_scale", strategy->loss_scale()),
       Attr::num("median_step_time_s", t),
       Attr::num("median_model_tflops_per_rank", model_flops / t / 1e12),
       Attr::num("median_hardware_tflops_per_rank", hw_flops / t / 1e12),

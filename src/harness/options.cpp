@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cmath>
+#include <cstdlib>
 
 #include "shardbench/check.h"
 #include "shardbench/cli.h"
@@ -69,10 +70,17 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                  "master weights and Adam stay fp32")
       ->capture_default_str();
   app.add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16: gradient reduction (default: --dtype)");
-  double loss_scale = 1;
+  std::string loss_scale = "1";
   auto* o_ls = app.add_option("--loss-scale", loss_scale,
-                              "static loss scale, divided out before Adam (default: 1024 when --dtype or "
-                              "--reduce-dtype is fp16, else 1; fp16 gradients underflow without it)");
+                              "X (static) or 'dynamic' (start at 65536, halve and skip the step on inf/NaN "
+                              "gradients, double after --loss-scale-growth-interval good steps), divided out "
+                              "before Adam; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
+  double init_scale = 65536;  // torch.amp.GradScaler's init_scale
+  auto* o_init = app.add_option("--loss-scale-init", init_scale, "dynamic loss scale: the first scale")
+                     ->capture_default_str();
+  app.add_option("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval,
+                 "dynamic loss scale: good steps before it doubles")
+      ->capture_default_str();
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {
@@ -132,10 +140,24 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   const bool low_precision = cfg.strategy.param_dtype != DType::F32 || cfg.strategy.reduce_dtype != DType::F32;
   if (!o_tol->count()) cfg.check_tolerance = low_precision ? 5e-3 : 1e-5;
   const bool fp16 = cfg.strategy.param_dtype == DType::F16 || cfg.strategy.reduce_dtype == DType::F16;
-  if (!o_ls->count() && fp16) loss_scale = 1024;
-  if (!(loss_scale > 0) || !std::isfinite(loss_scale))
-    throw UsageError("--loss-scale " + std::to_string(loss_scale) + " is not allowed (must be > 0)");
-  cfg.strategy.loss_scale = float(loss_scale);
+  if (!o_ls->count() && fp16) loss_scale = "dynamic";
+  cfg.strategy.dynamic_loss_scale = loss_scale == "dynamic";
+  if (o_init->count() && !cfg.strategy.dynamic_loss_scale)
+    throw UsageError("--loss-scale-init is only allowed with --loss-scale dynamic");
+  if (cfg.strategy.dynamic_loss_scale) {
+    if (!(init_scale > 0) || !(init_scale <= 3.4e38))
+      throw UsageError("--loss-scale-init " + std::to_string(init_scale) + " is not allowed (a number > 0)");
+    cfg.strategy.loss_scale = float(init_scale);
+  } else {
+    char* end = nullptr;
+    const double v = std::strtod(loss_scale.c_str(), &end);
+    if (end == loss_scale.c_str() || *end || !(v > 0) || !std::isfinite(v) || v > 3.4e38)
+      throw UsageError("--loss-scale '" + loss_scale + "' is not allowed (a number > 0, or dynamic)");
+    cfg.strategy.loss_scale = float(v);
+  }
+  if (cfg.strategy.loss_scale_growth_interval < 1)
+    throw UsageError("--loss-scale-growth-interval " + std::to_string(cfg.strategy.loss_scale_growth_interval) +
+                     " is not allowed (must be >= 1)");
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);

@@ -484,6 +484,7 @@ const ModelSpec& T5Step::spec() const { return impl_->spec; }
 const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
 DType T5Step::dtype() const { return impl_->dtype; }
+void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
 
 void T5Step::set_tokens(const Tokens& t) {
   Impl& m = *impl_;

@@ -112,6 +112,11 @@ class DDP final : public TrainingSchedule {
     }
   }
 
+  CBuf reduced_gradients(int64_t& n) const override {
+    n = total_;
+    return reduced_;
+  }
+
   void optimizer_step(int step) override {
     SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
     b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step);

@@ -196,6 +196,11 @@ class FSDP final : public TrainingSchedule {
     allreduces_.clear();
   }
 
+  CBuf reduced_gradients(int64_t& n) const override {
+    n = total_;
+    return grads_;
+  }
+
   void optimizer_step(int step) override {
     b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step);
     if (compute_) b_.cast(compute_, params_, total_);

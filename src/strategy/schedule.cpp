@@ -75,8 +75,9 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
       model_(spec, b, cfg.param_dtype, shape, cfg.checkpointing,
              grad_scale(shape, mesh.layout.world) * cfg.loss_scale),
       units_(model_.units()),
-      unit_stages_(units_.size()) {
-  cfg_.adam.grad_unscale = 1.f / cfg.loss_scale;
+      unit_stages_(units_.size()),
+      base_grad_scale_(grad_scale(shape, mesh.layout.world)),
+      scale_(cfg.loss_scale) {
   for (int pos = 0; pos < num_stages(); ++pos) {
     UnitStages& f = unit_stages_[forward_unit(pos)];
     if (f.first_forward < 0) f.first_forward = pos;
@@ -89,6 +90,7 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
 
 double TrainingSchedule::step(int step, const Tokens& tokens) {
   model_.set_tokens(tokens);
+  model_.set_grad_scale(base_grad_scale_ * scale_);
   for (int pos = 0; pos < num_stages(); ++pos) {
     const int u = forward_unit(pos);
     ScopedContext ctx(b_, Phase::Forward, u);
@@ -108,11 +110,33 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     finish_gradients();
   }
   ScopedContext ctx(b_, Phase::Optimizer, -1);
-  optimizer_step(step);
+  skipped_ = cfg_.dynamic_loss_scale && !gradients_finite();
+  if (skipped_) {  // GradScaler: skip the update, back off
+    scale_ *= 0.5f;
+    good_steps_ = 0;
+  } else {
+    cfg_.adam.grad_unscale = 1.f / scale_;
+    optimizer_step(step);
+    if (cfg_.dynamic_loss_scale && ++good_steps_ == cfg_.loss_scale_growth_interval) {
+      scale_ *= 2.f;
+      good_steps_ = 0;
+    }
+  }
   b_.synchronize();
   // Read after the step, not between forward and backward: on a GPU the download would
   // synchronise the host in the middle of the step.
   return model_.loss_sum();
+}
+
+// Every rank of the shard group holds a different part of the reduced gradients (replicas
+// hold the same parts), so the group agrees on one answer.
+bool TrainingSchedule::gradients_finite() {
+  int64_t n = 0;
+  const CBuf g = reduced_gradients(n);
+  int finite = b_.all_finite(g, n) ? 1 : 0;
+  if (mesh_.shard_mpi != MPI_COMM_NULL)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finite, 1, MPI_INT, MPI_MIN, mesh_.shard_mpi));
+  return finite == 1;
 }
 
 std::unique_ptr<Strategy> make_ddp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,

@@ -43,7 +43,8 @@ const std::vector<Column> kStepColumns = {
     SB_COLUMN(StepRow, model_tflops, F64),  SB_COLUMN(StepRow, hardware_tflops, F64),
     SB_COLUMN(StepRow, tokens_per_s, F64),  SB_COLUMN(StepRow, loss, F64),
     SB_COLUMN(StepRow, comm_bytes, I64),    SB_COLUMN(StepRow, peak_memory, I64),
-    SB_COLUMN(StepRow, device_used, I64),
+    SB_COLUMN(StepRow, device_used, I64),    SB_COLUMN(StepRow, loss_scale, F64),
+    SB_COLUMN(StepRow, skipped, I32),
 };
 
 const std::vector<Column> kEventColumns = {

@@ -679,6 +679,17 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
 }
 
 
+TEST_F(CudaVsCpu, AllFiniteAgreesWithCpu) {
+  std::vector<float> x(100003, 0.25f);
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (float bad : {1.f, INFINITY, NAN, 1e6f}) {  // 1e6: inf once cast to fp16
+      x[99999] = bad;
+      EXPECT_EQ(gpu().all_finite(put(gpu(), x, t), int64_t(x.size())),
+                cpu().all_finite(put(cpu(), x, t), int64_t(x.size())))
+          << dtype_name(t) << " " << bad;
+    }
+}
+
 TEST_F(CudaVsCpu, LowPrecisionT5StepMatchesCpu) {
   const ModelSpec spec = model_preset("t5-tiny");
   const StepShape shape{2, 12, 8};

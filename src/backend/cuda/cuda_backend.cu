@@ -279,6 +279,7 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
     cudaEventDestroy(ready_);
     cudaEventDestroy(anchor_event_);
+    if (nonfinite_flag_) cudaFree(nonfinite_flag_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(compute_);
@@ -461,6 +462,19 @@ class CudaBackend final : public Backend {
     elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
       cuda::cross_entropy(compute_, as(e, logits), losses, labels, n, vocab, grad_scale);
     });
+  }
+  // A 4-byte flag outside the ledger (the plan has no device-side flag), zeroed, set by the
+  // kernel, read back: one host synchronisation.
+  bool all_finite(CBuf x, int64_t n) override {
+    if (!nonfinite_flag_) CUDA_CHECK(cudaMalloc(&nonfinite_flag_, sizeof(int)));
+    timed(OpKind::Elementwise, kComputeLane, compute_, dtype_size(x.dtype) * n, [&] {
+      CUDA_CHECK(cudaMemsetAsync(nonfinite_flag_, 0, sizeof(int), compute_));
+      with_type(x.dtype, [&](auto e) { cuda::flag_nonfinite(compute_, as(e, x), n, nonfinite_flag_); });
+    });
+    int flag = 0;
+    CUDA_CHECK(cudaMemcpyAsync(&flag, nonfinite_flag_, sizeof(int), cudaMemcpyDeviceToHost, compute_));
+    CUDA_CHECK(cudaStreamSynchronize(compute_));
+    return flag == 0;
   }
   void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
     // Bias corrections on the host, as the CPU backend computes them.
@@ -727,6 +741,7 @@ class CudaBackend final : public Backend {
   std::vector<cudaEvent_t> free_events_, free_done_;
   std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
+  int* nonfinite_flag_ = nullptr;  // all_finite(): device flag, made on first use
 };
 
 }  // namespace

@@ -302,6 +302,11 @@ __global__ void cross_entropy_kernel(T* logits, float* losses, const int* labels
   }
 }
 
+template <class T>
+__global__ void flag_nonfinite_kernel(const T* x, int64_t n, int* flag) {
+  GRID_STRIDE(i, n) if (!isfinite(ld(x[i]))) *flag = 1;  // benign race: every writer stores 1
+}
+
 __global__ void probe_kernel() {}
 
 }  // namespace
@@ -405,6 +410,11 @@ void softmax_backward(cudaStream_t s, T* dscores, const T* probs, T* dbias, int 
 }
 
 template <class T>
+void flag_nonfinite(cudaStream_t s, const T* x, int64_t n, int* flag) {
+  if (n > 0) CUDA_LAUNCH(flag_nonfinite_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, flag));
+}
+
+template <class T>
 void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, int n, int vocab,
                    float grad_scale) {
   if (n <= 0 || vocab <= 0) return;
@@ -432,7 +442,8 @@ void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, 
   template void position_bias_backward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);         \
   template void softmax_forward<T>(cudaStream_t, T*, const T*, bool, int, int, int, int);                 \
   template void softmax_backward<T>(cudaStream_t, T*, const T*, T*, int, int, int, int);                  \
-  template void cross_entropy<T>(cudaStream_t, T*, float*, const int*, int, int, float);
+  template void cross_entropy<T>(cudaStream_t, T*, float*, const int*, int, int, float);          \
+  template void flag_nonfinite<T>(cudaStream_t, const T*, int64_t, int*);
 SB_KERNELS_FOR(float)
 SB_KERNELS_FOR(__nv_bfloat16)
 SB_KERNELS_FOR(__half)

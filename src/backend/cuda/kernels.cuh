@@ -58,6 +58,9 @@ template <class G>
 void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
           float eps, float bc1, float bc2, float unscale);
 
+// *flag = 1 if any element of x is inf or NaN (the caller zeroes it first)
+template <class T> void flag_nonfinite(cudaStream_t s, const T* x, int64_t n, int* flag);
+
 // A one-thread kernel: launching it tells whether this build has code for the device.
 cudaError_t probe_kernel_image(cudaStream_t s);
 
