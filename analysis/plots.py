@@ -84,6 +84,16 @@ def series(runs, key):
     return groups
 
 
+def finish_tflops(fig, ax, out, name, xlabel, title, legend_size):
+    """Labels, legend and files of a TFLOPS-per-GPU figure."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("TFLOPS per GPU (model FLOPs)")
+    ax.set_title(title)
+    ax.legend(fontsize=legend_size)
+    fig.tight_layout()
+    return save(fig, out, name)
+
+
 def plot_vs_model(runs, out):
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     key = lambda r: (r.meta["label"], r.meta["world_size"], bool(r.meta.get("projected")))  # noqa: E731
@@ -99,12 +109,8 @@ def plot_vs_model(runs, out):
             ax.annotate("OOM", (r.meta["param_count"], 0), textcoords="offset points", xytext=(4, 6), fontsize=7,
                         color=color(label))
     ax.set_xscale("log")
-    ax.set_xlabel("model parameters")
-    ax.set_ylabel("TFLOPS per GPU (model FLOPs)")
-    ax.set_title("Throughput against model size (x: out of memory)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    return save(fig, out, "tflops_vs_model")
+    return finish_tflops(fig, ax, out, "tflops_vs_model", "model parameters",
+                         "Throughput against model size (x: out of memory)", 7)
 
 
 def plot_vs_gpus(runs, out):
@@ -118,12 +124,7 @@ def plot_vs_gpus(runs, out):
                 ls="--" if proj else "-", marker="s" if batch > 8 else "o", mfc="none" if proj else color(label),
                 label=f"{model} {label} b{batch}{' (projected)' if proj else ''}")
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("GPUs (ranks)")
-    ax.set_ylabel("TFLOPS per GPU (model FLOPs)")
-    ax.set_title("Scaling")
-    ax.legend(fontsize=6)
-    fig.tight_layout()
-    return save(fig, out, "tflops_vs_gpus")
+    return finish_tflops(fig, ax, out, "tflops_vs_gpus", "GPUs (ranks)", "Scaling", 6)
 
 
 def measured_at_peak(r):

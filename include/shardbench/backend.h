@@ -232,8 +232,9 @@ class Backend {
   virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;
   // Any collective of CollectiveArgs; backends without it say so (UsageError).
   virtual Request collective(const CollectiveArgs& args, Comm& comm);
-  // Whether `collective` supports this combination here.
-  virtual bool supports(Collective op, DType dtype, ReduceOp redop) const { return false; }
+  // Whether `collective` supports this combination here: by default every valid one (the
+  // CPU backend reduces bfloat16/half through user-defined MPI operations, NCCL natively).
+  virtual bool supports(Collective op, DType dtype, ReduceOp redop) const;
   // The strategies' three, as sums (all through collective()):
   Request all_reduce(Buf buf, int64_t count, Comm& comm);  // in place
   // recv [size*count] gathers every rank's send [count]; in place when send is recv's
@@ -256,6 +257,8 @@ class Backend {
   // The allocation ledger every backend keeps: track() after allocating p, untrack()
   // before freeing it (it checks p was ours and accounts the bytes).
   void track(void* p, size_t bytes, MemCategory cat);
+  // Throws UsageError naming the collective, type and reduction unless supports() them.
+  void require_supported(const CollectiveArgs& a) const;
   void untrack(void* p);
   std::vector<void*> tracked() const;  // what is still allocated (for destructors)
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,

@@ -120,6 +120,17 @@ DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {
   return t == DType::kCount ? DType::F32 : t;
 }
 
+bool Backend::supports(Collective op, DType dtype, ReduceOp redop) const {
+  return int(op) >= 0 && op < Collective::kCount && int(dtype) >= 0 && dtype < DType::kCount &&
+         int(redop) >= 0 && redop < ReduceOp::kCount;
+}
+
+void Backend::require_supported(const CollectiveArgs& a) const {
+  if (!supports(a.op, a.dtype, a.redop))
+    throw UsageError(std::string(collective_name(a.op)) + " of " + dtype_name(a.dtype) + " with " +
+                     reduce_op_name(a.redop) + " is not supported by the " + name() + " backend");
+}
+
 Request Backend::collective(const CollectiveArgs& a, Comm&) {
   throw UsageError(std::string(collective_name(a.op)) + " is not supported by the " + name() + " backend");
 }

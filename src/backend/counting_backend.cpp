@@ -76,7 +76,6 @@ class CountingBackend final : public Backend {
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
   // Collectives are recorded at issue (start = end = issue index) so tests can read the
   // schedule a strategy would run.
-  bool supports(Collective, DType, ReduceOp) const override { return true; }
   Request collective(const CollectiveArgs& a, Comm& c) override {
     record(collective_kind(a.op), 1, double(next_request_), double(next_request_), collective_bytes(a, c.size()),
            0.0, nullptr, next_request_);

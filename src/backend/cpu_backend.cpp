@@ -475,15 +475,8 @@ class CpuBackend final : public Backend {
 
   // Every type and reduction; bfloat16 and half reduce through user-defined MPI operations
   // (MPI has no 16-bit float arithmetic) that compute in fp32 and round, as NCCL does.
-  bool supports(Collective op, DType dtype, ReduceOp redop) const override {
-    return int(op) >= 0 && op < Collective::kCount && int(dtype) >= 0 && dtype < DType::kCount &&
-           int(redop) >= 0 && redop < ReduceOp::kCount;
-  }
-
   Request collective(const CollectiveArgs& a, Comm& c) override {
-    if (!supports(a.op, a.dtype, a.redop))
-      throw UsageError(std::string(collective_name(a.op)) + " of " + dtype_name(a.dtype) + " with " +
-                       reduce_op_name(a.redop) + " is not supported by the cpu backend (MPI)");
+    require_supported(a);
     const MPI_Comm comm = mpi(c);
     const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
     const MPI_Datatype t = mpi_type(a.dtype);

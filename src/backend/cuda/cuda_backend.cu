@@ -492,17 +492,11 @@ class CudaBackend final : public Backend {
     return std::make_unique<NcclComm>(c);
   }
   // NCCL has every type, reduction (ncclAvg included) and collective of CollectiveArgs.
-  bool supports(Collective op, DType dtype, ReduceOp redop) const override {
-    return int(op) >= 0 && op < Collective::kCount && int(dtype) >= 0 && dtype < DType::kCount &&
-           int(redop) >= 0 && redop < ReduceOp::kCount;
-  }
   // CollectiveArgs follow NCCL's buffer conventions (in place included), so each maps to one
   // NCCL call; all-to-all and send-recv are grouped point-to-point calls. Bytes as the CPU
   // backend records them: the full buffer.
   Request collective(const CollectiveArgs& a, Comm& c) override {
-    if (!supports(a.op, a.dtype, a.redop))
-      throw UsageError(std::string(collective_name(a.op)) + " of " + dtype_name(a.dtype) + " with " +
-                       reduce_op_name(a.redop) + " is not supported by the cuda backend");
+    require_supported(a);
     const ncclComm_t n = nccl(c);
     const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
     const ncclDataType_t t = nccl_type(a.dtype);
