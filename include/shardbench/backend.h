@@ -205,7 +205,9 @@ class Backend {
   // bias[h,i,j] = table[buckets[i*tk+j], h]         table [num_buckets, H]
   virtual void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
                                      int tk) = 0;
-  // dtable[buckets[i*tk+j], h] += dbias[h,i,j]
+  // dtable[buckets[i*tk+j], h] += dbias[h,i,j]. The bucket of (i, j) depends on j − i only,
+  // as T5's relative position buckets do: a backend may sum by diagonal (the CUDA one does,
+  // in a fixed order, so the gradient is deterministic).
   virtual void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
                                       int tk) = 0;
   // In place over scores [B,H,tq,tk]: add bias [H,tq,tk] (may be null), mask j > i when

@@ -8,7 +8,8 @@
 //   warp-shuffle reductions combined through shared memory.
 // Every kernel is a template over the element type T (float, __nv_bfloat16, __half): it
 // loads to fp32 (ld), computes in fp32 and rounds once when it stores (st), like the CPU
-// backend's fp32 views; accumulations across kernels (atomics) round at each addition.
+// backend's fp32 views. Sums across threads run in a fixed order (no floating-point atomics),
+// so a gradient does not depend on scheduling.
 #include <algorithm>
 #include <cfloat>
 #include <cstdint>
@@ -40,9 +41,6 @@ template <class T> __device__ __forceinline__ T st(float x);
 template <> __device__ __forceinline__ float st<float>(float x) { return x; }
 template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <> __device__ __forceinline__ __half st<__half>(float x) { return __float2half(x); }
-__device__ __forceinline__ void atomic_add(float* p, float v) { atomicAdd(p, v); }
-__device__ __forceinline__ void atomic_add(__nv_bfloat16* p, float v) { atomicAdd(p, __float2bfloat16(v)); }
-__device__ __forceinline__ void atomic_add(__half* p, float v) { atomicAdd(p, __float2half(v)); }
 
 #define GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
@@ -85,12 +83,61 @@ __global__ void embedding_forward_kernel(T* out, const T* table, const int* ids,
   for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = src[j];
 }
 
-// one block per token row, blockDim row_threads(d); atomics because ids repeat
+// one block per token i, kIdThreads threads. Ids repeat, so a table row's gradient is the
+// sum of the dout rows of every token with that id. The block of the first token with id v
+// owns row v (later ones exit); it finds the tokens of v in token order (a ballot over each
+// slice of ids), sums their rows in that order in fp32 and adds once. No atomics, so the
+// result does not depend on scheduling, and a 16-bit row is rounded once, as on the CPU.
+// Scanning the ids is O(n²) int reads over all blocks: 16 M for n = 4096, from L2.
+constexpr int kIdThreads = 256;
 template <class T>
-__global__ void embedding_backward_kernel(T* dtable, const T* dout, const int* ids, int d) {
-  const int64_t i = blockIdx.x;
-  T* dst = dtable + int64_t(ids[i]) * d;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) atomic_add(dst + j, ld(dout[i * d + j]));
+__global__ void embedding_backward_kernel(T* dtable, const T* dout, const int* ids, int n, int d) {
+  __shared__ int hits[kIdThreads];             // tokens of this slice that carry id v, in order
+  __shared__ int warp_base[kIdThreads / 32];   // exclusive scan of the warps' hit counts
+  __shared__ int hit_count;
+  const int first = blockIdx.x, v = ids[first];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int base = 0; base < first; base += kIdThreads) {  // an earlier token owns row v?
+    const int i = base + threadIdx.x;
+    if (__syncthreads_or(i < first && ids[i] == v)) return;
+  }
+  constexpr int kCols = 8;  // columns per thread held in registers; wider rows loop
+  for (int c0 = 0; c0 < d; c0 += kIdThreads * kCols) {
+    float acc[kCols];
+    for (int k = 0; k < kCols; ++k) acc[k] = 0.f;
+    for (int base = first; base < n; base += kIdThreads) {
+      const int i = base + threadIdx.x;
+      const bool mine = i < n && ids[i] == v;
+      const unsigned ballot = __ballot_sync(0xffffffffu, mine);
+      if (lane == 0) warp_base[warp] = __popc(ballot);
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int total = 0;
+        for (int w = 0; w < kIdThreads / 32; ++w) {
+          const int c = warp_base[w];
+          warp_base[w] = total;
+          total += c;
+        }
+        hit_count = total;
+      }
+      __syncthreads();
+      if (mine) hits[warp_base[warp] + __popc(ballot & ((1u << lane) - 1u))] = i;
+      __syncthreads();
+      for (int h = 0; h < hit_count; ++h) {
+        const T* g = dout + int64_t(hits[h]) * d;
+        for (int k = 0; k < kCols; ++k) {
+          const int j = c0 + k * kIdThreads + threadIdx.x;
+          if (j < d) acc[k] += ld(g[j]);
+        }
+      }
+      __syncthreads();  // hits, warp_base and hit_count are rewritten by the next slice
+    }
+    T* dst = dtable + int64_t(v) * d;
+    for (int k = 0; k < kCols; ++k) {
+      const int j = c0 + k * kIdThreads + threadIdx.x;
+      if (j < d) dst[j] = st<T>(ld(dst[j]) + acc[k]);
+    }
+  }
 }
 
 // ---------------------------------------------------------------- RMS norm
@@ -122,24 +169,23 @@ __global__ void rmsnorm_backward_dx_kernel(T* dx, const T* dout, const T* x, con
     dx[i * d + j] = st<T>(ld(dx[i * d + j]) + r * (ld(gi[j]) * ld(w[j]) - ld(xi[j]) * c));
 }
 
-constexpr int kDwRowsPerBlock = 256;  // rows summed by one block before its one atomic per column
-// grid (ceil(d/32), ceil(n/256)), blockDim (32, 8): a 32-column strip of 256 rows per block,
-// summed over the 8 row lanes in shared memory, then one atomicAdd per column.
+// grid ceil(d/32), blockDim (32, 32): one 32-column strip per block over all n rows, each of
+// the 32 row lanes summing every 32nd row, then the lanes summed in lane order. One writer
+// per column and a fixed order: the sum does not depend on scheduling (no atomics).
 template <class T>
 __global__ void rmsnorm_backward_dw_kernel(T* dw, const T* dout, const T* x, const float* rstd, int n, int d) {
-  __shared__ float part[8][33];  // +1 column: no bank conflicts in the final sum
+  __shared__ float part[32][33];  // +1 column: no bank conflicts in the final sum
   const int col = blockIdx.x * 32 + threadIdx.x;
-  const int row0 = blockIdx.y * kDwRowsPerBlock, row1 = min(n, row0 + kDwRowsPerBlock);
   float acc = 0.f;
   if (col < d)
-    for (int row = row0 + threadIdx.y; row < row1; row += blockDim.y)
+    for (int row = threadIdx.y; row < n; row += blockDim.y)
       acc += ld(dout[int64_t(row) * d + col]) * ld(x[int64_t(row) * d + col]) * rstd[row];
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   if (threadIdx.y == 0 && col < d) {
     float sum = 0.f;
     for (int k = 0; k < blockDim.y; ++k) sum += part[k][threadIdx.x];
-    atomic_add(dw + col, sum);
+    dw[col] = st<T>(ld(dw[col]) + sum);
   }
 }
 
@@ -196,36 +242,36 @@ __global__ void position_bias_forward_kernel(T* bias, const T* table, const int*
   }
 }
 
-constexpr int kBiasChunk = 4096;         // (i, j) positions per block
-constexpr int kSharedBuckets = 1024;     // T5 has 32 buckets; larger ids go straight to global
-// grid (ceil(tq*tk / 4096), H), blockDim 256: one head and a chunk of positions per block.
-// Millions of positions fall into a few dozen buckets, so each block sums into shared
-// memory first and adds one value per bucket it touched to the table.
+// grid (kBucketBlocks, H), blockDim 256. T5's bucket of (i, j) depends on j − i only, so a
+// bucket is a set of diagonals: block x owns buckets x, x + kBucketBlocks, ... (T5 has 32,
+// one each); thread t sums the diagonals t, t+256, ... of the bucket in row order (a warp
+// reads consecutive diagonals of one row: coalesced), then the block sums its threads in a
+// fixed tree. One writer per table entry and no atomics: the result is deterministic.
+constexpr int kBucketBlocks = 32;
 template <class T>
-__global__ void position_bias_backward_kernel(T* dtable, const T* dbias, const int* buckets, int heads,
-                                              int64_t tt) {
-  __shared__ float acc[kSharedBuckets];
-  __shared__ int top;  // largest bucket seen, bounds the flush
+__global__ void position_bias_backward_kernel(T* dtable, const T* dbias, const int* buckets, int heads, int tq,
+                                              int tk) {
   const int h = blockIdx.y;
-  for (int k = threadIdx.x; k < kSharedBuckets; k += blockDim.x) acc[k] = 0.f;
-  if (threadIdx.x == 0) top = -1;
-  __syncthreads();
-  const int64_t lo = int64_t(blockIdx.x) * kBiasChunk, hi = min(tt, lo + kBiasChunk);
-  int my_top = -1;
-  for (int64_t ij = lo + threadIdx.x; ij < hi; ij += blockDim.x) {
-    const int b = buckets[ij];
-    const float g = ld(dbias[h * tt + ij]);
-    if (b < kSharedBuckets) {
-      atomicAdd(acc + b, g);
-      my_top = max(my_top, b);
-    } else {
-      atomic_add(dtable + int64_t(b) * heads + h, g);
+  const T* g = dbias + int64_t(h) * tq * tk;
+  auto bucket_of = [&](int diag) {  // diag = j − i, read where the diagonal starts
+    const int i0 = diag < 0 ? -diag : 0;
+    return buckets[int64_t(i0) * tk + i0 + diag];
+  };
+  float top = -1.f;
+  for (int diag = int(threadIdx.x) - (tq - 1); diag < tk; diag += blockDim.x) top = fmaxf(top, float(bucket_of(diag)));
+  const int last = int(block_reduce(top, Max()));
+  for (int bucket = blockIdx.x; bucket <= last; bucket += gridDim.x) {
+    float acc = 0.f;
+    for (int diag = int(threadIdx.x) - (tq - 1); diag < tk; diag += blockDim.x) {
+      if (bucket_of(diag) != bucket) continue;
+      for (int i = diag < 0 ? -diag : 0; i < tq && i + diag < tk; ++i) acc += ld(g[int64_t(i) * tk + i + diag]);
+    }
+    acc = block_reduce(acc, Sum());
+    if (threadIdx.x == 0) {
+      T* dst = dtable + int64_t(bucket) * heads + h;
+      *dst = st<T>(ld(*dst) + acc);
     }
   }
-  atomicMax(&top, my_top);
-  __syncthreads();
-  for (int k = threadIdx.x; k <= top; k += blockDim.x)
-    if (acc[k] != 0.f) atomic_add(dtable + int64_t(k) * heads + h, acc[k]);
 }
 
 // ---------------------------------------------------------------- softmax
@@ -250,7 +296,7 @@ __global__ void softmax_forward_kernel(T* scores, const T* bias, bool causal, in
 }
 
 // one block per (head, query) row, blockDim row_threads(tk), dynamic shared memory `batch`
-// floats. First the batch's row dots Σ dP⊙P, then each thread owns its columns j of dbias and
+// floats rounded up to a multiple of four. First the batch's row dots Σ dP⊙P, then each thread owns its columns j of dbias and
 // sums the batch in fp32 (no atomics, the CPU backend's order, one rounding).
 template <class T>
 __global__ void softmax_backward_kernel(T* ds, const T* p, T* dbias, int batch, int heads, int tq, int tk) {
@@ -320,7 +366,7 @@ void embedding_forward(cudaStream_t s, T* out, const T* table, const int* ids, i
 template <class T>
 void embedding_backward(cudaStream_t s, T* dtable, const T* dout, const int* ids, int n, int d) {
   if (n <= 0 || d <= 0) return;
-  CUDA_LAUNCH(embedding_backward_kernel<<<n, row_threads(d), 0, s>>>(dtable, dout, ids, d));
+  CUDA_LAUNCH(embedding_backward_kernel<<<n, kIdThreads, 0, s>>>(dtable, dout, ids, n, d));
 }
 
 template <class T>
@@ -334,8 +380,7 @@ void rmsnorm_backward(cudaStream_t s, T* dx, T* dw, const T* dout, const T* x, c
                       int n, int d) {
   if (n <= 0 || d <= 0) return;
   CUDA_LAUNCH(rmsnorm_backward_dx_kernel<<<n, row_threads(d), 0, s>>>(dx, dout, x, w, rstd, d));
-  const dim3 grid((d + 31) / 32, (n + kDwRowsPerBlock - 1) / kDwRowsPerBlock), block(32, 8);
-  CUDA_LAUNCH(rmsnorm_backward_dw_kernel<<<grid, block, 0, s>>>(dw, dout, x, rstd, n, d));
+  CUDA_LAUNCH(rmsnorm_backward_dw_kernel<<<unsigned((d + 31) / 32), dim3(32, 32), 0, s>>>(dw, dout, x, rstd, n, d));
 }
 
 template <class T>
@@ -387,8 +432,8 @@ void position_bias_backward(cudaStream_t s, T* dtable, const T* dbias, const int
                             int tk) {
   const int64_t tt = int64_t(tq) * tk;
   if (heads <= 0 || tt <= 0) return;
-  const dim3 grid(unsigned((tt + kBiasChunk - 1) / kBiasChunk), unsigned(heads));
-  CUDA_LAUNCH(position_bias_backward_kernel<<<grid, kThreads, 0, s>>>(dtable, dbias, buckets, heads, tt));
+  const dim3 grid{unsigned(kBucketBlocks), unsigned(heads)};
+  CUDA_LAUNCH(position_bias_backward_kernel<<<grid, kThreads, 0, s>>>(dtable, dbias, buckets, heads, tq, tk));
 }
 
 template <class T>
@@ -405,7 +450,11 @@ void softmax_backward(cudaStream_t s, T* dscores, const T* probs, T* dbias, int 
                       int tk) {
   const int64_t rows = int64_t(heads) * tq;
   if (batch <= 0 || rows <= 0 || tk <= 0) return;
-  CUDA_LAUNCH(softmax_backward_kernel<<<unsigned(rows), row_threads(tk), size_t(batch) * sizeof(float), s>>>(
+  // The compiler reads dots[] in vectors of up to four (an unrolled loop over the batch, its
+  // remainder merged into one wide load): round the array up to whole vectors, or memcheck
+  // sees a read past its end when the batch is not a multiple of four.
+  const size_t dots_bytes = size_t((batch + 3) / 4 * 4) * sizeof(float);
+  CUDA_LAUNCH(softmax_backward_kernel<<<unsigned(rows), row_threads(tk), dots_bytes, s>>>(
       dscores, probs, dbias, batch, heads, tq, tk));
 }
 
