@@ -197,7 +197,7 @@ TEST_F(CudaVsCpu, EmbeddingForwardIsExactAndBackwardAccumulates) {
 }
 
 TEST_F(CudaVsCpu, RmsNormForwardAndAccumulatingBackward) {
-  const int n = 600, d = 300;  // d not a multiple of the block size; n spans 3 dw blocks
+  const int n = 600, d = 300;  // d not a multiple of the block size; many rows per dw lane
   const auto x = random(int64_t(n) * d, 12, 3.f), w = random(d, 13), dout = random(int64_t(n) * d, 14);
   std::vector<float> out(int64_t(n) * d), rstd(n);
   float *d_out = dev(out), *d_rstd = dev(rstd);
