@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -254,6 +255,10 @@ class Backend {
   void set_context(Phase phase, int unit) { phase_ = phase, unit_ = unit; }
   Phase phase() const { return phase_; }
   int unit() const { return unit_; }
+  // Named ranges for a profiler's timeline (NVTX on CUDA, so Nsight Systems reads like the
+  // trace); nothing elsewhere. Pushes and pops nest.
+  virtual void range_push(const char* name) {}
+  virtual void range_pop() {}
 
  protected:
   // The allocation ledger every backend keeps: track() after allocating p, untrack()
@@ -285,13 +290,21 @@ class Backend {
 // they differ.
 DType common_dtype(const char* op, std::initializer_list<CBuf> tensors);
 
-// RAII: tags the operations issued in a scope with a phase and a unit.
+// RAII: tags the operations issued in a scope with a phase and a unit, and names the scope
+// as a profiler range ("forward unit 3").
 class ScopedContext {
  public:
   ScopedContext(Backend& b, Phase p, int unit) : b_(b), phase_(b.phase()), unit_(b.unit()) {
     b.set_context(p, unit);
+    char name[64];
+    if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(p), unit);
+    else std::snprintf(name, sizeof name, "%s", phase_name(p));
+    b.range_push(name);
   }
-  ~ScopedContext() { b_.set_context(phase_, unit_); }
+  ~ScopedContext() {
+    b_.range_pop();
+    b_.set_context(phase_, unit_);
+  }
 
  private:
   Backend& b_;

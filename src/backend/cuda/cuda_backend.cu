@@ -27,6 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nvtx3/nvToolsExt.h>    // profiler ranges (header-only NVTX 3)
+
 #include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend.h"
@@ -487,6 +489,9 @@ class CudaBackend final : public Backend {
   }
 
   // ---- collectives ----
+  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_pop() override { nvtxRangePop(); }
+
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override {
     CUDA_CHECK(cudaSetDevice(device_));  // NCCL binds the communicator to the current device
     return std::make_unique<NcclComm>(c);
@@ -669,6 +674,12 @@ class CudaBackend final : public Backend {
   // the NCCL call, and records `done`, which the request maps to.
   template <class Launch>
   Request issue(OpKind kind, int64_t bytes, Launch&& nccl_call) {
+    char range[96];  // "all-gather unit 3, 48.0 MiB": the collective on Nsight's timeline
+    std::snprintf(range, sizeof range, "%s unit %d, %s", op_kind_name(kind), unit(), human_bytes(bytes).c_str());
+    nvtxRangePushA(range);
+    struct Pop {
+      ~Pop() { nvtxRangePop(); }
+    } pop;
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
     CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));  // captured: ready_ is reusable at once
     const Request id = next_request_++;
