@@ -227,9 +227,11 @@ class Backend {
   // synchronisation, once per step with dynamic loss scaling (as PyTorch's GradScaler).
   virtual bool all_finite(CBuf x, int64_t n) = 0;
   // Adam (bias-corrected, no weight decay), step counts from 1, on fp32 parameters and
-  // moments; the gradient may be of any training precision (read as fp32).
-  virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg,
-                    int step) = 0;
+  // moments; the gradient may be of any training precision (read as fp32). `copy` (may be
+  // null): the updated parameters rounded to its type, written in the same pass, so mixed
+  // precision needs no separate cast over the parameters.
+  virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg, int step,
+                    Buf copy = {}) = 0;
 
   // ---- collectives (non-blocking; issued in the same order on every rank) ----
   virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;

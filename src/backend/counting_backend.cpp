@@ -69,8 +69,9 @@ class CountingBackend final : public Backend {
   void softmax_backward(Buf, CBuf, Buf, int, int, int, int) override {}
   void cross_entropy(Buf, float*, const int*, int, int, float) override {}
   bool all_finite(CBuf, int64_t) override { return true; }
-  void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int) override {
-    record(OpKind::Optimizer, 0, 0.0, 0.0, (24 + dtype_size(g.dtype)) * n, 0.0);  // bytes touched, for the projection
+  void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int, Buf copy) override {
+    const int64_t bytes = (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n;
+    record(OpKind::Optimizer, 0, 0.0, 0.0, bytes, 0.0);  // bytes touched, for the projection
   }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }

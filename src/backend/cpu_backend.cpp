@@ -449,12 +449,18 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, dtype_size(x.dtype) * n);
     return finite;
   }
-  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
+  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step, Buf copy) override {
     const double t0 = now();
-    const F32View gv(g, n);
-    adam_kernel(p, gv.p, m, v, n, c.lr, c.beta1, c.beta2, c.eps, 1.f - std::pow(c.beta1, float(step)),
-                1.f - std::pow(c.beta2, float(step)), c.grad_unscale);
-    done(OpKind::Optimizer, t0, (24 + dtype_size(g.dtype)) * n);
+    const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
+    // In cache-sized chunks, so the copy reads parameters that were just written.
+    constexpr int64_t kChunk = 16384;
+    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
+      const int64_t len = std::min(kChunk, n - i0);
+      const F32View gv(g + i0, len);
+      adam_kernel(p + i0, gv.p, m + i0, v + i0, len, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale);
+      if (copy.ptr) store_f32(copy + i0, p + i0, len);
+    }
+    done(OpKind::Optimizer, t0, (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n);
   }
   // Separate buffers (restrict) and bias corrections folded into multipliers let the
   // compiler vectorise the loop.

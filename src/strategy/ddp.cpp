@@ -119,8 +119,7 @@ class DDP final : public TrainingSchedule {
 
   void optimizer_step(int step) override {
     SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
-    b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step);
-    if (compute_) b_.cast(compute_, params_, total_);
+    b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
   }
 
   std::vector<int64_t> offset_;

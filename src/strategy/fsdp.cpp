@@ -202,8 +202,7 @@ class FSDP final : public TrainingSchedule {
   }
 
   void optimizer_step(int step) override {
-    b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step);
-    if (compute_) b_.cast(compute_, params_, total_);
+    b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
   }
 
   std::vector<ShardInfo> shards_;

@@ -478,12 +478,17 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     return flag == 0;
   }
-  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
+  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step, Buf copy) override {
     // Bias corrections on the host, as the CPU backend computes them.
     const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
-    timed(OpKind::Optimizer, kComputeLane, compute_, (24 + dtype_size(g.dtype)) * n, [&] {
+    const int64_t bytes = (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n;
+    const DType out_type = copy.ptr ? copy.dtype : DType::F32;  // a null fp32 copy: none
+    timed(OpKind::Optimizer, kComputeLane, compute_, bytes, [&] {
       with_type(g.dtype, [&](auto e) {
-        cuda::adam(compute_, p, as(e, g), m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale);
+        with_type(out_type, [&](auto o) {
+          cuda::adam(compute_, p, as(e, g), m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale,
+                     as(o, copy));
+        });
       });
     });
   }

@@ -219,16 +219,18 @@ __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
 __global__ void init_uniform_kernel(float* x, int64_t n, uint64_t key, int64_t first, float scale) {
   GRID_STRIDE(i, n) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
 }
-template <class G>
+template <class G, class O>
 __global__ void adam_kernel(float* p, const G* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
-                            float eps, float bc1, float bc2, float unscale) {
+                            float eps, float bc1, float bc2, float unscale, O* copy) {
   GRID_STRIDE(i, n) {
     const float gi = ld(g[i]) * unscale;
     const float mi = b1 * m[i] + (1.f - b1) * gi;
     const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
     m[i] = mi;
     v[i] = vi;
-    p[i] -= lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    const float pi = p[i] - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    p[i] = pi;
+    if (copy) copy[i] = st<O>(pi);
   }
 }
 
@@ -410,12 +412,12 @@ void cast(cudaStream_t s, D* dst, const S* src, int64_t n) {
 void init_uniform(cudaStream_t s, float* x, int64_t n, uint64_t key, int64_t first, float scale) {
   if (n > 0) CUDA_LAUNCH(init_uniform_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, key, first, scale));
 }
-template <class G>
+template <class G, class O>
 void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-          float eps, float bc1, float bc2, float unscale) {
+          float eps, float bc1, float bc2, float unscale, O* copy) {
   if (n > 0)
     CUDA_LAUNCH(adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2,
-                                                                unscale));
+                                                                unscale, copy));
 }
 
 template <class T>
@@ -485,8 +487,12 @@ void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, 
   template void cast<T, float>(cudaStream_t, T*, const float*, int64_t);                                  \
   template void cast<T, __nv_bfloat16>(cudaStream_t, T*, const __nv_bfloat16*, int64_t);                  \
   template void cast<T, __half>(cudaStream_t, T*, const __half*, int64_t);                                \
-  template void adam<T>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float, float, \
-                        float, float, float);                                                              \
+  template void adam<T, float>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float, \
+                               float, float, float, float, float*);                                        \
+  template void adam<T, __nv_bfloat16>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, \
+                                       float, float, float, float, float, __nv_bfloat16*);                 \
+  template void adam<T, __half>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float,  \
+                                float, float, float, float, __half*);                                       \
   template void position_bias_forward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);          \
   template void position_bias_backward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);         \
   template void softmax_forward<T>(cudaStream_t, T*, const T*, bool, int, int, int, int);                 \

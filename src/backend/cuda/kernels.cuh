@@ -53,10 +53,11 @@ template <class T>
 void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, int n, int vocab, float grad_scale);
 // Adam on fp32 parameters and moments with a gradient of type G (multiplied by `unscale`
 // first), the bias corrections bc1 = 1 − β1^step, bc2 = 1 − β2^step computed by the caller
-// (on the host, exactly as the CPU backend does).
-template <class G>
+// (on the host, exactly as the CPU backend does). copy (may be null) receives the updated
+// parameters rounded to O in the same pass.
+template <class G, class O>
 void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-          float eps, float bc1, float bc2, float unscale);
+          float eps, float bc1, float bc2, float unscale, O* copy);
 
 // *flag = 1 if any element of x is inf or NaN (the caller zeroes it first)
 template <class T> void flag_nonfinite(cudaStream_t s, const T* x, int64_t n, int* flag);
