@@ -25,6 +25,8 @@ import os
 import sys
 import time
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from shardbench_h5 import CATEGORIES, load  # noqa: E402
 
@@ -94,8 +96,9 @@ COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduc
 
 
 def us(seconds):
-    # Rounded to the nanosecond: rounding is monotone, so slices that touch still touch.
-    return round(seconds * 1e6, 3)
+    """Seconds (a number or a column) to microseconds rounded to the nanosecond: rounding
+    is monotone, so slices that touch still touch and none starts before its predecessor."""
+    return np.round(np.asarray(seconds, dtype=np.float64) * 1e6, 3)
 
 
 def lane_name(lane):
@@ -133,12 +136,13 @@ def operation_events(run, e):
     units = {}
     cols = [e[c].tolist() for c in ("rank", "lane", "step", "unit", "start", "end", "bytes", "flops", "m", "n", "k",
                                     "batch", "trans")]
+    ts_col, end_col = us(e["start"]), us(e["end"])
+    cols += [ts_col.tolist(), np.round(end_col - ts_col, 3).tolist()]
     ops = e["op_name"].astype(str).tolist()
     phases = e["phase_name"].astype(str).tolist()
-    for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans), op, phase in zip(
+    for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans, ts, dur), op, phase in zip(
             zip(*cols), ops, phases):
         uname = units.get(unit) or units.setdefault(unit, unit_name(unit, layers))
-        ts = us(start)
         args = {"step": step, "phase": phase, "unit": uname, "operation": op, "bytes": nbytes}
         if op == "gemm":
             args["shape"] = f"{m}×{n}×{k}"
@@ -152,7 +156,7 @@ def operation_events(run, e):
             args["algbw_GBps"] = round(algbw, 4)
             args["busbw_GBps"] = round(algbw * bus_factor(op, size), 4)
         out.append({"ph": "X", "name": f"{phase} · {uname} · {op}", "cat": op, "pid": rank, "tid": lane,
-                    "ts": ts, "dur": round(us(end) - ts, 3), "args": args})
+                    "ts": ts, "dur": dur, "args": args})
     return out
 
 
@@ -174,9 +178,9 @@ def step_events(run, e, steps_table):
                          "exposed_comm_ms": round(row.exposed_comm * 1e3, 4),
                          "model_tflops": row.model_tflops, "loss_scale": row.loss_scale,
                          "skipped": int(row.skipped)})
-        ts = us(start)
+        ts = float(us(start))
         out.append({"ph": "X", "name": name, "cat": "warm-up" if warm else "step", "pid": int(rank),
-                    "tid": STEPS_TID, "ts": ts, "dur": round(us(end) - ts, 3), "args": args})
+                    "tid": STEPS_TID, "ts": ts, "dur": round(float(us(end)) - ts, 3), "args": args})
     return out
 
 
@@ -185,10 +189,9 @@ def memory_events(mem):
     if not len(mem):
         return []
     mem = mem.sort_values(["rank", "time"], kind="stable")
-    cols = [mem[c].tolist() for c in CATEGORIES]
-    return [{"ph": "C", "name": "memory (MiB)", "pid": rank, "ts": us(t),
-             "args": {c: round(v / 2**20, 4) for c, v in zip(CATEGORIES, vals)}}
-            for rank, t, *vals in zip(mem["rank"].tolist(), mem["time"].tolist(), *cols)]
+    cols = [np.round(mem[c].to_numpy() / 2**20, 4).tolist() for c in CATEGORIES]
+    return [{"ph": "C", "name": "memory (MiB)", "pid": rank, "ts": t, "args": dict(zip(CATEGORIES, vals))}
+            for rank, t, *vals in zip(mem["rank"].tolist(), us(mem["time"]).tolist(), *cols)]
 
 
 def convert(path, steps=(None, None)):

@@ -9,6 +9,7 @@ R=$tmp/results
 mkdir -p $R
 TINY=(--model t5-tiny --batch 2 --seq-len 16 --steps 2 --warmup 1)
 MPI2=(timeout 300 mpirun -np 2 --bind-to none)
+MPI4=(timeout 300 mpirun -np 4 --bind-to none)
 
 # --- a small set of results: measured runs, an out-of-memory record, projected points ---
 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $R/ddp.h5 >"$tmp/out" 2>&1 || bad "ddp run"
@@ -35,6 +36,14 @@ done
 check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
+
+# --- Perfetto / chrome://tracing timelines: slices = HDF5 events per rank and lane, ordered;
+# a real 4-rank result (the demo's model and size) prints its conversion time ---
+"${MPI4[@]}" $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 \
+  --sharding hybrid --shard-size 2 --out $tmp/small4.h5 >"$tmp/out" 2>&1 || bad "fsdp t5-small 4-rank run"
+expect "to_perfetto: JSON per result matches its events, memory and warm-up steps" 0 'converted in' -- \
+  $PY $ROOT/tests/check_perfetto.py $tmp/small4.h5 $R/ddp.h5 $R/full.h5
+sed -n 's/^ok    small4.h5/      to_perfetto: small4.h5/p' "$tmp/out"
 
 # --- bad input ---
 mkdir -p $tmp/empty $tmp/mixed
