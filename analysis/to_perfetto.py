@@ -19,7 +19,6 @@ replayed step's events; one without events is refused. Operation and phase names
 read from the file. Exit codes: 0 written; 2 bad input (unreadable file, no events,
 bad --steps), nothing written.
 """
-import argparse
 import json
 import os
 import sys
@@ -28,6 +27,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 from shardbench_h5 import CATEGORIES, load  # noqa: E402
 
 STEPS_TID = -1  # the per-rank "steps" track, above the lanes (tid = lane number)
@@ -227,12 +227,12 @@ def convert(path, steps=(None, None)):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(
-        prog="analysis/to_perfetto.py", description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="\n\n".join(__doc__.split("\n\n")[1:]), formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("result", help="a shardbench result (HDF5) from ddp_perf, fsdp_perf or analysis/project.py")
-    ap.add_argument("-o", "--out", help="the JSON file to write (default: RESULT with .json in place of .h5)")
-    ap.add_argument("--steps", default=":", help="steps to include, A:B inclusive, A:, :B or N; "
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("result", metavar="RESULT.h5",
+                    help="a shardbench result (HDF5) from ddp_perf, fsdp_perf or analysis/project.py")
+    ap.add_argument("-o", "--out", metavar="OUT.json",
+                    help="the JSON file to write (default: RESULT with .json in place of .h5)")
+    ap.add_argument("--steps", default=":", metavar="A:B", help="steps to include, A:B inclusive, A:, :B or N; "
                     "0 is the set-up, warm-up steps come first (default: all, ':')")
     a = ap.parse_args(argv)
     out = a.out or (a.result[:-3] if a.result.endswith(".h5") else a.result) + ".json"

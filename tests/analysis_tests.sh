@@ -37,6 +37,10 @@ check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
 
+# --- one command-line convention: every analysis script's --help documents every argument ---
+expect "analysis scripts: --help exits 0, whole descriptions, every argument documented" 0 \
+  'analysis scripts follow the convention' -- $PY $ROOT/tests/check_cli.py
+
 # --- Perfetto / chrome://tracing timelines: slices = HDF5 events per rank and lane, ordered;
 # a real 4-rank result (the demo's model and size) prints its conversion time ---
 "${MPI4[@]}" $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 \
