@@ -145,7 +145,7 @@ def plot_vs_model(runs, out):
                         color=color(label))
     ax.set_xscale("log")
     return finish_tflops(fig, ax, out, "tflops_vs_model", "model parameters",
-                         "Throughput against model size (x: out of memory; bars: step spread)", 7, runs)
+                         "Throughput against model size (x: out of memory; bars: steps)", 7, runs)
 
 
 def plot_vs_gpus(runs, out):
