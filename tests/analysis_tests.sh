@@ -46,7 +46,7 @@ expect "analysis scripts: --help exits 0, whole descriptions, every argument doc
 "${MPI4[@]}" $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 \
   --sharding hybrid --shard-size 2 --out $tmp/small4.h5 >"$tmp/out" 2>&1 || bad "fsdp t5-small 4-rank run"
 expect "to_perfetto: JSON per result matches its events, memory and warm-up steps" 0 'converted in' -- \
-  $PY $ROOT/tests/check_perfetto.py $tmp/small4.h5 $R/ddp.h5 $R/full.h5
+  $PY $ROOT/tests/check_perfetto.py $tmp/small4.h5 $R/ddp.h5 $R/full.h5 $R/projected/t5-611m-fsdp-hybrid8-g64-b8-s512.h5
 sed -n 's/^ok    small4.h5/      to_perfetto: small4.h5/p' "$tmp/out"
 
 # --- bad input ---
