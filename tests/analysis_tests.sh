@@ -28,11 +28,17 @@ print("ok")
 PYEOF
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
-for f in tflops_vs_model tflops_vs_gpus memory timeline; do
+for f in tflops_vs_model tflops_vs_gpus memory comparison timeline-ddp timeline-full; do
   check "report: $f.png is a PNG and $f.svg exists" \
     bash -c "head -c 8 $tmp/report/$f.png | od -An -c | grep -q 'P   N   G' && test -s $tmp/report/$f.svg"
   check "report: index.html shows $f" grep -q "src=\"$f.png\"" $tmp/report/index.html
 done
+check "report: each timeline links its Perfetto trace, which parses" bash -c "grep -q 'href=\"full.trace.json\"' \
+  $tmp/report/index.html && $PY -c 'import json, sys; assert json.load(open(sys.argv[1]))[\"traceEvents\"]' \
+  $tmp/report/full.trace.json"
+check "report: warnings of the runs (here: too few timed steps)" grep -q 'only 2 timed step(s)' $tmp/report/index.html
+check "report: labels say CPU rank, never GPU, for CPU runs" \
+  bash -c "grep -q '<td>CPU rank</td>' $tmp/report/index.html && ! grep -q 'TFLOPS/GPU' $tmp/report/index.html"
 check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
