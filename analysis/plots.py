@@ -201,7 +201,9 @@ def plot_timeline(run, out, name="timeline"):
     step = int(e["step"].max())
     e = e[e["step"] == step]
     ranks = sorted(e["rank"].unique())[:4]
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.9 * len(ranks)))
+    lanes = e[e["rank"].isin(ranks)].groupby("rank")["lane"].nunique().sum()
+    # A readable row per lane (labels at 8 pt), drawn at full size in the report.
+    fig, ax = plt.subplots(figsize=(13, 1.6 + 0.28 * lanes))
     kinds = {"gemm": "tab:blue", "elementwise": "tab:cyan", "optimizer": "tab:purple", "copy": "tab:gray",
              "wait": "tab:red", "progress": "salmon", "all-gather": "tab:orange", "reduce-scatter": "tab:green",
              "all-reduce": "tab:olive"}
@@ -219,10 +221,12 @@ def plot_timeline(run, out, name="timeline"):
             y += 1
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=5, loc="upper right")
-    ax.set_yticks(yticks, ylabels, fontsize=7)
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, ncol=len(uniq), loc="lower left", bbox_to_anchor=(0, 1.0),
+              frameon=False)
+    ax.set_yticks(yticks, ylabels, fontsize=8)
+    ax.set_ylim(-0.2, y)
     ax.set_xlabel("ms since the step began")
-    ax.set_title(f"{run.meta['label']} {run.meta['model']} on {run.meta['world_size']} ranks: step {step}")
+    ax.set_title(f"{run.meta['label']} {run.meta['model']} on {run.meta['world_size']} ranks: step {step}", pad=22)
     fig.tight_layout()
     return save(fig, out, name)
 

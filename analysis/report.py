@@ -208,7 +208,7 @@ def main(argv=None):
 td,th{{border:1px solid #ccc;padding:3px 6px}} figure.fig{{display:inline-block;margin:1em;vertical-align:top}}
 figure.fig img{{max-width:100%}} figure.wide{{display:block;margin:1em 0}} figure.wide img{{max-width:none}}
 ul.warn li{{color:#8a4b00}}</style>
-</head><body><h1>shardbench report: {esc(os.path.abspath(a.results))}</h1>
+</head><body><h1>shardbench report: {esc(os.path.normpath(a.results))}</h1>
 <p>{len(runs)} results ({sum(1 for r in runs if r.meta.get('projected'))} projected).
 TFLOPS are model FLOPs (3 × forward matmul FLOPs) per {esc(device)}; step times are the slowest rank's.</p>
 <h2>Warnings</h2>{warn_html}

@@ -33,6 +33,6 @@ if [ "$got" != "$want" ]; then
   exit 1
 fi
 echo "ok    Chromium parsed and drew $(basename "$TRACE"): $got slices"
-browse 1600,1300 --screenshot="$OUT/timeline.png" "$page" >/dev/null
+browse 1600,920 --screenshot="$OUT/timeline.png" "$page" >/dev/null
 browse 1400,2400 --screenshot="$OUT/report.png" "file://$(cd "$REPORT" && pwd)/index.html" >/dev/null
 echo "ok    screenshots: $OUT/timeline.png, $OUT/report.png"
