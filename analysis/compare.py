@@ -49,8 +49,12 @@ def main(argv=None):
         several = len({(x["model"], x["world_size"]) for x in m}) > 1
         names = [x["label"] + (f"\n{x['model']} w{x['world_size']}" if several else "") for x in m]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
-        ax[0].bar(names, [x["median_step_time_s"] * 1e3 for x in m], color="tab:blue")
-        ax[0].set_ylabel("step time (ms), median")
+        # Whiskers from the fastest to the slowest timed step (slowest rank): the noise.
+        steps = [r.timed_steps.groupby("step")["time"].max() * 1e3 for r in runs]
+        med = [x["median_step_time_s"] * 1e3 for x in m]
+        ax[0].bar(names, med, color="tab:blue", capsize=5,
+                  yerr=[[v - s.min() for v, s in zip(med, steps)], [s.max() - v for v, s in zip(med, steps)]])
+        ax[0].set_ylabel("step time (ms): median, fastest–slowest step")
         ax[1].bar(names, [x["max_peak_memory_bytes"] / 2**20 for x in m], color="tab:orange", label="measured")
         ax[1].plot(names, [x["plan_peak_memory_bytes"] / 2**20 for x in m], "kx", label="plan")
         ax[1].set_ylabel("peak memory per rank (MiB)")
