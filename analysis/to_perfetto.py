@@ -5,8 +5,9 @@ Perfetto (ui.perfetto.dev, "Open trace file") and chrome://tracing ("Load") open
     analysis/to_perfetto.py results/demo/fsdp-full.h5                 # -> results/demo/fsdp-full.json
     analysis/to_perfetto.py run.h5 -o run.json --steps 2:3            # two steps only
 
-Layout: one process per rank; in it a "steps" track (one slice per step, warm-up steps
-named "step N (warm-up)"), the compute lane, and one thread per communication lane. Each
+Layout: one process per rank, named "rank R" (pid R + 1: Perfetto keeps 0 for the idle
+task); in it a "steps" track (one slice per step, warm-up steps named "step N (warm-up)"),
+the compute lane, and one thread per communication lane. Each
 operation is a slice named "<phase> · <unit> · <operation>" (for example
 "backward · decoder 2 · reduce-scatter") with its step, bytes and FLOPs as args, GEMMs
 with their shape (m×n×k, batch, transposes), collectives with their algorithm and bus
@@ -30,7 +31,17 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 from shardbench_h5 import CATEGORIES, load  # noqa: E402
 
-STEPS_TID = -1  # the per-rank "steps" track, above the lanes (tid = lane number)
+# Process and thread ids: Perfetto reserves pid/tid 0 (the idle task) and reads ids as
+# unsigned, so rank r is pid r + 1, its "steps" track tid 1 and lane l tid l + 2.
+STEPS_TID = 1
+
+
+def pid_of(rank):
+    return rank + 1
+
+
+def tid_of(lane):
+    return lane + 2
 
 
 class InputError(Exception):
@@ -113,17 +124,18 @@ def metadata_events(run, ranks, lanes_of, projected):
     suffix = f" (projected: {run.meta.get('cluster', '?')})" if projected else ""
     for rank in ranks:
         where = f" · {hosts[rank]}" if rank in hosts else ""
-        events.append({"ph": "M", "name": "process_name", "pid": rank,
+        pid = pid_of(rank)
+        events.append({"ph": "M", "name": "process_name", "pid": pid,
                        "args": {"name": f"rank {rank}{where}{suffix}"}})
-        events.append({"ph": "M", "name": "process_sort_index", "pid": rank, "args": {"sort_index": rank}})
-        events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": STEPS_TID, "args": {"name": "steps"}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": STEPS_TID,
-                       "args": {"sort_index": -1}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": rank}})
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": STEPS_TID, "args": {"name": "steps"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": STEPS_TID,
+                       "args": {"sort_index": STEPS_TID}})
         for lane in lanes_of[rank]:
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": lane,
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid_of(lane),
                            "args": {"name": lane_name(lane)}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": rank, "tid": lane,
-                           "args": {"sort_index": lane}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid_of(lane),
+                           "args": {"sort_index": tid_of(lane)}})
     return events
 
 
@@ -155,8 +167,8 @@ def operation_events(run, e):
             args["ranks"] = size
             args["algbw_GBps"] = round(algbw, 4)
             args["busbw_GBps"] = round(algbw * bus_factor(op, size), 4)
-        out.append({"ph": "X", "name": f"{phase} · {uname} · {op}", "cat": op, "pid": rank, "tid": lane,
-                    "ts": ts, "dur": dur, "args": args})
+        out.append({"ph": "X", "name": f"{phase} · {uname} · {op}", "cat": op, "pid": pid_of(rank),
+                    "tid": tid_of(lane), "ts": ts, "dur": dur, "args": args})
     return out
 
 
@@ -179,7 +191,7 @@ def step_events(run, e, steps_table):
                          "model_tflops": row.model_tflops, "loss_scale": row.loss_scale,
                          "skipped": int(row.skipped)})
         ts = float(us(start))
-        out.append({"ph": "X", "name": name, "cat": "warm-up" if warm else "step", "pid": int(rank),
+        out.append({"ph": "X", "name": name, "cat": "warm-up" if warm else "step", "pid": pid_of(int(rank)),
                     "tid": STEPS_TID, "ts": ts, "dur": round(float(us(end)) - ts, 3), "args": args})
     return out
 
@@ -190,7 +202,7 @@ def memory_events(mem):
         return []
     mem = mem.sort_values(["rank", "time"], kind="stable")
     cols = [np.round(mem[c].to_numpy() / 2**20, 4).tolist() for c in CATEGORIES]
-    return [{"ph": "C", "name": "memory (MiB)", "pid": rank, "ts": t, "args": dict(zip(CATEGORIES, vals))}
+    return [{"ph": "C", "name": "memory (MiB)", "pid": pid_of(rank), "ts": t, "args": dict(zip(CATEGORIES, vals))}
             for rank, t, *vals in zip(mem["rank"].tolist(), us(mem["time"]).tolist(), *cols)]
 
 

@@ -21,8 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "..", "analysis", "to_perfetto.py")
 sys.path.insert(0, os.path.join(HERE, "..", "analysis"))
 from shardbench_h5 import load  # noqa: E402
-
-STEPS_TID = -1
+from to_perfetto import STEPS_TID, pid_of, tid_of  # noqa: E402
 
 
 def convert(path, out, *extra):
@@ -43,7 +42,8 @@ def slices(trace):
 
 
 def check_counts(run, trace, events):
-    want = collections.Counter(zip(events["rank"].tolist(), events["lane"].tolist()))
+    want = collections.Counter((pid_of(r), tid_of(lane)) for r, lane in zip(events["rank"].tolist(),
+                                                                             events["lane"].tolist()))
     got = collections.Counter((e["pid"], e["tid"]) for e in slices(trace))
     assert got == want, f"slices per (rank, lane) {dict(got)} != HDF5 events {dict(want)}"
 
@@ -67,9 +67,12 @@ def check_run(path, tmp):
     check_monotonic(trace)
     counters = [e for e in trace["traceEvents"] if e["ph"] == "C"]
     assert len(counters) == len(run.memory), f"{len(counters)} memory samples != {len(run.memory)} /memory rows"
+    meta = [e for e in trace["traceEvents"] if e["ph"] == "M"]
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert all(p > 0 and n.startswith(f"rank {p - pid_of(0)}") for p, n in procs.items()), f"processes {procs}"
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
     assert "compute" in names and "steps" in names, f"thread names {sorted(names)}"
-    marked = {(e["pid"], e["args"]["step"]) for e in trace["traceEvents"]
+    marked = {(e["pid"] - pid_of(0), e["args"]["step"]) for e in trace["traceEvents"]
               if e["ph"] == "X" and e["tid"] == STEPS_TID and "(warm-up)" in e["name"]}
     warm = run.steps[run.steps["warmup"] == 1] if len(run.steps) else None  # a projection has no /steps
     want = set(zip(warm["rank"].tolist(), warm["step"].tolist())) if warm is not None else set()
