@@ -90,6 +90,7 @@ test: all
 
 demo: deps all
 	@bash scripts/demo.sh
+	@echo "timelines for Perfetto (ui.perfetto.dev) or chrome://tracing: $${OUT:-results/demo}/report/*.trace.json"
 
 clean:
 	rm -rf $(BUILD)

@@ -1,21 +1,26 @@
 #!/usr/bin/python3
 """Strategy comparison of shardbench results: a table (step time relative to DDP, TFLOPS
-per rank, exposed communication, peak memory against the plan, final loss) and a bar plot.
+per rank, exposed communication, peak memory against the plan, final loss) and,
+optionally, a bar plot.
 
-Usage: analysis/compare.py RESULT.h5... [--plot OUT.png]
+    analysis/compare.py results/demo/ddp.h5 results/demo/fsdp-*.h5 --plot comparison.png
+
+Each run is compared with the DDP run of the same model, ranks, batch and sequence length
+("vs ddp" is its step time over DDP's). Exit codes: 0 printed; 1 a run did not complete.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 from shardbench_h5 import load  # noqa: E402
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+")
-    ap.add_argument("--plot", help="write a PNG bar chart of step time and peak memory")
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("files", nargs="+", metavar="RESULT.h5", help="completed training results (ddp_perf, fsdp_perf)")
+    ap.add_argument("--plot", metavar="OUT.png",
+                    help="also write a bar chart of step time and peak memory (default: no plot)")
     a = ap.parse_args(argv)
     runs = [load(p) for p in a.files]
     bad = [r.path for r in runs if r.meta["status"] != "ok"]
@@ -44,8 +49,12 @@ def main(argv=None):
         several = len({(x["model"], x["world_size"]) for x in m}) > 1
         names = [x["label"] + (f"\n{x['model']} w{x['world_size']}" if several else "") for x in m]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
-        ax[0].bar(names, [x["median_step_time_s"] * 1e3 for x in m], color="tab:blue")
-        ax[0].set_ylabel("step time (ms), median")
+        # Whiskers from the fastest to the slowest timed step (slowest rank): the noise.
+        steps = [r.timed_steps.groupby("step")["time"].max() * 1e3 for r in runs]
+        med = [x["median_step_time_s"] * 1e3 for x in m]
+        ax[0].bar(names, med, color="tab:blue", capsize=5,
+                  yerr=[[v - s.min() for v, s in zip(med, steps)], [s.max() - v for v, s in zip(med, steps)]])
+        ax[0].set_ylabel("step time (ms): median, fastest–slowest step")
         ax[1].bar(names, [x["max_peak_memory_bytes"] / 2**20 for x in m], color="tab:orange", label="measured")
         ax[1].plot(names, [x["plan_peak_memory_bytes"] / 2**20 for x in m], "kx", label="plan")
         ax[1].set_ylabel("peak memory per rank (MiB)")

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""The study's figures from shardbench results (measured and projected), as PNG and SVG:
+"""The study's figures from shardbench results (measured and projected), as PNG and SVG.
 
   tflops_vs_model   TFLOPS per GPU against model size, one series per strategy,
                     out-of-memory points marked (the paper's figure: DDP stops after 2.28B)
@@ -7,10 +7,12 @@
   memory            memory per rank by category, measured beside planned, per strategy
   timeline          one step of each rank: compute and communication lanes, showing overlap
 
-Usage: analysis/plots.py RESULT.h5|DIR... --out DIR
-Projected results (analysis/project.py) are drawn dashed with hollow markers.
+    analysis/plots.py results/sweep --out results/sweep/plots
+
+Projected results (analysis/project.py) are drawn dashed with hollow markers. Axes start
+at zero; error bars run from the slowest to the fastest timed step. Exit codes: 0 drawn;
+2 bad input (no results, mixed schema versions, no training results).
 """
-import argparse
 import glob
 import os
 import sys
@@ -21,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 from shardbench_h5 import CATEGORIES, load  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple"}
@@ -77,6 +80,36 @@ def tflops(r):
     return r.meta.get("median_model_tflops_per_rank", float("nan"))
 
 
+def device_word(runs):
+    """What one rank ran on, for labels: GPU (CUDA, or a projection over a GPU cluster),
+    CPU rank, or just rank when the runs mix them."""
+    def one(r):
+        b = r.meta.get("backend")
+        if b == "projection":
+            return "CPU rank" if "cpu" in str(r.meta.get("cluster", "")) else "GPU"
+        return "GPU" if b == "cuda" else "CPU rank"
+    kinds = {one(r) for r in runs}
+    return kinds.pop() if len(kinds) == 1 else "rank"
+
+
+def slowest_step_times(r):
+    """Timed steps' times of the slowest rank (what the medians are of); empty if projected."""
+    s = r.timed_steps
+    return s.groupby("step")["time"].max().to_numpy() if len(s) else np.array([])
+
+
+def tflops_yerr(rs):
+    """Error bars of the TFLOPS points: from the slowest to the fastest timed step."""
+    lo, hi = [], []
+    for r in rs:
+        t = slowest_step_times(r)
+        v = tflops(r)
+        f = r.meta.get("model_flops_per_step", 0) / 1e12
+        lo.append(max(0.0, v - f / t.max()) if len(t) else 0.0)
+        hi.append(max(0.0, f / t.min() - v) if len(t) else 0.0)
+    return [lo, hi]
+
+
 def series(runs, key):
     groups = {}
     for r in runs:
@@ -84,10 +117,12 @@ def series(runs, key):
     return groups
 
 
-def finish_tflops(fig, ax, out, name, xlabel, title, legend_size):
-    """Labels, legend and files of a TFLOPS-per-GPU figure."""
+def finish_tflops(fig, ax, out, name, xlabel, title, legend_size, runs):
+    """Labels, legend and files of a TFLOPS-per-rank figure: zero-based, so that bars of
+    noise are not read as differences."""
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("TFLOPS per GPU (model FLOPs)")
+    ax.set_ylabel(f"TFLOPS per {device_word(runs)} (model FLOPs)")
+    ax.set_ylim(bottom=0)
     ax.set_title(title)
     ax.legend(fontsize=legend_size)
     fig.tight_layout()
@@ -102,15 +137,15 @@ def plot_vs_model(runs, out):
         ok = [r for r in rs if r.meta["status"] == "ok"]
         oom = [r for r in rs if r.meta["status"] == "out-of-memory"]
         style = dict(color=color(label), ls="--" if proj else "-", marker="o", mfc="none" if proj else color(label))
-        ax.plot([r.meta["param_count"] for r in ok], [tflops(r) for r in ok],
-                label=f"{label} on {world}{' (projected)' if proj else ''}", **style)
+        ax.errorbar([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=3,
+                    label=f"{label} on {world}{' (projected)' if proj else ''}", **style)
         for r in oom:
             ax.plot(r.meta["param_count"], 0, marker="x", color=color(label), ms=10, mew=2)
             ax.annotate("OOM", (r.meta["param_count"], 0), textcoords="offset points", xytext=(4, 6), fontsize=7,
                         color=color(label))
     ax.set_xscale("log")
     return finish_tflops(fig, ax, out, "tflops_vs_model", "model parameters",
-                         "Throughput against model size (x: out of memory)", 7)
+                         "Throughput against model size (x: out of memory; bars: steps)", 7, runs)
 
 
 def plot_vs_gpus(runs, out):
@@ -120,11 +155,12 @@ def plot_vs_gpus(runs, out):
         rs = sorted([r for r in rs if r.meta["status"] == "ok"], key=lambda r: r.meta["world_size"])
         if not rs:
             continue
-        ax.plot([r.meta["world_size"] for r in rs], [tflops(r) for r in rs], color=color(label),
-                ls="--" if proj else "-", marker="s" if batch > 8 else "o", mfc="none" if proj else color(label),
-                label=f"{model} {label} b{batch}{' (projected)' if proj else ''}")
+        ax.errorbar([r.meta["world_size"] for r in rs], [tflops(r) for r in rs], yerr=tflops_yerr(rs), capsize=3,
+                    color=color(label), ls="--" if proj else "-", marker="s" if batch > 8 else "o",
+                    mfc="none" if proj else color(label),
+                    label=f"{model} {label} b{batch}{' (projected)' if proj else ''}")
     ax.set_xscale("log", base=2)
-    return finish_tflops(fig, ax, out, "tflops_vs_gpus", "GPUs (ranks)", "Scaling", 6)
+    return finish_tflops(fig, ax, out, "tflops_vs_gpus", f"{device_word(runs)}s", "Scaling", 6, runs)
 
 
 def measured_at_peak(r):
@@ -165,7 +201,9 @@ def plot_timeline(run, out, name="timeline"):
     step = int(e["step"].max())
     e = e[e["step"] == step]
     ranks = sorted(e["rank"].unique())[:4]
-    fig, ax = plt.subplots(figsize=(10, 0.9 + 0.9 * len(ranks)))
+    lanes = e[e["rank"].isin(ranks)].groupby("rank")["lane"].nunique().sum()
+    # A readable row per lane (labels at 8 pt), drawn at full size in the report.
+    fig, ax = plt.subplots(figsize=(13, 1.6 + 0.28 * lanes))
     kinds = {"gemm": "tab:blue", "elementwise": "tab:cyan", "optimizer": "tab:purple", "copy": "tab:gray",
              "wait": "tab:red", "progress": "salmon", "all-gather": "tab:orange", "reduce-scatter": "tab:green",
              "all-reduce": "tab:olive"}
@@ -183,10 +221,12 @@ def plot_timeline(run, out, name="timeline"):
             y += 1
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))
-    ax.legend(uniq.values(), uniq.keys(), fontsize=7, ncol=5, loc="upper right")
-    ax.set_yticks(yticks, ylabels, fontsize=7)
+    ax.legend(uniq.values(), uniq.keys(), fontsize=8, ncol=len(uniq), loc="lower left", bbox_to_anchor=(0, 1.0),
+              frameon=False)
+    ax.set_yticks(yticks, ylabels, fontsize=8)
+    ax.set_ylim(-0.2, y)
     ax.set_xlabel("ms since the step began")
-    ax.set_title(f"{run.meta['label']} {run.meta['model']} on {run.meta['world_size']} ranks: step {step}")
+    ax.set_title(f"{run.meta['label']} {run.meta['model']} on {run.meta['world_size']} ranks: step {step}", pad=22)
     fig.tight_layout()
     return save(fig, out, name)
 
@@ -204,9 +244,10 @@ def make_all(paths, out):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("results", nargs="+")
-    ap.add_argument("--out", required=True)
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("results", nargs="+", metavar="RESULT.h5|DIR",
+                    help="results (HDF5), or folders searched recursively for them")
+    ap.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG and SVG files (required)")
     a = ap.parse_args(argv)
     try:
         _, figs = make_all(a.results, a.out)

@@ -185,7 +185,8 @@ def groups(sched, cluster):
 
 
 def simulate(sched, cluster):
-    """Replays one step's schedule on a compute lane and two communication lanes."""
+    """Replays one step's schedule on a compute lane and two communication lanes; keeps
+    each operation's (op, phase, unit, lane, start, end, bytes, flops) for the timeline."""
     w = sched["world_size"]
     per_node = min(w, cluster["gpus_per_node"])
     slow = _oversubscription(cluster, per_node)
@@ -194,13 +195,16 @@ def simulate(sched, cluster):
     (g, g_nodes), (r, r_nodes) = groups(sched, cluster)
     t, lanes, done = 0.0, {"gather": 0.0, "reduce": 0.0}, {}
     compute = comm = exposed = 0.0
-    for op, _phase, _unit, nbytes, flops, req in sched["ops"]:
+    events = []
+    for op, phase, unit, nbytes, flops, req in sched["ops"]:
         if op == OP["gemm"]:
             d = flops / rate * (1 + cluster["nongemm_fraction"])
+            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
             t += d
             compute += d
         elif op in (OP["optimizer"], OP["copy"]):  # Adam; casts between precisions
             d = nbytes / mem_bw
+            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
             t += d
             compute += d
         elif op in (OP["all-gather"], OP["reduce-scatter"], OP["all-reduce"]):
@@ -212,12 +216,14 @@ def simulate(sched, cluster):
             lanes[lane] = start + d
             done[req] = start + d
             comm += d
+            events.append((op, phase, unit, 1 if lane == "gather" else 2, start, start + d, nbytes, flops))
         elif op == OP["wait"]:
             end = done.get(req, t)
             if end > t:
+                events.append((op, phase, unit, 0, t, end, 0, 0.0))
                 exposed += end - t
                 t = end
-    return {"time": t, "compute": compute, "communication": comm, "exposed": exposed}
+    return {"time": t, "compute": compute, "communication": comm, "exposed": exposed, "events": events}
 
 
 def plan_schedule(program_args, world, limit_gib, binary_dir):
@@ -247,8 +253,23 @@ def strategy_args(label, cluster, world):
                           "fsdp-grad-op)")
 
 
+def write_events(f, sched, events):
+    """The replayed step as /events (docs/trace-format.md): rank 0, step 1, lanes 0 compute,
+    1 all-gathers, 2 reductions; analysis/to_perfetto.py draws it."""
+    dtype = [("rank", "<i4"), ("step", "<i4"), ("phase", "<i4"), ("op", "<i4"), ("unit", "<i4"), ("lane", "<i4"),
+             ("start", "<f8"), ("end", "<f8"), ("bytes", "<i8"), ("flops", "<f8"), ("m", "<i4"), ("n", "<i4"),
+             ("k", "<i4"), ("batch", "<i4"), ("trans", "<i4")]
+    rows = np.zeros(len(events), dtype=dtype)
+    for i, (op, phase, unit, lane, start, end, nbytes, flops) in enumerate(events):
+        rows[i] = (0, 1, phase, op, unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0)
+    ds = f.create_dataset("events", data=rows)
+    ds.attrs["op_names"] = sched["op_names"]
+    ds.attrs["phase_names"] = sched["phase_names"]
+
+
 def write_result(path, sched, sim, cluster, args, label):
-    """The programs' HDF5 schema (docs/trace-format.md), flagged projected, without tables."""
+    """The programs' HDF5 schema (docs/trace-format.md), flagged projected: metadata, the plan
+    and, when it fits, the replayed step's /events (no /steps or /memory)."""
     mem = sched["memory"]
     fits = mem["fits"]
     with h5py.File(path + ".tmp", "w") as f:
@@ -285,6 +306,7 @@ def write_result(path, sched, sim, cluster, args, label):
             a["median_exposed_comm_s"] = sim["exposed"]
             a["max_peak_memory_bytes"] = mem["peak_total"]
             a["plan_peak_memory_bytes"] = mem["peak_total"]
+            write_events(f, sched, sim["events"])
         g = f.create_group("plan")
         g.attrs["peak_total"] = mem["peak_total"]
         g.attrs["limit"] = mem["limit"]

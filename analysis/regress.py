@@ -2,8 +2,7 @@
 """Interconnect regression check: compare collective_perf results, per operation, size and
 placement, using every iteration's time.
 
-Usage: analysis/regress.py BASELINE CURRENT [--threshold 0.05] [--alpha 0.01]
-                           [--method rank-sum|bootstrap] [--report-dir DIR]
+    analysis/regress.py runs/baselines/CLUSTER/ results/collectives-today.h5 --report-dir regress-report
 
 BASELINE and CURRENT are collective_perf HDF5 files or directories of them. For each
 (operation, in/out-of-place, size) the time of an iteration is the slowest rank's (a
@@ -14,13 +13,15 @@ bound of a (1 − alpha) bootstrap confidence interval of the median slowdown is
 Prints a table, writes DIR/report.md and DIR/report.png, and exits 1 on any regression,
 0 otherwise, 2 when the inputs cannot be compared (nothing is written then).
 """
-import argparse
 import math
 import os
 import sys
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 
 
 class InputError(Exception):
@@ -132,13 +133,17 @@ def compare(base, cur, args):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("baseline")
-    ap.add_argument("current")
-    ap.add_argument("--threshold", type=float, default=0.05, help="relative slowdown that counts (default 0.05)")
-    ap.add_argument("--alpha", type=float, default=0.01, help="significance level (default 0.01)")
-    ap.add_argument("--method", choices=["rank-sum", "bootstrap"], default="rank-sum")
-    ap.add_argument("--report-dir", default="regress-report", help="where report.md and report.png go")
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("baseline", metavar="BASELINE", help="collective_perf result (HDF5), or a folder of them")
+    ap.add_argument("current", metavar="CURRENT", help="collective_perf result (HDF5), or a folder of them")
+    ap.add_argument("--threshold", type=float, default=0.05, metavar="FRACTION",
+                    help="relative slowdown of the median that counts (default: 0.05)")
+    ap.add_argument("--alpha", type=float, default=0.01, help="significance level (default: 0.01)")
+    ap.add_argument("--method", choices=["rank-sum", "bootstrap"], default="rank-sum",
+                    help="significance test: one-sided Mann-Whitney rank-sum, or a bootstrap confidence "
+                         "interval of the median slowdown (default: rank-sum)")
+    ap.add_argument("--report-dir", default="regress-report", metavar="DIR",
+                    help="where report.md and report.png go (default: regress-report)")
     a = ap.parse_args(argv)
     if not 0 < a.alpha < 1 or a.threshold < 0:
         print("regress: --alpha must be in (0, 1) and --threshold >= 0", file=sys.stderr)

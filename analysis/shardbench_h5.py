@@ -46,7 +46,7 @@ class Run:
             version = self.meta.get("schema_version")
             if version != SCHEMA_VERSION:
                 raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
-            # A projected result (analysis/project.py) has metadata and the plan, no tables.
+            # A projected result (analysis/project.py) has metadata, the plan and at most /events.
             projected = bool(self.meta.get("projected"))
             table = lambda name: _table(f[name]) if name in f or not projected else pd.DataFrame()  # noqa: E731
             self.provenance = _attrs(f["provenance"])

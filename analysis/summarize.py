@@ -2,13 +2,16 @@
 """One row per shardbench result: program, strategy, model, ranks, step time, TFLOPS per
 rank, peak memory, status.
 
-Usage: analysis/summarize.py results/*.h5 [--csv OUT.csv]
+    analysis/summarize.py results/*.h5 --csv summary.csv
+
+Out-of-memory records show their planned peak and no times. Exit codes: 0 printed;
+1 a file is not a readable shardbench result.
 """
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 from shardbench_h5 import load  # noqa: E402
 
 
@@ -31,9 +34,9 @@ def row(run):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("files", nargs="+")
-    ap.add_argument("--csv", help="also write the table as CSV")
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("files", nargs="+", metavar="RESULT.h5", help="shardbench results (HDF5), any status")
+    ap.add_argument("--csv", metavar="OUT.csv", help="also write the table as CSV (default: print only)")
     a = ap.parse_args(argv)
     rows = []
     for path in a.files:

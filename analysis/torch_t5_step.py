@@ -12,7 +12,7 @@ unless SB_CUDA_TF32=1); --dtype bf16 runs forward and loss under bf16 autocast.
 Prints one line per step (LOSS step=.. loss=.. ms=..) and a summary for machines:
   TORCH step_ms=412.345 tflops=12.3456 dtype=fp32 ... (median over the timed steps)
 TFLOPS use shardbench's formula (include/shardbench/model.h): 3 × forward matmul FLOPs,
-attention scores/context and LM head included; with --checkpointing the hardware figure
+attention scores/context and LM head included; with --activation-checkpointing the hardware figure
 (hw_tflops) adds the recomputed block forwards.
 
 --init shardbench reproduces shardbench's initial weights and tokens exactly (the same
@@ -22,11 +22,14 @@ counter-based hash, src/model/data.cpp), so on the CPU
 prints the losses that `ddp_perf --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8`
 prints on one rank (to about 1e-6).
 """
-import argparse
 import math
+import os
 import statistics
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 
 try:
     import numpy as np
@@ -45,28 +48,30 @@ NORM_EPS = 1e-6  # T5LayerNorm variance_epsilon
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="t5-11.3b", choices=sorted(PRESETS), help="preset (default t5-11.3b)")
+    p = cli.parser(__doc__, __file__)
+    p.add_argument("--model", default="t5-11.3b", choices=sorted(PRESETS), help="preset (default: t5-11.3b)")
     for flag in ("d-model", "d-ff", "layers", "heads", "d-kv", "vocab"):
-        p.add_argument("--" + flag, type=int, help="override the preset's " + flag.replace("-", "_"))
-    p.add_argument("--num-buckets", type=int, default=32)
-    p.add_argument("--max-distance", type=int, default=128)
-    p.add_argument("--batch", type=int, default=8, help="sequences per step (default 8)")
-    p.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default 512)")
+        p.add_argument("--" + flag, type=int,
+                       help=f"override the preset's {flag.replace('-', '_')} (default: the preset's)")
+    p.add_argument("--num-buckets", type=int, default=32, help="relative-attention buckets (default: 32)")
+    p.add_argument("--max-distance", type=int, default=128, help="relative-attention max distance (default: 128)")
+    p.add_argument("--batch", type=int, default=8, help="sequences per step (default: 8)")
+    p.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default: 512)")
     p.add_argument("--dec-seq-len", type=int, help="decoder tokens per sequence (default: --seq-len)")
-    p.add_argument("--steps", type=int, default=5, help="timed steps (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast forward")
+    p.add_argument("--steps", type=int, default=5, help="timed steps (default: 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first (default: 2)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                   help="fp32, or bf16: forward and loss under bf16 autocast (default: fp32)")
     p.add_argument("--tf32", action="store_true", help="allow TF32 in fp32 matmuls (SB_CUDA_TF32=1 equivalent)")
-    p.add_argument("--checkpointing", action="store_true", help="recompute each block in backward")
+    p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
     p.add_argument("--sdpa", action="store_true",
                    help="attention through F.scaled_dot_product_attention (fused kernels) instead of matmuls")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--lr", type=float, default=1e-3, help="Adam learning rate (default: 0.001)")
+    p.add_argument("--seed", type=int, default=1234, help="seed of weights and tokens (default: 1234)")
     p.add_argument("--init", default="random", choices=["random", "shardbench"],
-                   help="shardbench: bit-identical initial weights and tokens to shardbench's")
-    p.add_argument("--device", default="cuda", help="cuda (default) or cpu (a smoke test)")
+                   help="random, or shardbench: bit-identical initial weights and tokens to shardbench's "
+                        "(default: random)")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (a smoke test) (default: cuda)")
     a = p.parse_args(argv)
     d, ff, layers, heads, dkv, vocab = PRESETS[a.model]
     a.d_model = a.d_model or d
@@ -254,7 +259,7 @@ class T5:
         table = self.p[f"{stack}.0.rel_bias"]
         bias = table[self.buckets[stack == "decoder"]].permute(2, 0, 1)  # [H, T, T]
         for l in range(self.a.layers):
-            if self.a.checkpointing:
+            if self.a.activation_checkpointing:
                 x = self.torch.utils.checkpoint.checkpoint(self.block, stack, l, x, bias, enc_out,
                                                            use_reentrant=False)
             else:
@@ -298,10 +303,11 @@ def main(argv):
     opt = torch.optim.Adam(params.values(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, **adam_kw)
     model_flops, block_flops = forward_flops(a)
     model_flops *= 3
-    hw_flops = model_flops + (block_flops if a.checkpointing else 0)
+    hw_flops = model_flops + (block_flops if a.activation_checkpointing else 0)
     n_params = sum(p.numel() for p in params.values())
     print(f"# torch {torch.__version__} device {torch.cuda.get_device_name(device) if cuda else 'cpu'} "
-          f"params {n_params:,} dtype {a.dtype} tf32 {a.tf32} checkpointing {a.checkpointing} sdpa {a.sdpa}",
+          f"params {n_params:,} dtype {a.dtype} tf32 {a.tf32} activation checkpointing "
+          f"{a.activation_checkpointing} sdpa {a.sdpa}",
           flush=True)
 
     times, losses = [], []
@@ -325,7 +331,8 @@ def main(argv):
     t = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
     print(f"TORCH step_ms={t * 1e3:.3f} tflops={model_flops / t / 1e12:.4f} hw_tflops={hw_flops / t / 1e12:.4f} "
-          f"dtype={a.dtype} tf32={int(a.tf32)} checkpointing={int(a.checkpointing)} sdpa={int(a.sdpa)} "
+          f"dtype={a.dtype} tf32={int(a.tf32)} activation_checkpointing={int(a.activation_checkpointing)} "
+          f"sdpa={int(a.sdpa)} "
           f"d_model={a.d_model} d_ff={a.d_ff} layers={a.layers} heads={a.heads} d_kv={a.d_kv} vocab={a.vocab} "
           f"batch={a.batch} seq={a.seq_len} dec_seq={a.dec_seq_len} params={n_params} "
           f"peak_mem_gib={peak:.2f} loss={losses[-1]:.6f}", flush=True)

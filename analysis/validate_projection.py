@@ -1,15 +1,19 @@
 #!/usr/bin/python3
 """Projection against measurement: pairs measured and projected results of the same
-configuration (strategy, model, ranks, batch, sequence) and prints the error of the
-projected step time. Usage: validate_projection.py --measured DIR_OR_FILES... --projected DIR
-[--max-error 0.35]: exit 1 when a pair's |error| exceeds --max-error.
+configuration (strategy, model, ranks, batch, sequence length) and prints the error of
+the projected step time.
+
+    analysis/validate_projection.py --measured val/measured --projected val/projected --max-error 0.35
+
+scripts/validate-projection.sh measures, calibrates and projects, then runs this.
+Exit codes: 0 compared; 1 a pair's |error| exceeds --max-error; 2 no pair.
 """
-import argparse
 import glob
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 import h5py  # noqa: E402
 
 
@@ -31,10 +35,13 @@ def key(m):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--measured", nargs="+", required=True)
-    ap.add_argument("--projected", nargs="+", required=True)
-    ap.add_argument("--max-error", type=float, default=None)
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("--measured", nargs="+", required=True, metavar="DIR|RESULT.h5",
+                    help="measured results, or folders of them (required)")
+    ap.add_argument("--projected", nargs="+", required=True, metavar="DIR|RESULT.h5",
+                    help="projected results (analysis/project.py), or folders of them (required)")
+    ap.add_argument("--max-error", type=float, default=None, metavar="FRACTION",
+                    help="fail (exit 1) when a pair's |projected/measured − 1| exceeds this (default: report only)")
     a = ap.parse_args(argv)
     measured = {key(m): m for m in map(attrs, files(a.measured)) if m.get("status") == "ok" and not m.get("projected")}
     projected = {key(m): m for m in map(attrs, files(a.projected)) if m.get("projected")}

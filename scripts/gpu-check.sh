@@ -160,7 +160,7 @@ for dt in bf16 fp32; do
   done
 done
 TORCH_ARGS=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ --steps "$STEPS" --warmup "$WARMUP")
-[ -n "$CKPT" ] && TORCH_ARGS+=(--checkpointing)
+[ -n "$CKPT" ] && TORCH_ARGS+=(--activation-checkpointing)
 [ "${SB_CUDA_TF32:-}" = 1 ] && TORCH_ARGS+=(--tf32)
 if "$PYTHON" -c "import torch, numpy; assert torch.cuda.is_available()" > "$OUT/torch-probe.log" 2>&1; then
   for dt in fp32 bf16; do

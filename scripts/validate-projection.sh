@@ -24,16 +24,16 @@ for np in $RANKS; do
   run "$np" calibration ddp build/bin/ddp_perf
   mpirun -np "$np" --oversubscribe --bind-to none build/bin/collective_perf --ops all-reduce,all-gather,reduce-scatter \
     -b 64K -e 16M -f 4 -n 10 -w 2 --out "$OUT/calibration/coll-w$np.h5" --overwrite >/dev/null
-  run "$np" measured full build/bin/fsdp_perf --sharding full
-  run "$np" measured none build/bin/fsdp_perf --sharding none
+  run "$np" measured fsdp-full build/bin/fsdp_perf --sharding full
+  run "$np" measured fsdp-none build/bin/fsdp_perf --sharding none
   strategies=fsdp-full,fsdp-none
-  if [ "$np" -ge 4 ]; then run "$np" measured hybrid build/bin/fsdp_perf --sharding hybrid --shard-size 2; fi
+  if [ "$np" -ge 4 ]; then run "$np" measured fsdp-hybrid2 build/bin/fsdp_perf --sharding hybrid --shard-size 2; fi
   if [ "$np" -ge 4 ]; then strategies=$strategies,fsdp-hybrid2; fi
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies $strategies \
     --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/calibration/ddp-w$np.h5" \
     --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies ddp \
-    --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/measured/none-w$np.h5" \
+    --gpus "$np" --batch "${BATCH:-2}" --seq "${SEQ:-64}" --calibrate-run "$OUT/measured/fsdp-none-w$np.h5" \
     --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
   cp "$OUT/calibration/ddp-w$np.h5" "$OUT/measured/ddp-w$np.h5"
 done

@@ -9,6 +9,7 @@ R=$tmp/results
 mkdir -p $R
 TINY=(--model t5-tiny --batch 2 --seq-len 16 --steps 2 --warmup 1)
 MPI2=(timeout 300 mpirun -np 2 --bind-to none)
+MPI4=(timeout 300 mpirun -np 4 --bind-to none)
 
 # --- a small set of results: measured runs, an out-of-memory record, projected points ---
 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $R/ddp.h5 >"$tmp/out" 2>&1 || bad "ddp run"
@@ -27,14 +28,32 @@ print("ok")
 PYEOF
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
-for f in tflops_vs_model tflops_vs_gpus memory timeline; do
+for f in tflops_vs_model tflops_vs_gpus memory comparison timeline-ddp timeline-full; do
   check "report: $f.png is a PNG and $f.svg exists" \
     bash -c "head -c 8 $tmp/report/$f.png | od -An -c | grep -q 'P   N   G' && test -s $tmp/report/$f.svg"
   check "report: index.html shows $f" grep -q "src=\"$f.png\"" $tmp/report/index.html
 done
+check "report: each timeline links its Perfetto trace, which parses" bash -c "grep -q 'href=\"full.trace.json\"' \
+  $tmp/report/index.html && $PY -c 'import json, sys; assert json.load(open(sys.argv[1]))[\"traceEvents\"]' \
+  $tmp/report/full.trace.json"
+check "report: warnings of the runs (here: too few timed steps)" grep -q 'only 2 timed step(s)' $tmp/report/index.html
+check "report: labels say CPU rank, never GPU, for CPU runs" \
+  bash -c "grep -q '<td>CPU rank</td>' $tmp/report/index.html && ! grep -q 'TFLOPS/GPU' $tmp/report/index.html"
 check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
+
+# --- one command-line convention: every analysis script's --help documents every argument ---
+expect "analysis scripts: --help exits 0, whole descriptions, every argument documented" 0 \
+  'analysis scripts follow the convention' -- $PY $ROOT/tests/check_cli.py
+
+# --- Perfetto / chrome://tracing timelines: slices = HDF5 events per rank and lane, ordered;
+# a real 4-rank result (the demo's model and size) prints its conversion time ---
+"${MPI4[@]}" $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 \
+  --sharding hybrid --shard-size 2 --out $tmp/small4.h5 >"$tmp/out" 2>&1 || bad "fsdp t5-small 4-rank run"
+expect "to_perfetto: JSON per result matches its events, memory and warm-up steps" 0 'converted in' -- \
+  $PY $ROOT/tests/check_perfetto.py $tmp/small4.h5 $R/ddp.h5 $R/full.h5 $R/projected/t5-611m-fsdp-hybrid8-g64-b8-s512.h5
+sed -n 's/^ok    small4.h5/      to_perfetto: small4.h5/p' "$tmp/out"
 
 # --- bad input ---
 mkdir -p $tmp/empty $tmp/mixed

@@ -420,9 +420,15 @@ int run(const RunConfig& cfg, int rank, int world) {
       100 * med(&GlobalStep::overhead) / t);
   // With more ranks than cores the replay (all ranks at once) competes for cores unlike the
   // step (ranks alternate compute and waits): the ratio then says nothing about the harness.
-  const bool oversubscribed = local_ranks() > int(std::thread::hardware_concurrency());
+  const int cores = int(std::thread::hardware_concurrency());
+  const bool oversubscribed = local_ranks() > cores;
   out("  GEMM rate in step    %.1f%% of the same GEMM shapes replayed outside the step (worst rank)%s\n",
       100 * rate_min, oversubscribed ? "; ranks > cores: not meaningful" : "");
+  // The console's warnings, kept with the result so that reports built from it show them.
+  const std::string warnings =
+      oversubscribed ? std::to_string(local_ranks()) + " ranks on " + std::to_string(cores) +
+                           " cores (ranks > cores): ranks share cores; the GEMM rate against its replay is not meaningful"
+                     : "";
   out("  peak memory / rank   %s accounted = %.2f%% of the plan (%s); resident-set growth %s = %.1f%%\n",
       human_bytes(double(measured)).c_str(), 100.0 * double(measured) / double(plan.peak_total),
       human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(rss)).c_str(),
@@ -456,6 +462,7 @@ int run(const RunConfig& cfg, int rank, int world) {
       Attr::integer("plan_peak_memory_bytes", plan.peak_total),
       Attr::integer("rss_growth_bytes", rss),
       Attr::num("final_loss", timed.back().loss),
+      Attr::str("warnings", warnings),
   };
   if (cfg.check) {
     double rel = 0;
