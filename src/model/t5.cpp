@@ -7,6 +7,9 @@
 //   backward: d_dec [N_d,d] and d_enc [N_e,d] hold d(loss)/d(hidden) and are updated in
 //             place stage by stage; d_enc_out [N_e,d] sums every decoder block's cross-attn
 //             K/V input gradient and is consumed by the Bridge backward.
+// Attention runs unfused (batched GEMMs around a softmax over a held [B, H, tq, tk]
+// tensor, the reference) or fused (Backend::attention_forward/backward, which read the
+// rel_bias table directly and save only each row's logsumexp); AttentionImpl picks.
 // Each stage owns what it allocates in forward (its output included) and frees it in its
 // backward; the output of stage s is read by stage s+1 in both directions, and s+1's
 // backward runs before s's, so the ownership is safe.

@@ -780,15 +780,18 @@ TEST_F(CudaVsCpu, FusedAttentionIsDeterministic) {
   expect_attention_close(a, p.reference(), 1e-5, "fp32 vs double reference");
 }
 
-// A T5 step with fused attention on the GPU against the unfused step on the CPU: the
-// whole-step tolerances above (fp32 step_tol(); bf16 1e-1 per unit, as the other bf16
-// steps), on shapes past one tile.
-TEST_F(CudaVsCpu, FusedT5StepMatchesCpuUnfused) {
+// A T5 step with fused attention on the GPU against the CPU, on shapes past one tile: in
+// fp32 against the unfused step (step_tol()); in bf16 against the CPU's fused step (1e-1
+// per unit, as the other bf16 steps: fused and unfused bf16 steps differ by up to 1.03e-1
+// max-relative per unit on the CPU, since they round different intermediates).
+TEST_F(CudaVsCpu, FusedT5StepMatchesCpu) {
   struct Case { const char* model; StepShape shape; bool ckpt; DType t; };
   for (const Case c : {Case{"t5-tiny", {2, 70, 67}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, true, DType::F32},
                        Case{"t5-small", {2, 32, 24}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, false, DType::BF16}}) {
     const ModelSpec spec = model_preset(c.model);
-    Model on_cpu(cpu(), spec, c.shape, c.ckpt, c.t), on_gpu(gpu(), spec, c.shape, c.ckpt, c.t, 1.f, AttentionImpl::Fused);
+    const AttentionImpl on_cpu_attention = c.t == DType::F32 ? AttentionImpl::Unfused : AttentionImpl::Fused;
+    Model on_cpu(cpu(), spec, c.shape, c.ckpt, c.t, 1.f, on_cpu_attention),
+        on_gpu(gpu(), spec, c.shape, c.ckpt, c.t, 1.f, AttentionImpl::Fused);
     const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
     const double tol = c.t == DType::F32 ? step_tol() : 1e-1;
     EXPECT_NEAR(l_gpu, l_cpu, (c.t == DType::F32 ? step_tol() : 1e-2) * std::fabs(l_cpu)) << c.model;
