@@ -1,4 +1,5 @@
-// CPU backend kernels against naive references, and memory accounting.
+// CPU backend kernels against naive references (the fused attention op against a
+// double-precision one), and memory accounting.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // T5 step: gradients against finite differences, checkpointing equivalence, exact FLOP
 // counts, activation accounting (no leaks, counting backend = CPU backend), loss scale at
-// initialisation and the relative-position buckets.
+// initialisation, the relative-position buckets, and fused attention against the unfused
+// path (loss, gradients, bf16, plan = peak, FLOPs, weights after Adam steps).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -278,34 +279,32 @@ TEST(T5Step, InitialLossIsAboutLogVocab) {
 // which pins down Hugging Face's _relative_position_bucket (32 buckets, max distance 128):
 //   encoder (bidirectional), |Δ| ≤ 39: keys before the query use 0..12, after it 17..28;
 //   decoder (causal), Δ = 0..19: 0..15 exact, 16..19 land in the log buckets 16, 17.
+// Both attention paths (the fused one builds its buckets per j - i).
 TEST(T5Step, RelativePositionBucketsMatchHuggingFace) {
-  auto b = make_backend("cpu");
-  const ModelSpec spec = model_preset("t5-tiny");
-  Harness h(*b, spec, StepShape{1, 40, 20}, false);
-  h.forward();
-  h.backward();
-  const auto g = h.all_grads();
-  std::set<int> enc_want, dec_want;
-  for (int k = 0; k <= 12; ++k) enc_want.insert(k);
-  for (int k = 17; k <= 28; ++k) enc_want.insert(k);
-  for (int k = 0; k <= 17; ++k) dec_want.insert(k);
-  const int L = int(spec.layers);
-  for (int stack = 0; stack < 2; ++stack) {
-    const int unit = stack == 0 ? 1 : 1 + L;
-    const TensorSpec& t = h.step->units()[unit].tensor("rel_bias");
-    std::set<int> used;
-    for (int row = 0; row < t.rows; ++row)
-      for (int c = 0; c < t.cols; ++c)
-        if (g[unit][t.offset + row * t.cols + c] != 0.f) used.insert(row);
-    EXPECT_EQ(used, stack == 0 ? enc_want : dec_want) << (stack == 0 ? "encoder" : "decoder");
+  for (AttentionImpl a : {AttentionImpl::Unfused, AttentionImpl::Fused}) {
+    auto b = make_backend("cpu");
+    const ModelSpec spec = model_preset("t5-tiny");
+    Harness h(*b, spec, StepShape{1, 40, 20}, false, DType::F32, 1.f, a);
+    h.forward();
+    h.backward();
+    const auto g = h.all_grads();
+    std::set<int> enc_want, dec_want;
+    for (int k = 0; k <= 12; ++k) enc_want.insert(k);
+    for (int k = 17; k <= 28; ++k) enc_want.insert(k);
+    for (int k = 0; k <= 17; ++k) dec_want.insert(k);
+    const int L = int(spec.layers);
+    for (int stack = 0; stack < 2; ++stack) {
+      const int unit = stack == 0 ? 1 : 1 + L;
+      const TensorSpec& t = h.step->units()[unit].tensor("rel_bias");
+      std::set<int> used;
+      for (int row = 0; row < t.rows; ++row)
+        for (int c = 0; c < t.cols; ++c)
+          if (g[unit][t.offset + row * t.cols + c] != 0.f) used.insert(row);
+      EXPECT_EQ(used, stack == 0 ? enc_want : dec_want)
+          << (stack == 0 ? "encoder" : "decoder") << " " << attention_impl_name(a);
+    }
   }
 }
-
-}  // namespace
-}  // namespace sb
-
-namespace sb {
-namespace {
 
 // ---- fused attention: the same model as the unfused path ----
 // Shapes: a tiny one (one partial tile) and one past the CPU's 64-row/64-key tiles with
