@@ -22,6 +22,15 @@ expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
 expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --prefetch none --activation-checkpointing --check
+# Fused attention (flash-attention style, the CUDA default): trains to the reference, and
+# its trace's measured peak equals the plan (check_trace.py below).
+expect "fsdp full, fused attention --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --attention fused --check --out $T/full-fused.h5
+expect "ddp bf16, fused attention, checkpointing --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --attention fused --dtype bf16 --activation-checkpointing --check \
+  --out $T/ddp-fused-bf16.h5
+expect "--attention takes fused or unfused" 2 "attention 'flash' is not allowed .allowed: fused, unfused." -- \
+  $BIN/ddp_perf --attention flash
 expect "ddp checkpointing --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --activation-checkpointing --check
 expect "fsdp hybrid 4 on 4 ranks (no replicas) --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 4 --check
@@ -64,7 +73,8 @@ expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' 
 
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
-  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5 \
+  $T/full-fused.h5 $T/ddp-fused-bf16.h5
 expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
 expect "the python check fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
 expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \

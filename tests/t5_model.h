@@ -36,9 +36,9 @@ struct T5Model {
   std::vector<Buf> params, grads;
 
   T5Model(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt, DType dtype = DType::F32,
-          float loss_scale_ = 1.f)
+          float loss_scale_ = 1.f, AttentionImpl attention = AttentionImpl::Unfused)
       : b(be), shape(x), grad_scale(1.f / float(x.batch * x.dec_len)), loss_scale(loss_scale_) {
-    step = std::make_unique<T5Step>(spec, b, dtype, x, ckpt, grad_scale * loss_scale);
+    step = std::make_unique<T5Step>(spec, b, dtype, x, ckpt, grad_scale * loss_scale, attention);
     const auto& units = step->units();
     for (size_t u = 0; u < units.size(); ++u) {
       float* master = b.alloc_floats(units[u].numel, MemCategory::Workspace);

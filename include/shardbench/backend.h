@@ -142,6 +142,46 @@ struct CollectiveArgs {
 OpKind collective_kind(Collective c);
 int64_t collective_bytes(const CollectiveArgs& a, int comm_size);
 
+// Fused T5 attention (flash-attention style), per (batch, head). q and o are [batch*tq, ld],
+// k and v [batch*tk, ld], ld = heads*d_kv, head h at columns h*d_kv..(h+1)*d_kv-1: the
+// projections' own layout, so no transposes. The position bias of query i and key j is
+// table[rel_buckets[j - i + tq - 1], h], table [num_buckets, heads] (the rel_bias
+// parameter), rel_buckets [tq + tk - 1] (the bucket depends on j - i only); a null table
+// means no bias (cross-attention). Causal masks keys j > i. No 1/sqrt(d_kv) scaling (T5).
+struct AttentionShape {
+  int batch = 0, heads = 0, tq = 0, tk = 0, d_kv = 0;
+  int num_buckets = 0;  // rows of the bias table
+  bool causal = false;
+  int64_t ld() const { return int64_t(heads) * d_kv; }
+};
+// The bias-table gradient is reduced deterministically (no order-dependent atomics): the
+// backward splits the keys into chunks of kAttentionKeyChunk; the pass over chunk c of
+// (batch b, head h) sums dS along each diagonal (fixed j - i) over the queries in
+// ascending order into its own slot partial[b][h][c][tq + chunk - 1]; a second pass sums
+// the slots per (head, j - i) over b then c, and a third adds each j - i into its
+// bucket's row in ascending j - i. Every backend reduces in this order.
+constexpr int kAttentionKeyChunk = 64;
+// fp32 elements of attention_backward's workspace: the rows' Σ dO⊙O [batch*heads*tq], and
+// with a bias table the partial slots and the per-(head, j - i) sums.
+inline int64_t attention_workspace_floats(const AttentionShape& s, bool with_bias) {
+  const int64_t rows = int64_t(s.batch) * s.heads * s.tq;
+  if (!with_bias) return rows;
+  const int64_t chunks = (s.tk + kAttentionKeyChunk - 1) / kAttentionKeyChunk;
+  return rows + int64_t(s.batch) * s.heads * chunks * (s.tq + kAttentionKeyChunk - 1) +
+         int64_t(s.heads) * (s.tq + s.tk - 1);
+}
+// Matmul FLOPs the fused op stands for (the unfused path's GEMMs: Q·K^T and P·V forward,
+// twice that backward), so MFU counts the same work whichever path runs.
+inline double attention_flops(const AttentionShape& s, bool backward) {
+  return (backward ? 8.0 : 4.0) * s.batch * s.heads * double(s.tq) * s.tk * s.d_kv;
+}
+// The fused op is recorded as a GEMM of this shape (m, n, k, batch, transposes): the
+// unfused GEMMs it replaces, batched (2·B·H forward, 4·B·H backward), so the trace's GEMM
+// time and FLOPs and the plan's schedule include it.
+inline std::array<int32_t, 5> attention_gemm_shape(const AttentionShape& s, bool backward) {
+  return {s.tq, s.tk, s.d_kv, (backward ? 4 : 2) * s.batch * s.heads, 0};
+}
+
 struct AdamConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float grad_unscale = 1.f;  // gradients are multiplied by this first (1 / the loss scale)
@@ -219,6 +259,19 @@ class Backend {
   // (may be null) += Σ_b dS.
   virtual void softmax_backward(Buf dscores, CBuf probs, Buf dbias, int batch, int heads, int tq,
                                 int tk) = 0;
+  // Fused attention forward: o = softmax(q k^T + bias, mask) v per (batch, head) with an
+  // online softmax over key tiles (fp32 accumulation; no tq×tk tensor beyond one tile);
+  // lse [batch, heads, tq] (fp32) = each row's logsumexp, saved for the backward.
+  virtual void attention_forward(Buf o, float* lse, CBuf q, CBuf k, CBuf v, CBuf table,
+                                 const int* rel_buckets, const AttentionShape& s) = 0;
+  // Fused attention backward: recomputes P from q, k, the table and lse; writes dq, dk, dv
+  // and, with a table, adds d/d(table) into dtable (deterministically, see
+  // kAttentionKeyChunk). o is the forward's output; workspace holds
+  // attention_workspace_floats(s, table) fp32 elements (contents undefined on entry).
+  virtual void attention_backward(Buf dq, Buf dk, Buf dv, Buf dtable, CBuf dout, CBuf q, CBuf k,
+                                  CBuf v, CBuf o, const float* lse, CBuf table,
+                                  const int* rel_buckets, float* workspace,
+                                  const AttentionShape& s) = 0;
   // Fused softmax cross-entropy: losses[i] = -log softmax(logits[i])[labels[i]]; logits are
   // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
   virtual void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,

@@ -31,6 +31,7 @@ struct StrategyConfig {
   Prefetch prefetch = Prefetch::BackwardPre;
   bool forward_prefetch = false;
   bool checkpointing = false;
+  AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
   // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
   // parameters and Adam state; parameters gathered and computed in param_dtype (so are
   // activations and gradients); gradients reduced in reduce_dtype.

@@ -16,12 +16,20 @@
 // gradients are complete after the backward of EncoderEmbed (the last one).
 #pragma once
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "shardbench/backend.h"
 #include "shardbench/model.h"
 
 namespace sb {
+
+// How attention runs: the reference path (batched GEMMs around a softmax over a held
+// [B, H, tq, tk] tensor) or the fused op (Backend::attention_forward/backward: online
+// softmax over tiles, the position bias read from the table inside, nothing tq×tk held).
+enum class AttentionImpl { Unfused, Fused };
+const char* attention_impl_name(AttentionImpl a);          // "unfused", "fused"
+AttentionImpl parse_attention_impl(const std::string& s);  // throws UsageError
 
 struct Stage {
   enum Kind { EncoderEmbed, EncoderBlock, Bridge, DecoderBlock, Head } kind;
@@ -53,7 +61,7 @@ class T5Step {
   // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
   // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
   T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-         bool checkpointing, float grad_scale);
+         bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused);
   ~T5Step();
   T5Step(const T5Step&) = delete;
   T5Step& operator=(const T5Step&) = delete;
@@ -62,6 +70,7 @@ class T5Step {
   const std::vector<UnitSpec>& units() const;
   const std::vector<Stage>& stages() const;  // forward order
   DType dtype() const;
+  AttentionImpl attention() const;
 
   // Uploads this step's tokens (sizes must match the shape).
   void set_tokens(const Tokens& t);

@@ -67,6 +67,15 @@ class CountingBackend final : public Backend {
   void position_bias_backward(Buf, CBuf, const int*, int, int, int) override {}
   void softmax_forward(Buf, CBuf, bool, int, int, int, int) override {}
   void softmax_backward(Buf, CBuf, Buf, int, int, int, int) override {}
+  // Counted as the GEMMs they stand for (attention_gemm_shape), so the plan's FLOPs and
+  // schedule are those of the unfused path.
+  void attention_forward(Buf, float*, CBuf, CBuf, CBuf, CBuf, const int*, const AttentionShape& s) override {
+    count_attention(s, false);
+  }
+  void attention_backward(Buf, Buf, Buf, Buf, CBuf, CBuf, CBuf, CBuf, CBuf, const float*, CBuf, const int*, float*,
+                          const AttentionShape& s) override {
+    count_attention(s, true);
+  }
   void cross_entropy(Buf, float*, const int*, int, int, float) override {}
   bool all_finite(CBuf, int64_t) override { return true; }
   void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int, Buf copy) override {
@@ -95,6 +104,11 @@ class CountingBackend final : public Backend {
     flops_ += flops;
     const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
     record(OpKind::Gemm, 0, 0.0, 0.0, 0, flops, shape);
+  }
+
+  void count_attention(const AttentionShape& s, bool backward) {
+    const auto g = attention_gemm_shape(s, backward);
+    count_gemm(false, false, g[0], g[1], g[2], g[3]);
   }
 
   uintptr_t next_ = 4096;

@@ -124,6 +124,192 @@ class F32View {
   std::vector<float> copy_;
 };
 
+// ---- fused attention on fp32 views: the algorithm the CUDA kernels implement ----
+constexpr int kAttnTile = 64;  // query rows per tile; keys per tile = kAttentionKeyChunk
+static_assert(kAttnTile == kAttentionKeyChunk, "the CPU's key tile is the bias-gradient chunk");
+
+// The position bias of (head, query i, key j), 0 without a table.
+struct AttnBias {
+  const float* table;  // [num_buckets, heads] or null
+  const int* rel;      // [tq + tk - 1], indexed by j - i + tq - 1
+  int heads, tq;
+  float at(int h, int i, int j) const {
+    return table ? table[int64_t(rel[j - i + tq - 1]) * heads + h] : 0.f;
+  }
+};
+
+// C[m,n] (ldc) = alpha A B^T-or-not + beta C, row-major, fp32.
+void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+           float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
+              1.f, a, lda, b, ldb, beta, c, ldc);
+}
+
+// One query tile of one (batch, head): online softmax over key tiles in ascending order.
+void attention_forward_tile(float* o, float* lse, const float* q, const float* k, const float* v,
+                            const AttnBias& bias, const AttentionShape& s, int h, int i0) {
+  const int D = s.d_kv, ld = int(s.ld()), br = std::min(kAttnTile, s.tq - i0);
+  std::vector<float> S(kAttnTile * kAttnTile), acc(size_t(kAttnTile) * D, 0.f);
+  std::vector<float> m(kAttnTile, -INFINITY), l(kAttnTile, 0.f);
+  for (int j0 = 0; j0 < s.tk; j0 += kAttnTile) {
+    if (s.causal && j0 > i0 + br - 1) break;  // every key of the tile is masked
+    const int bc = std::min(kAttnTile, s.tk - j0);
+    sgemm(false, true, br, bc, D, q + int64_t(i0) * ld, ld, k + int64_t(j0) * ld, ld, 0.f, S.data(), kAttnTile);
+    for (int r = 0; r < br; ++r) {
+      const int i = i0 + r;
+      float* row = S.data() + r * kAttnTile;
+      float mx = m[r];
+      for (int c = 0; c < bc; ++c) {
+        const int j = j0 + c;
+        row[c] = s.causal && j > i ? -INFINITY : row[c] + bias.at(h, i, j);
+        mx = std::max(mx, row[c]);
+      }
+      if (mx == -INFINITY) {  // no valid key yet: nothing to add
+        std::fill(row, row + bc, 0.f);
+        continue;
+      }
+      const float corr = std::exp(m[r] - mx);  // 0 on the first valid tile
+      l[r] *= corr;
+      for (int c = 0; c < D; ++c) acc[size_t(r) * D + c] *= corr;
+      m[r] = mx;
+      for (int c = 0; c < bc; ++c) l[r] += (row[c] = std::exp(row[c] - mx));
+    }
+    sgemm(false, false, br, D, bc, S.data(), kAttnTile, v + int64_t(j0) * ld, ld, 1.f, acc.data(), D);
+  }
+  for (int r = 0; r < br; ++r) {
+    const float inv = 1.f / l[r];
+    for (int c = 0; c < D; ++c) o[int64_t(i0 + r) * ld + c] = acc[size_t(r) * D + c] * inv;
+    lse[i0 + r] = m[r] + std::log(l[r]);
+  }
+}
+
+// o, q [B*tq, ld] and k, v [B*tk, ld]; lse [B, H, tq].
+void attention_forward_f32(float* o, float* lse, const float* q, const float* k, const float* v,
+                           const AttnBias& bias, const AttentionShape& s) {
+  const int64_t ld = s.ld();
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads; ++h) {
+      const int64_t qo = int64_t(b) * s.tq * ld + int64_t(h) * s.d_kv;
+      const int64_t ko = int64_t(b) * s.tk * ld + int64_t(h) * s.d_kv;
+      for (int i0 = 0; i0 < s.tq; i0 += kAttnTile)
+        attention_forward_tile(o + qo, lse + (int64_t(b) * s.heads + h) * s.tq, q + qo, k + ko, v + ko, bias, s,
+                               h, i0);
+    }
+}
+
+// The pointers of one (batch, head) for the backward.
+struct AttnHead {
+  const float *q, *k, *v, *dout, *lse, *drow;  // drow: Σ dO⊙O per query row
+  float *dq, *dk, *dv;
+  float* slot;  // this key chunk's bias partial sums [tq + chunk - 1], or null
+};
+
+// Adds one query tile's dS [br, bc] to the chunk's slot, one diagonal (fixed j - i) at a
+// time, rows in ascending order; slot index = j - i + tq - 1 - j0.
+void add_diagonals(float* slot, const float* dS, int br, int bc, int tq, int i0) {
+  for (int delta = -(br - 1); delta < bc; ++delta) {
+    float t = 0.f;
+    for (int r = std::max(0, -delta); r < br && r + delta < bc; ++r) t += dS[r * kAttnTile + r + delta];
+    slot[tq - 1 - i0 + delta] += t;
+  }
+}
+
+// Key chunk [j0, j0+bc) of one (batch, head): dK, dV of the chunk, dQ accumulated (the CPU
+// runs the chunks one after another, so the order is fixed), the bias partial sums.
+void attention_backward_chunk(const AttnHead& a, const AttnBias& bias, const AttentionShape& s, int h, int j0) {
+  const int D = s.d_kv, ld = int(s.ld()), bc = std::min(kAttnTile, s.tk - j0);
+  std::vector<float> P(kAttnTile * kAttnTile), dS(kAttnTile * kAttnTile);
+  std::vector<float> dk(size_t(kAttnTile) * D, 0.f), dv(size_t(kAttnTile) * D, 0.f);
+  const int first = s.causal ? j0 / kAttnTile * kAttnTile : 0;  // earlier rows see none of these keys
+  for (int i0 = first; i0 < s.tq; i0 += kAttnTile) {
+    const int br = std::min(kAttnTile, s.tq - i0);
+    sgemm(false, true, br, bc, D, a.q + int64_t(i0) * ld, ld, a.k + int64_t(j0) * ld, ld, 0.f, P.data(), kAttnTile);
+    for (int r = 0; r < br; ++r)
+      for (int c = 0; c < bc; ++c) {
+        const int i = i0 + r, j = j0 + c;
+        float& p = P[r * kAttnTile + c];
+        p = s.causal && j > i ? 0.f : std::exp(p + bias.at(h, i, j) - a.lse[i]);
+      }
+    const float* dout = a.dout + int64_t(i0) * ld;
+    sgemm(true, false, bc, D, br, P.data(), kAttnTile, dout, ld, 1.f, dv.data(), D);               // dV += P^T dO
+    sgemm(false, true, br, bc, D, dout, ld, a.v + int64_t(j0) * ld, ld, 0.f, dS.data(), kAttnTile);  // dP = dO V^T
+    for (int r = 0; r < br; ++r)
+      for (int c = 0; c < bc; ++c) {
+        float& g = dS[r * kAttnTile + c];
+        g = P[r * kAttnTile + c] * (g - a.drow[i0 + r]);  // dS = P ⊙ (dP − Σ dO⊙O)
+      }
+    sgemm(true, false, bc, D, br, dS.data(), kAttnTile, a.q + int64_t(i0) * ld, ld, 1.f, dk.data(), D);  // dK += dS^T Q
+    sgemm(false, false, br, D, bc, dS.data(), kAttnTile, a.k + int64_t(j0) * ld, ld, 1.f, a.dq + int64_t(i0) * ld,
+          ld);  // dQ += dS K
+    if (a.slot) add_diagonals(a.slot, dS.data(), br, bc, s.tq, i0);
+  }
+  for (int c = 0; c < bc; ++c)
+    for (int x = 0; x < D; ++x) {
+      a.dk[int64_t(j0 + c) * ld + x] = dk[size_t(c) * D + x];
+      a.dv[int64_t(j0 + c) * ld + x] = dv[size_t(c) * D + x];
+    }
+}
+
+// The second and third passes of the bias-gradient reduction (backend.h): slots → sums per
+// (head, j - i) over batch then chunk → each bucket's row in ascending j - i.
+void reduce_bias_gradient(float* dtable, const float* partial, float* rel, const int* rel_buckets,
+                          const AttentionShape& s) {
+  const int chunks = (s.tk + kAttentionKeyChunk - 1) / kAttentionKeyChunk;
+  const int W = s.tq + kAttentionKeyChunk - 1, R = s.tq + s.tk - 1;
+  for (int h = 0; h < s.heads; ++h)
+    for (int x = 0; x < R; ++x) {  // x = j - i + tq - 1
+      float t = 0.f;
+      for (int b = 0; b < s.batch; ++b)
+        for (int c = 0; c < chunks; ++c) {
+          const int u = x - c * kAttentionKeyChunk;
+          if (u >= 0 && u < W) t += partial[((int64_t(b) * s.heads + h) * chunks + c) * W + u];
+        }
+      rel[int64_t(h) * R + x] = t;
+    }
+  for (int n = 0; n < s.num_buckets; ++n)
+    for (int h = 0; h < s.heads; ++h) {
+      float t = 0.f;
+      bool used = false;
+      for (int x = 0; x < R; ++x)
+        if (rel_buckets[x] == n) t += rel[int64_t(h) * R + x], used = true;
+      if (used) dtable[int64_t(n) * s.heads + h] += t;
+    }
+}
+
+void attention_backward_f32(float* dq, float* dk, float* dv, float* dtable, const float* dout, const float* q,
+                            const float* k, const float* v, const float* o, const float* lse, const AttnBias& bias,
+                            float* ws, const AttentionShape& s) {
+  const int64_t ld = s.ld(), rows = int64_t(s.batch) * s.heads * s.tq;
+  const int chunks = (s.tk + kAttentionKeyChunk - 1) / kAttentionKeyChunk;
+  const int W = s.tq + kAttentionKeyChunk - 1;
+  float* drow = ws;  // [B, H, tq]
+  float* partial = bias.table ? ws + rows : nullptr;
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads; ++h)
+      for (int i = 0; i < s.tq; ++i) {
+        const int64_t off = (int64_t(b) * s.tq + i) * ld + int64_t(h) * s.d_kv;
+        float t = 0.f;
+        for (int c = 0; c < s.d_kv; ++c) t += dout[off + c] * o[off + c];
+        drow[(int64_t(b) * s.heads + h) * s.tq + i] = t;
+      }
+  for (int b = 0; b < s.batch; ++b)
+    for (int h = 0; h < s.heads; ++h) {
+      const int64_t qo = int64_t(b) * s.tq * ld + int64_t(h) * s.d_kv;
+      const int64_t ko = int64_t(b) * s.tk * ld + int64_t(h) * s.d_kv;
+      for (int i = 0; i < s.tq; ++i) std::fill(dq + qo + i * ld, dq + qo + i * ld + s.d_kv, 0.f);
+      const int64_t bh = int64_t(b) * s.heads + h;
+      for (int c = 0; c < chunks; ++c) {
+        float* slot = partial ? partial + (bh * chunks + c) * W : nullptr;
+        if (slot) std::fill(slot, slot + W, 0.f);
+        const AttnHead a{q + qo, k + ko, v + ko, dout + qo, lse + bh * s.tq, drow + bh * s.tq,
+                         dq + qo, dk + ko, dv + ko, slot};
+        attention_backward_chunk(a, bias, s, h, c * kAttentionKeyChunk);
+      }
+    }
+  if (bias.table)
+    reduce_bias_gradient(dtable, partial, partial + int64_t(s.batch) * s.heads * chunks * W, bias.rel, s);
+}
+
 struct Pending {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_Request req2 = MPI_REQUEST_NULL;  // send/recv: the receive
@@ -420,6 +606,35 @@ class CpuBackend final : public Backend {
           }
     }
     done(OpKind::Elementwise, t0, 3 * es * int64_t(batch) * heads * tq * tk);
+  }
+  void attention_forward(Buf o, float* lse, CBuf q, CBuf k, CBuf v, CBuf table, const int* rel_buckets,
+                         const AttentionShape& s) override {
+    const double t0 = now();
+    const int es = dtype_size(common_dtype("attention_forward", {o, q, k, v, table}));
+    const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
+    {
+      F32View ov(o, nq, false);
+      const F32View qv(q, nq), kv(k, nk), vv(v, nk), tv(table, int64_t(s.num_buckets) * s.heads);
+      attention_forward_f32(ov.p, lse, qv.p, kv.p, vv.p, AttnBias{tv.p, rel_buckets, s.heads, s.tq}, s);
+    }
+    done(OpKind::Gemm, t0, es * (2 * nq + 2 * nk), attention_flops(s, false), attention_gemm_shape(s, false).data());
+  }
+  void attention_backward(Buf dq, Buf dk, Buf dv, Buf dtable, CBuf dout, CBuf q, CBuf k, CBuf v, CBuf o,
+                          const float* lse, CBuf table, const int* rel_buckets, float* workspace,
+                          const AttentionShape& s) override {
+    const double t0 = now();
+    const int es = dtype_size(common_dtype("attention_backward", {dq, dk, dv, dtable, dout, q, k, v, o, table}));
+    SB_ASSERT(!table || dtable, "attention_backward with a bias table needs its gradient");
+    const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
+    {
+      F32View dqv(dq, nq, false), dkv(dk, nk, false), dvv(dv, nk, false);
+      F32View dtv(table ? dtable : Buf(), int64_t(s.num_buckets) * s.heads, true);
+      const F32View gv(dout, nq), qv(q, nq), kv(k, nk), vv(v, nk), ov(o, nq);
+      const F32View tv(table, int64_t(s.num_buckets) * s.heads);
+      attention_backward_f32(dqv.p, dkv.p, dvv.p, dtv.p, gv.p, qv.p, kv.p, vv.p, ov.p, lse,
+                             AttnBias{tv.p, rel_buckets, s.heads, s.tq}, workspace, s);
+    }
+    done(OpKind::Gemm, t0, es * (4 * nq + 4 * nk), attention_flops(s, true), attention_gemm_shape(s, true).data());
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                      float grad_scale) override {

@@ -90,6 +90,7 @@ void print_config(const Out& out, const RunConfig& c, int world, int shard) {
                                        precision_name(c.strategy.reduce_dtype)},
       {"loss scale", loss_scale_text(c.strategy)},
       {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
+      {"attention", attention_impl_name(c.strategy.attention)},
       {"seed", std::to_string(c.strategy.seed)},
   };
   if (c.strategy.kind == StrategyKind::DDP) {
@@ -197,6 +198,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, d
       Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
       Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
       Attr::integer("activation_checkpointing", c.strategy.checkpointing),
+      Attr::str("attention", attention_impl_name(c.strategy.attention)),
       Attr::num("bucket_mb", c.strategy.kind == StrategyKind::DDP ? c.strategy.bucket_mb : 0.0),
       Attr::str("model", m.name),
       Attr::integer("d_model", m.d_model),

@@ -81,6 +81,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval,
                  "dynamic loss scale: good steps before it doubles")
       ->capture_default_str();
+  std::string attention;
+  app.add_option("--attention", attention,
+                 "fused | unfused: flash-attention style fused op, or GEMMs around a held softmax "
+                 "(default: fused on cuda, unfused on cpu)");
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {
@@ -127,6 +131,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
 
+  // On CPU the unfused path's large BLAS GEMMs are faster than the fused op's tiles.
+  cfg.strategy.attention = !attention.empty()     ? parse_attention_impl(attention)
+                           : cfg.backend == "cuda" ? AttentionImpl::Fused
+                                                   : AttentionImpl::Unfused;
   cfg.shape = StepShape{batch, seq_len, dec_len};
   cfg.steps = int(steps);
   cfg.warmup = int(warmup);

@@ -7,6 +7,9 @@
 //   backward: d_dec [N_d,d] and d_enc [N_e,d] hold d(loss)/d(hidden) and are updated in
 //             place stage by stage; d_enc_out [N_e,d] sums every decoder block's cross-attn
 //             K/V input gradient and is consumed by the Bridge backward.
+// Attention runs unfused (batched GEMMs around a softmax over a held [B, H, tq, tk]
+// tensor, the reference) or fused (Backend::attention_forward/backward, which read the
+// rel_bias table directly and save only each row's logsumexp); AttentionImpl picks.
 // Each stage owns what it allocates in forward (its output included) and frees it in its
 // backward; the output of stage s is read by stage s+1 in both directions, and s+1's
 // backward runs before s's, so the ownership is safe.
@@ -18,6 +21,14 @@
 #include "shardbench/t5.h"
 
 namespace sb {
+
+const char* attention_impl_name(AttentionImpl a) { return a == AttentionImpl::Fused ? "fused" : "unfused"; }
+
+AttentionImpl parse_attention_impl(const std::string& s) {
+  for (AttentionImpl a : {AttentionImpl::Unfused, AttentionImpl::Fused})
+    if (s == attention_impl_name(a)) return a;
+  throw UsageError("--attention '" + s + "' is not allowed (allowed: fused, unfused)");
+}
 
 const char* stage_kind_name(Stage::Kind k) {
   switch (k) {
@@ -65,7 +76,8 @@ struct AttnState {
   Buf q;                  // [B*tq, inner]
   Buf k;                  // [B*tk, inner]
   Buf v;                  // [B*tk, inner]
-  Buf probs;              // [B, H, tq, tk]
+  Buf probs;              // [B, H, tq, tk] (unfused)
+  float* lse = nullptr;   // [B, H, tq] rows' logsumexp (fused, fp32)
   Buf ctx;                // [B*tq, inner]
 };
 
@@ -88,6 +100,7 @@ struct T5Step::Impl {
   StepShape shape;
   bool checkpointing;
   float grad_scale;
+  AttentionImpl attention;
   std::vector<UnitSpec> units;
   std::vector<Stage> stages;
 
@@ -97,16 +110,18 @@ struct T5Step::Impl {
   int* enc_ids = nullptr;      // [Ne]
   int* dec_ids = nullptr;      // [Nd]
   int* labels = nullptr;       // [Nd]
-  int* buckets[2] = {};        // [T*T] per stack (0 encoder, 1 decoder)
+  int* buckets[2] = {};        // per stack (0 encoder, 1 decoder): [T*T], fused [2T-1] by j-i
   float* losses = nullptr;     // [Nd] (fp32)
   Buf d_hidden[2];             // d_enc [Ne,d], d_dec [Nd,d]
   Buf d_enc_out;               // [Ne, d]
   Buf dbias[2];                // [H, T, T] per stack, summed over the stack's blocks
+                               // (fused: [num_buckets, H], the table's gradient)
 
   // Produced by forward stages (owned by the producing stage's saved list).
   std::vector<Buf> hidden[2];     // [L+1] each: hidden[s][l] is block l's input
   Buf enc_out;                    // [Ne, d] encoder output after its final norm
   Buf bias[2];                    // [H, T, T] position bias, computed by block 0
+                                  // (fused: [num_buckets, H], block 0's table, kept)
   float* bridge_rstd = nullptr;   // [Ne] (fp32)
   Buf head_hn;                    // [Nd, d] decoder output after its final norm
   float* head_rstd = nullptr;     // [Nd] (fp32)
@@ -116,8 +131,9 @@ struct T5Step::Impl {
   std::vector<BlockState> block_state;    // per stage (blocks only)
   std::vector<bool> forwarded;            // per stage: saved state is live
 
-  Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs)
-      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), units(model_units(s)) {
+  Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at)
+      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at),
+        units(model_units(s)) {
     validate(s);
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
     SB_ASSERT(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2,
@@ -144,6 +160,16 @@ struct T5Step::Impl {
     labels = b.alloc_ints(Nd, ws);
     for (int st = 0; st < 2; ++st) {
       const int T = seq(st);
+      if (fused()) {  // the bucket of j - i, for j - i = -(T-1) .. T-1
+        std::vector<int> rel(size_t(2 * T - 1));
+        for (int r = 1 - T; r < T; ++r)
+          rel[size_t(r + T - 1)] = relative_position_bucket(r, /*bidirectional=*/st == 0, int(s.num_buckets),
+                                                            int(s.max_distance));
+        buckets[st] = b.alloc_ints(2 * T - 1, ws);
+        b.upload(buckets[st], rel.data(), rel.size() * sizeof(int));
+        dbias[st] = b.alloc_buf(table_numel(), dtype, ws);
+        continue;
+      }
       std::vector<int> table(size_t(T) * T);
       for (int i = 0; i < T; ++i)
         for (int j = 0; j < T; ++j)
@@ -168,6 +194,11 @@ struct T5Step::Impl {
   }
 
   int seq(int stack) const { return stack == 0 ? Te : Td; }
+  bool fused() const { return attention == AttentionImpl::Fused; }
+  int64_t table_numel() const { return spec.num_buckets * H; }
+  AttentionShape attn_shape(int tq, int tk, bool causal) const {
+    return AttentionShape{B, H, tq, tk, dkv, int(spec.num_buckets), causal};
+  }
   static int stack_of(const Stage& s) { return s.kind == Stage::DecoderBlock ? 1 : 0; }
 
   CBuf param(CBuf W, const Stage& s, const std::string& name) const {
@@ -205,38 +236,46 @@ struct T5Step::Impl {
     a.q = alloc(o, int64_t(B) * tq * inner, c);
     a.k = alloc(o, int64_t(B) * tk * inner, c);
     a.v = alloc(o, int64_t(B) * tk * inner, c);
-    a.probs = alloc(o, int64_t(B) * H * tq * tk, c);
+    if (fused())
+      a.lse = alloc_f32(o, int64_t(B) * H * tq, c);
+    else
+      a.probs = alloc(o, int64_t(B) * H * tq * tk, c);
     a.ctx = alloc(o, int64_t(B) * tq * inner, c);
     return a;
   }
 
   // out += Attn(q from a.xn, k/v from xkv). T5 does not scale scores by 1/sqrt(d_kv).
-  // xkv [B*tk, d]; bias [H, tq, tk] or null; out [B*tq, d].
+  // xkv [B*tk, d]; bias_stack: the stack whose position bias applies, -1 for none; out [B*tq, d].
   void attention_forward(CBuf W, const Stage& s, const std::string& p, AttnState& a,
-                         CBuf xkv, int tq, int tk, CBuf pos_bias, bool causal,
+                         CBuf xkv, int tq, int tk, int bias_stack, bool causal,
                          Buf out) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
     const CBuf wv = param(W, s, p + ".v"), wo = param(W, s, p + ".o");
     b.gemm(false, true, B * tq, inner, d, 1.f, a.xn, d, wq, d, 0.f, a.q, inner);  // q = xn Wq^T
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wk, d, 0.f, a.k, inner);   // k [B*tk, inner]
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wv, d, 0.f, a.v, inner);   // v [B*tk, inner]
-    const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
-    for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
-      b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
-                     dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
-    b.softmax_forward(a.probs, pos_bias, causal, B, H, tq, tk);
-    for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
-      b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
-                     a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
+    if (fused()) {
+      b.attention_forward(a.ctx, a.lse, a.q, a.k, a.v, bias_stack >= 0 ? CBuf(bias[bias_stack]) : CBuf(),
+                          bias_stack >= 0 ? buckets[bias_stack] : nullptr, attn_shape(tq, tk, causal));
+    } else {
+      const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
+      for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
+        b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
+                       dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
+      b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
+      for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
+        b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
+                       a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
+    }
     b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, 1.f, out, d);  // out += ctx Wo^T
   }
 
   // dout [B*tq, d] is d(loss)/d(attention output). Writes dxn [B*tq, d] = d/d(a.xn) and
   // adds d/d(xkv) into dxkv [B*tk, d] (which may be dxn itself for self-attention, since
-  // dxn is written first). dbias_acc (may be null) += d/d(bias).
+  // dxn is written first). With bias_stack >= 0, dbias[bias_stack] += d/d(bias).
   void attention_backward(CBuf W, Buf G, const Stage& s, const std::string& p,
                           const AttnState& a, CBuf xkv, int tq, int tk, CBuf dout,
-                          Buf dxn, Buf dxkv, Buf dbias_acc) {
+                          Buf dxn, Buf dxkv, int bias_stack, bool causal) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
     const CBuf wv = param(W, s, p + ".v"), wo = param(W, s, p + ".o");
     const Buf gq = grad(G, s, p + ".q"), gk = grad(G, s, p + ".k");
@@ -244,31 +283,40 @@ struct T5Step::Impl {
     std::vector<void*> tmp;
     const MemCategory ws = MemCategory::Workspace;
     const Buf dctx = alloc(tmp, int64_t(B) * tq * inner, ws);    // [B*tq, inner]
-    const Buf ds = alloc(tmp, int64_t(B) * H * tq * tk, ws);     // [B, H, tq, tk]
+    const Buf ds = fused() ? Buf() : alloc(tmp, int64_t(B) * H * tq * tk, ws);  // [B, H, tq, tk]
     const Buf dq = alloc(tmp, int64_t(B) * tq * inner, ws);      // [B*tq, inner]
     const Buf dk = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
     const Buf dv = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
 
     b.gemm(true, false, d, inner, B * tq, 1.f, dout, d, a.ctx, inner, 1.f, go, inner);  // dWo += dout^T ctx
     b.gemm(false, false, B * tq, inner, d, 1.f, dout, d, wo, inner, 0.f, dctx, inner);  // dctx = dout Wo
-    const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
-    const int64_t sp = int64_t(tq) * tk;
-    for (int bi = 0; bi < B; ++bi) {
-      // dP_bh [tq, tk] = dctx_bh v_bh^T
-      b.gemm_batched(false, true, tq, tk, dkv, 1.f, dctx + bi * sq, inner, dkv, a.v + bi * sk, inner,
-                     dkv, 0.f, ds + bi * ss, tk, sp, H);
-      // dv_bh [tk, dkv] = P_bh^T dctx_bh
-      b.gemm_batched(true, false, tk, dkv, tq, 1.f, a.probs + bi * ss, tk, sp, dctx + bi * sq, inner,
-                     dkv, 0.f, dv + bi * sk, inner, dkv, H);
-    }
-    b.softmax_backward(ds, a.probs, dbias_acc, B, H, tq, tk);  // ds = dS (scores gradient)
-    for (int bi = 0; bi < B; ++bi) {
-      // dq_bh [tq, dkv] = dS_bh k_bh
-      b.gemm_batched(false, false, tq, dkv, tk, 1.f, ds + bi * ss, tk, sp, a.k + bi * sk, inner, dkv,
-                     0.f, dq + bi * sq, inner, dkv, H);
-      // dk_bh [tk, dkv] = dS_bh^T q_bh
-      b.gemm_batched(true, false, tk, dkv, tq, 1.f, ds + bi * ss, tk, sp, a.q + bi * sq, inner, dkv,
-                     0.f, dk + bi * sk, inner, dkv, H);
+    const bool with_bias = bias_stack >= 0;
+    if (fused()) {
+      const AttentionShape shape = attn_shape(tq, tk, causal);
+      float* work = alloc_f32(tmp, attention_workspace_floats(shape, with_bias), ws);
+      b.attention_backward(dq, dk, dv, with_bias ? dbias[bias_stack] : Buf(), dctx, a.q, a.k, a.v, a.ctx, a.lse,
+                           with_bias ? CBuf(bias[bias_stack]) : CBuf(), with_bias ? buckets[bias_stack] : nullptr,
+                           work, shape);
+    } else {
+      const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
+      const int64_t sp = int64_t(tq) * tk;
+      for (int bi = 0; bi < B; ++bi) {
+        // dP_bh [tq, tk] = dctx_bh v_bh^T
+        b.gemm_batched(false, true, tq, tk, dkv, 1.f, dctx + bi * sq, inner, dkv, a.v + bi * sk, inner,
+                       dkv, 0.f, ds + bi * ss, tk, sp, H);
+        // dv_bh [tk, dkv] = P_bh^T dctx_bh
+        b.gemm_batched(true, false, tk, dkv, tq, 1.f, a.probs + bi * ss, tk, sp, dctx + bi * sq, inner,
+                       dkv, 0.f, dv + bi * sk, inner, dkv, H);
+      }
+      b.softmax_backward(ds, a.probs, with_bias ? dbias[bias_stack] : Buf(), B, H, tq, tk);  // ds = dS
+      for (int bi = 0; bi < B; ++bi) {
+        // dq_bh [tq, dkv] = dS_bh k_bh
+        b.gemm_batched(false, false, tq, dkv, tk, 1.f, ds + bi * ss, tk, sp, a.k + bi * sk, inner, dkv,
+                       0.f, dq + bi * sq, inner, dkv, H);
+        // dk_bh [tk, dkv] = dS_bh^T q_bh
+        b.gemm_batched(true, false, tk, dkv, tq, 1.f, ds + bi * ss, tk, sp, a.q + bi * sq, inner, dkv,
+                       0.f, dk + bi * sk, inner, dkv, H);
+      }
     }
     b.gemm(true, false, inner, d, B * tq, 1.f, dq, inner, a.xn, d, 1.f, gq, d);  // dWq += dq^T xn
     b.gemm(true, false, inner, d, B * tk, 1.f, dk, inner, xkv, d, 1.f, gk, d);   // dWk += dk^T xkv
@@ -305,14 +353,13 @@ struct T5Step::Impl {
     const CBuf x = hidden[stack][s.layer];
     b.rmsnorm_forward(st.self.xn, st.self.rstd, x, param(W, s, "ln1"), N, d, kNormEps);
     b.copy(st.x1, x, int64_t(N) * d);
-    attention_forward(W, s, "self", st.self, st.self.xn, T, T, bias[stack], /*causal=*/stack == 1,
-                      st.x1);
+    attention_forward(W, s, "self", st.self, st.self.xn, T, T, stack, /*causal=*/stack == 1, st.x1);
     CBuf r = st.x1;
     std::string ln_ff = "ln2";
     if (stack == 1) {
       b.rmsnorm_forward(st.cross.xn, st.cross.rstd, st.x1, param(W, s, "ln2"), N, d, kNormEps);
       b.copy(st.x2, st.x1, int64_t(N) * d);
-      attention_forward(W, s, "cross", st.cross, enc_out, Td, Te, nullptr, false, st.x2);
+      attention_forward(W, s, "cross", st.cross, enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
       r = st.x2;
       ln_ff = "ln3";
     }
@@ -347,12 +394,14 @@ struct T5Step::Impl {
       release_all(tff);
     }
     if (stack == 1) {  // cross-attention: K/V gradients flow to the encoder output
-      attention_backward(W, G, s, "cross", st.cross, enc_out, Td, Te, dy, dxn, d_enc_out, nullptr);
+      attention_backward(W, G, s, "cross", st.cross, enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
       b.rmsnorm_backward(dy, grad(G, s, "ln2"), dxn, st.x1, param(W, s, "ln2"), st.cross.rstd, N, d);
     }
-    attention_backward(W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, dbias[stack]);
+    attention_backward(W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, stack, stack == 1);
     b.rmsnorm_backward(dy, grad(G, s, "ln1"), dxn, x, param(W, s, "ln1"), st.self.rstd, N, d);
-    if (s.layer == 0)  // every block of the stack has added its d(bias) by now
+    if (s.layer == 0 && fused())  // every block of the stack has added its d(table) by now
+      b.add(grad(G, s, "rel_bias"), dbias[stack], table_numel());
+    else if (s.layer == 0)  // every block of the stack has added its d(bias) by now
       b.position_bias_backward(grad(G, s, "rel_bias"), dbias[stack], buckets[stack], H, T, T);
     release_all(tmp);
   }
@@ -361,7 +410,11 @@ struct T5Step::Impl {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack);
     const Buf out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
-    if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
+    if (s.layer == 0 && fused()) {  // the stack's table, read by every block of the stack
+      bias[stack] = act(si, table_numel());
+      b.copy(bias[stack], param(W, s, "rel_bias"), table_numel());
+      b.fill(dbias[stack], 0.f, table_numel());
+    } else if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
       bias[stack] = act(si, int64_t(H) * T * T);
       b.position_bias_forward(bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
       b.fill(dbias[stack], 0.f, int64_t(H) * T * T);
@@ -475,8 +528,8 @@ struct T5Step::Impl {
 };
 
 T5Step::T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-               bool checkpointing, float grad_scale)
-    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale)) {}
+               bool checkpointing, float grad_scale, AttentionImpl attention)
+    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale, attention)) {}
 
 T5Step::~T5Step() { delete impl_; }
 
@@ -484,6 +537,7 @@ const ModelSpec& T5Step::spec() const { return impl_->spec; }
 const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
 DType T5Step::dtype() const { return impl_->dtype; }
+AttentionImpl T5Step::attention() const { return impl_->attention; }
 void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
 
 void T5Step::set_tokens(const Tokens& t) {

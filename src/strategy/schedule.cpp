@@ -73,7 +73,7 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
       b_(b),
       mesh_(mesh),
       model_(spec, b, cfg.param_dtype, shape, cfg.checkpointing,
-             grad_scale(shape, mesh.layout.world) * cfg.loss_scale),
+             grad_scale(shape, mesh.layout.world) * cfg.loss_scale, cfg.attention),
       units_(model_.units()),
       unit_stages_(units_.size()),
       base_grad_scale_(grad_scale(shape, mesh.layout.world)),

@@ -28,6 +28,7 @@
 #include "shardbench/rng.h"
 #include "shardbench/strategy.h"
 #include "shardbench/t5.h"
+#include "../attention_problem.h"
 #include "../t5_model.h"
 
 namespace sb {
@@ -775,6 +776,89 @@ TEST_F(CudaVsCpu, LowPrecisionDdpAndFsdpStepsOnOneRankMatchCpu) {
         EXPECT_CLOSE(weights[1][u], weights[0][u], t == DType::BF16 ? 1e-1 : 2e-2)
             << dtype_name(t) << " " << (kind == StrategyKind::DDP ? "ddp" : "fsdp") << " unit " << u;
     }
+}
+
+// ---------------------------------------------------------------- fused attention
+// The CUDA kernels against the CPU backend's fused op (the same algorithm with other tiles
+// and summation orders), normwise per output (o, lse, dq, dk, dv, bias-table gradient):
+// fp32 1e-5; bf16 and fp16 (inputs rounded alike on both sides, fp32 math, each output
+// rounded once) 1e-2 and 2e-3. Head widths 8, 64 and 128 select the kernels' three register
+// layouts; lengths cross the 64-row, 32-key and 64-key-chunk boundaries.
+struct FusedCase {
+  int tq, tk, d_kv;
+  bool causal, bias;
+};
+const FusedCase kFusedCases[] = {
+    {5, 5, 8, false, true},     {130, 130, 64, false, true}, {129, 129, 64, true, true},
+    {70, 130, 64, false, false}, {1, 1, 128, true, true},     {97, 97, 128, true, true},
+    {20, 90, 8, true, true},
+};
+
+double fused_tol(DType t) { return t == DType::F32 ? 1e-5 : t == DType::BF16 ? 1e-2 : 2e-3; }
+
+void expect_attention_close(const AttnResult& got, const AttnResult& ref, double tol, const std::string& what) {
+  const std::pair<const char*, std::pair<const std::vector<float>*, const std::vector<float>*>> outs[] = {
+      {"o", {&got.o, &ref.o}},    {"lse", {&got.lse, &ref.lse}}, {"dq", {&got.dq, &ref.dq}},
+      {"dk", {&got.dk, &ref.dk}}, {"dv", {&got.dv, &ref.dv}},    {"dtable", {&got.dtable, &ref.dtable}}};
+  for (const auto& [name, pair] : outs) EXPECT_LE(norm_error(*pair.first, *pair.second), tol) << what << " " << name;
+}
+
+TEST_F(CudaVsCpu, FusedAttentionMatchesCpu) {
+  for (DType t : {DType::F32, DType::BF16, DType::F16})
+    for (const FusedCase& c : kFusedCases) {
+      AttnProblem p(AttentionShape{2, 3, c.tq, c.tk, c.d_kv, 32, c.causal}, c.bias, 300 + c.tq);
+      p.round_to(t);
+      const std::string what = std::string(dtype_name(t)) + " tq " + std::to_string(c.tq) + " tk " +
+                               std::to_string(c.tk) + " d_kv " + std::to_string(c.d_kv) +
+                               (c.causal ? " causal" : "") + (c.bias ? " bias" : "");
+      expect_attention_close(p.run(gpu(), t), p.run(cpu(), t), fused_tol(t), what);
+    }
+}
+
+// No atomics: two runs give the same bits (the bias-table gradient included), and fp32
+// agrees with the double-precision reference within 1e-5.
+TEST_F(CudaVsCpu, FusedAttentionIsDeterministic) {
+  AttnProblem p(AttentionShape{4, 4, 300, 300, 64, 32, true}, true, 11);
+  const AttnResult a = p.run(gpu(), DType::F32), b = p.run(gpu(), DType::F32);
+  EXPECT_EQ(a.dtable, b.dtable);
+  EXPECT_EQ(a.dq, b.dq);
+  EXPECT_EQ(a.dk, b.dk);
+  EXPECT_EQ(a.dv, b.dv);
+  expect_attention_close(a, p.reference(), 1e-5, "fp32 vs double reference");
+}
+
+// A T5 step with fused attention on the GPU against the CPU, on shapes past one tile: in
+// fp32 against the unfused step (step_tol()); in bf16 against the CPU's fused step (1e-1
+// per unit, as the other bf16 steps: fused and unfused bf16 steps differ by up to 1.03e-1
+// max-relative per unit on the CPU, since they round different intermediates).
+TEST_F(CudaVsCpu, FusedT5StepMatchesCpu) {
+  struct Case { const char* model; StepShape shape; bool ckpt; DType t; };
+  for (const Case c : {Case{"t5-tiny", {2, 70, 67}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, true, DType::F32},
+                       Case{"t5-small", {2, 32, 24}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, false, DType::BF16}}) {
+    const ModelSpec spec = model_preset(c.model);
+    const AttentionImpl on_cpu_attention = c.t == DType::F32 ? AttentionImpl::Unfused : AttentionImpl::Fused;
+    Model on_cpu(cpu(), spec, c.shape, c.ckpt, c.t, 1.f, on_cpu_attention),
+        on_gpu(gpu(), spec, c.shape, c.ckpt, c.t, 1.f, AttentionImpl::Fused);
+    const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
+    const double tol = c.t == DType::F32 ? step_tol() : 1e-1;
+    EXPECT_NEAR(l_gpu, l_cpu, (c.t == DType::F32 ? step_tol() : 1e-2) * std::fabs(l_cpu)) << c.model;
+    for (size_t u = 0; u < on_cpu.grads.size(); ++u)
+      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), tol)
+          << c.model << " " << dtype_name(c.t) << " ckpt " << c.ckpt << " unit " << on_cpu.step->units()[u].name;
+  }
+}
+
+// The memory plan (the counting backend) equals what the GPU allocates with fused attention.
+TEST_F(CudaVsCpu, FusedStepPeakEqualsThePlan) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape shape{2, 70, 67};
+  auto counting = make_counting_backend();
+  for (Backend* b : {&gpu(), counting.get()}) {
+    Model m(*b, spec, shape, false, DType::BF16, 1.f, AttentionImpl::Fused);
+    m.forward_backward();
+  }
+  EXPECT_EQ(gpu().mem_peak(), counting->mem_peak());
+  EXPECT_EQ(gpu().mem_peak_total(), counting->mem_peak_total());
 }
 
 }  // namespace

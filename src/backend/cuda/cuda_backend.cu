@@ -30,6 +30,7 @@
 #include <nvtx3/nvToolsExt.h>    // profiler ranges (header-only NVTX 3)
 
 #include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
+#include "attention.cuh"          // the fused attention kernels
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend.h"
 #include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
@@ -459,6 +460,39 @@ class CudaBackend final : public Backend {
     elementwise(3 * dtype_size(t) * int64_t(batch) * heads * tq * tk, t, [&](auto e) {
       cuda::softmax_backward(compute_, as(e, ds), as(e, p), as(e, dbias), batch, heads, tq, tk);
     });
+  }
+  void attention_forward(Buf o, float* lse, CBuf q, CBuf k, CBuf v, CBuf table, const int* rel,
+                         const AttentionShape& s) override {
+    const DType t = common_dtype("attention_forward", {o, q, k, v, table});
+    require_attention_head_dim(s);
+    const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
+    const auto shape = attention_gemm_shape(s, false);
+    timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (2 * nq + 2 * nk), [&] {
+      with_type(t, [&](auto e) {
+        cuda::attention_forward(compute_, as(e, o), lse, as(e, q), as(e, k), as(e, v), as(e, table), rel, s);
+      });
+    }, attention_flops(s, false), shape.data());
+  }
+  void attention_backward(Buf dq, Buf dk, Buf dv, Buf dtable, CBuf dout, CBuf q, CBuf k, CBuf v, CBuf o,
+                          const float* lse, CBuf table, const int* rel, float* workspace,
+                          const AttentionShape& s) override {
+    const DType t = common_dtype("attention_backward", {dq, dk, dv, dtable, dout, q, k, v, o, table});
+    SB_ASSERT(!table || dtable, "attention_backward with a bias table needs its gradient");
+    require_attention_head_dim(s);
+    const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
+    const auto shape = attention_gemm_shape(s, true);
+    timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (4 * nq + 4 * nk), [&] {
+      with_type(t, [&](auto e) {
+        cuda::attention_backward(compute_, as(e, dq), as(e, dk), as(e, dv), as(e, dtable), as(e, dout), as(e, q),
+                                 as(e, k), as(e, v), as(e, o), lse, as(e, table), rel, workspace, s);
+      });
+    }, attention_flops(s, true), shape.data());
+  }
+  static void require_attention_head_dim(const AttentionShape& s) {
+    if (s.d_kv > cuda::kAttentionMaxHeadDim)
+      throw UsageError("--attention fused on cuda supports d_kv up to " +
+                       std::to_string(cuda::kAttentionMaxHeadDim) + " (got " + std::to_string(s.d_kv) +
+                       "); use --attention unfused");
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab, float grad_scale) override {
     elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
