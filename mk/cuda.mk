@@ -1,4 +1,4 @@
-# CUDA backend (issue 3/6), included by the Makefile before its library rule.
+# CUDA backend, included by the Makefile before its library rule.
 # Built only when nvcc, cuBLAS and NCCL (headers and libraries) are all found; otherwise this
 # adds nothing and the build stays CPU-only (`make probe` says which part is missing).
 #   make CUDA_HOME=/opt/cuda          another toolkit

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   g++ make pkg-config
   openmpi-bin libopenmpi-dev           # MPI
-  libhdf5-openmpi-dev hdf5-tools       # parallel HDF5 (traces, issue 2/6)
+  libhdf5-openmpi-dev hdf5-tools       # parallel HDF5 (traces)
   libopenblas-dev                      # BLAS for the CPU backend
   libcli11-dev                         # command-line options
   libgtest-dev libbenchmark-dev        # tests, micro-benchmarks

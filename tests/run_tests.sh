@@ -4,6 +4,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
 failed=0
+echo "=== the repo stands on its own (citations, paths, issue numbers)"
+bash tests/check_self_contained.sh || failed=$((failed + 1))
 for t in build/bin/test_*; do
   echo "=== $t"
   if ! "$t" --gtest_brief=1; then failed=$((failed + 1)); echo "FAILED: $t"; fi

@@ -75,7 +75,7 @@ TEST(Schedule, FullShardingGathersTwiceExceptRoot) {
   EXPECT_EQ(s.rec.count(OpKind::ReduceScatter, Phase::Backward), s.units);
   EXPECT_EQ(s.rec.bytes(OpKind::AllReduce), 0);
   EXPECT_EQ(s.rec.bytes(OpKind::ReduceScatter), padded_bytes(spec, 4));
-  // ZeRO-3 traffic: all-gathers move about 2M, reduce-scatters M (reference.md: 3M(W−1)/W).
+  // ZeRO-3 traffic: all-gathers move about 2M, reduce-scatters M (docs/references.md §2: 3M(W−1)/W).
   const double M = padded_bytes(spec, 4);
   const double root = shard_of(model_units(spec)[0].numel, 4, 0).padded * 4.0;
   EXPECT_DOUBLE_EQ(double(s.rec.bytes(OpKind::AllGather)), 2 * M - root);

@@ -1,6 +1,6 @@
 // The backend: compute, memory, collectives and timing behind one interface. It knows
 // nothing of models or strategies. Implementations: CPU (BLAS + MPI non-blocking
-// collectives), counting (memory and FLOP accounting only, used by the plan), CUDA (3/6).
+// collectives), counting (memory and FLOP accounting only, used by the plan), CUDA (cuBLAS + NCCL).
 //
 // Tensors are row-major and live in the backend's memory: callers never dereference a
 // backend pointer on the host (the counting backend hands out addresses that point

@@ -210,7 +210,8 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   throw UsageError("unknown backend '" + name + "' (allowed: cpu, cuda)");
 #else
   if (name == "cuda")
-    throw UsageError("--backend cuda is not built yet (CUDA backend: issue 3/6); allowed: cpu");
+    throw UsageError("--backend cuda: this build has no CUDA backend (it needs nvcc, cuBLAS and NCCL; "
+                     "see make probe); allowed: cpu");
   throw UsageError("unknown backend '" + name + "' (allowed: cpu)");
 #endif
 }

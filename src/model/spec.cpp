@@ -22,7 +22,7 @@ ModelSpec make(const char* name, int64_t d, int64_t ff, int64_t layers, int64_t 
 }
 
 const std::vector<ModelSpec>& presets() {
-  // The three study models: ../shared/reference.md (FSDP paper, VLDB 2023, section 5).
+  // The three study models: docs/references.md §1 and §3 (FSDP paper, VLDB 2023, section 5).
   static const std::vector<ModelSpec> p = {
       make("t5-611m", 1024, 2816, 24, 16, 64, 32128),
       make("t5-2.28b", 2048, 5120, 24, 32, 64, 32128),

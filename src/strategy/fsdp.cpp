@@ -1,4 +1,4 @@
-// FSDP (PyTorch FullyShardedDataParallel semantics, ../shared/reference.md): one flat
+// FSDP (PyTorch FullyShardedDataParallel semantics, docs/references.md §5): one flat
 // parameter per unit, padded to a multiple of the shard group and split into equal
 // contiguous shards. Each rank owns fp32 shards of the parameters, gradients and Adam state
 // of every unit; Adam runs on the shards only.
