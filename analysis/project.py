@@ -179,17 +179,24 @@ def setup(a):
     return cluster, positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
 
 
-def project_point(cluster, a, model, label, batch, n):
-    """(schedule, replay) of one point."""
-    args = strategy_args(label, cluster, n) + ["--model", model, "--batch", str(batch), "--seq-len", str(a.seq_len)]
-    if a.dec_seq_len is not None:
-        args += ["--dec-seq-len", str(a.dec_seq_len)]
-    if a.layers is not None:
-        args += ["--layers", str(a.layers)]
-    if a.activation_checkpointing:
+def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False, binary_dir=None, layers=None,
+                   dec_seq_len=None, reduce_dtype=None):
+    """The program's plan and schedule of one point (its --plan --schedule-json)."""
+    args = strategy_args(label, cluster, n) + ["--model", model, "--batch", str(batch), "--seq-len", str(seq_len)]
+    if dec_seq_len is not None:
+        args += ["--dec-seq-len", str(dec_seq_len)]
+    if layers is not None:
+        args += ["--layers", str(layers)]
+    if checkpointing:
         args.append("--activation-checkpointing")
-    args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
-    sched = plan_schedule(args, n, cluster["gpu_memory_gib"], a.bin)
+    args += ["--dtype", cluster["dtype"], "--reduce-dtype", reduce_dtype or cluster["dtype"]]
+    return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
+
+
+def project_point(cluster, a, model, label, batch, n):
+    """(schedule, replay) of one point of the command line's sweep."""
+    sched = point_schedule(cluster, model, label, batch, n, a.seq_len, a.activation_checkpointing, a.bin, a.layers,
+                           a.dec_seq_len, a.reduce_dtype)
     return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and label != "ddp")
 
 
