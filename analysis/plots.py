@@ -21,6 +21,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import matplotlib.transforms  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -97,8 +98,11 @@ def source(r):
     m = r.meta
     if m.get("projected"):
         return f"projected: {m.get('cluster', '?')} description"
-    device = "CPU" if m.get("backend") == "cpu" else (m.get("backend") or "?").upper()
-    return f"measured: {device}, this project's runs"
+    if m.get("backend") == "cpu":
+        return "measured: CPU ranks (this machine)"
+    devices = list(r.ranks["device"]) if len(r.ranks) and "device" in r.ranks else []
+    name = devices[0].split(" ", 1)[-1].split(" (")[0] if devices else (m.get("backend") or "?").upper()
+    return f"measured: {name}"
 
 
 def mark_oom(ax, x, col):
@@ -123,6 +127,7 @@ def finish_panels(fig, axes, out, name, xlabel, handles, title):
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel("TFLOPS per GPU", fontsize=8)
         ax.tick_params(labelsize=7)
+        ax.margins(y=0.15)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
@@ -148,33 +153,34 @@ def styles_for(values, styles):
 
 def plot_vs_model(runs, out):
     """Small multiples, one panel per source and batch: TFLOPS per GPU against model size,
-    colour = strategy, line style = GPU count (at most four: smallest, largest, between)."""
+    colour = strategy, line style = GPU count (at most four: the two smallest, the middle
+    one and the largest, the same in every panel)."""
     panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs})
     fig, axes = small_multiples(panels, width=4.2, cols=2)
-    labels, gpu_styles = set(), {}
+    worlds = sorted({r.meta["world_size"] for r in runs})
+    shown = worlds if len(worlds) <= 4 else [worlds[0], worlds[1], worlds[len(worlds) // 2], worlds[-1]]
+    gpu_styles = styles_for(shown, GPU_STYLES)
+    labels = set()
     for ax, (src, batch) in zip(axes, panels):
         rs = [r for r in runs if source(r) == src and r.meta["batch_per_rank"] == batch]
-        worlds = sorted({r.meta["world_size"] for r in rs})
-        shown = worlds if len(worlds) <= 4 else [worlds[0], worlds[len(worlds) // 3], worlds[2 * len(worlds) // 3],
-                                                   worlds[-1]]
-        st = styles_for(shown, GPU_STYLES)
+        here = {r.meta["world_size"] for r in rs}
+        proj = src.startswith("projected")
         for (label, world), g in sorted(series([r for r in rs if r.meta["world_size"] in shown],
                                                lambda r: (r.meta["label"], r.meta["world_size"])).items()):
             g = sorted(g, key=lambda r: r.meta["param_count"])
             ok = [r for r in g if r.meta["status"] == "ok"]
-            proj = src.startswith("projected")
-            ax.plot([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], color=color(label), ls=st[world],
-                    marker="o", ms=4, mfc="none" if proj else color(label))
+            ax.plot([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], color=color(label),
+                    ls=gpu_styles[world], marker="o", ms=4, mfc="none" if proj else color(label))
             for r in g:
                 if r.meta["status"] == "out-of-memory":
                     mark_oom(ax, r.meta["param_count"], color(label))
             labels.add(label)
-        gpu_styles.update({f"{w}": s for w, s in st.items()})
         ax.set_xscale("log")
-        more = f", {len(shown)} of {len(worlds)} GPU counts" if len(shown) < len(worlds) else ""
+        more = f" (GPU counts {', '.join(str(w) for w in sorted(here & set(shown)))} of {len(here)})" \
+            if not here <= set(shown) else ""
         ax.set_title(f"{src}\nbatch {batch}{more}", fontsize=8)
-    handles = legend_handles(sorted(labels), {k: gpu_styles[k] for k in sorted(gpu_styles, key=int)}, "GPUs",
-                             any(r.meta.get("projected") for r in runs), any(not r.meta.get("projected") for r in runs))
+    handles = legend_handles(sorted(labels), gpu_styles, "GPUs", any(r.meta.get("projected") for r in runs),
+                             any(not r.meta.get("projected") for r in runs))
     return finish_panels(fig, axes, out, "tflops_vs_model", "model parameters", handles,
                          "Throughput against model size (x on the axis: out of memory)")
 
@@ -199,6 +205,7 @@ def plot_vs_gpus(runs, out):
                     mark_oom(ax, r.meta["world_size"], color(label))
             labels.add(label)
         ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_title(f"{model}\n{src}", fontsize=8)
     handles = legend_handles(sorted(labels), batch_styles, "batch", any(r.meta.get("projected") for r in runs),
                              any(not r.meta.get("projected") for r in runs))
