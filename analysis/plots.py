@@ -126,9 +126,10 @@ def finish_panels(fig, axes, out, name, xlabel, handles, title):
     for ax in axes:
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel("TFLOPS per GPU", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.margins(y=0.15)
-        ax.set_ylim(bottom=0)
+        ax.tick_params(which="both", labelsize=7)
+        top = max((max(line.get_ydata(), default=0) for line in ax.get_lines() if line.get_transform() == ax.transData),
+                  default=0)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
         ax.grid(alpha=0.3)
     fig.suptitle(title, fontsize=10)
     fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
@@ -155,7 +156,7 @@ def plot_vs_model(runs, out):
     """Small multiples, one panel per source and batch: TFLOPS per GPU against model size,
     colour = strategy, line style = GPU count (at most four: the two smallest, the middle
     one and the largest, the same in every panel)."""
-    panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs})
+    panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs}, key=lambda p: (p[0].startswith("measured"), p))
     fig, axes = small_multiples(panels, width=4.2, cols=2)
     worlds = sorted({r.meta["world_size"] for r in runs})
     shown = worlds if len(worlds) <= 4 else [worlds[0], worlds[1], worlds[len(worlds) // 2], worlds[-1]]
@@ -188,7 +189,9 @@ def plot_vs_model(runs, out):
 def plot_vs_gpus(runs, out):
     """Small multiples, one panel per model and source: TFLOPS per GPU against GPU count,
     colour = strategy, line style = batch; measured and projected never share a panel."""
-    panels = sorted({(r.meta["model"], source(r)) for r in runs}, key=lambda p: (p[1].startswith("measured"), p))
+    size = {r.meta["model"]: r.meta["param_count"] for r in runs}
+    panels = sorted({(r.meta["model"], source(r)) for r in runs},
+                    key=lambda p: (p[1].startswith("measured"), p[1], size[p[0]]))
     fig, axes = small_multiples(panels)
     batch_styles = styles_for({r.meta["batch_per_rank"] for r in runs}, BATCH_STYLES)
     labels = set()
