@@ -156,7 +156,8 @@ def plot_vs_model(runs, out):
     """Small multiples, one panel per source and batch: TFLOPS per GPU against model size,
     colour = strategy, line style = GPU count (at most four: the two smallest, the middle
     one and the largest, the same in every panel)."""
-    panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs}, key=lambda p: (p[0].startswith("measured"), p))
+    panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs},
+                    key=lambda p: (p[0].startswith("measured"), p))
     fig, axes = small_multiples(panels, width=4.2, cols=2)
     worlds = sorted({r.meta["world_size"] for r in runs})
     shown = worlds if len(worlds) <= 4 else [worlds[0], worlds[1], worlds[len(worlds) // 2], worlds[-1]]
