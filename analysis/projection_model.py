@@ -170,9 +170,10 @@ class ComputeModel:
         self.cluster["calibration"].append(f"run {os.path.basename(path)} ({label})")
 
     def _fit(self):
-        # A measured shape or size costs its median time (robust to the odd slow call).
-        self.gemm = {k: float(np.median(v)) for k, v in self.gemm_samples.items()}
-        self.elem = {k: float(np.median(v)) for k, v in self.elem_samples.items()}
+        # A measured shape or size costs its mean time: the step is the sum of its operations,
+        # so a calibration run is reproduced.
+        self.gemm = {k: float(np.mean(v)) for k, v in self.gemm_samples.items()}
+        self.elem = {k: float(np.mean(v)) for k, v in self.elem_samples.items()}
         # Shape classes: plain and batched GEMMs, rate against FLOPs per call.
         self.gemm_class = {}
         for (m, n, k, b), t in sorted(self.gemm.items(), key=lambda kv: 2.0 * np.prod(kv[0])):
