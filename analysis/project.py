@@ -113,7 +113,12 @@ def write_result(path, sched, sim, cluster, args, label):
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
+    """Shows defaults, except where there is none (the help text then says what applies)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default is None or action.default == []:
+            return action.help
+        return super()._get_help_string(action)
 
 
 def parse_args(argv):
@@ -144,12 +149,13 @@ def parse_args(argv):
                          "(rate limiter); program = as the schedule's program issues them, after that compute")
     ap.add_argument("--calibrate-run", action="append", default=[], metavar="RESULT.h5",
                     help="measured training run (HDF5) to calibrate the compute model from, in place of the "
-                         "description's calibration_runs; repeat for several")
+                         "description's calibration_runs; repeat for several (default: the description's runs)")
     ap.add_argument("--calibrate-collectives", action="append", default=[], metavar="RESULT.h5",
-                    help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable")
+                    help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable "
+                         "(default: the description's tiers)")
     ap.add_argument("--require-calibration", action="store_true",
                     help="refuse to project without calibration data (runs or collectives)")
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"), help="folder of ddp_perf and fsdp_perf")
+    ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
     ap.add_argument("--out", required=True, help="directory for one projected HDF5 result per point")
     return ap.parse_args(argv)
 
