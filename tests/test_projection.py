@@ -4,9 +4,13 @@
 schedules; (b) the one-GPU step against the committed H100 calibration runs (commit d66ed0d);
 and the pieces of the model those rest on. Pure Python over the plans: about a minute.
 Run: /usr/bin/python3 tests/test_projection.py (make test runs it)."""
+import collections
 import os
 import sys
 import unittest
+
+import h5py
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
@@ -63,6 +67,27 @@ class OneGpu(unittest.TestCase):
         # Criterion (b) is 10 %; the model, calibrated on these runs, must do far better.
         for r in self.rows:
             self.assertLessEqual(abs(r["all"] / r["measured"] - 1), 0.02, r)
+
+
+class ScheduleMatchesTrace(unittest.TestCase):
+    """The plan's schedule is the measured step, operation for operation (the counting
+    backend records the bytes the CUDA backend records), so per-operation costs apply."""
+
+    def test_one_gpu_plan_equals_the_calibration_trace(self):
+        c = pm.load_cluster(pc.H100, calibrate=False)
+        sched = pc.point_schedule(c, "t5-611m", "ddp", 8, 1, pc.SEQ, False)
+        planned = collections.Counter()
+        for op, _ph, _u, nbytes, flops, _r, shape in pm.schedule_ops(sched):
+            if op in pm.COMPUTE_OPS:
+                planned[(op, nbytes, shape if op == pm.OP["gemm"] else None)] += 1
+        with h5py.File(os.path.join(pc.CALIBRATION, "ddp_perf-bf16-t5-611m.h5"), "r") as f:
+            e = f["events"][()]
+        e = e[(e["step"] == e["step"].max()) & np.isin(e["op"], pm.COMPUTE_OPS)]
+        measured = collections.Counter(
+            (int(r["op"]), 0 if r["op"] == pm.OP["gemm"] else int(r["bytes"]),
+             (int(r["m"]), int(r["n"]), int(r["k"]), int(r["batch"])) if r["op"] == pm.OP["gemm"] else None)
+            for r in e)
+        self.assertEqual(planned, measured)
 
 
 class Collectives(unittest.TestCase):
