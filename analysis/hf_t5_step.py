@@ -19,20 +19,20 @@ Exit status: 0 measured; 1 failed (out of memory included, with the reason); 3 n
 here (no transformers, no PyTorch, or no CUDA device): gpu-check prints the reason and skips
 the row.
 """
-import argparse
 import os
 import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
 import torch_t5_step  # noqa: E402  (PRESETS and the FLOP formula: one place for each)
 
 NOT_AVAILABLE = 3
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.parser(__doc__, __file__)
     p.add_argument("--model", default="t5-611m", choices=sorted(torch_t5_step.PRESETS),
                    help="shardbench preset whose shapes to build (default: %(default)s)")
     p.add_argument("--layers", type=int, help="encoder and decoder layers each (default: the preset's)")

@@ -7,11 +7,12 @@
   memory            memory per rank by category, measured beside planned, per strategy
   timeline          one step of each rank: compute and communication lanes, showing overlap
 
-    analysis/plots.py results/sweep --out results/sweep/plots
-
-Projected results (analysis/project.py) are drawn dashed with hollow markers. Axes start
-at zero; error bars run from the slowest to the fastest timed step. Exit codes: 0 drawn;
-2 bad input (no results, mixed schema versions, no training results).
+Usage: analysis/plots.py RESULT.h5|DIR... --out DIR
+Both TFLOPS figures are small multiples: measured and projected results (analysis/project.py)
+never share a panel (each panel names its source), projected points are hollow, and an
+out-of-memory point is an x on the panel's bottom edge, not a result at y = 0.
+Axes start at zero; error bars run from the slowest to the fastest timed step. Exit codes: 0
+drawn; 2 bad input (no results, mixed schema versions, no training results).
 """
 import glob
 import os
@@ -19,7 +20,10 @@ import sys
 
 import matplotlib
 matplotlib.use("Agg")
+import matplotlib.lines  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
+import matplotlib.transforms  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -117,50 +121,135 @@ def series(runs, key):
     return groups
 
 
-def finish_tflops(fig, ax, out, name, xlabel, title, legend_size, runs):
-    """Labels, legend and files of a TFLOPS-per-rank figure: zero-based, so that bars of
-    noise are not read as differences."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(f"TFLOPS per {device_word(runs)} (model FLOPs)")
-    ax.set_ylim(bottom=0)
-    ax.set_title(title)
-    ax.legend(fontsize=legend_size)
-    fig.tight_layout()
+BATCH_STYLES = ["-", "--", ":", "-."]  # by batch size, smallest first
+GPU_STYLES = ["-", "--", ":", "-."]    # by GPU count, smallest first
+
+
+def source(r):
+    """Where a result's numbers come from; results of different sources never share a panel."""
+    m = r.meta
+    if m.get("projected"):
+        return f"projected: {m.get('cluster', '?')} description"
+    if m.get("backend") == "cpu":
+        return "measured: CPU ranks (this machine)"
+    devices = list(r.ranks["device"]) if len(r.ranks) and "device" in r.ranks else []
+    name = devices[0].split(" ", 1)[-1].split(" (")[0] if devices else (m.get("backend") or "?").upper()
+    return f"measured: {name}"
+
+
+def mark_oom(ax, x, col):
+    """An out-of-memory point: an x on the bottom edge of the axes (not a y = 0 result)."""
+    tr = matplotlib.transforms.blended_transform_factory(ax.transData, ax.transAxes)
+    ax.plot([x], [0.03], transform=tr, marker="x", color=col, ms=8, mew=2, clip_on=False, ls="none")
+    ax.annotate("OOM", (x, 0.03), xycoords=tr, textcoords="offset points", xytext=(3, 4), fontsize=6, color=col)
+
+
+def small_multiples(panels, width=3.6, height=2.9, cols=3):
+    n = len(panels)
+    cols = min(cols, n)
+    rows = (n + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows + 0.9), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def finish_panels(fig, axes, out, name, xlabel, handles, title, devices):
+    """devices: per panel, what one rank ran on (device_word), for its y label."""
+    for ax, device in zip(axes, devices):
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(f"TFLOPS per {device}", fontsize=8)
+        ax.tick_params(which="both", labelsize=7)
+        top = max((max(line.get_ydata(), default=0) for line in ax.get_lines() if line.get_transform() == ax.transData),
+                  default=0)
+        ax.set_ylim(0, top * 1.15 if top > 0 else 1)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=10)
+    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
     return save(fig, out, name)
 
 
+def legend_handles(labels, styles, style_name, projected_any, measured_any):
+    """Strategy colours, then line styles (batch or GPU count), then measured/projected markers."""
+    h = [matplotlib.lines.Line2D([], [], color=color(lab), lw=2, label=lab) for lab in labels]
+    h += [matplotlib.lines.Line2D([], [], color="black", ls=st, label=f"{style_name} {v}") for v, st in styles.items()]
+    if measured_any:
+        h.append(matplotlib.lines.Line2D([], [], color="black", marker="o", ls="none", label="measured"))
+    if projected_any:
+        h.append(matplotlib.lines.Line2D([], [], color="black", marker="o", mfc="none", ls="none", label="projected"))
+    return h
+
+
+def styles_for(values, styles):
+    return {v: styles[i % len(styles)] for i, v in enumerate(sorted(values))}
+
+
 def plot_vs_model(runs, out):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    key = lambda r: (r.meta["label"], r.meta["world_size"], bool(r.meta.get("projected")))  # noqa: E731
-    for (label, world, proj), rs in sorted(series(runs, key).items()):
-        rs = sorted(rs, key=lambda r: r.meta["param_count"])
-        ok = [r for r in rs if r.meta["status"] == "ok"]
-        oom = [r for r in rs if r.meta["status"] == "out-of-memory"]
-        style = dict(color=color(label), ls="--" if proj else "-", marker="o", mfc="none" if proj else color(label))
-        ax.errorbar([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=3,
-                    label=f"{label} on {world}{' (projected)' if proj else ''}", **style)
-        for r in oom:
-            ax.plot(r.meta["param_count"], 0, marker="x", color=color(label), ms=10, mew=2)
-            ax.annotate("OOM", (r.meta["param_count"], 0), textcoords="offset points", xytext=(4, 6), fontsize=7,
-                        color=color(label))
-    ax.set_xscale("log")
-    return finish_tflops(fig, ax, out, "tflops_vs_model", "model parameters",
-                         "Throughput against model size (x: out of memory; bars: steps)", 7, runs)
+    """Small multiples, one panel per source and batch: TFLOPS per GPU against model size,
+    colour = strategy, line style = GPU count (at most four: the two smallest, the middle
+    one and the largest, the same in every panel)."""
+    panels = sorted({(source(r), r.meta["batch_per_rank"]) for r in runs},
+                    key=lambda p: (p[0].startswith("measured"), p))
+    fig, axes = small_multiples(panels, width=4.2, cols=2)
+    worlds = sorted({r.meta["world_size"] for r in runs})
+    shown = worlds if len(worlds) <= 4 else [worlds[0], worlds[1], worlds[len(worlds) // 2], worlds[-1]]
+    gpu_styles = styles_for(shown, GPU_STYLES)
+    labels = set()
+    for ax, (src, batch) in zip(axes, panels):
+        rs = [r for r in runs if source(r) == src and r.meta["batch_per_rank"] == batch]
+        here = {r.meta["world_size"] for r in rs}
+        proj = src.startswith("projected")
+        for (label, world), g in sorted(series([r for r in rs if r.meta["world_size"] in shown],
+                                               lambda r: (r.meta["label"], r.meta["world_size"])).items()):
+            g = sorted(g, key=lambda r: r.meta["param_count"])
+            ok = [r for r in g if r.meta["status"] == "ok"]
+            ax.errorbar([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=2,
+                        color=color(label), ls=gpu_styles[world], marker="o", ms=4, mfc="none" if proj else color(label))
+            for r in g:
+                if r.meta["status"] == "out-of-memory":
+                    mark_oom(ax, r.meta["param_count"], color(label))
+            labels.add(label)
+        ax.set_xscale("log")
+        more = f" (GPU counts {', '.join(str(w) for w in sorted(here & set(shown)))} of {len(here)})" \
+            if not here <= set(shown) else ""
+        ax.set_title(f"{src}\nbatch {batch}{more}", fontsize=8)
+    handles = legend_handles(sorted(labels), gpu_styles, "GPUs", any(r.meta.get("projected") for r in runs),
+                             any(not r.meta.get("projected") for r in runs))
+    devices = [device_word([r for r in runs if source(r) == src and r.meta["batch_per_rank"] == b]) for src, b in panels]
+    return finish_panels(fig, axes, out, "tflops_vs_model", "model parameters", handles,
+                         "Throughput against model size (x on the axis: out of memory)", devices)
 
 
 def plot_vs_gpus(runs, out):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
-    key = lambda r: (r.meta["model"], r.meta["label"], r.meta["batch_per_rank"], bool(r.meta.get("projected")))  # noqa: E731
-    for (model, label, batch, proj), rs in sorted(series(runs, key).items()):
-        rs = sorted([r for r in rs if r.meta["status"] == "ok"], key=lambda r: r.meta["world_size"])
-        if not rs:
-            continue
-        ax.errorbar([r.meta["world_size"] for r in rs], [tflops(r) for r in rs], yerr=tflops_yerr(rs), capsize=3,
-                    color=color(label), ls="--" if proj else "-", marker="s" if batch > 8 else "o",
-                    mfc="none" if proj else color(label),
-                    label=f"{model} {label} b{batch}{' (projected)' if proj else ''}")
-    ax.set_xscale("log", base=2)
-    return finish_tflops(fig, ax, out, "tflops_vs_gpus", f"{device_word(runs)}s", "Scaling", 6, runs)
+    """Small multiples, one panel per model and source: TFLOPS per GPU against GPU count,
+    colour = strategy, line style = batch; measured and projected never share a panel."""
+    size = {r.meta["model"]: r.meta["param_count"] for r in runs}
+    panels = sorted({(r.meta["model"], source(r)) for r in runs},
+                    key=lambda p: (p[1].startswith("measured"), p[1], size[p[0]]))
+    fig, axes = small_multiples(panels)
+    batch_styles = styles_for({r.meta["batch_per_rank"] for r in runs}, BATCH_STYLES)
+    labels = set()
+    for ax, (model, src) in zip(axes, panels):
+        rs = [r for r in runs if r.meta["model"] == model and source(r) == src]
+        proj = src.startswith("projected")
+        for (label, batch), g in sorted(series(rs, lambda r: (r.meta["label"], r.meta["batch_per_rank"])).items()):
+            g = sorted(g, key=lambda r: r.meta["world_size"])
+            ok = [r for r in g if r.meta["status"] == "ok"]
+            ax.errorbar([r.meta["world_size"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=2,
+                        color=color(label), ls=batch_styles[batch], marker="o", ms=4, mfc="none" if proj else color(label))
+            for r in g:
+                if r.meta["status"] == "out-of-memory":
+                    mark_oom(ax, r.meta["world_size"], color(label))
+            labels.add(label)
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_title(f"{model}\n{src}", fontsize=8)
+    handles = legend_handles(sorted(labels), batch_styles, "batch", any(r.meta.get("projected") for r in runs),
+                             any(not r.meta.get("projected") for r in runs))
+    devices = [device_word([r for r in runs if r.meta["model"] == m and source(r) == src]) for m, src in panels]
+    return finish_panels(fig, axes, out, "tflops_vs_gpus", "GPUs (ranks)", handles,
+                         "Scaling: TFLOPS per rank against GPU count (x on the axis: out of memory)", devices)
 
 
 def measured_at_peak(r):

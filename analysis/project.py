@@ -1,230 +1,38 @@
 #!/usr/bin/python3
 """Projection of a training step to scales not run: step time, TFLOPS per GPU and peak
-memory for each strategy and GPU count, from a cluster description, calibrated by
+memory for each strategy and GPU count, from a cluster description calibrated by
 measurements.
 
+Example: the published study's T5-11B scaling on the A100 cluster:
+
     analysis/project.py --cluster runs/clusters/a100-80gb.toml --model t5-11.3b \\
-        --strategies ddp,fsdp-full,fsdp-hybrid,fsdp-none --gpus 8,16,32,64,128,256,512 \\
-        --batch 8 --seq 512 --activation-checkpointing --out results/projection
+        --strategies fsdp-full,fsdp-hybrid --gpus 8,16,32,64,128,256,512 --batch 8,16 \\
+        --seq-len 512 --activation-checkpointing --out results/projection
 
-How: for every point the program's own memory plan is run (`--plan --world-size N
---schedule-json`, nothing allocated): it gives the memory verdict and the exact sequence of
-one step's GEMMs, collectives, waits and optimizer update as the strategy issues them
-(prefetches, buckets, reduce-scatters). That schedule is replayed on three lanes — compute,
-all-gathers, reductions — with compute times from the GEMM rate and collective times from
-NCCL-style ring/tree costs over the cluster's tiers (intra-node and inter-node bandwidth
-and latency). Overlap is whatever the schedule allows: a collective starts when issued and
-its lane is free; compute waits only where the schedule waits.
-
-Calibration: --calibrate-run RESULT.h5 (a measured training run) sets the GEMM rate, the
-non-GEMM fraction and the optimizer bandwidth; --calibrate-collectives RESULT.h5 (a
-collective_perf run) fits the latency and bandwidth of the tier it ran on. Each point is
-written as an HDF5 result in the programs' schema with `projected = 1`.
+For every point the program's own memory plan is run (ddp_perf/fsdp_perf --plan
+--world-size N --schedule-json, nothing allocated): it gives the memory verdict and one
+step's GEMMs (with shapes), elementwise kernels and copies (with bytes), collectives, waits
+and the optimizer update in the order the strategy issues them. The schedule is replayed on
+a compute lane and two communication lanes: each compute operation costed by its shape from
+the GEMM rates and bandwidths measured on the target GPU (the calibration runs the cluster
+description names), each collective by NCCL's cost model over the cluster's NVLink and NIC
+tiers. Each point is written as an HDF5 result in the programs' schema with projected = 1.
+docs/projection.md describes the model, its calibration and its validation.
 """
-import argparse
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
-import tomllib
 
 import h5py
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-CLUSTER_FIELDS = {"name": str, "gpus_per_node": int, "gpu_memory_gib": (int, float), "gemm_tflops": (int, float),
-                  "nongemm_fraction": (int, float), "memory_bandwidth_gbps": (int, float), "dtype": str}
-PRECISIONS = ("fp32", "bf16", "fp16")
-TIER_FIELDS = {"bandwidth_gbps": (int, float), "latency_us": (int, float)}
-OP = {"gemm": 0, "optimizer": 2, "copy": 3, "all-reduce": 4, "all-gather": 5, "reduce-scatter": 6, "wait": 7}
-
-
-class ProjectionError(Exception):
-    pass
-
-
-def load_cluster(path):
-    try:
-        with open(path, "rb") as f:
-            c = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ProjectionError(f"cluster description {path}: {e}")
-    for key, typ in CLUSTER_FIELDS.items():
-        if key not in c:
-            raise ProjectionError(f"cluster description {path}: missing field '{key}'")
-        if not isinstance(c[key], typ) or isinstance(c[key], bool):
-            raise ProjectionError(f"cluster description {path}: field '{key}' = {c[key]!r} has the wrong type")
-    for tier in ("intra", "inter"):
-        if tier not in c or not isinstance(c[tier], dict):
-            raise ProjectionError(f"cluster description {path}: missing table [{tier}]")
-        for key, typ in TIER_FIELDS.items():
-            if key not in c[tier]:
-                raise ProjectionError(f"cluster description {path}: missing field '{tier}.{key}'")
-            if not isinstance(c[tier][key], typ) or c[tier][key] <= 0:
-                raise ProjectionError(f"cluster description {path}: '{tier}.{key}' must be a positive number")
-    if c["dtype"] not in PRECISIONS:
-        raise ProjectionError(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
-    known = set(CLUSTER_FIELDS) | {"intra", "inter", "cpu_cores_per_node"}
-    unknown = set(c) - known
-    if unknown:
-        raise ProjectionError(f"cluster description {path}: unknown field(s) {sorted(unknown)}")
-    c["calibration"] = []
-    return c
-
-
-def _attr(f, k):
-    v = f.attrs[k]
-    return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
-
-
-def calibrate_run(cluster, path):
-    """GEMM rate, non-GEMM fraction and optimizer bandwidth from a measured training run."""
-    with h5py.File(path, "r") as f:
-        if _attr(f, "status") != "ok" or "steps" not in f:
-            raise ProjectionError(f"--calibrate-run {path}: not a completed training result")
-        s = f["steps"][()]
-        s = s[s["warmup"] == 0]
-        e = f["events"][()]
-        ranks_per_node = _attr(f, "ranks_per_node")
-        dtype = _attr(f, "dtype")
-    if dtype != cluster["dtype"]:
-        raise ProjectionError(f"--calibrate-run {path}: a {dtype} run cannot calibrate the {cluster['dtype']} "
-                              "rates of this cluster description (its field 'dtype')")
-    rate = s["gemm_flops"].sum() / s["gemm_time"].sum()
-    slow = _oversubscription(cluster, ranks_per_node)  # the measured rate already suffered it
-    cluster["gemm_tflops"] = rate * slow / 1e12
-    cluster["nongemm_fraction"] = float(max(0.0, (s["compute"] - s["gemm_time"]).sum() / s["gemm_time"].sum()))
-    opt = e[(e["op"] == OP["optimizer"]) & (e["step"] > 0)]
-    if len(opt):
-        cluster["memory_bandwidth_gbps"] = opt["bytes"].sum() / (opt["end"] - opt["start"]).sum() * slow / 1e9
-    cluster["calibration"].append(f"run {os.path.basename(path)}: GEMM {cluster['gemm_tflops'] * 1e3:.1f} GFLOP/s, "
-                                  f"non-GEMM {cluster['nongemm_fraction']:.2f}, optimizer "
-                                  f"{cluster['memory_bandwidth_gbps']:.1f} GB/s")
-
-
-def calibrate_collectives(cluster, path):
-    """Fits t = steps·α + factor·S/B (ring) to a collective_perf result's out-of-place
-    all-reduce, all-gather and reduce-scatter; sets the tier it ran on."""
-    with h5py.File(path, "r") as f:
-        if _attr(f, "program") != "collective_perf":
-            raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
-        n, nodes = _attr(f, "world_size"), _attr(f, "nodes")
-        names = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["op_names"]]
-        r = f["results"][()]
-    rows, times = [], []
-    for row in r[r["in_place"] == 0]:
-        op = names[row["op"]]
-        if op not in ("all-reduce", "all-gather", "reduce-scatter"):
-            continue
-        steps, factor = ring_steps_factor(op, n)
-        rows.append([steps, factor * row["size"]])
-        times.append(row["time"])
-    if len(rows) < 2:
-        raise ProjectionError(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
-    x, y = np.array(rows, float), np.array(times)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    alpha, inv_bw = coef
-    if alpha < 0 or inv_bw <= 0:  # latency cannot be negative: refit bandwidth alone
-        alpha, inv_bw = 0.0, float((x[:, 1] @ y) / (x[:, 1] @ x[:, 1]))
-    tier = "intra" if nodes == 1 else "inter"
-    cluster[tier] = {"bandwidth_gbps": 1 / inv_bw / 1e9, "latency_us": alpha * 1e6}
-    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s)): {tier} "
-                                  f"{cluster[tier]['bandwidth_gbps']:.2f} GB/s, {cluster[tier]['latency_us']:.1f} us")
-
-
-def ring_steps_factor(op, n):
-    """NCCL ring: all-reduce 2(n−1) steps moving 2(n−1)/n of the buffer; all-gather and
-    reduce-scatter n−1 steps moving (n−1)/n of the full (gathered or scattered) buffer."""
-    if n <= 1:
-        return 0, 0.0
-    if op == "all-reduce":
-        return 2 * (n - 1), 2 * (n - 1) / n
-    return n - 1, (n - 1) / n
-
-
-def collective_time(cluster, op, size, n, nodes):
-    """Time of one collective of `size` bytes over n ranks spanning `nodes` nodes: the
-    cheaper of ring and (all-reduce, multi-node) tree, as NCCL's tuner picks."""
-    if n <= 1:
-        return 0.0
-    intra, inter = cluster["intra"], cluster["inter"]
-    steps, factor = ring_steps_factor(op, n)
-    if nodes <= 1:
-        return steps * intra["latency_us"] * 1e-6 + factor * size / (intra["bandwidth_gbps"] * 1e9)
-    # Ring across nodes: the inter-node link is the bottleneck; 2(nodes−1) of the steps of an
-    # all-reduce (nodes−1 of an all-gather/reduce-scatter) cross nodes.
-    cross = (2 if op == "all-reduce" else 1) * (nodes - 1)
-    bw = min(intra["bandwidth_gbps"], inter["bandwidth_gbps"]) * 1e9
-    ring = cross * inter["latency_us"] * 1e-6 + (steps - cross) * intra["latency_us"] * 1e-6 + factor * size / bw
-    if op != "all-reduce":
-        return ring
-    # Tree: reduce up and broadcast down a binary tree of nodes, log2(nodes) hops each way,
-    # the inter-node link carrying the buffer once per direction.
-    tree = 2 * math.ceil(math.log2(nodes)) * inter["latency_us"] * 1e-6 + 2 * size / (inter["bandwidth_gbps"] * 1e9)
-    tree += 2 * ((n // nodes) - 1) * intra["latency_us"] * 1e-6 + 2 * size / (intra["bandwidth_gbps"] * 1e9)
-    return min(ring, tree)
-
-
-def _oversubscription(cluster, ranks_per_node):
-    cores = cluster.get("cpu_cores_per_node")
-    return max(1.0, ranks_per_node / cores) if cores else 1.0
-
-
-def groups(sched, cluster):
-    """(size, nodes) of the shard group (all-gather, reduce-scatter) and of the replicate
-    group (all-reduce): shard groups are consecutive ranks, replicate groups strided."""
-    w, g, per = sched["world_size"], sched["shard_size"], cluster["gpus_per_node"]
-    nodes = max(1, math.ceil(w / per))
-    shard_nodes = max(1, math.ceil(g / per))
-    r = w // g
-    rep_nodes = min(r, nodes) if g < per else r
-    return (g, shard_nodes), (r, max(1, rep_nodes if nodes > 1 else 1))
-
-
-def simulate(sched, cluster):
-    """Replays one step's schedule on a compute lane and two communication lanes; keeps
-    each operation's (op, phase, unit, lane, start, end, bytes, flops) for the timeline."""
-    w = sched["world_size"]
-    per_node = min(w, cluster["gpus_per_node"])
-    slow = _oversubscription(cluster, per_node)
-    rate = cluster["gemm_tflops"] * 1e12 / slow
-    mem_bw = cluster["memory_bandwidth_gbps"] * 1e9 / slow
-    (g, g_nodes), (r, r_nodes) = groups(sched, cluster)
-    t, lanes, done = 0.0, {"gather": 0.0, "reduce": 0.0}, {}
-    compute = comm = exposed = 0.0
-    events = []
-    for op, phase, unit, nbytes, flops, req in sched["ops"]:
-        if op == OP["gemm"]:
-            d = flops / rate * (1 + cluster["nongemm_fraction"])
-            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
-            t += d
-            compute += d
-        elif op in (OP["optimizer"], OP["copy"]):  # Adam; casts between precisions
-            d = nbytes / mem_bw
-            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
-            t += d
-            compute += d
-        elif op in (OP["all-gather"], OP["reduce-scatter"], OP["all-reduce"]):
-            name = {OP["all-gather"]: "all-gather", OP["reduce-scatter"]: "reduce-scatter"}.get(op, "all-reduce")
-            n, nodes = (r, r_nodes) if name == "all-reduce" else (g, g_nodes)
-            lane = "gather" if name == "all-gather" else "reduce"
-            start = max(t, lanes[lane])
-            d = collective_time(cluster, name, nbytes, n, nodes)
-            lanes[lane] = start + d
-            done[req] = start + d
-            comm += d
-            events.append((op, phase, unit, 1 if lane == "gather" else 2, start, start + d, nbytes, flops))
-        elif op == OP["wait"]:
-            end = done.get(req, t)
-            if end > t:
-                events.append((op, phase, unit, 0, t, end, 0, 0.0))
-                exposed += end - t
-                t = end
-    return {"time": t, "compute": compute, "communication": comm, "exposed": exposed, "events": events}
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cli  # noqa: E402
+from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
+                              load_cluster, simulate)
 
 def plan_schedule(program_args, world, limit_gib, binary_dir):
     with tempfile.TemporaryDirectory() as tmp:
@@ -294,6 +102,7 @@ def write_result(path, sched, sim, cluster, args, label):
         a["backend"] = "projection"
         a["cluster"] = cluster["name"]
         a["calibration"] = "; ".join(cluster["calibration"]) or "none (cluster description as written)"
+        a["compute_model"] = cluster["compute_model"].describe()
         a["status"] = "ok" if fits else "out-of-memory"
         a["model_flops_per_step"] = sched["model_flops_per_step"]
         a["hardware_flops_per_step"] = sched["hardware_flops_per_step"]
@@ -320,40 +129,101 @@ def write_result(path, sched, sim, cluster, args, label):
     os.replace(path + ".tmp", path)
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cluster", required=True, help="cluster description (TOML), e.g. runs/clusters/a100-80gb.toml")
-    ap.add_argument("--model", action="append", required=True, help="preset; repeat for several")
-    ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none")
-    ap.add_argument("--gpus", default="8,16,32,64,128,256,512")
-    ap.add_argument("--batch", default="8", help="per-GPU batch sizes, comma-separated")
-    ap.add_argument("--seq", type=int, default=512)
-    ap.add_argument("--activation-checkpointing", action="store_true")
-    ap.add_argument("--reduce-dtype", choices=PRECISIONS,
+def parse_args(argv):
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("--cluster", required=True,
+                    help="cluster description (TOML), e.g. runs/clusters/a100-80gb.toml (docs/projection.md)")
+    ap.add_argument("--model", action="append", required=True,
+                    help="model preset as the programs name it (t5-611m, t5-2.28b, t5-11.3b, t5-small, t5-tiny); "
+                         "repeat for several")
+    ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none",
+                    help="comma-separated strategy labels as the programs print them: ddp, fsdp-full, "
+                         "fsdp-hybridG (shard groups of G ranks; fsdp-hybrid: G = GPUs per node), fsdp-none, "
+                         "fsdp-grad-op (default: %(default)s)")
+    ap.add_argument("--gpus", default="8,16,32,64,128,256,512", help="comma-separated GPU counts (world sizes) (default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=None,
+                    help="override the preset's layers per stack (as the programs' --layers), e.g. 4 for the "
+                         "t5-11.3b 4+4 calibration run (default: the preset's)")
+    ap.add_argument("--batch", default="8", help="comma-separated per-GPU batch sizes (sequences per rank) (default: %(default)s)")
+    ap.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default: %(default)s)")
+    ap.add_argument("--dec-seq-len", type=int, default=None, help="decoder tokens per sequence (default: --seq-len)")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="recompute each block's forward in backward")
+    ap.add_argument("--reduce-dtype", choices=PRECISIONS, default=None,
                     help="gradient reductions (default: the cluster description's dtype, which the steps compute in)")
-    ap.add_argument("--calibrate-run", action="append", default=[])
-    ap.add_argument("--calibrate-collectives", action="append", default=[])
-    ap.add_argument("--require-calibration", action="store_true", help="refuse to project without calibration data")
-    ap.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"))
+    ap.add_argument("--all-gathers", choices=("fsdp1", "program"), default="fsdp1",
+                    help="FSDP all-gather timing: fsdp1 = as PyTorch FSDP1 (the published study) runs them, "
+                         "overlapping the compute issued before them, at most two gathered units in flight "
+                         "(rate limiter); program = as the schedule's program issues them, after that compute "
+                         "(default: %(default)s)")
+    ap.add_argument("--calibrate-run", action="append", default=[], metavar="RESULT.h5",
+                    help="measured training run (HDF5) to calibrate the compute model from, in place of the "
+                         "description's calibration_runs; repeat for several (default: the description's runs)")
+    ap.add_argument("--calibrate-collectives", action="append", default=[], metavar="RESULT.h5",
+                    help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable "
+                         "(default: the description's tiers)")
+    ap.add_argument("--require-calibration", action="store_true",
+                    help="refuse to project without calibration data (runs or collectives)")
+    ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
     ap.add_argument("--out", required=True, help="directory for one projected HDF5 result per point")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def positive_list(text, flag):
     try:
-        cluster = load_cluster(a.cluster)
-        if a.require_calibration and not (a.calibrate_run or a.calibrate_collectives):
-            raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives")
-        for p in a.calibrate_run:
-            calibrate_run(cluster, p)
-        for p in a.calibrate_collectives:
-            calibrate_collectives(cluster, p)
-        gpus = [int(x) for x in a.gpus.split(",")]
-        batches = [int(x) for x in a.batch.split(",")]
-        if any(x <= 0 for x in gpus + batches) or a.seq <= 0:
-            raise ProjectionError("--gpus, --batch and --seq must be positive")
-    except (ProjectionError, ValueError, OSError, KeyError) as e:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise ProjectionError(f"{flag} '{text}' is not a comma-separated list of integers")
+    if any(x <= 0 for x in values):
+        raise ProjectionError(f"{flag} '{text}': every value must be positive")
+    return values
+
+
+def setup(a):
+    """The cluster with its calibration applied, and the GPU counts and batches."""
+    cluster = load_cluster(a.cluster, calibrate=not a.calibrate_run)
+    for p in a.calibrate_run:
+        cluster["compute_model"].add_run(p, cluster)
+    for p in a.calibrate_collectives:
+        calibrate_collectives(cluster, p)
+    if a.require_calibration and not cluster["calibration"]:
+        raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
+                              "description with calibration_runs")
+    if a.seq_len <= 0 or any(v is not None and v <= 0 for v in (a.dec_seq_len, a.layers)):
+        raise ProjectionError("--seq-len, --dec-seq-len and --layers must be positive")
+    return cluster, positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
+
+
+def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False, binary_dir=None, layers=None,
+                   dec_seq_len=None, reduce_dtype=None):
+    """The program's plan and schedule of one point (its --plan --schedule-json)."""
+    args = strategy_args(label, cluster, n) + ["--model", model, "--batch", str(batch), "--seq-len", str(seq_len)]
+    if dec_seq_len is not None:
+        args += ["--dec-seq-len", str(dec_seq_len)]
+    if layers is not None:
+        args += ["--layers", str(layers)]
+    if checkpointing:
+        args.append("--activation-checkpointing")
+    args += ["--dtype", cluster["dtype"], "--reduce-dtype", reduce_dtype or cluster["dtype"]]
+    return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
+
+
+def project_point(cluster, a, model, label, batch, n):
+    """(schedule, replay) of one point of the command line's sweep."""
+    sched = point_schedule(cluster, model, label, batch, n, a.seq_len, a.activation_checkpointing, a.bin, a.layers,
+                           a.dec_seq_len, a.reduce_dtype)
+    return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and label != "ddp")
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    try:
+        cluster, gpus, batches = setup(a)
+    except (ProjectionError, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
-    print(f"cluster {cluster['name']}: " + ("; ".join(cluster["calibration"]) or "uncalibrated"))
+    print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
     print(f"{'model':<10} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'peak GiB':>9}  status")
     for model in a.model:
@@ -361,18 +231,12 @@ def main(argv=None):
             for batch in batches:
                 for n in gpus:
                     try:
-                        args = strategy_args(label, cluster, n) + [
-                            "--model", model, "--batch", str(batch), "--seq-len", str(a.seq)]
-                        if a.activation_checkpointing:
-                            args.append("--activation-checkpointing")
-                        args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
-                        sched = plan_schedule(args, n, cluster["gpu_memory_gib"], a.bin)
+                        sched, sim = project_point(cluster, a, model, label, batch, n)
                     except ProjectionError as e:
                         print(f"project: error: {e}", file=sys.stderr)
                         return 2
-                    sim = simulate(sched, cluster)
                     fits = sched["memory"]["fits"]
-                    name = f"{model}-{sched['label']}-g{n}-b{batch}-s{a.seq}.h5"
+                    name = f"{model}-{sched['label']}-g{n}-b{batch}-s{a.seq_len}.h5"
                     write_result(os.path.join(a.out, name), sched, sim, cluster, a, label)
                     tf = sched["model_flops_per_step"] / sim["time"] / 1e12
                     print(f"{model:<10} {sched['label']:<13} {n:>5} {batch:>5} "

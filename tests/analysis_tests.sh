@@ -16,14 +16,16 @@ MPI4=(timeout 300 mpirun -np 4 --bind-to none)
 "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --out $R/full.h5 >"$tmp/out" 2>&1 || bad "fsdp run"
 $BIN/ddp_perf --model t5-11.3b --batch 8 --seq-len 512 --plan --world-size 8 --mem-limit-gib 80 --out $R/ddp-11b.h5 \
   >"$tmp/out" 2>&1
-expect "projection over the A100 description (uncalibrated), t5-611m and t5-11.3b" 0 't5-11.3b +ddp .* out-of-memory' -- \
+expect "projection over the A100 description, t5-611m and t5-11.3b" 0 't5-11.3b +ddp .* out-of-memory' -- \
   $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-611m --model t5-11.3b \
-  --strategies ddp,fsdp-full,fsdp-hybrid --gpus 8,64 --batch 8 --seq 512 --activation-checkpointing --out $R/projected
-expect "projection: hybrid beats full sharding at 64 GPUs of t5-11.3b" 0 'ok' -- $PY - $R/projected <<'PYEOF'
+  --strategies ddp,fsdp-full,fsdp-hybrid --gpus 8,512 --batch 8 --seq-len 512 --activation-checkpointing \
+  --out $R/projected
+expect "projection: hybrid beats full sharding of t5-611m at 512 GPUs (docs/projection.md)" 0 'ok' -- \
+  $PY - $R/projected <<'PYEOF'
 import sys, h5py, os
 d = sys.argv[1]
 t = lambda n: h5py.File(os.path.join(d, n))["/"].attrs["median_step_time_s"]
-assert t("t5-11.3b-fsdp-hybrid8-g64-b8-s512.h5") < t("t5-11.3b-fsdp-full-g64-b8-s512.h5")
+assert t("t5-611m-fsdp-hybrid8-g512-b8-s512.h5") < t("t5-611m-fsdp-full-g512-b8-s512.h5")
 print("ok")
 PYEOF
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
@@ -63,7 +65,7 @@ expect "report: an empty folder" 2 'no .h5 results' -- $PY $ROOT/analysis/report
 expect "report: a mixed-schema folder" 2 'schema' -- $PY $ROOT/analysis/report.py $tmp/mixed
 expect "projection without calibration data when required" 2 'no calibration data' -- \
   $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/local-cpu.toml --model t5-tiny --gpus 2 --batch 2 \
-  --seq 16 --require-calibration --out $tmp/p1
+  --seq-len 16 --require-calibration --out $tmp/p1
 grep -v '^latency_us' $ROOT/runs/clusters/h100-80gb.toml | sed '/^\[inter\]/,$!b' >$tmp/broken.toml
 expect "cluster description missing a field" 2 "missing field '(intra|inter).latency_us'" -- \
   $PY $ROOT/analysis/project.py --cluster $tmp/broken.toml --model t5-tiny --gpus 2 --out $tmp/p2

@@ -24,6 +24,8 @@ echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
+echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"
+/usr/bin/python3 tests/test_projection.py || failed=$((failed + 1))
 echo "=== analysis: figures, report, projection"
 bash tests/analysis_tests.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then echo "make test: $failed suite(s) failed"; exit 1; fi

@@ -49,24 +49,42 @@ class CountingBackend final : public Backend {
                     float, Buf, int, int64_t, int batch) override {
     count_gemm(ta, tb, M, N, K, batch);
   }
-  void embedding_forward(Buf, CBuf, const int*, int, int) override {}
-  void embedding_backward(Buf, CBuf, const int*, int, int) override {}
-  void rmsnorm_forward(Buf, float*, CBuf, CBuf, int, int, float) override {}
-  void rmsnorm_backward(Buf, Buf, CBuf, CBuf, CBuf, const float*, int, int) override {}
-  void relu_forward(Buf, int64_t) override {}
-  void relu_backward(Buf, CBuf, int64_t) override {}
-  void add(Buf, CBuf, int64_t) override {}
-  void scale(Buf, float, int64_t) override {}
-  void copy(Buf, CBuf, int64_t) override {}
+  // Elementwise kernels and copies are recorded with the bytes the CUDA backend records for
+  // them, so the projection can cost them by bytes at a measured bandwidth.
+  void embedding_forward(Buf out, CBuf, const int*, int n, int d) override { touched(2, out, int64_t(n) * d); }
+  void embedding_backward(Buf dtable, CBuf, const int*, int n, int d) override {
+    touched(3, dtable, int64_t(n) * d);
+  }
+  void rmsnorm_forward(Buf out, float*, CBuf, CBuf, int n, int d, float) override {
+    touched(2, out, int64_t(n) * d);
+  }
+  void rmsnorm_backward(Buf dx, Buf, CBuf, CBuf, CBuf, const float*, int n, int d) override {
+    touched(4, dx, int64_t(n) * d);
+  }
+  void relu_forward(Buf x, int64_t n) override { touched(2, x, n); }
+  void relu_backward(Buf dy, CBuf, int64_t n) override { touched(3, dy, n); }
+  void add(Buf y, CBuf, int64_t n) override { touched(3, y, n); }
+  void scale(Buf x, float, int64_t n) override { touched(2, x, n); }
+  void copy(Buf dst, CBuf, int64_t n) override {
+    record(OpKind::Copy, 0, 0.0, 0.0, 2 * dtype_size(dst.dtype) * n, 0.0);
+  }
   void cast(Buf dst, CBuf src, int64_t n) override {  // recorded: the projection replays it
     record(OpKind::Copy, 0, 0.0, 0.0, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n, 0.0);
   }
-  void fill(Buf, float, int64_t) override {}
+  void fill(Buf x, float, int64_t n) override { touched(1, x, n); }
   void init_uniform(float*, int64_t, uint64_t, int64_t, float) override {}
-  void position_bias_forward(Buf, CBuf, const int*, int, int, int) override {}
-  void position_bias_backward(Buf, CBuf, const int*, int, int, int) override {}
-  void softmax_forward(Buf, CBuf, bool, int, int, int, int) override {}
-  void softmax_backward(Buf, CBuf, Buf, int, int, int, int) override {}
+  void position_bias_forward(Buf bias, CBuf, const int*, int heads, int tq, int tk) override {
+    touched(2, bias, int64_t(heads) * tq * tk);
+  }
+  void position_bias_backward(Buf dtable, CBuf, const int*, int heads, int tq, int tk) override {
+    touched(2, dtable, int64_t(heads) * tq * tk);
+  }
+  void softmax_forward(Buf s, CBuf, bool, int batch, int heads, int tq, int tk) override {
+    touched(2, s, int64_t(batch) * heads * tq * tk);
+  }
+  void softmax_backward(Buf ds, CBuf, Buf, int batch, int heads, int tq, int tk) override {
+    touched(3, ds, int64_t(batch) * heads * tq * tk);
+  }
   // Counted as the GEMMs they stand for (attention_gemm_shape), so the plan's FLOPs and
   // schedule are those of the unfused path.
   void attention_forward(Buf, float*, CBuf, CBuf, CBuf, CBuf, const int*, const AttentionShape& s) override {
@@ -76,8 +94,13 @@ class CountingBackend final : public Backend {
                           const AttentionShape& s) override {
     count_attention(s, true);
   }
-  void cross_entropy(Buf, float*, const int*, int, int, float) override {}
-  bool all_finite(CBuf, int64_t) override { return true; }
+  void cross_entropy(Buf logits, float*, const int*, int n, int vocab, float) override {
+    touched(2, logits, int64_t(n) * vocab);
+  }
+  bool all_finite(CBuf x, int64_t n) override {
+    record(OpKind::Elementwise, 0, 0.0, 0.0, dtype_size(x.dtype) * n, 0.0);
+    return true;
+  }
   void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int, Buf copy) override {
     const int64_t bytes = (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n;
     record(OpKind::Optimizer, 0, 0.0, 0.0, bytes, 0.0);  // bytes touched, for the projection
@@ -109,6 +132,10 @@ class CountingBackend final : public Backend {
   void count_attention(const AttentionShape& s, bool backward) {
     const auto g = attention_gemm_shape(s, backward);
     count_gemm(false, false, g[0], g[1], g[2], g[3]);
+  }
+  // An elementwise kernel touching `passes` arrays of n elements of x's type.
+  void touched(int passes, Buf x, int64_t n) {
+    record(OpKind::Elementwise, 0, 0.0, 0.0, passes * dtype_size(x.dtype) * n, 0.0);
   }
 
   uintptr_t next_ = 4096;

@@ -127,12 +127,15 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
   std::fprintf(f, "],\n  \"phase_names\": [");
   for (int k = 0; k < int(Phase::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
-  // One op per row: [op, phase, unit, bytes, flops, request].
-  std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\"],\n  \"ops\": [\n");
+  // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch] (the GEMM shape
+  // costs a GEMM by its shape class in the projection; zeros for other ops).
+  std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
+               "\"k\", \"batch\"],\n  \"ops\": [\n");
   for (size_t i = 0; i < p.schedule.size(); ++i) {
     const OpEvent& e = p.schedule[i];
-    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld]%s\n", int(e.kind), int(e.phase), e.unit, (long long)e.bytes,
-                 e.flops, (long long)e.request, i + 1 < p.schedule.size() ? "," : "");
+    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d]%s\n", int(e.kind), int(e.phase), e.unit,
+                 (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3],
+                 i + 1 < p.schedule.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");

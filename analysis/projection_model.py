@@ -1,0 +1,418 @@
+"""The projection's model: cluster descriptions, the per-operation compute model, NCCL-style
+collective costs, and the replay of one step's schedule (docs/projection.md).
+
+    from projection_model import load_cluster, simulate
+    cluster = load_cluster("runs/clusters/h100-80gb.toml")   # calibrated from the runs it names
+    sim = simulate(schedule, cluster)                          # schedule: --plan --schedule-json
+
+Pure Python over the programs' own schedules; analysis/project.py is the command line.
+"""
+import math
+import os
+import tomllib
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRECISIONS = ("fp32", "bf16", "fp16")
+OP = {"gemm": 0, "elementwise": 1, "optimizer": 2, "copy": 3, "all-reduce": 4, "all-gather": 5,
+      "reduce-scatter": 6, "wait": 7}
+COLLECTIVES = {OP["all-reduce"]: "all-reduce", OP["all-gather"]: "all-gather", OP["reduce-scatter"]: "reduce-scatter"}
+COMPUTE_OPS = (OP["gemm"], OP["elementwise"], OP["optimizer"], OP["copy"])
+
+# Field: (type, required). Numbers must be positive unless noted in the docs.
+NUM = (int, float)
+CLUSTER_FIELDS = {"name": (str, True), "gpus_per_node": (int, True), "gpu_memory_gib": (NUM, True),
+                  "dtype": (str, True), "collectives": (str, False), "cpu_cores_per_node": (int, False)}
+COMPUTE_FIELDS = {"gemm_tflops": (NUM, True), "memory_bandwidth_gbps": (NUM, True), "launch_us": (NUM, False),
+                  "calibration_runs": (list, False), "gemm_scale": (NUM, False), "memory_scale": (NUM, False)}
+INTRA_FIELDS = {"bandwidth_gbps": (NUM, True), "latency_us": (NUM, True), "allreduce_bandwidth_gbps": (NUM, False)}
+INTER_FIELDS = {"nic_bandwidth_gbps": (NUM, True), "nics_per_node": (int, True), "latency_us": (NUM, True)}
+COLLECTIVE_MODELS = ("nccl", "ring")
+
+# NCCL's tuning model (src/graph/tuning.cc): the fixed latency of a ring collective with the
+# Simple protocol, the tree all-reduce's per-hop latencies (NVLink, network) and its bandwidth
+# cap (busBw ≤ 0.9·ring busBw and ≤ 80 GB/s beyond two nodes), and the 1.9× "plateau" on the
+# latency of a multi-node ring all-reduce. The per-step ring latencies are the cluster's.
+NCCL_RING_BASE_US = 8.4
+NCCL_TREE_HOP_US = {"intra": 28.0, "inter": 50.0}
+NCCL_TREE_MAX_BUSBW = 80.0
+NCCL_RING_ALLREDUCE_PLATEAU = 1.9
+
+
+class ProjectionError(Exception):
+    pass
+
+
+# ---------------------------------------------------------------- cluster descriptions
+
+def _check_table(table, fields, where, path):
+    for key, (typ, required) in fields.items():
+        if key not in table:
+            if required:
+                raise ProjectionError(f"cluster description {path}: missing field '{where}{key}'")
+            continue
+        v = table[key]
+        if not isinstance(v, typ) or isinstance(v, bool):
+            raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} has the wrong type")
+        if isinstance(v, NUM) and v <= 0:
+            raise ProjectionError(f"cluster description {path}: '{where}{key}' must be a positive number")
+    unknown = set(table) - set(fields) - {"intra", "inter", "compute"}
+    if unknown:
+        raise ProjectionError(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")
+
+
+def load_cluster(path, calibrate=True):
+    """Reads and checks a description; builds its compute model from the runs it names."""
+    try:
+        with open(path, "rb") as f:
+            c = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ProjectionError(f"cluster description {path}: {e}")
+    _check_table(c, CLUSTER_FIELDS, "", path)
+    for tier, fields in (("compute", COMPUTE_FIELDS), ("intra", INTRA_FIELDS), ("inter", INTER_FIELDS)):
+        if not isinstance(c.get(tier), dict):
+            raise ProjectionError(f"cluster description {path}: missing table [{tier}]")
+        _check_table(c[tier], fields, tier + ".", path)
+    if c["dtype"] not in PRECISIONS:
+        raise ProjectionError(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
+    c.setdefault("collectives", "ring")
+    if c["collectives"] not in COLLECTIVE_MODELS:
+        raise ProjectionError(f"cluster description {path}: collectives '{c['collectives']}' is not one of "
+                              f"{', '.join(COLLECTIVE_MODELS)}")
+    c["calibration"] = []
+    cm = ComputeModel(c)
+    c["compute_model"] = cm
+    if calibrate:
+        for run in c["compute"].get("calibration_runs", []):
+            cm.add_run(os.path.join(ROOT, run), c)
+    return c
+
+
+# ---------------------------------------------------------------- compute
+
+def _attr(f, k):
+    v = f.attrs[k]
+    return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
+
+
+def oversubscription(cluster, ranks_per_node):
+    """CPU clusters: ranks beyond the cores share them, so compute slows by ranks/cores."""
+    cores = cluster.get("cpu_cores_per_node")
+    return max(1.0, ranks_per_node / cores) if cores else 1.0
+
+
+def _interp_log(x, xs, ys):
+    """ys interpolated at x in log(xs), held constant beyond the ends."""
+    return float(np.interp(math.log(x), np.log(xs), ys)) if len(xs) > 1 else float(ys[0])
+
+
+class ComputeModel:
+    """Each compute operation costed by its shape, as measured on the target GPU:
+    GEMMs by their exact shape (m, n, k, batch) where a calibration run issued it, else at the
+    rate measured for GEMMs of the same class (plain or batched) and similar FLOPs;
+    elementwise kernels by their bytes at the bandwidth measured for kernels of that size;
+    copies/casts and the Adam update by bytes at their measured bandwidth; plus a launch
+    overhead per operation (the gaps between kernels). Without calibration runs every GEMM
+    runs at the nominal [compute] gemm_tflops and every other operation at its
+    memory_bandwidth_gbps, with no launch overhead."""
+
+    def __init__(self, cluster):
+        comp = cluster["compute"]
+        self.gemm_scale = comp.get("gemm_scale", 1.0)
+        self.memory_scale = comp.get("memory_scale", 1.0)
+        self.nominal_rate = comp["gemm_tflops"] * 1e12
+        self.nominal_bw = comp["memory_bandwidth_gbps"] * 1e9
+        self.launch = comp.get("launch_us", 0.0) * 1e-6
+        self.cluster = cluster
+        self.reset()
+
+    def reset(self):
+        self.gemm_samples, self.elem_samples = {}, {}
+        self.bytes_time = {OP["copy"]: [0.0, 0.0], OP["optimizer"]: [0.0, 0.0]}
+        self.overhead = self.ops = 0.0
+        self.runs = []
+        self._fit()
+
+    def add_run(self, path, cluster):
+        """Adds a measured training run's timed steps (every rank) to the calibration."""
+        try:
+            with h5py.File(path, "r") as f:
+                if _attr(f, "status") != "ok" or "steps" not in f or "events" not in f:
+                    raise ProjectionError(f"calibration run {path}: not a completed training result")
+                s, e = f["steps"][()], f["events"][()]
+                dtype, rpn = _attr(f, "dtype"), _attr(f, "ranks_per_node")
+                label = f"{_attr(f, 'program')} {_attr(f, 'model')} {_attr(f, 'backend')} {dtype}"
+        except OSError as err:
+            raise ProjectionError(f"calibration run {path}: {err}")
+        if dtype != cluster["dtype"]:
+            raise ProjectionError(f"calibration run {path}: a {dtype} run cannot calibrate the {cluster['dtype']} "
+                                  "rates of this cluster description (its field 'dtype')")
+        timed = s[s["warmup"] == 0]
+        e = e[np.isin(e["step"], timed["step"])]
+        slow = oversubscription(cluster, rpn)  # the measured times already suffered it
+        d = (e["end"] - e["start"]) / slow
+        for row, dur in zip(e, d):
+            op = int(row["op"])
+            if op == OP["gemm"]:
+                key = (int(row["m"]), int(row["n"]), int(row["k"]), int(row["batch"]))
+                self.gemm_samples.setdefault(key, []).append(dur)
+            elif op == OP["elementwise"]:
+                self.elem_samples.setdefault(int(row["bytes"]), []).append(dur)
+            elif op in self.bytes_time:
+                self.bytes_time[op][0] += row["bytes"]
+                self.bytes_time[op][1] += dur
+        self.overhead += float(timed["overhead"].sum()) / slow
+        self.ops += float(np.isin(e["op"], COMPUTE_OPS).sum())
+        self.runs.append(os.path.basename(path))
+        self._fit()
+        self.cluster["calibration"].append(f"run {os.path.basename(path)} ({label})")
+
+    def _fit(self):
+        # A measured shape or size costs its mean time: the step is the sum of its operations,
+        # so a calibration run is reproduced.
+        self.gemm = {k: float(np.mean(v)) for k, v in self.gemm_samples.items()}
+        self.elem = {k: float(np.mean(v)) for k, v in self.elem_samples.items()}
+        # Shape classes: plain and batched GEMMs, rate against FLOPs per call.
+        self.gemm_class = {}
+        for (m, n, k, b), t in sorted(self.gemm.items(), key=lambda kv: 2.0 * np.prod(kv[0])):
+            self.gemm_class.setdefault(b > 1, []).append((2.0 * m * n * k * b, 2.0 * m * n * k * b / t))
+        self.elem_curve = sorted((b, b / t) for b, t in self.elem.items() if t > 0)
+        if self.ops:
+            self.launch = self.overhead / self.ops
+
+    def bandwidth(self, op):
+        nbytes, t = self.bytes_time.get(op, (0.0, 0.0))
+        return nbytes / t if t > 0 else self.nominal_bw / self.memory_scale
+
+    def gemm_time(self, m, n, k, batch, flops):
+        t = self.gemm.get((m, n, k, batch))
+        if t is None:
+            cls = self.gemm_class.get(batch > 1) or self.gemm_class.get(batch <= 1)
+            if cls:
+                rate = _interp_log(flops, [x for x, _ in cls], [r for _, r in cls])
+            else:
+                rate = self.nominal_rate / self.gemm_scale  # the target GPU's nominal rate, below
+            t = flops / rate
+        return t / self.gemm_scale
+
+    def elementwise_time(self, nbytes):
+        t = self.elem.get(nbytes)
+        if t is None:
+            bw = (_interp_log(nbytes, [b for b, _ in self.elem_curve], [r for _, r in self.elem_curve])
+                  if self.elem_curve else self.nominal_bw / self.memory_scale)
+            t = nbytes / bw
+        return t / self.memory_scale
+
+    def time(self, op, nbytes, flops, shape):
+        """Seconds of one compute operation on one uncontended GPU (launch gap included)."""
+        if op == OP["gemm"]:
+            t = self.gemm_time(*shape, flops)
+        elif op == OP["elementwise"]:
+            t = self.elementwise_time(nbytes)
+        else:
+            t = nbytes / self.bandwidth(op) / self.memory_scale
+        return t + self.launch
+
+    def describe(self):
+        if not self.runs:
+            return (f"nominal: GEMM {self.nominal_rate / 1e12:.1f} TFLOPS, memory "
+                    f"{self.nominal_bw / 1e9:.0f} GB/s, launch {self.launch * 1e6:.1f} us")
+        scale = ""
+        if self.gemm_scale != 1 or self.memory_scale != 1:
+            scale = f", scaled x{self.gemm_scale:.3f} (GEMM) x{self.memory_scale:.3f} (memory)"
+        return (f"{len(self.gemm)} GEMM shapes, {len(self.elem)} elementwise sizes from {', '.join(self.runs)}; "
+                f"copy {self.bandwidth(OP['copy']) / 1e9:.0f} GB/s, Adam {self.bandwidth(OP['optimizer']) / 1e9:.0f} "
+                f"GB/s, launch {self.launch * 1e6:.2f} us/op{scale}")
+
+
+# ---------------------------------------------------------------- collectives
+
+def ring_steps_factor(op, n):
+    """NCCL ring: all-reduce 2(n−1) steps moving 2(n−1)/n of the buffer; all-gather and
+    reduce-scatter n−1 steps moving (n−1)/n of the full (gathered or scattered) buffer."""
+    if n <= 1:
+        return 0, 0.0
+    if op == "all-reduce":
+        return 2 * (n - 1), 2 * (n - 1) / n
+    return n - 1, (n - 1) / n
+
+
+def bus_bandwidth(cluster, nodes, per_node):
+    """Bytes/s of a ring's busbw. One node: the NVLink/NVSwitch ring. Across nodes NCCL runs
+    one channel per NIC (rail-aligned rings, each crossing the node boundary through its own
+    NIC), so the node's share of the ring is carried by the NICs of the group's ranks on
+    that node: min(intra busbw, ranks per node × NIC busbw)."""
+    intra, inter = cluster["intra"], cluster["inter"]
+    if nodes <= 1:
+        return intra["bandwidth_gbps"] * 1e9
+    nics = min(per_node, inter["nics_per_node"])
+    return min(intra["bandwidth_gbps"], nics * inter["nic_bandwidth_gbps"]) * 1e9
+
+
+def collective_time(cluster, op, size, n, nodes):
+    """Seconds of one collective of `size` bytes over n ranks on `nodes` nodes: NCCL's
+    alpha-beta model (ring; for all-reduce across nodes also the tree, the cheaper taken, as
+    NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring."""
+    if n <= 1:
+        return 0.0
+    intra, inter = cluster["intra"], cluster["inter"]
+    per_node = max(1, n // max(1, nodes))
+    steps, factor = ring_steps_factor(op, n)
+    cross = 0 if nodes <= 1 else (2 if op == "all-reduce" else 1) * (nodes - 1)
+    lat = (steps - cross) * intra["latency_us"] + cross * inter["latency_us"]
+    bw = bus_bandwidth(cluster, nodes, per_node)
+    if op == "all-reduce" and nodes <= 1 and "allreduce_bandwidth_gbps" in intra:
+        bw = max(bw, intra["allreduce_bandwidth_gbps"] * 1e9)  # NVLS (NVSwitch reductions) on one node
+    if cluster["collectives"] == "ring":
+        return lat * 1e-6 + factor * size / bw
+    lat += NCCL_RING_BASE_US
+    if op == "all-reduce" and nodes > 1:
+        lat *= NCCL_RING_ALLREDUCE_PLATEAU
+    ring = lat * 1e-6 + factor * size / bw
+    if op != "all-reduce" or nodes <= 1:
+        return ring  # NCCL runs all-gather and reduce-scatter as rings
+    tree_lat = 2 * ((per_node - 1) * NCCL_TREE_HOP_US["intra"] + math.log2(nodes) * NCCL_TREE_HOP_US["inter"])
+    tree_bw = min(0.9 * bw, NCCL_TREE_MAX_BUSBW * 1e9) if nodes > 2 else 0.9 * bw
+    tree = tree_lat * 1e-6 + 2 * size / tree_bw
+    return min(ring, tree)
+
+
+def groups(sched, cluster):
+    """(size, nodes) of the shard group (all-gather, reduce-scatter) and of the replicate
+    group (all-reduce): shard groups are consecutive ranks, replicate groups strided."""
+    w, g, per = sched["world_size"], sched["shard_size"], cluster["gpus_per_node"]
+    shard_nodes = max(1, math.ceil(g / per))
+    r = w // g
+    if g >= per:
+        rep_nodes = r  # one replica member per node
+    else:
+        rep_nodes = max(1, math.ceil(r / (per // g)))
+    return (g, shard_nodes), (r, rep_nodes)
+
+
+def calibrate_collectives(cluster, path):
+    """Fits t = steps·α + factor·S/B (ring) to a collective_perf result's out-of-place
+    all-reduce, all-gather and reduce-scatter; sets the tier it ran on."""
+    try:
+        with h5py.File(path, "r") as f:
+            if _attr(f, "program") != "collective_perf":
+                raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
+            n, nodes = _attr(f, "world_size"), _attr(f, "nodes")
+            names = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["op_names"]]
+            r = f["results"][()]
+    except OSError as err:
+        raise ProjectionError(f"--calibrate-collectives {path}: {err}")
+    rows, times = [], []
+    for row in r[r["in_place"] == 0]:
+        op = names[row["op"]]
+        if op not in ("all-reduce", "all-gather", "reduce-scatter"):
+            continue
+        steps, factor = ring_steps_factor(op, n)
+        rows.append([steps, factor * row["size"]])
+        times.append(row["time"])
+    if len(rows) < 2:
+        raise ProjectionError(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
+    x, y = np.array(rows, float), np.array(times)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    alpha, inv_bw = coef
+    if alpha < 0 or inv_bw <= 0:  # latency cannot be negative: refit bandwidth alone
+        alpha, inv_bw = 0.0, float((x[:, 1] @ y) / (x[:, 1] @ x[:, 1]))
+    bw, lat = 1 / inv_bw / 1e9, alpha * 1e6
+    if nodes == 1:
+        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat}
+        tier = "intra"
+    else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node use
+        per_node = max(1, n // nodes)
+        cluster["inter"] = {"nic_bandwidth_gbps": bw / per_node, "nics_per_node": per_node, "latency_us": lat}
+        tier = "inter"
+    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s)): {tier} "
+                                  f"{bw:.2f} GB/s, {lat:.1f} us")
+
+
+# ---------------------------------------------------------------- replay
+
+def schedule_ops(sched):
+    """The schedule's rows as tuples (op, phase, unit, bytes, flops, request, (m, n, k, batch))."""
+    cols = sched["columns"]
+    idx = {c: cols.index(c) for c in cols}
+    has_shape = all(c in idx for c in ("m", "n", "k", "batch"))
+    for row in sched["ops"]:
+        shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]]) if has_shape else (0, 0, 0, 1)
+        yield (row[idx["op"]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
+               row[idx["request"]], shape)
+
+
+def simulate(sched, cluster, fsdp1_gathers=None):
+    """Replays one step's schedule on a compute lane and two communication lanes (all-gathers;
+    reduce-scatters and all-reduces), the lanes sharing the wire they cross (NVLink within a
+    node, the NICs across nodes) first come, first served.
+
+    fsdp1_gathers (default: for fsdp_perf schedules): all-gathers as PyTorch FSDP1 issues
+    them. Its unshard stream does not wait for the compute issued before it ("implicit
+    forward prefetching", PyTorch's FSDP notes), and the CPU runs ahead until the rate
+    limiter holds it at two gathered, not yet freed units: all-gather k starts once the unit
+    of all-gather k−2 is freed, i.e. when compute reaches the wait for all-gather k−1. The
+    bf16 cast of the shard right before an all-gather runs with it, off the compute lane."""
+    if fsdp1_gathers is None:
+        fsdp1_gathers = sched.get("program") == "fsdp_perf"
+    cm = cluster["compute_model"]
+    w = sched["world_size"]
+    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"]))
+    (g, g_nodes), (r, r_nodes) = groups(sched, cluster)
+    t = compute = comm = exposed = 0.0
+    lanes, wire, done = {"gather": 0.0, "reduce": 0.0}, {}, {}
+    gathers, wait_at, deferred = [], {}, {}  # all-gather requests in issue order; limiter state
+    pending_cast = 0.0
+    ops = list(schedule_ops(sched))
+    events = []  # (op, phase, unit, lane, start, end, bytes, flops): the replayed timeline
+
+    def launch(name, nbytes, req, earliest, extra=0.0, tag=(0, 0, -1)):
+        nonlocal comm
+        n, nodes = (r, r_nodes) if name == "all-reduce" else (g, g_nodes)
+        lane = "gather" if name == "all-gather" else "reduce"
+        start = max(earliest, lanes[lane])
+        d = collective_time(cluster, name, nbytes, n, nodes)
+        res = "net" if nodes > 1 else "nvlink"
+        end = max(start + extra, wire.get(res, 0.0)) + d
+        wire[res] = lanes[lane] = done[req] = end
+        comm += d
+        events.append((tag[0], tag[1], tag[2], 1 if lane == "gather" else 2, end - d, end, nbytes, 0.0))
+
+    for i, (op, phase, unit, nbytes, flops, req, shape) in enumerate(ops):
+        tag = (op, phase, unit)
+        if op in COMPUTE_OPS:
+            d = cm.time(op, nbytes, flops, shape) * slow
+            if (fsdp1_gathers and op == OP["copy"] and i + 1 < len(ops) and ops[i + 1][0] == OP["all-gather"]):
+                pending_cast = d  # the shard's cast runs on the gather stream
+                continue
+            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
+            t += d
+            compute += d
+        elif op in COLLECTIVES:
+            name = COLLECTIVES[op]
+            if name == "all-gather" and fsdp1_gathers:
+                k = len(gathers)
+                gathers.append(req)
+                if k < 2:
+                    launch(name, nbytes, req, 0.0, pending_cast, tag)
+                elif gathers[k - 1] in wait_at:
+                    launch(name, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag)
+                else:  # the limiter holds it until compute reaches the wait for the previous one
+                    deferred[gathers[k - 1]] = (name, nbytes, req, pending_cast, tag)
+                pending_cast = 0.0
+            else:
+                launch(name, nbytes, req, t, 0.0, tag)
+        elif op == OP["wait"]:
+            wait_at.setdefault(req, t)
+            if req in deferred:
+                name, nb, rq, cast, held = deferred.pop(req)
+                launch(name, nb, rq, t, cast, held)
+            end = done.get(req, t)
+            if end > t:
+                events.append((op, phase, unit, 0, t, end, 0, 0.0))
+                exposed += end - t
+                t = end
+    events.sort(key=lambda e: (e[3], e[4]))
+    return {"time": t, "compute": compute, "communication": comm, "exposed": exposed, "events": events}
