@@ -1,6 +1,7 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
-// compute stream, NCCL collectives on a communication stream, stream-ordered memory, and
-// every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
+// compute stream, collectives on a communication stream (NCCL, or MPI with --comm mpi: see
+// "collectives over MPI" below), stream-ordered memory, and every operation timed with CUDA
+// events on the GPU's own timeline. Tensors in fp32, bf16 or
 // fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
 // (SB_CUDA_TF32=1).
 //
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -31,7 +33,9 @@
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend.h"
 #include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
+#include "shardbench/comm_staging.h"  // --comm, device pointers vs staging, chunks
 #include "shardbench/model.h"     // human_bytes
+#include "shardbench/mpi_ops.h"   // MPI types and reductions (bfloat16/half user operations)
 
 #ifndef SB_CUDA_ARCHS
 #define SB_CUDA_ARCHS "unknown"  // mk/cuda.mk passes the compute capabilities compiled in
@@ -65,7 +69,8 @@ void fail_together(const std::string& problem) {
 }
 
 // Which device this rank takes among `count` visible ones, or why it cannot take one.
-std::string pick_device(int local_rank, int local_size, int& device) {
+// `exclusive` (NCCL): one rank per GPU; otherwise (MPI) local ranks share them round-robin.
+std::string pick_device(int local_rank, int local_size, bool exclusive, int& device) {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess)
@@ -73,8 +78,8 @@ std::string pick_device(int local_rank, int local_size, int& device) {
            " (" + cudaGetErrorString(rc) +
            "); this host needs an NVIDIA GPU and driver (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
   if (count == 0) return "no CUDA device visible (cudaGetDeviceCount() = 0; check CUDA_VISIBLE_DEVICES)";
-  if (local_rank < count) {
-    device = local_rank;
+  if (local_rank < count || !exclusive) {
+    device = local_rank % count;
     return "";
   }
   if (count == 1) {  // a launcher that shows each rank only its own GPU (srun --gpus-per-task=1)
@@ -83,7 +88,7 @@ std::string pick_device(int local_rank, int local_size, int& device) {
   }
   return std::to_string(local_size) + " ranks on this node but only " + std::to_string(count) +
          " GPUs visible: run one rank per GPU (e.g. mpirun -np <GPUs per node × nodes> "
-         "--map-by ppr:<GPUs per node>:node)";
+         "--map-by ppr:<GPUs per node>:node), or --comm mpi, whose ranks may share a GPU";
 }
 
 // Makes `device` current and checks this build has kernels for it.
@@ -109,8 +114,10 @@ std::string use_device(int device) {
   return "";
 }
 
-// Two ranks of a node on one GPU make NCCL fail later with "duplicate GPU"; say it now.
-std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, int device) {
+// Two ranks of a node on one GPU make NCCL fail later with "duplicate GPU"; say it now
+// (`exclusive`). Sets `sharing` to the local ranks on this rank's GPU, itself included.
+std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, int device, bool exclusive,
+                             int& sharing) {
   int local_size = 1;
   MPI_CHECK(MPI_Comm_size(node, &local_size));
   cudaUUID_t mine{};
@@ -121,22 +128,29 @@ std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, in
   }
   std::vector<cudaUUID_t> all(local_size);
   MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, node));
+  sharing = 1;
   if (!have_device) return "";
-  for (int r = 0; r < local_size; ++r)
-    if (r != local_rank && std::memcmp(&all[r], &mine, sizeof mine) == 0)
+  for (int r = 0; r < local_size; ++r) {
+    if (r == local_rank || std::memcmp(&all[r], &mine, sizeof mine) != 0) continue;
+    ++sharing;
+    if (exclusive)
       return "local ranks " + std::to_string(std::min(r, local_rank)) + " and " +
              std::to_string(std::max(r, local_rank)) +
-             " would share one GPU: run one rank per GPU (each rank sees GPU " + std::to_string(device) + ")";
+             " would share one GPU: NCCL needs one rank per GPU (each rank sees GPU " + std::to_string(device) +
+             "); --comm mpi lets ranks share it";
+  }
   return "";
 }
 
 // The device of this process, chosen once: local rank on the node → device. The first call
 // is collective over MPI_COMM_WORLD (the harness builds its backend on every rank at once);
-// later backends of the process (the --check reference) reuse the choice.
-int select_device() {
-  static int chosen = -1;
+// later backends of the process (the --check reference) reuse the choice. `sharing`: the
+// local ranks on this GPU (1 with NCCL).
+int select_device(bool exclusive, int& sharing) {
+  static int chosen = -1, sharers = 1;
   if (chosen >= 0) {
     CUDA_CHECK(cudaSetDevice(chosen));
+    sharing = sharers;
     return chosen;
   }
   int mpi_up = 0;
@@ -147,13 +161,14 @@ int select_device() {
   int local_rank = 0, local_size = 1, device = -1;
   MPI_CHECK(MPI_Comm_rank(node, &local_rank));
   MPI_CHECK(MPI_Comm_size(node, &local_size));
-  std::string problem = pick_device(local_rank, local_size, device);
+  std::string problem = pick_device(local_rank, local_size, exclusive, device);
   if (problem.empty()) problem = use_device(device);
-  const std::string shared = check_not_shared(node, local_rank, problem.empty(), device);
+  const std::string shared = check_not_shared(node, local_rank, problem.empty(), device, exclusive, sharers);
   if (problem.empty()) problem = shared;
   MPI_CHECK(MPI_Comm_free(&node));
   fail_together(problem);
   chosen = device;
+  sharing = sharers;
   return chosen;
 }
 
@@ -184,9 +199,32 @@ class NcclComm final : public Comm {
   int size_ = 0, rank_ = 0;
 };
 
+// A communicator of the MPI path: a duplicate of the caller's, so that the collectives this
+// backend starts at its own pace never interleave with the caller's own calls on it.
+class CudaMpiComm final : public Comm {
+ public:
+  explicit CudaMpiComm(MPI_Comm c) {
+    MPI_CHECK(MPI_Comm_dup(c, &comm));
+    MPI_CHECK(MPI_Comm_size(comm, &size_));
+    MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+  }
+  ~CudaMpiComm() override {  // teardown: after MPI_Finalize there is nothing left to free
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm);
+  }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  MPI_Comm comm = MPI_COMM_NULL;
+
+ private:
+  int size_ = 0, rank_ = 0;
+};
+
 // ------------------------------------------------------------------ the backend
 
-// An operation whose start and end events are read in synchronize().
+// An operation whose start and end events are read in synchronize(); an MPI call (timed
+// on the host) has no events and its backend-clock times instead.
 struct TimedOp {
   OpKind kind;
   Phase phase;
@@ -197,9 +235,36 @@ struct TimedOp {
   bool has_shape;
   int32_t gemm[5];
   int64_t request;  // collectives and their waits; -1 otherwise
+  double host_start = 0, host_end = 0;  // when start and end are null
 };
 
-constexpr int kCommLane = 1;  // one communication stream: its operations never overlap
+constexpr int kCommLane = 1;  // the communication stream: NCCL calls, or the staging copies of MPI
+constexpr int kMpiLane = 2;   // MPI calls (timed on the host) from here up, first free: they may overlap
+
+// One chunk of an MPI collective (comm_staging.h): staged (D2H done, or for device pointers
+// the inputs ready), in flight in MPI, finished (results on their way to the device).
+struct MpiChunk {
+  Chunk range;
+  enum State { Waiting, Staged, InFlight, Finished } state = Waiting;
+  int slot = -1;                  // its pinned host slot (staged transfers)
+  cudaEvent_t staged = nullptr;   // on the staging stream, after its D2H
+  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+};
+
+// An MPI collective in progress, in issue order.
+struct MpiJob {
+  Request id;
+  CollectiveArgs a;
+  MPI_Comm comm;
+  int size, rank;
+  Transfer transfer;
+  std::vector<MpiChunk> chunks;
+  size_t staged = 0, started = 0, finished = 0;  // chunks past each step (staged, started: in order)
+  cudaEvent_t ready = nullptr;  // compute-stream point where its inputs are complete
+  Phase phase;
+  int unit;
+  double mpi_start = -1, mpi_end = 0;  // first MPI call, last completion seen (backend clock)
+};
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -257,26 +322,39 @@ bool env_is_one(const char* name) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : epoch_(std::chrono::steady_clock::now()) {
-    device_ = select_device();
+  explicit CudaBackend(CommLibrary comm) : epoch_(std::chrono::steady_clock::now()), comm_library_(comm) {
+    if (uses_mpi(comm)) {  // before any device work: every rank gets the same answer
+      awareness_ = query_mpi_cuda_awareness();
+      const std::string refused = refuse_comm(comm, awareness_);
+      if (!refused.empty()) throw UsageError(refused);
+      staging_ = staging_config_from_env();
+    }
+    device_ = select_device(comm == CommLibrary::Nccl, sharing_);
     CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
     make_streams();
     make_cublas();
     keep_pool_memory();
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreate(&anchor_event_));
+    if (uses_mpi(comm)) make_mpi_path();
     anchor();
   }
 
   ~CudaBackend() override {  // teardown: errors here cannot be acted on, so they are ignored
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) drain_mpi();  // MPI may still write into the pinned slots
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
-    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    for (const TimedOp& t : timed_)
+      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
     for (auto& [r, e] : requests_) free_done_.push_back(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
+    for (Slot& slot : slots_) cudaEventDestroy(slot.free_after);
+    if (host_slots_) cudaFreeHost(host_slots_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(anchor_event_);
     if (nonfinite_flag_) cudaFree(nonfinite_flag_);
@@ -286,6 +364,23 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  // "nccl", or "mpi (CUDA-aware: no; staged through 4 x 4 MiB pinned host slots)".
+  std::string comm_name() const override {
+    if (!uses_mpi(comm_library_)) return "nccl";
+    const std::string aware = std::string("CUDA-aware: ") + cuda_awareness_name(awareness_);
+    const std::string staging = std::to_string(staging_.slots) + " x " + human_bytes(double(staging_.slot_bytes)) +
+                                " pinned host slots";
+    switch (comm_library_) {
+      case CommLibrary::MpiStaged: return "mpi-staged (" + aware + "; every collective through " + staging + ")";
+      case CommLibrary::MpiDirect:
+        return "mpi-direct (" + aware + "; device pointers, 16-bit reductions and averages through " + staging + ")";
+      default:
+        return "mpi (" + aware + (awareness_ == CudaAwareness::Yes
+                                      ? "; device pointers, 16-bit reductions and averages through "
+                                      : "; staged through ") +
+               staging + ")";
+    }
+  }
   // "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, fp32 GEMMs in fp32)": the math of fp32 GEMMs is part of
   // the device (bf16/fp16 GEMMs always accumulate in fp32; the run's dtype is an attribute).
   std::string device_name() const override {
@@ -335,13 +430,14 @@ class CudaBackend final : public Backend {
     return int64_t(total) - int64_t(free_bytes);
   }
   // Free device memory plus what the stream-ordered pool holds but no allocation uses.
+  // Ranks sharing the GPU (--comm mpi) share its free memory equally.
   int64_t memory_capacity() const override {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     uint64_t reserved = 0, used = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used));
-    return int64_t(free_bytes) + int64_t(reserved - used);
+    return int64_t(free_bytes) / sharing_ + int64_t(reserved - used);
   }
 
   // ---- compute ----
@@ -488,6 +584,7 @@ class CudaBackend final : public Backend {
 
   // ---- collectives ----
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override {
+    if (uses_mpi(comm_library_)) return std::make_unique<CudaMpiComm>(c);
     CUDA_CHECK(cudaSetDevice(device_));  // NCCL binds the communicator to the current device
     return std::make_unique<NcclComm>(c);
   }
@@ -495,8 +592,10 @@ class CudaBackend final : public Backend {
   // CollectiveArgs follow NCCL's buffer conventions (in place included), so each maps to one
   // NCCL call; all-to-all and send-recv are grouped point-to-point calls. Bytes as the CPU
   // backend records them: the full buffer.
+  // Over MPI as well: staging divides averages and runs the 16-bit reductions on the host.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
+    if (uses_mpi(comm_library_)) return issue_mpi(a, c);
     const ncclComm_t n = nccl(c);
     const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
     const ncclDataType_t t = nccl_type(a.dtype);
@@ -525,7 +624,9 @@ class CudaBackend final : public Backend {
   }
   // The compute stream (not the host) waits for the collective; the stall it causes is
   // timed on the compute stream as exposed communication.
+  // Over MPI the host first drives the collective until its last H2D copy is enqueued.
   void wait(Request r) override {
+    while (mpi_job(r)) progress_mpi();
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
     const cudaEvent_t done = it->second;
@@ -536,6 +637,8 @@ class CudaBackend final : public Backend {
     requests_.erase(it);
   }
   bool test(Request r) override {
+    progress_mpi();
+    if (mpi_job(r)) return false;
     auto it = requests_.find(r);
     if (it == requests_.end()) return true;
     const cudaError_t rc = cudaEventQuery(it->second);
@@ -548,6 +651,7 @@ class CudaBackend final : public Backend {
   // Waits for both streams, then hands every operation issued since the last call to the
   // recorder with its GPU times, in completion order.
   void synchronize() override {
+    drain_mpi();
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
     for (auto& [r, done] : requests_) free_done_.push_back(done);  // all complete now
@@ -646,15 +750,17 @@ class CudaBackend final : public Backend {
              const int32_t* gemm_shape = nullptr, Request request = kNoRequest) {
     if (!recorder_) {
       launch();
-      return;
+    } else {
+      TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
+                gemm_shape != nullptr, {}, request};
+      if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
+      CUDA_CHECK(cudaEventRecord(t.start, s));
+      launch();
+      CUDA_CHECK(cudaEventRecord(t.end, s));
+      timed_.push_back(t);
     }
-    TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
-              gemm_shape != nullptr, {}, request};
-    if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
-    CUDA_CHECK(cudaEventRecord(t.start, s));
-    launch();
-    CUDA_CHECK(cudaEventRecord(t.end, s));
-    timed_.push_back(t);
+    // MPI advances only when called: every compute launch moves outstanding collectives on.
+    if (lane == kComputeLane) progress_mpi();
   }
   // An elementwise kernel on element type t: launch(e) with e a value of that type.
   template <class Launch>
@@ -691,6 +797,346 @@ class CudaBackend final : public Backend {
     NCCL_CHECK(ncclGroupEnd());
   }
 
+  // ================================================================ collectives over MPI
+  //   compute stream: op [record ready] op op op ........ [wait done] op
+  //   comm stream:          wait ready → D2H 0 → D2H 1 → … H2D 0 → H2D 1 … [record done]
+  //   host:                 (D2H k done) → MPI_I<collective> on slot k → (complete) → H2D k
+  // The host steps are polled from every compute launch, test(), wait() and synchronize():
+  // MPI advances only when called, as on the CPU backend. Chunks are staged and started in
+  // issue order, so every rank starts the same MPI operations in the same order whatever its
+  // timing. The pinned slots form a ring: a slot is reused once the H2D copy reading it has
+  // finished, so at most `slots` chunks are between their D2H and their H2D — the D2H of one
+  // chunk, the MPI call of another and the H2D of a third run at once. With device pointers
+  // (CUDA-aware MPI) nothing is copied: once the ready point has passed, the host calls the
+  // blocking collective (Open MPI takes device pointers in blocking collectives only).
+
+  struct Slot {
+    cudaEvent_t free_after = nullptr;  // the H2D copy that last read it
+    bool busy = false;                 // between its D2H and its H2D
+  };
+
+  void make_mpi_path() {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), size_t(staging_.total_bytes()),
+                             cudaHostAllocDefault));
+    slots_.resize(size_t(staging_.slots));
+    for (Slot& slot : slots_) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&slot.free_after, cudaEventDisableTiming));
+      CUDA_CHECK(cudaEventRecord(slot.free_after, comm_));  // complete at once: the slot is free
+    }
+  }
+
+  Request issue_mpi(const CollectiveArgs& a, Comm& c) {
+    auto* m = dynamic_cast<CudaMpiComm*>(&c);
+    SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
+    if (a.op == Collective::AllToAll)
+      SB_ASSERT(a.count % m->size() == 0 && a.send != a.recv, "all-to-all needs count divisible by ranks, out of place");
+    if (a.op == Collective::SendRecv) SB_ASSERT(a.send != a.recv, "send-recv is out of place");
+    MpiJob j{};
+    j.id = next_request_++;
+    j.a = a;
+    j.comm = m->comm;
+    j.size = m->size();
+    j.rank = m->rank();
+    const int64_t block = block_elements(a, j.size);
+    j.transfer = choose_transfer(comm_library_, awareness_, a.op, a.dtype, a.redop, block);
+    const int64_t slot = j.transfer == Transfer::Staged ? staging_.slot_bytes : INT64_MAX;
+    for (const Chunk& k : plan_chunks(a.op, block, j.size, dtype_size(a.dtype), slot)) {
+      MpiChunk ch;
+      ch.range = k;
+      j.chunks.push_back(ch);
+    }
+    SB_ASSERT(j.transfer == Transfer::Staged || j.chunks.size() <= 1, "device pointers in more than one chunk");
+    j.ready = done_event();
+    CUDA_CHECK(cudaEventRecord(j.ready, compute_));
+    j.phase = phase();
+    j.unit = unit();
+    const Request id = j.id;
+    jobs_.push_back(std::move(j));
+    progress_mpi();
+    return id;
+  }
+
+  const MpiJob* mpi_job(Request r) const {
+    for (const MpiJob& j : jobs_)
+      if (j.id == r) return &j;
+    return nullptr;
+  }
+
+  void progress_mpi() {
+    if (jobs_.empty() || in_progress_) return;
+    in_progress_ = true;
+    stage_chunks();
+    start_chunks();
+    finish_chunks();
+    complete_jobs();
+    in_progress_ = false;
+  }
+  // Every outstanding MPI collective to completion (its last copy enqueued).
+  void drain_mpi() {
+    while (!jobs_.empty()) progress_mpi();
+  }
+
+  static bool event_done(cudaEvent_t e) {
+    const cudaError_t rc = cudaEventQuery(e);
+    if (rc == cudaErrorNotReady) return false;
+    CUDA_CHECK(rc);
+    return true;
+  }
+  // The comm stream waits for the job's inputs (once; the event is captured and reusable).
+  void wait_ready_on_comm(MpiJob& j) {
+    if (!j.ready) return;
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, j.ready, 0));
+    free_done_.push_back(j.ready);
+    j.ready = nullptr;
+  }
+  char* slot_ptr(int slot) const { return host_slots_ + int64_t(slot) * staging_.slot_bytes; }
+
+  // One staging copy on the comm stream, timed as its own operation (lane kCommLane).
+  void stage_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                  cudaMemcpyKind kind) {
+    timed(OpKind::Copy, kCommLane, comm_, int64_t(width * height), [&] {
+      if (height == 1)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, width, kind, comm_));
+      else
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, comm_));
+    });
+  }
+
+  // D2H of the chunks whose turn it is, while the ring has a free slot (in order).
+  void stage_chunks() {
+    for (MpiJob& j : jobs_) {
+      while (j.staged < j.chunks.size()) {
+        MpiChunk& ch = j.chunks[j.staged];
+        if (j.transfer == Transfer::Staged) {
+          Slot& slot = slots_[next_slot_];
+          if (slot.busy || !event_done(slot.free_after)) return;
+          wait_ready_on_comm(j);
+          slot.busy = true;
+          ch.slot = int(next_slot_);
+          next_slot_ = (next_slot_ + 1) % slots_.size();
+          const ScopedContext ctx(*this, j.phase, j.unit);
+          copy_in(j, ch);
+          ch.staged = done_event();
+          CUDA_CHECK(cudaEventRecord(ch.staged, comm_));
+        }
+        ch.state = MpiChunk::Staged;
+        ++j.staged;
+      }
+    }
+  }
+
+  // MPI calls of staged chunks, strictly in order: a later chunk waits for an earlier one.
+  void start_chunks() {
+    for (MpiJob& j : jobs_) {
+      while (j.started < j.staged) {
+        MpiChunk& ch = j.chunks[j.started];
+        const bool staged = j.transfer == Transfer::Staged;
+        if (!event_done(staged ? ch.staged : j.ready)) return;
+        if (staged) {
+          free_done_.push_back(ch.staged);
+          ch.staged = nullptr;
+        } else {
+          wait_ready_on_comm(j);
+        }
+        if (j.mpi_start < 0) j.mpi_start = now();
+        const ScopedContext ctx(*this, j.phase, j.unit);
+        staged ? start_staged(j, ch) : call_direct(j, ch);
+        ch.state = MpiChunk::InFlight;
+        ++j.started;
+      }
+      if (j.started < j.chunks.size()) return;
+    }
+  }
+
+  // Completed MPI calls: averages divided, H2D enqueued, the slot handed back to the ring.
+  void finish_chunks() {
+    for (MpiJob& j : jobs_)
+      for (MpiChunk& ch : j.chunks) {
+        if (ch.state != MpiChunk::InFlight) continue;
+        int flag = 0;
+        MPI_CHECK(MPI_Testall(2, ch.req, &flag, MPI_STATUSES_IGNORE));
+        if (!flag) continue;
+        j.mpi_end = now();
+        if (j.transfer == Transfer::Staged) {
+          const ScopedContext ctx(*this, j.phase, j.unit);
+          copy_out(j, ch);
+          Slot& slot = slots_[size_t(ch.slot)];
+          CUDA_CHECK(cudaEventRecord(slot.free_after, comm_));
+          slot.busy = false;
+        }
+        ch.state = MpiChunk::Finished;
+        ++j.finished;
+      }
+  }
+
+  // Jobs whose every chunk has finished: `done` recorded after their last copy; the MPI
+  // calls recorded as one operation (first call to last completion seen).
+  void complete_jobs() {
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      MpiJob& j = *it;
+      if (j.finished < j.chunks.size()) {
+        ++it;
+        continue;
+      }
+      wait_ready_on_comm(j);  // an empty collective still orders after its inputs
+      const cudaEvent_t done = done_event();
+      CUDA_CHECK(cudaEventRecord(done, comm_));
+      requests_[j.id] = done;
+      if (recorder_ && j.mpi_start >= 0) {
+        TimedOp t{collective_kind(j.a.op), j.phase, j.unit, mpi_lane(j.mpi_start, j.mpi_end), nullptr, nullptr,
+                  collective_bytes(j.a, j.size), 0.0, false, {}, j.id, j.mpi_start, j.mpi_end};
+        timed_.push_back(t);
+      }
+      it = jobs_.erase(it);
+    }
+  }
+  // MPI calls of different collectives may overlap in time: the first lane free at `start`.
+  int mpi_lane(double start, double end) {
+    for (size_t i = 0; i < mpi_lane_end_.size(); ++i)
+      if (mpi_lane_end_[i] <= start) {
+        mpi_lane_end_[i] = end;
+        return kMpiLane + int(i);
+      }
+    mpi_lane_end_.push_back(end);
+    return kMpiLane + int(mpi_lane_end_.size()) - 1;
+  }
+
+  // Slot layouts (c = chunk elements, es = element size, n = ranks, row = c·es bytes):
+  //   all-reduce, reduce, broadcast: [row]; send-recv: [send row | recv row];
+  //   all-gather: n rows in rank order (in place); reduce-scatter: n rows, result in the first;
+  //   all-to-all: [n send rows | n recv rows].
+  void copy_in(const MpiJob& j, const MpiChunk& ch) {
+    const CollectiveArgs& a = j.a;
+    const size_t es = size_t(dtype_size(a.dtype)), row = size_t(ch.range.count) * es;
+    const char* src = static_cast<const char*>(a.send) + size_t(ch.range.first) * es;
+    char* h = slot_ptr(ch.slot);
+    switch (a.op) {
+      case Collective::AllReduce:
+      case Collective::Reduce:
+      case Collective::SendRecv: stage_copy(h, 0, src, 0, row, 1, cudaMemcpyDeviceToHost); break;
+      case Collective::Broadcast:
+        if (j.rank == a.root) stage_copy(h, 0, src, 0, row, 1, cudaMemcpyDeviceToHost);
+        break;
+      case Collective::AllGather: stage_copy(h + j.rank * row, 0, src, 0, row, 1, cudaMemcpyDeviceToHost); break;
+      case Collective::ReduceScatter:
+        stage_copy(h, row, src, size_t(a.count) * es, row, size_t(j.size), cudaMemcpyDeviceToHost);
+        break;
+      case Collective::AllToAll:
+        stage_copy(h, row, src, size_t(a.count / j.size) * es, row, size_t(j.size), cudaMemcpyDeviceToHost);
+        break;
+      default: SB_FATAL("unknown collective");
+    }
+  }
+
+  void start_staged(MpiJob& j, MpiChunk& ch) {
+    const CollectiveArgs& a = j.a;
+    const MPI_Datatype t = mpi_datatype(a.dtype);
+    const MPI_Op op = reductions_.op(a.redop, a.dtype);
+    const int cnt = mpi_count(ch.range.count), n = j.size, r = j.rank;
+    char* h = slot_ptr(ch.slot);
+    const size_t row = size_t(ch.range.count) * size_t(dtype_size(a.dtype));
+    switch (a.op) {
+      case Collective::AllReduce: MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h, cnt, t, op, j.comm, &ch.req[0])); break;
+      case Collective::AllGather:
+        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, cnt, t, j.comm, &ch.req[0]));
+        break;
+      case Collective::ReduceScatter:
+        MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, h, cnt, t, op, j.comm, &ch.req[0]));
+        break;
+      case Collective::Broadcast: MPI_CHECK(MPI_Ibcast(h, cnt, t, a.root, j.comm, &ch.req[0])); break;
+      case Collective::Reduce:
+        MPI_CHECK(MPI_Ireduce(r == a.root ? MPI_IN_PLACE : h, r == a.root ? h : nullptr, cnt, t, op, a.root, j.comm,
+                              &ch.req[0]));
+        break;
+      case Collective::AllToAll:
+        MPI_CHECK(MPI_Ialltoall(h, cnt, t, h + size_t(n) * row, cnt, t, j.comm, &ch.req[0]));
+        break;
+      case Collective::SendRecv:  // send to rank+1, receive from rank−1
+        MPI_CHECK(MPI_Irecv(h + row, cnt, t, (r - 1 + n) % n, 0, j.comm, &ch.req[1]));
+        MPI_CHECK(MPI_Isend(h, cnt, t, (r + 1) % n, 0, j.comm, &ch.req[0]));
+        break;
+      default: SB_FATAL("unknown collective");
+    }
+  }
+
+  void copy_out(const MpiJob& j, const MpiChunk& ch) {
+    const CollectiveArgs& a = j.a;
+    const size_t es = size_t(dtype_size(a.dtype)), row = size_t(ch.range.count) * es;
+    char* dst = static_cast<char*>(a.recv) + size_t(ch.range.first) * es;
+    char* h = slot_ptr(ch.slot);
+    const bool reduced = a.op == Collective::AllReduce || a.op == Collective::ReduceScatter ||
+                         (a.op == Collective::Reduce && j.rank == a.root);
+    if (reduced && a.redop == ReduceOp::Avg) divide_elements(h, ch.range.count, a.dtype, j.size);
+    switch (a.op) {
+      case Collective::AllReduce:
+      case Collective::ReduceScatter:
+      case Collective::Broadcast: stage_copy(dst, 0, h, 0, row, 1, cudaMemcpyHostToDevice); break;
+      case Collective::Reduce:
+        if (j.rank == a.root) stage_copy(dst, 0, h, 0, row, 1, cudaMemcpyHostToDevice);
+        break;
+      case Collective::SendRecv: stage_copy(dst, 0, h + row, 0, row, 1, cudaMemcpyHostToDevice); break;
+      case Collective::AllGather:
+        stage_copy(dst, size_t(a.count) * es, h, row, row, size_t(j.size), cudaMemcpyHostToDevice);
+        break;
+      case Collective::AllToAll:
+        stage_copy(dst, size_t(a.count / j.size) * es, h + size_t(j.size) * row, row, row, size_t(j.size),
+                   cudaMemcpyHostToDevice);
+        break;
+      default: SB_FATAL("unknown collective");
+    }
+  }
+
+  // Device pointers: the blocking collective (its inputs are ready). NCCL's in-place
+  // conventions map onto MPI_IN_PLACE; MPI leaves an in-place reduce-scatter's result at the
+  // start of the buffer, NCCL at this rank's slice: moved there on the comm stream.
+  void call_direct(MpiJob& j, MpiChunk& ch) {
+    const CollectiveArgs& a = j.a;
+    const MPI_Datatype t = mpi_datatype(a.dtype);
+    const MPI_Op op = reductions_.op(a.redop, a.dtype);  // built-in: choose_transfer staged the rest
+    const int cnt = mpi_count(ch.range.count), n = j.size, r = j.rank;
+    const size_t es = size_t(dtype_size(a.dtype)), bytes = size_t(a.count) * es;
+    auto* send = static_cast<char*>(const_cast<void*>(a.send));
+    auto* recv = static_cast<char*>(a.recv);
+    switch (a.op) {
+      case Collective::AllReduce:
+        MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, cnt, t, op, j.comm));
+        break;
+      case Collective::AllGather:
+        if (send == recv + r * bytes)
+          MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, cnt, t, j.comm));
+        else
+          MPI_CHECK(MPI_Allgather(send, cnt, t, recv, cnt, t, j.comm));
+        break;
+      case Collective::ReduceScatter:
+        if (recv == send + r * bytes) {
+          MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, send, cnt, t, op, j.comm));
+          if (r != 0)
+            timed(OpKind::Copy, kCommLane, comm_, int64_t(bytes),
+                  [&] { CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, comm_)); });
+        } else {
+          MPI_CHECK(MPI_Reduce_scatter_block(send, recv, cnt, t, op, j.comm));
+        }
+        break;
+      case Collective::Broadcast:
+        if (r == a.root && send != recv) {  // MPI broadcasts one buffer: the root's input goes there first
+          CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, comm_));
+          CUDA_CHECK(cudaStreamSynchronize(comm_));
+        }
+        MPI_CHECK(MPI_Bcast(recv, cnt, t, a.root, j.comm));
+        break;
+      case Collective::Reduce:
+        MPI_CHECK(MPI_Reduce(r == a.root && send == recv ? MPI_IN_PLACE : send, r == a.root ? recv : nullptr, cnt, t,
+                             op, a.root, j.comm));
+        break;
+      case Collective::AllToAll: MPI_CHECK(MPI_Alltoall(send, cnt, t, recv, cnt, t, j.comm)); break;
+      case Collective::SendRecv:
+        MPI_CHECK(MPI_Sendrecv(send, cnt, t, (r + 1) % n, 0, recv, cnt, t, (r - 1 + n) % n, 0, j.comm,
+                               MPI_STATUS_IGNORE));
+        break;
+      default: SB_FATAL("unknown collective");
+    }
+  }
+
   static ncclComm_t nccl(Comm& c) {
     auto* n = dynamic_cast<NcclComm*>(&c);
     SB_ASSERT(n, "a collective on a communicator that the CUDA backend did not make");
@@ -706,8 +1152,10 @@ class CudaBackend final : public Backend {
     };
     std::vector<Resolved> done;
     done.reserve(timed_.size());
-    for (size_t i = 0; i < timed_.size(); ++i)
-      done.push_back({host_time(timed_[i].start), host_time(timed_[i].end), i});
+    for (size_t i = 0; i < timed_.size(); ++i) {
+      const TimedOp& t = timed_[i];
+      done.push_back(t.start ? Resolved{host_time(t.start), host_time(t.end), i} : Resolved{t.host_start, t.host_end, i});
+    }
     std::stable_sort(done.begin(), done.end(), [](const Resolved& a, const Resolved& b) { return a.end < b.end; });
     const Phase phase0 = phase();
     const int unit0 = unit();
@@ -717,7 +1165,8 @@ class CudaBackend final : public Backend {
       record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request);
     }
     set_context(phase0, unit0);
-    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    for (const TimedOp& t : timed_)
+      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
     timed_.clear();
   }
 
@@ -736,10 +1185,22 @@ class CudaBackend final : public Backend {
   std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
   int* nonfinite_flag_ = nullptr;  // all_finite(): device flag, made on first use
+  // ---- the MPI path (--comm mpi*) ----
+  CommLibrary comm_library_;
+  CudaAwareness awareness_ = CudaAwareness::Unknown;
+  int sharing_ = 1;               // local ranks on this GPU
+  StagingConfig staging_;
+  char* host_slots_ = nullptr;    // pinned: staging_.slots × slot_bytes, outside the ledger (host memory)
+  std::vector<Slot> slots_;
+  size_t next_slot_ = 0;          // the ring's next slot
+  std::deque<MpiJob> jobs_;       // outstanding MPI collectives, in issue order
+  std::vector<double> mpi_lane_end_;
+  MpiReductions reductions_;
+  bool in_progress_ = false;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(CommLibrary comm) { return std::make_unique<CudaBackend>(comm); }
 
 }  // namespace sb
