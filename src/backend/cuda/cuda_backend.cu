@@ -1,7 +1,7 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
-// compute stream, collectives on a communication stream (NCCL, or MPI with --comm mpi: see
-// "collectives over MPI" below), stream-ordered memory, and every operation timed with CUDA
-// events on the GPU's own timeline. Tensors in fp32, bf16 or
+// compute stream, collectives on a communication stream (NCCL; or MPI with --comm mpi, whose
+// host side is mpi_stager.h: device pointers or pinned staging copies on that stream),
+// stream-ordered memory, and every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
 // fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
 // (SB_CUDA_TF32=1).
 //
@@ -23,7 +23,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -35,7 +34,7 @@
 #include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
 #include "shardbench/comm_staging.h"  // --comm, device pointers vs staging, chunks
 #include "shardbench/model.h"     // human_bytes
-#include "shardbench/mpi_ops.h"   // MPI types and reductions (bfloat16/half user operations)
+#include "shardbench/mpi_stager.h" // the host side of collectives over MPI
 
 #ifndef SB_CUDA_ARCHS
 #define SB_CUDA_ARCHS "unknown"  // mk/cuda.mk passes the compute capabilities compiled in
@@ -241,31 +240,6 @@ struct TimedOp {
 constexpr int kCommLane = 1;  // the communication stream: NCCL calls, or the staging copies of MPI
 constexpr int kMpiLane = 2;   // MPI calls (timed on the host) from here up, first free: they may overlap
 
-// One chunk of an MPI collective (comm_staging.h): staged (D2H done, or for device pointers
-// the inputs ready), in flight in MPI, finished (results on their way to the device).
-struct MpiChunk {
-  Chunk range;
-  enum State { Waiting, Staged, InFlight, Finished } state = Waiting;
-  int slot = -1;                  // its pinned host slot (staged transfers)
-  cudaEvent_t staged = nullptr;   // on the staging stream, after its D2H
-  MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-};
-
-// An MPI collective in progress, in issue order.
-struct MpiJob {
-  Request id;
-  CollectiveArgs a;
-  MPI_Comm comm;
-  int size, rank;
-  Transfer transfer;
-  std::vector<MpiChunk> chunks;
-  size_t staged = 0, started = 0, finished = 0;  // chunks past each step (staged, started: in order)
-  cudaEvent_t ready = nullptr;  // compute-stream point where its inputs are complete
-  Phase phase;
-  int unit;
-  double mpi_start = -1, mpi_end = 0;  // first MPI call, last completion seen (backend clock)
-};
-
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
 ncclDataType_t nccl_type(DType t) {
@@ -320,7 +294,7 @@ bool env_is_one(const char* name) {
   return v && std::strcmp(v, "1") == 0;
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, private StagingDevice {
  public:
   explicit CudaBackend(CommLibrary comm) : epoch_(std::chrono::steady_clock::now()), comm_library_(comm) {
     if (uses_mpi(comm)) {  // before any device work: every rank gets the same answer
@@ -353,7 +327,7 @@ class CudaBackend final : public Backend {
     for (auto& [r, e] : requests_) free_done_.push_back(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
-    for (Slot& slot : slots_) cudaEventDestroy(slot.free_after);
+    stager_.reset();  // hands its events back to the pool
     if (host_slots_) cudaFreeHost(host_slots_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(anchor_event_);
@@ -626,7 +600,7 @@ class CudaBackend final : public Backend {
   // timed on the compute stream as exposed communication.
   // Over MPI the host first drives the collective until its last H2D copy is enqueued.
   void wait(Request r) override {
-    while (mpi_job(r)) progress_mpi();
+    while (mpi_pending(r)) progress_mpi();
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
     const cudaEvent_t done = it->second;
@@ -638,7 +612,7 @@ class CudaBackend final : public Backend {
   }
   bool test(Request r) override {
     progress_mpi();
-    if (mpi_job(r)) return false;
+    if (mpi_pending(r)) return false;
     auto it = requests_.find(r);
     if (it == requests_.end()) return true;
     const cudaError_t rc = cudaEventQuery(it->second);
@@ -797,199 +771,68 @@ class CudaBackend final : public Backend {
     NCCL_CHECK(ncclGroupEnd());
   }
 
-  // ================================================================ collectives over MPI
-  //   compute stream: op [record ready] op op op ........ [wait done] op
-  //   comm stream:          wait ready → D2H 0 → D2H 1 → … H2D 0 → H2D 1 … [record done]
-  //   host:                 (D2H k done) → MPI_I<collective> on slot k → (complete) → H2D k
-  // The host steps are polled from every compute launch, test(), wait() and synchronize():
-  // MPI advances only when called, as on the CPU backend. Chunks are staged and started in
-  // issue order, so every rank starts the same MPI operations in the same order whatever its
-  // timing. The pinned slots form a ring: a slot is reused once the H2D copy reading it has
-  // finished, so at most `slots` chunks are between their D2H and their H2D — the D2H of one
-  // chunk, the MPI call of another and the H2D of a third run at once. With device pointers
-  // (CUDA-aware MPI) nothing is copied: once the ready point has passed, the host calls the
-  // blocking collective (Open MPI takes device pointers in blocking collectives only).
-
-  struct Slot {
-    cudaEvent_t free_after = nullptr;  // the H2D copy that last read it
-    bool busy = false;                 // between its D2H and its H2D
-  };
-
-  void make_mpi_path() {
-    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), size_t(staging_.total_bytes()),
-                             cudaHostAllocDefault));
-    slots_.resize(size_t(staging_.slots));
-    for (Slot& slot : slots_) {
-      CUDA_CHECK(cudaEventCreateWithFlags(&slot.free_after, cudaEventDisableTiming));
-      CUDA_CHECK(cudaEventRecord(slot.free_after, comm_));  // complete at once: the slot is free
-    }
+  // ---- StagingDevice: the communication stream, as the MPI path (mpi_stager.h) uses it ----
+  static cudaEvent_t event(Mark m) { return static_cast<cudaEvent_t>(m); }
+  void stage_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                  Phase phase, int unit) override {
+    const ScopedContext ctx(*this, phase, unit);
+    timed(OpKind::Copy, kCommLane, comm_, int64_t(width * height), [&] {
+      if (height == 1)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, comm_));
+      else
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, comm_));
+    });
   }
-
-  Request issue_mpi(const CollectiveArgs& a, Comm& c) {
-    auto* m = dynamic_cast<CudaMpiComm*>(&c);
-    SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
-    if (a.op == Collective::AllToAll)
-      SB_ASSERT(a.count % m->size() == 0 && a.send != a.recv, "all-to-all needs count divisible by ranks, out of place");
-    if (a.op == Collective::SendRecv) SB_ASSERT(a.send != a.recv, "send-recv is out of place");
-    MpiJob j{};
-    j.id = next_request_++;
-    j.a = a;
-    j.comm = m->comm;
-    j.size = m->size();
-    j.rank = m->rank();
-    const int64_t block = block_elements(a, j.size);
-    j.transfer = choose_transfer(comm_library_, awareness_, a.op, a.dtype, a.redop, block);
-    const int64_t slot = j.transfer == Transfer::Staged ? staging_.slot_bytes : INT64_MAX;
-    for (const Chunk& k : plan_chunks(a.op, block, j.size, dtype_size(a.dtype), slot)) {
-      MpiChunk ch;
-      ch.range = k;
-      j.chunks.push_back(ch);
-    }
-    SB_ASSERT(j.transfer == Transfer::Staged || j.chunks.size() <= 1, "device pointers in more than one chunk");
-    j.ready = done_event();
-    CUDA_CHECK(cudaEventRecord(j.ready, compute_));
-    j.phase = phase();
-    j.unit = unit();
-    const Request id = j.id;
-    jobs_.push_back(std::move(j));
-    progress_mpi();
-    return id;
+  void comm_after(Mark m) override {
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, event(m), 0));
+    free_done_.push_back(event(m));  // captured: reusable at once
   }
-
-  const MpiJob* mpi_job(Request r) const {
-    for (const MpiJob& j : jobs_)
-      if (j.id == r) return &j;
-    return nullptr;
+  Mark comm_mark() override {
+    const cudaEvent_t e = done_event();
+    CUDA_CHECK(cudaEventRecord(e, comm_));
+    return e;
   }
-
-  void progress_mpi() {
-    if (jobs_.empty() || in_progress_) return;
-    in_progress_ = true;
-    stage_chunks();
-    start_chunks();
-    finish_chunks();
-    complete_jobs();
-    in_progress_ = false;
-  }
-  // Every outstanding MPI collective to completion (its last copy enqueued).
-  void drain_mpi() {
-    while (!jobs_.empty()) progress_mpi();
-  }
-
-  static bool event_done(cudaEvent_t e) {
-    const cudaError_t rc = cudaEventQuery(e);
+  bool mark_passed(Mark m) override {
+    const cudaError_t rc = cudaEventQuery(event(m));
     if (rc == cudaErrorNotReady) return false;
     CUDA_CHECK(rc);
     return true;
   }
-  // The comm stream waits for the job's inputs (once; the event is captured and reusable).
-  void wait_ready_on_comm(MpiJob& j) {
-    if (!j.ready) return;
-    CUDA_CHECK(cudaStreamWaitEvent(comm_, j.ready, 0));
-    free_done_.push_back(j.ready);
-    j.ready = nullptr;
-  }
-  char* slot_ptr(int slot) const { return host_slots_ + int64_t(slot) * staging_.slot_bytes; }
-
-  // One staging copy on the comm stream, timed as its own operation (lane kCommLane).
-  void stage_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
-                  cudaMemcpyKind kind) {
-    timed(OpKind::Copy, kCommLane, comm_, int64_t(width * height), [&] {
-      if (height == 1)
-        CUDA_CHECK(cudaMemcpyAsync(dst, src, width, kind, comm_));
-      else
-        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind, comm_));
-    });
+  void release_mark(Mark m) override { free_done_.push_back(event(m)); }
+  void comm_sync() override { CUDA_CHECK(cudaStreamSynchronize(comm_)); }
+  double comm_clock() override { return now(); }
+  void collective_done(Request id, Mark done, OpKind kind, Phase phase, int unit, int64_t bytes, double start,
+                       double end) override {
+    requests_[id] = event(done);
+    if (recorder_)
+      timed_.push_back(TimedOp{kind, phase, unit, mpi_lane(start, end), nullptr, nullptr, bytes, 0.0, false, {}, id,
+                               start, end});
   }
 
-  // D2H of the chunks whose turn it is, while the ring has a free slot (in order).
-  void stage_chunks() {
-    for (MpiJob& j : jobs_) {
-      while (j.staged < j.chunks.size()) {
-        MpiChunk& ch = j.chunks[j.staged];
-        if (j.transfer == Transfer::Staged) {
-          Slot& slot = slots_[next_slot_];
-          if (slot.busy || !event_done(slot.free_after)) return;
-          wait_ready_on_comm(j);
-          slot.busy = true;
-          ch.slot = int(next_slot_);
-          next_slot_ = (next_slot_ + 1) % slots_.size();
-          const ScopedContext ctx(*this, j.phase, j.unit);
-          copy_in(j, ch);
-          ch.staged = done_event();
-          CUDA_CHECK(cudaEventRecord(ch.staged, comm_));
-        }
-        ch.state = MpiChunk::Staged;
-        ++j.staged;
-      }
-    }
+  void make_mpi_path() {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), size_t(staging_.total_bytes()),
+                             cudaHostAllocDefault));
+    StagingDevice& stream = *this;  // a private base: converted here, where it is accessible
+    stager_ = std::make_unique<MpiStager>(stream, comm_library_, awareness_, staging_, host_slots_);
   }
+  // A collective over MPI: its inputs are complete at this point of the compute stream.
+  Request issue_mpi(const CollectiveArgs& a, Comm& c) {
+    auto* m = dynamic_cast<CudaMpiComm*>(&c);
+    SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
+    const cudaEvent_t ready = done_event();
+    CUDA_CHECK(cudaEventRecord(ready, compute_));
+    const Request id = next_request_++;
+    stager_->issue(id, a, m->comm, phase(), unit(), ready);
+    return id;
+  }
+  void progress_mpi() {
+    if (stager_) stager_->progress();
+  }
+  void drain_mpi() {
+    if (stager_) stager_->drain();
+  }
+  bool mpi_pending(Request r) const { return stager_ && stager_->pending(r); }
 
-  // MPI calls of staged chunks, strictly in order: a later chunk waits for an earlier one.
-  void start_chunks() {
-    for (MpiJob& j : jobs_) {
-      while (j.started < j.staged) {
-        MpiChunk& ch = j.chunks[j.started];
-        const bool staged = j.transfer == Transfer::Staged;
-        if (!event_done(staged ? ch.staged : j.ready)) return;
-        if (staged) {
-          free_done_.push_back(ch.staged);
-          ch.staged = nullptr;
-        } else {
-          wait_ready_on_comm(j);
-        }
-        if (j.mpi_start < 0) j.mpi_start = now();
-        const ScopedContext ctx(*this, j.phase, j.unit);
-        staged ? start_staged(j, ch) : call_direct(j, ch);
-        ch.state = MpiChunk::InFlight;
-        ++j.started;
-      }
-      if (j.started < j.chunks.size()) return;
-    }
-  }
-
-  // Completed MPI calls: averages divided, H2D enqueued, the slot handed back to the ring.
-  void finish_chunks() {
-    for (MpiJob& j : jobs_)
-      for (MpiChunk& ch : j.chunks) {
-        if (ch.state != MpiChunk::InFlight) continue;
-        int flag = 0;
-        MPI_CHECK(MPI_Testall(2, ch.req, &flag, MPI_STATUSES_IGNORE));
-        if (!flag) continue;
-        j.mpi_end = now();
-        if (j.transfer == Transfer::Staged) {
-          const ScopedContext ctx(*this, j.phase, j.unit);
-          copy_out(j, ch);
-          Slot& slot = slots_[size_t(ch.slot)];
-          CUDA_CHECK(cudaEventRecord(slot.free_after, comm_));
-          slot.busy = false;
-        }
-        ch.state = MpiChunk::Finished;
-        ++j.finished;
-      }
-  }
-
-  // Jobs whose every chunk has finished: `done` recorded after their last copy; the MPI
-  // calls recorded as one operation (first call to last completion seen).
-  void complete_jobs() {
-    for (auto it = jobs_.begin(); it != jobs_.end();) {
-      MpiJob& j = *it;
-      if (j.finished < j.chunks.size()) {
-        ++it;
-        continue;
-      }
-      wait_ready_on_comm(j);  // an empty collective still orders after its inputs
-      const cudaEvent_t done = done_event();
-      CUDA_CHECK(cudaEventRecord(done, comm_));
-      requests_[j.id] = done;
-      if (recorder_ && j.mpi_start >= 0) {
-        TimedOp t{collective_kind(j.a.op), j.phase, j.unit, mpi_lane(j.mpi_start, j.mpi_end), nullptr, nullptr,
-                  collective_bytes(j.a, j.size), 0.0, false, {}, j.id, j.mpi_start, j.mpi_end};
-        timed_.push_back(t);
-      }
-      it = jobs_.erase(it);
-    }
-  }
   // MPI calls of different collectives may overlap in time: the first lane free at `start`.
   int mpi_lane(double start, double end) {
     for (size_t i = 0; i < mpi_lane_end_.size(); ++i)
@@ -999,142 +842,6 @@ class CudaBackend final : public Backend {
       }
     mpi_lane_end_.push_back(end);
     return kMpiLane + int(mpi_lane_end_.size()) - 1;
-  }
-
-  // Slot layouts (c = chunk elements, es = element size, n = ranks, row = c·es bytes):
-  //   all-reduce, reduce, broadcast: [row]; send-recv: [send row | recv row];
-  //   all-gather: n rows in rank order (in place); reduce-scatter: n rows, result in the first;
-  //   all-to-all: [n send rows | n recv rows].
-  void copy_in(const MpiJob& j, const MpiChunk& ch) {
-    const CollectiveArgs& a = j.a;
-    const size_t es = size_t(dtype_size(a.dtype)), row = size_t(ch.range.count) * es;
-    const char* src = static_cast<const char*>(a.send) + size_t(ch.range.first) * es;
-    char* h = slot_ptr(ch.slot);
-    switch (a.op) {
-      case Collective::AllReduce:
-      case Collective::Reduce:
-      case Collective::SendRecv: stage_copy(h, 0, src, 0, row, 1, cudaMemcpyDeviceToHost); break;
-      case Collective::Broadcast:
-        if (j.rank == a.root) stage_copy(h, 0, src, 0, row, 1, cudaMemcpyDeviceToHost);
-        break;
-      case Collective::AllGather: stage_copy(h + j.rank * row, 0, src, 0, row, 1, cudaMemcpyDeviceToHost); break;
-      case Collective::ReduceScatter:
-        stage_copy(h, row, src, size_t(a.count) * es, row, size_t(j.size), cudaMemcpyDeviceToHost);
-        break;
-      case Collective::AllToAll:
-        stage_copy(h, row, src, size_t(a.count / j.size) * es, row, size_t(j.size), cudaMemcpyDeviceToHost);
-        break;
-      default: SB_FATAL("unknown collective");
-    }
-  }
-
-  void start_staged(MpiJob& j, MpiChunk& ch) {
-    const CollectiveArgs& a = j.a;
-    const MPI_Datatype t = mpi_datatype(a.dtype);
-    const MPI_Op op = reductions_.op(a.redop, a.dtype);
-    const int cnt = mpi_count(ch.range.count), n = j.size, r = j.rank;
-    char* h = slot_ptr(ch.slot);
-    const size_t row = size_t(ch.range.count) * size_t(dtype_size(a.dtype));
-    switch (a.op) {
-      case Collective::AllReduce: MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h, cnt, t, op, j.comm, &ch.req[0])); break;
-      case Collective::AllGather:
-        MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, h, cnt, t, j.comm, &ch.req[0]));
-        break;
-      case Collective::ReduceScatter:
-        MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, h, cnt, t, op, j.comm, &ch.req[0]));
-        break;
-      case Collective::Broadcast: MPI_CHECK(MPI_Ibcast(h, cnt, t, a.root, j.comm, &ch.req[0])); break;
-      case Collective::Reduce:
-        MPI_CHECK(MPI_Ireduce(r == a.root ? MPI_IN_PLACE : h, r == a.root ? h : nullptr, cnt, t, op, a.root, j.comm,
-                              &ch.req[0]));
-        break;
-      case Collective::AllToAll:
-        MPI_CHECK(MPI_Ialltoall(h, cnt, t, h + size_t(n) * row, cnt, t, j.comm, &ch.req[0]));
-        break;
-      case Collective::SendRecv:  // send to rank+1, receive from rank−1
-        MPI_CHECK(MPI_Irecv(h + row, cnt, t, (r - 1 + n) % n, 0, j.comm, &ch.req[1]));
-        MPI_CHECK(MPI_Isend(h, cnt, t, (r + 1) % n, 0, j.comm, &ch.req[0]));
-        break;
-      default: SB_FATAL("unknown collective");
-    }
-  }
-
-  void copy_out(const MpiJob& j, const MpiChunk& ch) {
-    const CollectiveArgs& a = j.a;
-    const size_t es = size_t(dtype_size(a.dtype)), row = size_t(ch.range.count) * es;
-    char* dst = static_cast<char*>(a.recv) + size_t(ch.range.first) * es;
-    char* h = slot_ptr(ch.slot);
-    const bool reduced = a.op == Collective::AllReduce || a.op == Collective::ReduceScatter ||
-                         (a.op == Collective::Reduce && j.rank == a.root);
-    if (reduced && a.redop == ReduceOp::Avg) divide_elements(h, ch.range.count, a.dtype, j.size);
-    switch (a.op) {
-      case Collective::AllReduce:
-      case Collective::ReduceScatter:
-      case Collective::Broadcast: stage_copy(dst, 0, h, 0, row, 1, cudaMemcpyHostToDevice); break;
-      case Collective::Reduce:
-        if (j.rank == a.root) stage_copy(dst, 0, h, 0, row, 1, cudaMemcpyHostToDevice);
-        break;
-      case Collective::SendRecv: stage_copy(dst, 0, h + row, 0, row, 1, cudaMemcpyHostToDevice); break;
-      case Collective::AllGather:
-        stage_copy(dst, size_t(a.count) * es, h, row, row, size_t(j.size), cudaMemcpyHostToDevice);
-        break;
-      case Collective::AllToAll:
-        stage_copy(dst, size_t(a.count / j.size) * es, h + size_t(j.size) * row, row, row, size_t(j.size),
-                   cudaMemcpyHostToDevice);
-        break;
-      default: SB_FATAL("unknown collective");
-    }
-  }
-
-  // Device pointers: the blocking collective (its inputs are ready). NCCL's in-place
-  // conventions map onto MPI_IN_PLACE; MPI leaves an in-place reduce-scatter's result at the
-  // start of the buffer, NCCL at this rank's slice: moved there on the comm stream.
-  void call_direct(MpiJob& j, MpiChunk& ch) {
-    const CollectiveArgs& a = j.a;
-    const MPI_Datatype t = mpi_datatype(a.dtype);
-    const MPI_Op op = reductions_.op(a.redop, a.dtype);  // built-in: choose_transfer staged the rest
-    const int cnt = mpi_count(ch.range.count), n = j.size, r = j.rank;
-    const size_t es = size_t(dtype_size(a.dtype)), bytes = size_t(a.count) * es;
-    auto* send = static_cast<char*>(const_cast<void*>(a.send));
-    auto* recv = static_cast<char*>(a.recv);
-    switch (a.op) {
-      case Collective::AllReduce:
-        MPI_CHECK(MPI_Allreduce(send == recv ? MPI_IN_PLACE : send, recv, cnt, t, op, j.comm));
-        break;
-      case Collective::AllGather:
-        if (send == recv + r * bytes)
-          MPI_CHECK(MPI_Allgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, recv, cnt, t, j.comm));
-        else
-          MPI_CHECK(MPI_Allgather(send, cnt, t, recv, cnt, t, j.comm));
-        break;
-      case Collective::ReduceScatter:
-        if (recv == send + r * bytes) {
-          MPI_CHECK(MPI_Reduce_scatter_block(MPI_IN_PLACE, send, cnt, t, op, j.comm));
-          if (r != 0)
-            timed(OpKind::Copy, kCommLane, comm_, int64_t(bytes),
-                  [&] { CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, comm_)); });
-        } else {
-          MPI_CHECK(MPI_Reduce_scatter_block(send, recv, cnt, t, op, j.comm));
-        }
-        break;
-      case Collective::Broadcast:
-        if (r == a.root && send != recv) {  // MPI broadcasts one buffer: the root's input goes there first
-          CUDA_CHECK(cudaMemcpyAsync(recv, send, bytes, cudaMemcpyDeviceToDevice, comm_));
-          CUDA_CHECK(cudaStreamSynchronize(comm_));
-        }
-        MPI_CHECK(MPI_Bcast(recv, cnt, t, a.root, j.comm));
-        break;
-      case Collective::Reduce:
-        MPI_CHECK(MPI_Reduce(r == a.root && send == recv ? MPI_IN_PLACE : send, r == a.root ? recv : nullptr, cnt, t,
-                             op, a.root, j.comm));
-        break;
-      case Collective::AllToAll: MPI_CHECK(MPI_Alltoall(send, cnt, t, recv, cnt, t, j.comm)); break;
-      case Collective::SendRecv:
-        MPI_CHECK(MPI_Sendrecv(send, cnt, t, (r + 1) % n, 0, recv, cnt, t, (r - 1 + n) % n, 0, j.comm,
-                               MPI_STATUS_IGNORE));
-        break;
-      default: SB_FATAL("unknown collective");
-    }
   }
 
   static ncclComm_t nccl(Comm& c) {
@@ -1191,12 +898,8 @@ class CudaBackend final : public Backend {
   int sharing_ = 1;               // local ranks on this GPU
   StagingConfig staging_;
   char* host_slots_ = nullptr;    // pinned: staging_.slots × slot_bytes, outside the ledger (host memory)
-  std::vector<Slot> slots_;
-  size_t next_slot_ = 0;          // the ring's next slot
-  std::deque<MpiJob> jobs_;       // outstanding MPI collectives, in issue order
-  std::vector<double> mpi_lane_end_;
-  MpiReductions reductions_;
-  bool in_progress_ = false;
+  std::unique_ptr<MpiStager> stager_;
+  std::vector<double> mpi_lane_end_;  // end of the last MPI call on each lane from kMpiLane
 };
 
 }  // namespace
