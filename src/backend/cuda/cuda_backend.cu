@@ -338,7 +338,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   }
 
   std::string name() const override { return "cuda"; }
-  // "nccl", or "mpi (CUDA-aware: no; staged through 4 x 4 MiB pinned host slots)".
+  // "nccl", or "mpi (CUDA-aware: no; staged through 4 x 4.00 MiB pinned host slots)".
   std::string comm_name() const override {
     if (!uses_mpi(comm_library_)) return "nccl";
     const std::string aware = std::string("CUDA-aware: ") + cuda_awareness_name(awareness_);
