@@ -1,9 +1,9 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
 // compute stream, collectives on a communication stream (NCCL; or MPI with --comm mpi, whose
 // host side is mpi_stager.h: device pointers or pinned staging copies on that stream),
-// stream-ordered memory, and every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
-// fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
-// (SB_CUDA_TF32=1).
+// stream-ordered memory, and every operation timed with CUDA events on the GPU's own
+// timeline. Tensors in fp32, bf16 or fp16 (Buf's dtype), math in fp32; fp32 GEMMs
+// optionally on TF32 tensor cores (SB_CUDA_TF32=1).
 //
 // Why there is no host synchronisation inside a step (only synchronize() and download()):
 //   compute stream:  op  op [record ready]  op  op  op  [wait done]  op ...
@@ -322,13 +322,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     cudaStreamSynchronize(comm_);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
+    stager_.reset();  // hands its events back to the pool
+    if (host_slots_) cudaFreeHost(host_slots_);
     for (const TimedOp& t : timed_)
       if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
     for (auto& [r, e] : requests_) free_done_.push_back(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
-    stager_.reset();  // hands its events back to the pool
-    if (host_slots_) cudaFreeHost(host_slots_);
     cudaEventDestroy(ready_);
     cudaEventDestroy(anchor_event_);
     if (nonfinite_flag_) cudaFree(nonfinite_flag_);
