@@ -147,7 +147,16 @@ std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, in
 // local ranks on this GPU (1 with NCCL).
 int select_device(bool exclusive, int& sharing) {
   static int chosen = -1, sharers = 1;
+  static bool chosen_exclusive = false;
   if (chosen >= 0) {
+    // An NCCL backend after an MPI one (collective_perf --comm mpi,nccl): every rank makes
+    // it at once, so the check may be collective like the first choice.
+    if (exclusive && !chosen_exclusive) {
+      fail_together(sharers > 1 ? std::to_string(sharers) + " local ranks share GPU " + std::to_string(chosen) +
+                                      ": NCCL needs one rank per GPU (--comm mpi lets ranks share it)"
+                                : "");
+      chosen_exclusive = true;
+    }
     CUDA_CHECK(cudaSetDevice(chosen));
     sharing = sharers;
     return chosen;
@@ -167,6 +176,7 @@ int select_device(bool exclusive, int& sharing) {
   MPI_CHECK(MPI_Comm_free(&node));
   fail_together(problem);
   chosen = device;
+  chosen_exclusive = exclusive;
   sharing = sharers;
   return chosen;
 }
