@@ -50,6 +50,10 @@ def load(path):
             if _attr(f, "program") != "collective_perf" if "program" in f.attrs else True:
                 raise InputError(f"{fname}: not a collective_perf result")
             this = {k: _attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
+            this["comm"] = _attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
+            if "," in this["comm"]:
+                raise InputError(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
+                                 "a baseline and a check use one")
             if this["status"] == "failed":
                 raise InputError(f"{fname}: its data check found wrong elements (status failed): not comparable")
             names = [n.decode() if isinstance(n, bytes) else n for n in f["samples"].attrs["op_names"]]
@@ -57,7 +61,7 @@ def load(path):
         if facts is None:
             facts = dict(this, files=[fname])
         else:
-            for k in ("world_size", "dtype", "redop"):
+            for k in ("world_size", "dtype", "redop", "comm"):
                 if this[k] != facts[k]:
                     raise InputError(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
             facts["files"].append(fname)
@@ -153,7 +157,7 @@ def main(argv=None):
         cur, cf = load(a.current)
         if bf["world_size"] != cf["world_size"]:
             raise InputError(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
-        for k in ("dtype", "redop"):
+        for k in ("dtype", "redop", "comm"):
             if bf[k] != cf[k]:
                 raise InputError(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
         if set(base) != set(cur):

@@ -3,8 +3,11 @@
 #   1. prerequisites (a visible GPU, mpirun, nvcc, make), said clearly when missing
 #   2. build (make -j), then the GPU tests (build/bin/test_cuda_backend, no skips allowed)
 #   3. cuBLAS peak of this GPU (build/bin/gemm_peak: bf16, tf32, fp32)
-#   4. correctness runs: --check on one rank (and on every GPU when there are several), and
-#      an out-of-memory run that must fail with one clear "out-of-memory" line
+#   4. correctness runs: --check on one rank (and on every GPU with NCCL when there are
+#      several), the multi-rank --check matrix over MPI with 2 and 4 ranks sharing the GPU(s)
+#      (--comm mpi: DDP; FSDP full, hybrid 2, grad-op, none; fp32 and bf16), each also under
+#      compute-sanitizer memcheck; NCCL vs MPI collective_perf rows in one table; and an
+#      out-of-memory run that must fail with one clear "out-of-memory" line
 #   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose bf16 memory plan fits
 #      the GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed
 #      with ddp_perf and fsdp_perf --backend cuda in bf16 (the target) and fp32 (where its
@@ -15,7 +18,9 @@
 # Raw outputs go to results/gpu-check/. Exit 0 when every step passed, 1 otherwise.
 # Environment: GPU_CHECK_HEADROOM (fraction of GPU memory the plan may use, default 0.90),
 # LAYERS / BATCH / CKPT=1 (skip the plan search), STEPS (default 5), WARMUP (default 2),
-# SKIP_BUILD=1, PYTHON (default python3), SB_CUDA_TF32=1 (TF32 GEMMs in ours and PyTorch's).
+# SKIP_BUILD=1, PYTHON (default python3), SB_CUDA_TF32=1 (TF32 GEMMs in ours and PyTorch's),
+# MPI_COMMS (the --comm values of the MPI matrix, default "mpi"; e.g. "mpi mpi-staged" to run
+# the staged path too on a CUDA-aware MPI), MEMCHECK=0 (skip the memcheck runs).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -61,7 +66,7 @@ if [ -z "${SKIP_BUILD:-}" ]; then
   say "building (log: $OUT/build.log)"
   make -j"$(nproc)" > "$OUT/build.log" 2>&1 || die "build failed: see $OUT/build.log"
 fi
-for b in test_cuda_backend gemm_peak ddp_perf fsdp_perf; do
+for b in test_cuda_backend gemm_peak ddp_perf fsdp_perf collective_perf; do
   [ -x "$BIN/$b" ] || die "$BIN/$b was not built: the CUDA parts need nvcc, cuBLAS and NCCL (make probe)"
 done
 say "GPU tests (log: $OUT/test_cuda_backend.log)"
@@ -102,6 +107,58 @@ if [ "$NGPU" -ge 2 ]; then  # NCCL between real ranks: one rank per GPU
   [ $((NP % 2)) -eq 0 ] &&
     check_run "check-fsdp-hybrid-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding hybrid --shard-size 2
 fi
+# Over MPI ranks may share a GPU (NCCL refuses): the multi-rank paths run on one GPU too.
+TINY=(--backend cuda --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1 --check)
+MPI_MATRIX=("ddp ddp_perf --bucket-mb 0.002" "full fsdp_perf --sharding full" "hybrid2 fsdp_perf --sharding hybrid --shard-size 2"
+            "grad-op fsdp_perf --sharding grad-op" "none fsdp_perf --sharding none")
+SANITIZER=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
+[ -x "$SANITIZER" ] || SANITIZER=$(command -v compute-sanitizer || true)
+memcheck_run() {  # memcheck_run NAME NP PROGRAM ARGS...: --check PASS and no memcheck error on any rank
+  local name=$1 np=$2 prog=$3
+  shift 3
+  if [ -z "$SANITIZER" ]; then fail "$name: compute-sanitizer not found (CUDA toolkit)"; return; fi
+  if "${MPIRUN[@]}" -np "$np" "$SANITIZER" --tool memcheck --error-exitcode 9 --print-limit 20 "$BIN/$prog" "$@" \
+      --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 &&
+    grep -q -- "-> PASS" "$OUT/$name.log" &&
+    [ "$(grep -c "ERROR SUMMARY: 0 errors" "$OUT/$name.log")" -ge "$np" ]; then
+    say "ok $name"
+  else
+    fail "$name (see $OUT/$name.log)"
+  fi
+}
+for comm in ${MPI_COMMS:-mpi}; do
+  for np in 2 4; do
+    for dt in fp32 bf16; do
+      for entry in "${MPI_MATRIX[@]}"; do
+        read -r label prog args <<< "$entry"
+        # shellcheck disable=SC2086  # args are words
+        check_run "check-$comm-$label-$dt-np$np" "$np" "$prog" "${TINY[@]}" --comm "$comm" --dtype "$dt" $args
+        # shellcheck disable=SC2086
+        [ "${MEMCHECK:-1}" = 0 ] ||
+          memcheck_run "memcheck-$comm-$label-$dt-np$np" "$np" "$prog" "${TINY[@]}" --comm "$comm" --dtype "$dt" $args
+      done
+    done
+  done
+done
+grep -h "^collectives:" "$OUT"/check-mpi-*.log 2>/dev/null | sort -u | sed 's/^/gpu-check: /'
+
+# NCCL vs MPI, rows of one table: one rank per GPU where there are several; on one GPU NCCL
+# has a single rank (nothing crosses a link) and MPI 2 ranks sharing it.
+COLL=(--ops all-reduce,all-gather,reduce-scatter -b 1K -e 256M -f 4 -n 10 -w 3)
+if [ "$NGPU" -ge 2 ]; then
+  coll_runs=("$NP nccl,mpi")
+else
+  coll_runs=("1 nccl,mpi" "2 mpi")
+fi
+for run in "${coll_runs[@]}"; do
+  read -r np comms <<< "$run"
+  name="collective_perf-np$np-${comms/,/-}"
+  say "collective_perf --backend cuda --comm $comms on $np rank(s) (log: $OUT/$name.log)"
+  "${MPIRUN[@]}" -np "$np" "$BIN/collective_perf" --backend cuda --comm "$comms" "${COLL[@]}" \
+    --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 || fail "$name (see $OUT/$name.log)"
+  sed -n '/^# collective_perf/,/^# Avg bus/p' "$OUT/$name.log"
+done
+
 # The whole t5-11.3b under DDP needs ~180 GB: allocation must fail with one clear line.
 "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" --backend cuda --model t5-11.3b --batch 1 --seq-len 64 --steps 1 --warmup 0 \
   --mem-limit-gib 100000 --out "$OUT/oom.h5" --overwrite > "$OUT/oom.log" 2>&1

@@ -137,4 +137,14 @@ expect "plan with --out that fits writes nothing" 0 '-> fits' -- \
 if [ -e $T/plan-fits.h5 ]; then bad "no file for a plan that fits"; else ok "no file for a plan that fits"; fi
 expect "--world-size only with --plan" 2 'only allowed with --plan' -- $BIN/fsdp_perf --world-size 8
 
+# --- the CUDA backend's MPI path on host memory (no GPU needed): chunks through the slot ring,
+# every collective, sub-communicators; 3 ranks (odd) and 4 ---
+for np in 3 4; do
+  expect "MPI staging pipeline on $np ranks (test_mpi_stager)" 0 'PASSED' -- \
+    timeout 300 mpirun -np $np --oversubscribe --bind-to none $BIN/test_mpi_stager --gtest_brief=1
+done
+expect "--comm only with --backend cuda" 2 'only allowed with --backend cuda' -- $BIN/fsdp_perf --model t5-tiny --comm mpi --plan
+expect "--comm names its values" 2 "allowed: nccl, mpi, mpi-staged, mpi-direct" -- \
+  $BIN/fsdp_perf --model t5-tiny --backend cuda --comm gloo --plan
+
 summary

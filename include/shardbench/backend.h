@@ -192,6 +192,9 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual std::string device_name() const = 0;
+  // The library its collectives run on, as the run records it: "mpi" (CPU), "nccl", or
+  // "mpi (...)" with how device buffers travel (CUDA --comm mpi).
+  virtual std::string comm_name() const { return "mpi"; }
 
   // ---- memory: every allocation carries a category ----
   virtual void* alloc(size_t bytes, MemCategory cat) = 0;
@@ -367,8 +370,11 @@ class ScopedContext {
   int unit_;
 };
 
-// Backends this build can make: "cpu", and "cuda" where compiled in.
+// Backends this build can make: "cpu", and "cuda" where compiled in (collectives on NCCL,
+// or on MPI: `comm`, see comm_staging.h; the CPU backend always uses MPI).
+enum class CommLibrary : int;
 std::unique_ptr<Backend> make_backend(const std::string& name);
+std::unique_ptr<Backend> make_backend(const std::string& name, CommLibrary comm);
 // Accounts memory and FLOPs only: nothing is allocated or computed.
 std::unique_ptr<Backend> make_counting_backend();
 double counted_gemm_flops(const Backend& counting);

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "shardbench/backend.h"
+#include "shardbench/comm_staging.h"
 #include "shardbench/model.h"
 #include "shardbench/strategy.h"
 
@@ -20,6 +21,7 @@ struct RunConfig {
   int steps = 5;
   int warmup = 1;
   std::string backend = "cpu";
+  CommLibrary comm = CommLibrary::Nccl;  // --comm: collectives of the CUDA backend
   double mem_limit_gib = 0;  // 0: the machine's memory / ranks on the node
   int plan_world = 0;        // --world-size for --plan (0: the MPI world)
   std::string schedule_json;  // --schedule-json: with --plan, the step's schedule for the projection

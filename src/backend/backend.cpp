@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "shardbench/check.h"
+#include "shardbench/comm_staging.h"
 
 namespace sb {
 
@@ -200,13 +201,15 @@ void Backend::record(OpKind kind, int lane, double start, double end, int64_t by
 
 std::unique_ptr<Backend> make_cpu_backend();
 #ifdef SB_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend();  // src/backend/cuda/cuda_backend.cu
+std::unique_ptr<Backend> make_cuda_backend(CommLibrary comm);  // src/backend/cuda/cuda_backend.cu
 #endif
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
+std::unique_ptr<Backend> make_backend(const std::string& name) { return make_backend(name, CommLibrary::Nccl); }
+
+std::unique_ptr<Backend> make_backend(const std::string& name, CommLibrary comm) {
   if (name == "cpu") return make_cpu_backend();
 #ifdef SB_HAVE_CUDA
-  if (name == "cuda") return make_cuda_backend();
+  if (name == "cuda") return make_cuda_backend(comm);
   throw UsageError("unknown backend '" + name + "' (allowed: cpu, cuda)");
 #else
   if (name == "cuda")

@@ -22,6 +22,7 @@
 #include "shardbench/check.h"
 #include "shardbench/half.h"
 #include "shardbench/model.h"
+#include "shardbench/mpi_ops.h"
 #include "shardbench/rng.h"
 
 namespace sb {
@@ -332,8 +333,6 @@ class CpuBackend final : public Backend {
       MPI_Request reqs[2] = {p.req, p.req2};
       if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
     }
-    for (auto& [key, op] : half_ops_)
-      if (!finalized) MPI_Op_free(&op);
     for (void* p : tracked()) std::free(p);
   }
   std::string name() const override { return "cpu"; }
@@ -793,79 +792,12 @@ class CpuBackend final : public Backend {
 
  private:
   static MPI_Comm mpi(Comm& c) { return static_cast<MpiComm&>(c).comm; }
-  static MPI_Datatype mpi_type(DType t) {
-    switch (t) {
-      case DType::F32: return MPI_FLOAT;
-      case DType::F64: return MPI_DOUBLE;
-      case DType::I32: return MPI_INT32_T;
-      case DType::I64: return MPI_INT64_T;
-      case DType::U8: return MPI_UINT8_T;
-      default: return MPI_UINT16_T;  // bfloat16, half: moved as 16-bit words
-    }
-  }
-  MPI_Op mpi_op(ReduceOp o, DType t) {
-    if (t == DType::BF16 || t == DType::F16) return half_op(o, t);
-    switch (o) {
-      case ReduceOp::Prod: return MPI_PROD;
-      case ReduceOp::Min: return MPI_MIN;
-      case ReduceOp::Max: return MPI_MAX;
-      default: return MPI_SUM;  // avg = sum, divided on completion (MPI has no average)
-    }
-  }
-  template <class T, ReduceOp R>
-  static void half_reduce(void* in, void* inout, int* len, MPI_Datatype*) {
-    const T* a = static_cast<const T*>(in);
-    T* b = static_cast<T*>(inout);
-    for (int i = 0; i < *len; ++i) {
-      const float x = a[i], y = b[i];
-      switch (R) {
-        case ReduceOp::Prod: b[i] = T(x * y); break;
-        case ReduceOp::Min: b[i] = T(std::min(x, y)); break;
-        case ReduceOp::Max: b[i] = T(std::max(x, y)); break;
-        default: b[i] = T(x + y);
-      }
-    }
-  }
-  template <class T>
-  static MPI_User_function* half_function(ReduceOp o) {
-    switch (o) {
-      case ReduceOp::Prod: return &half_reduce<T, ReduceOp::Prod>;
-      case ReduceOp::Min: return &half_reduce<T, ReduceOp::Min>;
-      case ReduceOp::Max: return &half_reduce<T, ReduceOp::Max>;
-      default: return &half_reduce<T, ReduceOp::Sum>;
-    }
-  }
-  // Created on first use, freed with the backend.
-  MPI_Op half_op(ReduceOp o, DType t) {
-    const int key = int(t) * int(ReduceOp::kCount) + int(o == ReduceOp::Avg ? ReduceOp::Sum : o);
-    auto it = half_ops_.find(key);
-    if (it != half_ops_.end()) return it->second;
-    MPI_Op op;
-    MPI_CHECK(MPI_Op_create(t == DType::BF16 ? half_function<bf16>(o) : half_function<f16>(o), 1, &op));
-    return half_ops_[key] = op;
-  }
-  template <class T>
-  static void divide(void* buf, int64_t n, int by) {
-    T* p = static_cast<T*>(buf);
-    for (int64_t i = 0; i < n; ++i) p[i] = T(p[i] / by);
-  }
+  static MPI_Datatype mpi_type(DType t) { return mpi_datatype(t); }
+  MPI_Op mpi_op(ReduceOp o, DType t) { return reductions_.op(o, t); }
   static std::function<void()> average(const CollectiveArgs& a, void* buf, int64_t n, int ranks) {
     if (a.redop != ReduceOp::Avg) return {};
-    switch (a.dtype) {
-      case DType::F32: return [=] { divide<float>(buf, n, ranks); };
-      case DType::F64: return [=] { divide<double>(buf, n, ranks); };
-      case DType::I32: return [=] { divide<int32_t>(buf, n, ranks); };
-      case DType::I64: return [=] { divide<int64_t>(buf, n, ranks); };
-      case DType::U8: return [=] { divide<uint8_t>(buf, n, ranks); };
-      case DType::BF16: return [=] { divide<bf16>(buf, n, ranks); };
-      case DType::F16: return [=] { divide<f16>(buf, n, ranks); };
-      default: return {};
-    }
-  }
-
-  static int mpi_count(int64_t n) {
-    SB_ASSERT(n <= INT32_MAX, "collective of more than 2^31 elements");
-    return int(n);
+    const DType t = a.dtype;
+    return [=] { divide_elements(buf, n, t, ranks); };
   }
 
   // Records a compute operation and lets outstanding collectives advance.
@@ -925,7 +857,7 @@ class CpuBackend final : public Backend {
 
   std::chrono::steady_clock::time_point epoch_;
   std::unordered_map<Request, Pending> pending_;
-  std::unordered_map<int, MPI_Op> half_ops_;
+  MpiReductions reductions_;  // user-defined operations of bfloat16 and half
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
 };

@@ -16,6 +16,7 @@
 #include "shardbench/half.h"
 #include "shardbench/cli.h"
 #include "shardbench/collectives.h"
+#include "shardbench/comm_staging.h"
 #include "shardbench/h5.h"
 #include "shardbench/harness.h"
 #include "shardbench/layout.h"
@@ -35,6 +36,7 @@ struct Options {
   DType dtype = DType::F32;
   ReduceOp redop = ReduceOp::Sum;
   std::string backend = "cpu", out;
+  std::vector<CommLibrary> comms;  // --backend cuda: the libraries compared (rows of one table)
   bool overwrite = false;
   double min_busbw = 0;
   int inject_error = -1;  // self-test of the data check: corrupt one element on this rank
@@ -66,6 +68,9 @@ bool parse(int argc, char** argv, Options& o, int world) {
       ->capture_default_str();
   app.add_option("--shard-size", o.shard, "shard group size G of the hybrid operation (divides the world)");
   app.add_option("--backend", o.backend, "cpu (MPI); cuda (NCCL) where built")->capture_default_str();
+  std::string comm;
+  app.add_option("--comm", comm, "--backend cuda: nccl (default), mpi, mpi-staged, mpi-direct, or a list "
+                                 "(nccl,mpi: the libraries' rows side by side in one table)");
   app.add_option("--out", o.out, "HDF5 result (default: results/collective_perf-w<ranks>-<time>.h5)");
   app.add_flag("--overwrite", o.overwrite, "replace an existing --out file");
   app.add_option("--min-busbw", o.min_busbw,
@@ -80,6 +85,17 @@ bool parse(int argc, char** argv, Options& o, int world) {
       throw UsageError(std::string("SHARDBENCH_MIN_BUSBW '") + floor_env + "' is not allowed (GB/s >= 0)");
   }
   o.ops = parse_bench_ops(ops);
+  if (!comm.empty() && o.backend != "cuda")
+    throw UsageError("--comm is only allowed with --backend cuda (the CPU backend's collectives are MPI)");
+  for (size_t at = 0; o.backend == "cuda";) {  // "nccl,mpi" → both, in that order
+    const size_t end = std::min(comm.find(',', at), comm.size());
+    const CommLibrary c = comm.empty() ? CommLibrary::Nccl : parse_comm_library(comm.substr(at, end - at), "--comm");
+    if (std::count(o.comms.begin(), o.comms.end(), c))
+      throw UsageError("--comm '" + comm + "' names " + comm_library_name(c) + " twice");
+    o.comms.push_back(c);
+    if (end >= comm.size()) break;
+    at = end + 1;
+  }
   o.min_bytes = parse_size("-b", minb);
   o.max_bytes = parse_size("-e", maxb);
   if (o.min_bytes > o.max_bytes)
@@ -257,12 +273,12 @@ struct Bench {
 
 // ---- results ----
 struct SampleRow {
-  int32_t rank, op, in_place, iteration;
+  int32_t rank, op, in_place, iteration, comm;
   int64_t size;
   double time;
 };
 struct ResultRow {
-  int32_t op, in_place;
+  int32_t op, in_place, comm;
   int64_t size, count;
   double time, algbw, busbw;
   int64_t wrong;
@@ -316,17 +332,28 @@ ResultRow summarize(const Options& o, BenchOp op, bool in_place, const BenchSize
   return r;
 }
 
-void print_header(const Options& o, BenchOp op, int n, int nodes, int rpn, const std::string& device) {
-  std::printf("#\n# collective_perf: %s on %d ranks (%d node%s, %d per node), backend %s, device %s\n", bench_op_name(op),
-              n, nodes, nodes == 1 ? "" : "s", rpn, o.backend.c_str(), device.c_str());
+// `comms`: the libraries, one per row of each size, named in a last column when several.
+void print_header(const Options& o, BenchOp op, int n, int nodes, int rpn, const std::string& device,
+                  const std::vector<std::string>& comms) {
+  std::string libs;
+  for (const std::string& c : comms) libs += (libs.empty() ? "" : " vs ") + c;
+  std::printf("#\n# collective_perf: %s on %d ranks (%d node%s, %d per node), backend %s (%s), device %s\n",
+              bench_op_name(op), n, nodes, nodes == 1 ? "" : "s", rpn, o.backend.c_str(), libs.c_str(), device.c_str());
+  const char* comm_col = comms.size() > 1 ? "  comm" : "";
   if (op == BenchOp::Hybrid) std::printf("# hybrid: reduce-scatter in shard groups of %d, all-reduce across %d groups\n", o.shard, n / o.shard);
   std::printf("# iterations %d, warm-up %d, check %d, blocking %d, time across ranks: %s\n#\n", o.iters, o.warmup,
               o.check, o.blocking, kAverageNames[o.average]);
   std::printf("#%75s%34s\n", "out-of-place", "in-place");
-  std::printf("#%11s %12s %9s %7s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "size", "count", "type", "redop", "root",
-              "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong");
+  std::printf("#%11s %12s %9s %7s %6s %9s %7s %7s %6s %9s %7s %7s %6s%s\n", "size", "count", "type", "redop", "root",
+              "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong", comm_col);
   std::printf("#%11s %12s %9s %7s %6s %9s %7s %7s %6s %9s %7s %7s %6s\n", "(B)", "(elements)", "", "", "", "(us)",
               "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", "");
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
 }
 
 std::string cell(const ResultRow* r) {
@@ -336,19 +363,41 @@ std::string cell(const ResultRow* r) {
   return buf;
 }
 
+// One communication library under test: its backend, communicators and buffers.
+struct Side {
+  std::string comm;
+  std::unique_ptr<Backend> backend;
+  Mesh mesh;
+  std::unique_ptr<Comm> world;
+  std::unique_ptr<Bench> bench;
+};
+
+std::unique_ptr<Side> make_side(const Options& o, const CommLibrary* comm) {
+  auto side = std::make_unique<Side>();
+  side->comm = comm ? comm_library_name(*comm) : "mpi";
+  side->backend = comm ? make_backend(o.backend, *comm) : make_backend(o.backend);
+  side->mesh = Mesh::split(*side->backend, MPI_COMM_WORLD, o.shard);
+  side->world = side->backend->make_comm(MPI_COMM_WORLD);
+  return side;
+}
+
 int run(const Options& o, int rank, int n) {
-  auto backend = make_backend(o.backend);
-  Mesh mesh = Mesh::split(*backend, MPI_COMM_WORLD, o.shard);
-  auto world_comm = backend->make_comm(MPI_COMM_WORLD);
-  for (BenchOp op : o.ops) {
-    const bool ok = op == BenchOp::Hybrid
-                        ? backend->supports(Collective::ReduceScatter, o.dtype, o.redop) &&
-                              backend->supports(Collective::AllReduce, o.dtype, o.redop)
-                        : backend->supports(as_collective(op), o.dtype, o.redop);
-    if (!ok)
-      throw UsageError(std::string(bench_op_name(op)) + " of " + dtype_name(o.dtype) + " with " +
-                       reduce_op_name(o.redop) + " is not supported by the " + o.backend + " backend");
-  }
+  std::vector<std::unique_ptr<Side>> sides;  // the CPU backend: MPI; CUDA: each --comm
+  if (o.comms.empty()) sides.push_back(make_side(o, nullptr));
+  for (const CommLibrary& c : o.comms) sides.push_back(make_side(o, &c));
+  std::vector<std::string> comm_names;
+  for (const auto& side : sides) comm_names.push_back(side->comm);
+  Backend* backend = sides.front()->backend.get();  // the device, for the header and provenance
+  for (const auto& side : sides)
+    for (BenchOp op : o.ops) {
+      const Backend& b = *side->backend;
+      const bool ok = op == BenchOp::Hybrid ? b.supports(Collective::ReduceScatter, o.dtype, o.redop) &&
+                                                  b.supports(Collective::AllReduce, o.dtype, o.redop)
+                                            : b.supports(as_collective(op), o.dtype, o.redop);
+      if (!ok)
+        throw UsageError(std::string(bench_op_name(op)) + " of " + dtype_name(o.dtype) + " with " +
+                         reduce_op_name(o.redop) + " is not supported by the " + o.backend + " backend");
+    }
   const std::string stem = "collective_perf-w" + std::to_string(n);
   const std::string path = resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
@@ -361,9 +410,12 @@ int run(const Options& o, int rank, int n) {
     max_send = std::max({max_send, s.send, s.recv}), max_recv = std::max(max_recv, s.recv);
   }
   const int es = dtype_size(o.dtype);
-  Bench bench{o, *backend, mesh, *world_comm, rank, n};
-  bench.send = backend->alloc(size_t(max_send) * es, MemCategory::CommBuffers);
-  bench.recv = backend->alloc(size_t(max_recv) * es, MemCategory::CommBuffers);
+  for (auto& side : sides) {
+    Backend& b = *side->backend;
+    side->bench.reset(new Bench{o, b, side->mesh, *side->world, rank, n});
+    side->bench->send = b.alloc(size_t(max_send) * es, MemCategory::CommBuffers);
+    side->bench->recv = b.alloc(size_t(max_recv) * es, MemCategory::CommBuffers);
+  }
 
   std::vector<SampleRow> samples;
   std::vector<ResultRow> results;
@@ -371,36 +423,43 @@ int run(const Options& o, int rank, int n) {
   int busbw_n = 0;
   int64_t wrong_total = 0;
   for (BenchOp op : o.ops) {
-    if (rank == 0) print_header(o, op, n, nodes, rpn, backend->device_name());
+    if (rank == 0) print_header(o, op, n, nodes, rpn, backend->device_name(), comm_names);
     int64_t last = -1;
     for (int64_t size = o.min_bytes; size <= o.max_bytes;
          size = std::max(size + 1, int64_t(std::llround(double(size) * o.factor)))) {
       const BenchSizes s = bench_sizes(op, size, o.dtype, n, o.shard);
       if (s.count == 0 || s.size_bytes == last) continue;  // too small for this many ranks
       last = s.size_bytes;
-      ResultRow rows[2];
-      bool have[2] = {false, false};
-      for (int place = 0; place < 2; ++place) {
-        if (place == 1 && !has_in_place(op)) continue;
-        const int64_t wrong = o.check ? bench.check_any(op, s, place) : 0;
-        const std::vector<double> t = bench.time_iterations(op, s, place);
-        for (int i = 0; i < o.iters; ++i) samples.push_back({rank, int(op), place, i, s.size_bytes, t[i]});
-        rows[place] = summarize(o, op, place, s, t, wrong, n, o.shard);
-        have[place] = true;
-        busbw_sum += rows[place].busbw;
-        ++busbw_n;
-        wrong_total += rows[place].wrong;
-        if (rank == 0) results.push_back(rows[place]);
+      for (size_t side = 0; side < sides.size(); ++side) {  // one row per library
+        Bench& bench = *sides[side]->bench;
+        ResultRow rows[2];
+        bool have[2] = {false, false};
+        for (int place = 0; place < 2; ++place) {
+          if (place == 1 && !has_in_place(op)) continue;
+          const int64_t wrong = o.check ? bench.check_any(op, s, place) : 0;
+          const std::vector<double> t = bench.time_iterations(op, s, place);
+          for (int i = 0; i < o.iters; ++i) samples.push_back({rank, int(op), place, i, int(side), s.size_bytes, t[i]});
+          rows[place] = summarize(o, op, place, s, t, wrong, n, o.shard);
+          rows[place].comm = int(side);
+          have[place] = true;
+          busbw_sum += rows[place].busbw;
+          ++busbw_n;
+          wrong_total += rows[place].wrong;
+          if (rank == 0) results.push_back(rows[place]);
+        }
+        if (rank == 0)
+          std::printf(" %11lld %12lld %9s %7s %6d%s%s%s%s\n", (long long)s.size_bytes, (long long)s.count,
+                      dtype_name(o.dtype), is_reduction(op) ? reduce_op_name(o.redop) : "none",
+                      op == BenchOp::Broadcast || op == BenchOp::Reduce ? o.root : -1, cell(&rows[0]).c_str(),
+                      cell(have[1] ? &rows[1] : nullptr).c_str(), sides.size() > 1 ? "  " : "",
+                      sides.size() > 1 ? sides[side]->comm.c_str() : "");
       }
-      if (rank == 0)
-        std::printf(" %11lld %12lld %9s %7s %6d%s%s\n", (long long)s.size_bytes, (long long)s.count, dtype_name(o.dtype),
-                    is_reduction(op) ? reduce_op_name(o.redop) : "none",
-                    op == BenchOp::Broadcast || op == BenchOp::Reduce ? o.root : -1, cell(&rows[0]).c_str(),
-                    cell(have[1] ? &rows[1] : nullptr).c_str());
     }
   }
-  backend->release(bench.send);
-  backend->release(bench.recv);
+  for (auto& side : sides) {
+    side->backend->release(side->bench->send);
+    side->backend->release(side->bench->recv);
+  }
   const double avg_busbw = busbw_n ? busbw_sum / busbw_n : 0;
   const bool below = o.min_busbw > 0 && avg_busbw < o.min_busbw;
   if (rank == 0) {
@@ -426,24 +485,28 @@ int run(const Options& o, int rank, int n) {
       Attr::integer("check", o.check), Attr::integer("blocking", o.blocking),
       Attr::str("average", kAverageNames[o.average]), Attr::integer("world_size", n),
       Attr::integer("ranks_per_node", rpn), Attr::integer("nodes", nodes), Attr::integer("shard_size", o.shard),
-      Attr::str("backend", o.backend), Attr::str("status", status), Attr::num("avg_busbw", avg_busbw),
+      Attr::str("backend", o.backend), Attr::str("comm", join(comm_names)), Attr::str("status", status), Attr::num("avg_busbw", avg_busbw),
       Attr::num("min_busbw", o.min_busbw), Attr::integer("wrong_total", wrong_total),
       Attr::str("start_time", iso_time(start)), Attr::str("end_time", iso_time(wall_clock_rank0())),
   });
   write_provenance(f, collect_provenance(o.argv), hostname(), backend->device_name(), MPI_COMM_WORLD);
   f.table("samples",
           {SB_COLUMN(SampleRow, rank, I32), SB_COLUMN(SampleRow, op, I32), SB_COLUMN(SampleRow, in_place, I32),
-           SB_COLUMN(SampleRow, iteration, I32), SB_COLUMN(SampleRow, size, I64), SB_COLUMN(SampleRow, time, F64)},
+           SB_COLUMN(SampleRow, iteration, I32), SB_COLUMN(SampleRow, comm, I32), SB_COLUMN(SampleRow, size, I64),
+           SB_COLUMN(SampleRow, time, F64)},
           samples);
   f.names_attribute("samples", "op_names", op_names);
+  f.names_attribute("samples", "comm_names", comm_names);
   f.table("results",
-          {SB_COLUMN(ResultRow, op, I32), SB_COLUMN(ResultRow, in_place, I32), SB_COLUMN(ResultRow, size, I64),
+          {SB_COLUMN(ResultRow, op, I32), SB_COLUMN(ResultRow, in_place, I32), SB_COLUMN(ResultRow, comm, I32),
+           SB_COLUMN(ResultRow, size, I64),
            SB_COLUMN(ResultRow, count, I64), SB_COLUMN(ResultRow, time, F64), SB_COLUMN(ResultRow, algbw, F64),
            SB_COLUMN(ResultRow, busbw, F64), SB_COLUMN(ResultRow, wrong, I64), SB_COLUMN(ResultRow, p50, F64),
            SB_COLUMN(ResultRow, p90, F64), SB_COLUMN(ResultRow, p99, F64), SB_COLUMN(ResultRow, rank_min, F64),
            SB_COLUMN(ResultRow, rank_max, F64), SB_COLUMN(ResultRow, slowest_rank, I32)},
           results);
   f.names_attribute("results", "op_names", op_names);
+  f.names_attribute("results", "comm_names", comm_names);
   f.commit();
   if (rank == 0) std::printf("wrote %s (status %s)\n", path.c_str(), status.c_str());
   return wrong_total ? kExitCheckFailed : below ? kExitBelowFloor : kExitOk;

@@ -86,7 +86,8 @@ void print_config(const Out& out, const RunConfig& c, int world, int shard) {
       {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * world)},
       {"seq len enc / dec", std::to_string(c.shape.enc_len) + " / " + std::to_string(c.shape.dec_len)},
       {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
-      {"backend / dtype / reduce", c.backend + " / " + precision_name(c.strategy.param_dtype) + " / " +
+      {"backend / dtype / reduce", c.backend + (c.backend == "cuda" ? std::string("+") + comm_library_name(c.comm) : "") +
+                                       " / " + precision_name(c.strategy.param_dtype) + " / " +
                                        precision_name(c.strategy.reduce_dtype)},
       {"loss scale", loss_scale_text(c.strategy)},
       {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
@@ -223,6 +224,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, d
       Attr::str("loss_scale_mode", c.strategy.dynamic_loss_scale ? "dynamic" : "static"),
       Attr::integer("loss_scale_growth_interval", c.strategy.loss_scale_growth_interval),
       Attr::str("backend", c.backend),
+      Attr::str("comm", c.backend == "cuda" ? comm_library_name(c.comm) : "mpi"),
       Attr::integer("steps", c.steps),
       Attr::integer("warmup", c.warmup),
       Attr::integer("seed", int64_t(c.strategy.seed)),
@@ -250,7 +252,7 @@ std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
 // Trains a single-rank replica on the whole global batch (MPI_COMM_SELF, rank 0 only) and
 // returns its final weights per unit.
 std::vector<std::vector<float>> reference_weights(const RunConfig& cfg, int world) {
-  auto backend = make_backend(cfg.backend);
+  auto backend = make_backend(cfg.backend, cfg.comm);
   Mesh mesh = Mesh::split(*backend, MPI_COMM_SELF, 1);
   StrategyConfig rc = cfg.strategy;
   rc.kind = StrategyKind::DDP;
@@ -310,13 +312,14 @@ int run(const RunConfig& cfg, int rank, int world) {
 
   // The backend exists before the plan (it allocates nothing) so that the default limit
   // can be the device's free memory; --plan alone needs no device.
-  std::unique_ptr<Backend> backend = cfg.plan_only ? nullptr : make_backend(cfg.backend);
+  std::unique_ptr<Backend> backend = cfg.plan_only ? nullptr : make_backend(cfg.backend, cfg.comm);
   const int64_t device_free = backend ? backend->memory_capacity() : -1;
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
                : device_free > 0     ? device_free
                                      : host_memory_bytes() / local_ranks();
   print_config(out, cfg, plan_world, shard);
+  if (backend && cfg.backend == "cuda") out("collectives: %s\n", backend->comm_name().c_str());
   if (cfg.plan_only && !cfg.schedule_json.empty() && rank == 0) write_schedule_json(cfg.schedule_json, cfg, plan);
   if (cfg.plan_only && (plan.fits() || path.empty())) {
     out("%s", format_plan(cfg, plan).c_str());

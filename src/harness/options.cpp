@@ -52,6 +52,12 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--seed", seed, "seed of data and initial weights")->capture_default_str();
   app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
   app.add_option("--backend", cfg.backend, "cpu, or cuda where built (one rank per GPU)")->capture_default_str();
+  std::string comm = "nccl";
+  auto* o_comm = app.add_option("--comm", comm,
+                                "collectives of --backend cuda: nccl (one rank per GPU) | mpi (device pointers where "
+                                "the MPI library is CUDA-aware, else staged through pinned host memory; ranks may "
+                                "share a GPU) | mpi-staged | mpi-direct (force one way)")
+                     ->capture_default_str();
   app.add_option("--mem-limit-gib", cfg.mem_limit_gib,
                  "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
@@ -130,6 +136,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     throw UsageError("--bucket-mb " + std::to_string(cfg.strategy.bucket_mb) + " is not allowed (must be > 0)");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
+  cfg.comm = parse_comm_library(comm, "--comm");
+  if (o_comm->count() && cfg.backend != "cuda")
+    throw UsageError("--comm is only allowed with --backend cuda (the CPU backend's collectives are MPI)");
 
   // On CPU the unfused path's large BLAS GEMMs are faster than the fused op's tiles.
   cfg.strategy.attention = !attention.empty()     ? parse_attention_impl(attention)

@@ -19,6 +19,8 @@ void TraceRecorder::on_op(const OpEvent& e) {
   if (is_communication(e.kind)) {
     cur_.communication += d;
     cur_.comm_bytes += e.bytes;
+  } else if (e.lane != 0) {  // a collective's own copies (CUDA over MPI: staging through host memory)
+    cur_.communication += d;
   } else if (e.kind == OpKind::Wait || e.kind == OpKind::Progress) {
     cur_.exposed_comm += d;
   } else {

@@ -1,5 +1,6 @@
 // The CUDA backend against the CPU backend (the reference): every operation on random inputs,
-// memory accounting, timing through the recorder, collectives on a 1-rank NCCL communicator,
+// memory accounting, timing through the recorder, collectives on a 1-rank NCCL communicator
+// and over MPI (--comm mpi-staged in many chunks; mpi-direct where the library is CUDA-aware),
 // a whole T5 step and whole DDP/FSDP steps. Where no GPU is visible every test is skipped
 // with the reason and the binary exits 0 (tests/run_tests.sh runs it on CPU-only machines).
 //
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include "shardbench/backend.h"
+#include "shardbench/comm_staging.h"
 #include "shardbench/layout.h"
 #include "shardbench/model.h"
 #include "shardbench/rng.h"
@@ -491,6 +493,112 @@ TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
         gpu().download(out.data(), recv, out.size());
         EXPECT_EQ(out, in) << collective_name(Collective(op)) << " " << dtype_name(dt) << " " << reduce_op_name(red);
       }
+}
+
+// ---------------------------------------------------------------- collectives over MPI
+// The libraries to test the MPI path with here: staged always, device pointers where this
+// MPI library says it takes them.
+std::vector<CommLibrary> mpi_libraries() {
+  std::vector<CommLibrary> v{CommLibrary::MpiStaged};
+  if (query_mpi_cuda_awareness() == CudaAwareness::Yes) v.push_back(CommLibrary::MpiDirect);
+  return v;
+}
+
+// Slots of 64 KiB: the 4096-element collectives below go in several chunks.
+struct SmallSlots {
+  SmallSlots() { setenv("SB_MPI_STAGING_CHUNK", "64K", 1); }
+  ~SmallSlots() { unsetenv("SB_MPI_STAGING_CHUNK"); }
+};
+
+TEST_F(CudaVsCpu, MpiCollectivesOnOneRankInEveryDtype) {
+  const SmallSlots small;
+  for (CommLibrary lib : mpi_libraries()) {
+    auto b = make_backend("cuda", lib);
+    auto comm = b->make_comm(MPI_COMM_SELF);
+    const int64_t count = 40000;  // 2.5 slots of fp32
+    for (int op = 0; op < int(Collective::kCount); ++op)
+      for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::U8})
+        for (ReduceOp red : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
+          ASSERT_TRUE(b->supports(Collective(op), dt, red));
+          const std::vector<uint8_t> in = small_integers(dt, count, uint64_t(op));
+          void* send = b->alloc(in.size(), MemCategory::CommBuffers);
+          void* recv = b->alloc(in.size(), MemCategory::CommBuffers);
+          b->upload(send, in.data(), in.size());
+          const std::vector<uint8_t> junk(in.size(), 0xff);
+          b->upload(recv, junk.data(), junk.size());
+          b->wait(b->collective({Collective(op), send, recv, count, dt, red, 0}, *comm));
+          std::vector<uint8_t> out(in.size());
+          b->download(out.data(), recv, out.size());
+          EXPECT_EQ(out, in) << comm_library_name(lib) << " " << collective_name(Collective(op)) << " "
+                             << dtype_name(dt) << " " << reduce_op_name(red);
+          b->release(send);
+          b->release(recv);
+        }
+    b->synchronize();
+  }
+}
+
+// The staged path is ordered by events like NCCL's, and the trace shows its copies as
+// operations of the communication lane and the MPI calls on their own lanes.
+TEST_F(CudaVsCpu, MpiStagedCollectivesAreOrderedAndTraced) {
+  const SmallSlots small;
+  auto b = make_backend("cuda", CommLibrary::MpiStaged);
+  auto comm = b->make_comm(MPI_COMM_SELF);
+  Collect rec;
+  b->set_recorder(&rec);
+  const int64_t n = 1 << 22;  // 16 MiB of fp32: 256 chunks through 4 slots
+  float* send = b->alloc_floats(n, MemCategory::CommBuffers);
+  float* recv = b->alloc_floats(n, MemCategory::CommBuffers);
+  b->synchronize();
+  rec.ops.clear();
+  b->fill(send, 2.f, n);  // compute stream; the all-gather reads its result
+  b->wait(b->all_gather(send, recv, n, *comm));
+  b->scale(recv, 3.f, n);  // compute stream; after the all-gather's last H2D copy
+  std::vector<float> got(n);
+  b->download(got.data(), recv, size_t(n) * 4);
+  EXPECT_EQ(got, std::vector<float>(n, 6.f));
+  b->synchronize();
+  b->set_recorder(nullptr);
+  int64_t copied = 0;
+  int gathers = 0;
+  for (const OpEvent& e : rec.ops) {
+    if (e.kind == OpKind::Copy && e.lane == 1) copied += e.bytes;
+    if (e.kind == OpKind::AllGather) {
+      ++gathers;
+      EXPECT_GE(e.lane, 2);
+      EXPECT_EQ(e.bytes, n * 4);
+      EXPECT_NE(e.request, kNoRequest);
+    }
+  }
+  EXPECT_EQ(gathers, 1);
+  EXPECT_EQ(copied, 2 * n * 4);  // every byte down and up once
+  b->release(send);
+  b->release(recv);
+}
+
+TEST_F(CudaVsCpu, DdpAndFsdpStepsOverMpiMatchCpu) {
+  const SmallSlots small;
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape shape{2, 12, 8};
+  for (CommLibrary lib : mpi_libraries())
+    for (StrategyKind kind : {StrategyKind::DDP, StrategyKind::FSDP}) {
+      StrategyConfig cfg;
+      cfg.kind = kind;
+      cfg.seed = T5Model::kSeed;
+      cfg.bucket_mb = 0.002;  // several buckets, several all-reduces in flight
+      auto gpu_mpi = make_backend("cuda", lib);
+      std::vector<std::vector<float>> weights[2];
+      Backend* backends[2] = {&cpu(), gpu_mpi.get()};
+      for (int i = 0; i < 2; ++i) {
+        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+        for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(T5Model::kSeed, s, 0, shape, spec.vocab));
+        for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
+      }
+      for (size_t u = 0; u < weights[0].size(); ++u)
+        EXPECT_CLOSE(weights[1][u], weights[0][u], step_tol())
+            << comm_library_name(lib) << " " << (kind == StrategyKind::DDP ? "ddp" : "fsdp") << " unit " << u;
+    }
 }
 
 // ---------------------------------------------------------------- bf16 and fp16

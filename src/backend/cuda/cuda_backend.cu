@@ -1,8 +1,9 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
-// compute stream, NCCL collectives on a communication stream, stream-ordered memory, and
-// every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
-// fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
-// (SB_CUDA_TF32=1).
+// compute stream, collectives on a communication stream (NCCL; or MPI with --comm mpi, whose
+// host side is mpi_stager.h: device pointers or pinned staging copies on that stream),
+// stream-ordered memory, and every operation timed with CUDA events on the GPU's own
+// timeline. Tensors in fp32, bf16 or fp16 (Buf's dtype), math in fp32; fp32 GEMMs
+// optionally on TF32 tensor cores (SB_CUDA_TF32=1).
 //
 // Why there is no host synchronisation inside a step (only synchronize() and download()):
 //   compute stream:  op  op [record ready]  op  op  op  [wait done]  op ...
@@ -34,7 +35,9 @@
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend.h"
 #include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
+#include "shardbench/comm_staging.h"  // --comm, device pointers vs staging, chunks
 #include "shardbench/model.h"     // human_bytes
+#include "shardbench/mpi_stager.h" // the host side of collectives over MPI
 
 #ifndef SB_CUDA_ARCHS
 #define SB_CUDA_ARCHS "unknown"  // mk/cuda.mk passes the compute capabilities compiled in
@@ -68,7 +71,8 @@ void fail_together(const std::string& problem) {
 }
 
 // Which device this rank takes among `count` visible ones, or why it cannot take one.
-std::string pick_device(int local_rank, int local_size, int& device) {
+// `exclusive` (NCCL): one rank per GPU; otherwise (MPI) local ranks share them round-robin.
+std::string pick_device(int local_rank, int local_size, bool exclusive, int& device) {
   int count = 0;
   const cudaError_t rc = cudaGetDeviceCount(&count);
   if (rc != cudaSuccess)
@@ -76,8 +80,8 @@ std::string pick_device(int local_rank, int local_size, int& device) {
            " (" + cudaGetErrorString(rc) +
            "); this host needs an NVIDIA GPU and driver (check nvidia-smi and CUDA_VISIBLE_DEVICES)";
   if (count == 0) return "no CUDA device visible (cudaGetDeviceCount() = 0; check CUDA_VISIBLE_DEVICES)";
-  if (local_rank < count) {
-    device = local_rank;
+  if (local_rank < count || !exclusive) {
+    device = local_rank % count;
     return "";
   }
   if (count == 1) {  // a launcher that shows each rank only its own GPU (srun --gpus-per-task=1)
@@ -86,7 +90,7 @@ std::string pick_device(int local_rank, int local_size, int& device) {
   }
   return std::to_string(local_size) + " ranks on this node but only " + std::to_string(count) +
          " GPUs visible: run one rank per GPU (e.g. mpirun -np <GPUs per node × nodes> "
-         "--map-by ppr:<GPUs per node>:node)";
+         "--map-by ppr:<GPUs per node>:node), or --comm mpi, whose ranks may share a GPU";
 }
 
 // Makes `device` current and checks this build has kernels for it.
@@ -112,8 +116,10 @@ std::string use_device(int device) {
   return "";
 }
 
-// Two ranks of a node on one GPU make NCCL fail later with "duplicate GPU"; say it now.
-std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, int device) {
+// Two ranks of a node on one GPU make NCCL fail later with "duplicate GPU"; say it now
+// (`exclusive`). Sets `sharing` to the local ranks on this rank's GPU, itself included.
+std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, int device, bool exclusive,
+                             int& sharing) {
   int local_size = 1;
   MPI_CHECK(MPI_Comm_size(node, &local_size));
   cudaUUID_t mine{};
@@ -124,22 +130,38 @@ std::string check_not_shared(MPI_Comm node, int local_rank, bool have_device, in
   }
   std::vector<cudaUUID_t> all(local_size);
   MPI_CHECK(MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all.data(), sizeof mine, MPI_BYTE, node));
+  sharing = 1;
   if (!have_device) return "";
-  for (int r = 0; r < local_size; ++r)
-    if (r != local_rank && std::memcmp(&all[r], &mine, sizeof mine) == 0)
+  for (int r = 0; r < local_size; ++r) {
+    if (r == local_rank || std::memcmp(&all[r], &mine, sizeof mine) != 0) continue;
+    ++sharing;
+    if (exclusive)
       return "local ranks " + std::to_string(std::min(r, local_rank)) + " and " +
              std::to_string(std::max(r, local_rank)) +
-             " would share one GPU: run one rank per GPU (each rank sees GPU " + std::to_string(device) + ")";
+             " would share one GPU: NCCL needs one rank per GPU (each rank sees GPU " + std::to_string(device) +
+             "); --comm mpi lets ranks share it";
+  }
   return "";
 }
 
 // The device of this process, chosen once: local rank on the node → device. The first call
 // is collective over MPI_COMM_WORLD (the harness builds its backend on every rank at once);
-// later backends of the process (the --check reference) reuse the choice.
-int select_device() {
-  static int chosen = -1;
+// later backends of the process (the --check reference) reuse the choice. `sharing`: the
+// local ranks on this GPU (1 with NCCL).
+int select_device(bool exclusive, int& sharing) {
+  static int chosen = -1, sharers = 1;
+  static bool chosen_exclusive = false;
   if (chosen >= 0) {
+    // An NCCL backend after an MPI one (collective_perf --comm mpi,nccl): every rank makes
+    // it at once, so the check may be collective like the first choice.
+    if (exclusive && !chosen_exclusive) {
+      fail_together(sharers > 1 ? std::to_string(sharers) + " local ranks share GPU " + std::to_string(chosen) +
+                                      ": NCCL needs one rank per GPU (--comm mpi lets ranks share it)"
+                                : "");
+      chosen_exclusive = true;
+    }
     CUDA_CHECK(cudaSetDevice(chosen));
+    sharing = sharers;
     return chosen;
   }
   int mpi_up = 0;
@@ -150,13 +172,15 @@ int select_device() {
   int local_rank = 0, local_size = 1, device = -1;
   MPI_CHECK(MPI_Comm_rank(node, &local_rank));
   MPI_CHECK(MPI_Comm_size(node, &local_size));
-  std::string problem = pick_device(local_rank, local_size, device);
+  std::string problem = pick_device(local_rank, local_size, exclusive, device);
   if (problem.empty()) problem = use_device(device);
-  const std::string shared = check_not_shared(node, local_rank, problem.empty(), device);
+  const std::string shared = check_not_shared(node, local_rank, problem.empty(), device, exclusive, sharers);
   if (problem.empty()) problem = shared;
   MPI_CHECK(MPI_Comm_free(&node));
   fail_together(problem);
   chosen = device;
+  chosen_exclusive = exclusive;
+  sharing = sharers;
   return chosen;
 }
 
@@ -187,9 +211,32 @@ class NcclComm final : public Comm {
   int size_ = 0, rank_ = 0;
 };
 
+// A communicator of the MPI path: a duplicate of the caller's, so that the collectives this
+// backend starts at its own pace never interleave with the caller's own calls on it.
+class CudaMpiComm final : public Comm {
+ public:
+  explicit CudaMpiComm(MPI_Comm c) {
+    MPI_CHECK(MPI_Comm_dup(c, &comm));
+    MPI_CHECK(MPI_Comm_size(comm, &size_));
+    MPI_CHECK(MPI_Comm_rank(comm, &rank_));
+  }
+  ~CudaMpiComm() override {  // teardown: after MPI_Finalize there is nothing left to free
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm);
+  }
+  int size() const override { return size_; }
+  int rank() const override { return rank_; }
+  MPI_Comm comm = MPI_COMM_NULL;
+
+ private:
+  int size_ = 0, rank_ = 0;
+};
+
 // ------------------------------------------------------------------ the backend
 
-// An operation whose start and end events are read in synchronize().
+// An operation whose start and end events are read in synchronize(); an MPI call (timed
+// on the host) has no events and its backend-clock times instead.
 struct TimedOp {
   OpKind kind;
   Phase phase;
@@ -200,9 +247,11 @@ struct TimedOp {
   bool has_shape;
   int32_t gemm[5];
   int64_t request;  // collectives and their waits; -1 otherwise
+  double host_start = 0, host_end = 0;  // when start and end are null
 };
 
-constexpr int kCommLane = 1;  // one communication stream: its operations never overlap
+constexpr int kCommLane = 1;  // the communication stream: NCCL calls, or the staging copies of MPI
+constexpr int kMpiLane = 2;   // MPI calls (timed on the host) from here up, first free: they may overlap
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -258,25 +307,38 @@ bool env_is_one(const char* name) {
   return v && std::strcmp(v, "1") == 0;
 }
 
-class CudaBackend final : public Backend {
+class CudaBackend final : public Backend, private StagingDevice {
  public:
-  CudaBackend() : epoch_(std::chrono::steady_clock::now()) {
-    device_ = select_device();
+  explicit CudaBackend(CommLibrary comm) : epoch_(std::chrono::steady_clock::now()), comm_library_(comm) {
+    if (uses_mpi(comm)) {  // before any device work: every rank gets the same answer
+      awareness_ = query_mpi_cuda_awareness();
+      const std::string refused = refuse_comm(comm, awareness_);
+      if (!refused.empty()) throw UsageError(refused);
+      staging_ = staging_config_from_env();
+    }
+    device_ = select_device(comm == CommLibrary::Nccl, sharing_);
     CUDA_CHECK(cudaGetDeviceProperties(&prop_, device_));
     make_streams();
     make_cublas();
     keep_pool_memory();
     CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
     CUDA_CHECK(cudaEventCreate(&anchor_event_));
+    if (uses_mpi(comm)) make_mpi_path();
     anchor();
   }
 
   ~CudaBackend() override {  // teardown: errors here cannot be acted on, so they are ignored
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) drain_mpi();  // MPI may still write into the pinned slots
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
-    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    stager_.reset();  // hands its events back to the pool
+    if (host_slots_) cudaFreeHost(host_slots_);
+    for (const TimedOp& t : timed_)
+      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
     for (auto& [r, e] : requests_) free_done_.push_back(e);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
@@ -289,6 +351,23 @@ class CudaBackend final : public Backend {
   }
 
   std::string name() const override { return "cuda"; }
+  // "nccl", or "mpi (CUDA-aware: no; staged through 4 x 4.00 MiB pinned host slots)".
+  std::string comm_name() const override {
+    if (!uses_mpi(comm_library_)) return "nccl";
+    const std::string aware = std::string("CUDA-aware: ") + cuda_awareness_name(awareness_);
+    const std::string staging = std::to_string(staging_.slots) + " x " + human_bytes(double(staging_.slot_bytes)) +
+                                " pinned host slots";
+    switch (comm_library_) {
+      case CommLibrary::MpiStaged: return "mpi-staged (" + aware + "; every collective through " + staging + ")";
+      case CommLibrary::MpiDirect:
+        return "mpi-direct (" + aware + "; device pointers, 16-bit reductions and averages through " + staging + ")";
+      default:
+        return "mpi (" + aware + (awareness_ == CudaAwareness::Yes
+                                      ? "; device pointers, 16-bit reductions and averages through "
+                                      : "; staged through ") +
+               staging + ")";
+    }
+  }
   // "cuda:0 NVIDIA H100 80GB HBM3 (sm_90, fp32 GEMMs in fp32)": the math of fp32 GEMMs is part of
   // the device (bf16/fp16 GEMMs always accumulate in fp32; the run's dtype is an attribute).
   std::string device_name() const override {
@@ -338,13 +417,14 @@ class CudaBackend final : public Backend {
     return int64_t(total) - int64_t(free_bytes);
   }
   // Free device memory plus what the stream-ordered pool holds but no allocation uses.
+  // Ranks sharing the GPU (--comm mpi) share its free memory equally.
   int64_t memory_capacity() const override {
     size_t free_bytes = 0, total = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
     uint64_t reserved = 0, used = 0;
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrReservedMemCurrent, &reserved));
     CUDA_CHECK(cudaMemPoolGetAttribute(pool_, cudaMemPoolAttrUsedMemCurrent, &used));
-    return int64_t(free_bytes) + int64_t(reserved - used);
+    return int64_t(free_bytes) / sharing_ + int64_t(reserved - used);
   }
 
   // ---- compute ----
@@ -532,6 +612,7 @@ class CudaBackend final : public Backend {
   void range_pop() override { nvtxRangePop(); }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override {
+    if (uses_mpi(comm_library_)) return std::make_unique<CudaMpiComm>(c);
     CUDA_CHECK(cudaSetDevice(device_));  // NCCL binds the communicator to the current device
     return std::make_unique<NcclComm>(c);
   }
@@ -539,8 +620,10 @@ class CudaBackend final : public Backend {
   // CollectiveArgs follow NCCL's buffer conventions (in place included), so each maps to one
   // NCCL call; all-to-all and send-recv are grouped point-to-point calls. Bytes as the CPU
   // backend records them: the full buffer.
+  // Over MPI as well: staging divides averages and runs the 16-bit reductions on the host.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
+    if (uses_mpi(comm_library_)) return issue_mpi(a, c);
     const ncclComm_t n = nccl(c);
     const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
     const ncclDataType_t t = nccl_type(a.dtype);
@@ -569,7 +652,9 @@ class CudaBackend final : public Backend {
   }
   // The compute stream (not the host) waits for the collective; the stall it causes is
   // timed on the compute stream as exposed communication.
+  // Over MPI the host first drives the collective until its last H2D copy is enqueued.
   void wait(Request r) override {
+    while (mpi_pending(r)) progress_mpi();
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
     const cudaEvent_t done = it->second;
@@ -580,6 +665,8 @@ class CudaBackend final : public Backend {
     requests_.erase(it);
   }
   bool test(Request r) override {
+    progress_mpi();
+    if (mpi_pending(r)) return false;
     auto it = requests_.find(r);
     if (it == requests_.end()) return true;
     const cudaError_t rc = cudaEventQuery(it->second);
@@ -592,6 +679,7 @@ class CudaBackend final : public Backend {
   // Waits for both streams, then hands every operation issued since the last call to the
   // recorder with its GPU times, in completion order.
   void synchronize() override {
+    drain_mpi();
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
     for (auto& [r, done] : requests_) free_done_.push_back(done);  // all complete now
@@ -690,15 +778,17 @@ class CudaBackend final : public Backend {
              const int32_t* gemm_shape = nullptr, Request request = kNoRequest) {
     if (!recorder_) {
       launch();
-      return;
+    } else {
+      TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
+                gemm_shape != nullptr, {}, request};
+      if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
+      CUDA_CHECK(cudaEventRecord(t.start, s));
+      launch();
+      CUDA_CHECK(cudaEventRecord(t.end, s));
+      timed_.push_back(t);
     }
-    TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
-              gemm_shape != nullptr, {}, request};
-    if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
-    CUDA_CHECK(cudaEventRecord(t.start, s));
-    launch();
-    CUDA_CHECK(cudaEventRecord(t.end, s));
-    timed_.push_back(t);
+    // MPI advances only when called: every compute launch moves outstanding collectives on.
+    if (lane == kComputeLane) progress_mpi();
   }
   // An elementwise kernel on element type t: launch(e) with e a value of that type.
   template <class Launch>
@@ -741,6 +831,79 @@ class CudaBackend final : public Backend {
     NCCL_CHECK(ncclGroupEnd());
   }
 
+  // ---- StagingDevice: the communication stream, as the MPI path (mpi_stager.h) uses it ----
+  static cudaEvent_t event(Mark m) { return static_cast<cudaEvent_t>(m); }
+  void stage_copy(void* dst, size_t dpitch, const void* src, size_t spitch, size_t width, size_t height,
+                  Phase phase, int unit) override {
+    const ScopedContext ctx(*this, phase, unit);
+    timed(OpKind::Copy, kCommLane, comm_, int64_t(width * height), [&] {
+      if (height == 1)
+        CUDA_CHECK(cudaMemcpyAsync(dst, src, width, cudaMemcpyDefault, comm_));
+      else
+        CUDA_CHECK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, cudaMemcpyDefault, comm_));
+    });
+  }
+  void comm_after(Mark m) override {
+    CUDA_CHECK(cudaStreamWaitEvent(comm_, event(m), 0));
+    free_done_.push_back(event(m));  // captured: reusable at once
+  }
+  Mark comm_mark() override {
+    const cudaEvent_t e = done_event();
+    CUDA_CHECK(cudaEventRecord(e, comm_));
+    return e;
+  }
+  bool mark_passed(Mark m) override {
+    const cudaError_t rc = cudaEventQuery(event(m));
+    if (rc == cudaErrorNotReady) return false;
+    CUDA_CHECK(rc);
+    return true;
+  }
+  void release_mark(Mark m) override { free_done_.push_back(event(m)); }
+  void comm_sync() override { CUDA_CHECK(cudaStreamSynchronize(comm_)); }
+  double comm_clock() override { return now(); }
+  void collective_done(Request id, Mark done, OpKind kind, Phase phase, int unit, int64_t bytes, double start,
+                       double end) override {
+    requests_[id] = event(done);
+    if (recorder_)
+      timed_.push_back(TimedOp{kind, phase, unit, mpi_lane(start, end), nullptr, nullptr, bytes, 0.0, false, {}, id,
+                               start, end});
+  }
+
+  void make_mpi_path() {
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&host_slots_), size_t(staging_.total_bytes()),
+                             cudaHostAllocDefault));
+    StagingDevice& stream = *this;  // a private base: converted here, where it is accessible
+    stager_ = std::make_unique<MpiStager>(stream, comm_library_, awareness_, staging_, host_slots_);
+  }
+  // A collective over MPI: its inputs are complete at this point of the compute stream.
+  Request issue_mpi(const CollectiveArgs& a, Comm& c) {
+    auto* m = dynamic_cast<CudaMpiComm*>(&c);
+    SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
+    const cudaEvent_t ready = done_event();
+    CUDA_CHECK(cudaEventRecord(ready, compute_));
+    const Request id = next_request_++;
+    stager_->issue(id, a, m->comm, phase(), unit(), ready);
+    return id;
+  }
+  void progress_mpi() {
+    if (stager_) stager_->progress();
+  }
+  void drain_mpi() {
+    if (stager_) stager_->drain();
+  }
+  bool mpi_pending(Request r) const { return stager_ && stager_->pending(r); }
+
+  // MPI calls of different collectives may overlap in time: the first lane free at `start`.
+  int mpi_lane(double start, double end) {
+    for (size_t i = 0; i < mpi_lane_end_.size(); ++i)
+      if (mpi_lane_end_[i] <= start) {
+        mpi_lane_end_[i] = end;
+        return kMpiLane + int(i);
+      }
+    mpi_lane_end_.push_back(end);
+    return kMpiLane + int(mpi_lane_end_.size()) - 1;
+  }
+
   static ncclComm_t nccl(Comm& c) {
     auto* n = dynamic_cast<NcclComm*>(&c);
     SB_ASSERT(n, "a collective on a communicator that the CUDA backend did not make");
@@ -756,8 +919,10 @@ class CudaBackend final : public Backend {
     };
     std::vector<Resolved> done;
     done.reserve(timed_.size());
-    for (size_t i = 0; i < timed_.size(); ++i)
-      done.push_back({host_time(timed_[i].start), host_time(timed_[i].end), i});
+    for (size_t i = 0; i < timed_.size(); ++i) {
+      const TimedOp& t = timed_[i];
+      done.push_back(t.start ? Resolved{host_time(t.start), host_time(t.end), i} : Resolved{t.host_start, t.host_end, i});
+    }
     std::stable_sort(done.begin(), done.end(), [](const Resolved& a, const Resolved& b) { return a.end < b.end; });
     const Phase phase0 = phase();
     const int unit0 = unit();
@@ -767,7 +932,8 @@ class CudaBackend final : public Backend {
       record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request);
     }
     set_context(phase0, unit0);
-    for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
+    for (const TimedOp& t : timed_)
+      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
     timed_.clear();
   }
 
@@ -786,10 +952,18 @@ class CudaBackend final : public Backend {
   std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
   int* nonfinite_flag_ = nullptr;  // all_finite(): device flag, made on first use
+  // ---- the MPI path (--comm mpi*) ----
+  CommLibrary comm_library_;
+  CudaAwareness awareness_ = CudaAwareness::Unknown;
+  int sharing_ = 1;               // local ranks on this GPU
+  StagingConfig staging_;
+  char* host_slots_ = nullptr;    // pinned: staging_.slots × slot_bytes, outside the ledger (host memory)
+  std::unique_ptr<MpiStager> stager_;
+  std::vector<double> mpi_lane_end_;  // end of the last MPI call on each lane from kMpiLane
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(CommLibrary comm) { return std::make_unique<CudaBackend>(comm); }
 
 }  // namespace sb
