@@ -109,6 +109,18 @@ int64_t collective_bytes(const CollectiveArgs& a, int comm_size) {
   return a.count * dtype_size(a.dtype) * (per_rank ? comm_size : 1);
 }
 
+int64_t bytes_sent(const OpEvent& e) {
+  const int64_t n = e.ranks;
+  if (!is_communication(e.kind) || n <= 1) return 0;
+  switch (e.kind) {
+    case OpKind::AllReduce: return (2 * e.bytes * (n - 1) + n / 2) / n;  // nearest byte
+    case OpKind::AllGather:
+    case OpKind::ReduceScatter:
+    case OpKind::AllToAll: return (e.bytes * (n - 1) + n / 2) / n;
+    default: return e.bytes;  // broadcast, reduce, send-recv
+  }
+}
+
 DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {
   DType t = DType::kCount;
   for (const CBuf& b : tensors) {
@@ -137,6 +149,12 @@ Request Backend::collective(const CollectiveArgs& a, Comm&) {
 
 Request Backend::all_reduce(Buf buf, int64_t count, Comm& comm) {
   return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0}, comm);
+}
+
+Request Backend::all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm) {
+  CollectiveArgs a{Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0};
+  a.after = after;
+  return collective(a, comm);
 }
 
 Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
@@ -191,9 +209,9 @@ void Backend::account_free(MemCategory cat, int64_t bytes) {
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-                     const int32_t* gemm_shape, int64_t request) {
+                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after) {
   if (!recorder_) return;
-  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request};
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
   recorder_->on_op(e);
 }

@@ -19,6 +19,7 @@ void TraceRecorder::on_op(const OpEvent& e) {
   if (is_communication(e.kind)) {
     cur_.communication += d;
     cur_.comm_bytes += e.bytes;
+    cur_.sent_bytes += bytes_sent(e);
   } else if (e.kind == OpKind::Wait || e.kind == OpKind::Progress) {
     cur_.exposed_comm += d;
   } else {

@@ -1,5 +1,6 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
-// compute stream, NCCL collectives on a communication stream, stream-ordered memory, and
+// compute stream, NCCL collectives on a communication stream (and on a second one for those
+// stream-ordered after another collective), stream-ordered memory, and
 // every operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or
 // fp16 (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores
 // (SB_CUDA_TF32=1).
@@ -197,9 +198,14 @@ struct TimedOp {
   bool has_shape;
   int32_t gemm[5];
   int64_t request;  // collectives and their waits; -1 otherwise
+  int ranks;        // collectives: ranks of the communicator
 };
 
-constexpr int kCommLane = 1;  // one communication stream: its operations never overlap
+// Communication streams, their operations never overlapping within one: collectives on
+// kCommLane; those stream-ordered after another (CollectiveArgs::after, as FSDP's all-reduce
+// stream) on kOrderedLane, so they overlap the next collectives of kCommLane.
+constexpr int kCommLane = 1;
+constexpr int kOrderedLane = 2;
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -271,10 +277,11 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {  // teardown: errors here cannot be acted on, so they are ignored
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
+    cudaStreamSynchronize(ordered_);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
     for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
-    for (auto& [r, e] : requests_) free_done_.push_back(e);
+    for (auto& [r, o] : requests_) free_done_.push_back(o.done);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
     cudaEventDestroy(ready_);
@@ -282,6 +289,7 @@ class CudaBackend final : public Backend {
     if (nonfinite_flag_) cudaFree(nonfinite_flag_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
+    cudaStreamDestroy(ordered_);
     cudaStreamDestroy(compute_);
   }
 
@@ -318,6 +326,14 @@ class CudaBackend final : public Backend {
     if (!p) return;
     untrack(p);
     CUDA_CHECK(cudaFreeAsync(p, compute_));
+  }
+  // Freed in the order of r's stream, after r; at once (compute order) when r is complete.
+  void release_after(void* p, Request r) override {
+    if (!p) return;
+    auto it = requests_.find(r);
+    if (it == requests_.end()) return release(p);
+    untrack(p);
+    CUDA_CHECK(cudaFreeAsync(p, it->second.stream));
   }
   // From pageable host memory the runtime stages the data before returning, so the caller
   // may free its buffer at once; the copy itself is ordered on the compute stream.
@@ -502,20 +518,21 @@ class CudaBackend final : public Backend {
     const ncclDataType_t t = nccl_type(a.dtype);
     const ncclRedOp_t op = nccl_op(a.redop);
     const size_t count = size_t(a.count);
-    return issue(collective_kind(a.op), collective_bytes(a, size), [&] {
+    const cudaStream_t s = a.after == kNoRequest ? comm_ : ordered_;
+    return issue(collective_kind(a.op), collective_bytes(a, size), size, s, a.after, [&] {
       switch (a.op) {
-        case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, comm_)); break;
-        case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, comm_)); break;
+        case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, s)); break;
+        case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, s)); break;
         case Collective::ReduceScatter:
-          NCCL_CHECK(ncclReduceScatter(a.send, a.recv, count, t, op, n, comm_));
+          NCCL_CHECK(ncclReduceScatter(a.send, a.recv, count, t, op, n, s));
           break;
-        case Collective::Broadcast: NCCL_CHECK(ncclBroadcast(a.send, a.recv, count, t, a.root, n, comm_)); break;
-        case Collective::Reduce: NCCL_CHECK(ncclReduce(a.send, a.recv, count, t, op, a.root, n, comm_)); break;
-        case Collective::AllToAll: all_to_all(a, t, n, size, es); break;
+        case Collective::Broadcast: NCCL_CHECK(ncclBroadcast(a.send, a.recv, count, t, a.root, n, s)); break;
+        case Collective::Reduce: NCCL_CHECK(ncclReduce(a.send, a.recv, count, t, op, a.root, n, s)); break;
+        case Collective::AllToAll: all_to_all(a, t, n, size, es, s); break;
         case Collective::SendRecv: {  // send to rank+1, receive from rank−1
           NCCL_CHECK(ncclGroupStart());
-          NCCL_CHECK(ncclSend(a.send, count, t, (rank + 1) % size, n, comm_));
-          NCCL_CHECK(ncclRecv(a.recv, count, t, (rank - 1 + size) % size, n, comm_));
+          NCCL_CHECK(ncclSend(a.send, count, t, (rank + 1) % size, n, s));
+          NCCL_CHECK(ncclRecv(a.recv, count, t, (rank - 1 + size) % size, n, s));
           NCCL_CHECK(ncclGroupEnd());
           break;
         }
@@ -528,7 +545,7 @@ class CudaBackend final : public Backend {
   void wait(Request r) override {
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
-    const cudaEvent_t done = it->second;
+    const cudaEvent_t done = it->second.done;
     timed(OpKind::Wait, kComputeLane, compute_, 0, [&] { CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0)); },
           0.0, nullptr, r);
     // cudaStreamWaitEvent has captured the event: it may be recorded again at once.
@@ -538,10 +555,10 @@ class CudaBackend final : public Backend {
   bool test(Request r) override {
     auto it = requests_.find(r);
     if (it == requests_.end()) return true;
-    const cudaError_t rc = cudaEventQuery(it->second);
+    const cudaError_t rc = cudaEventQuery(it->second.done);
     if (rc == cudaErrorNotReady) return false;
     CUDA_CHECK(rc);
-    free_done_.push_back(it->second);  // finished on the GPU: its writes are visible to later work
+    free_done_.push_back(it->second.done);  // finished on the GPU: its writes are visible to later work
     requests_.erase(it);
     return true;
   }
@@ -550,7 +567,8 @@ class CudaBackend final : public Backend {
   void synchronize() override {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
-    for (auto& [r, done] : requests_) free_done_.push_back(done);  // all complete now
+    CUDA_CHECK(cudaStreamSynchronize(ordered_));
+    for (auto& [r, o] : requests_) free_done_.push_back(o.done);  // all complete now
     requests_.clear();
     resolve_timed_ops();
     anchor();
@@ -570,6 +588,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, least));
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&ordered_, cudaStreamNonBlocking, greatest));
   }
 
   void make_cublas() {
@@ -643,13 +662,13 @@ class CudaBackend final : public Backend {
   // tagged with the phase and unit current at issue.
   template <class Launch>
   void timed(OpKind kind, int lane, cudaStream_t s, int64_t bytes, Launch&& launch, double flops = 0.0,
-             const int32_t* gemm_shape = nullptr, Request request = kNoRequest) {
+             const int32_t* gemm_shape = nullptr, Request request = kNoRequest, int ranks = 0) {
     if (!recorder_) {
       launch();
       return;
     }
     TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
-              gemm_shape != nullptr, {}, request};
+              gemm_shape != nullptr, {}, request, ranks};
     if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
     CUDA_CHECK(cudaEventRecord(t.start, s));
     launch();
@@ -665,28 +684,31 @@ class CudaBackend final : public Backend {
     return t == DType::F32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   }
 
-  // A collective: the comm stream waits for the compute stream's work issued so far, runs
-  // the NCCL call, and records `done`, which the request maps to.
+  // A collective on stream s: s waits for the compute stream's work issued so far (and for
+  // `after` when it is outstanding), runs the NCCL call, and records `done`, which the
+  // request maps to.
   template <class Launch>
-  Request issue(OpKind kind, int64_t bytes, Launch&& nccl_call) {
+  Request issue(OpKind kind, int64_t bytes, int ranks, cudaStream_t s, Request after, Launch&& nccl_call) {
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));  // captured: ready_ is reusable at once
+    CUDA_CHECK(cudaStreamWaitEvent(s, ready_, 0));  // captured: ready_ is reusable at once
+    auto prev = requests_.find(after);
+    if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
-    timed(kind, kCommLane, comm_, bytes, nccl_call, 0.0, nullptr, id);
+    timed(kind, s == comm_ ? kCommLane : kOrderedLane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
     const cudaEvent_t done = done_event();
-    CUDA_CHECK(cudaEventRecord(done, comm_));
-    requests_[id] = done;
+    CUDA_CHECK(cudaEventRecord(done, s));
+    requests_[id] = {done, s};
     return id;
   }
 
   // count/size elements to and from every peer, as one NCCL group.
-  void all_to_all(const CollectiveArgs& a, ncclDataType_t t, ncclComm_t n, int size, int es) {
+  void all_to_all(const CollectiveArgs& a, ncclDataType_t t, ncclComm_t n, int size, int es, cudaStream_t s) {
     SB_ASSERT(a.count % size == 0 && a.send != a.recv, "all-to-all needs count divisible by ranks, out of place");
     const size_t each = size_t(a.count / size), stride = each * size_t(es);
     NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < size; ++peer) {
-      NCCL_CHECK(ncclSend(static_cast<const char*>(a.send) + peer * stride, each, t, peer, n, comm_));
-      NCCL_CHECK(ncclRecv(static_cast<char*>(a.recv) + peer * stride, each, t, peer, n, comm_));
+      NCCL_CHECK(ncclSend(static_cast<const char*>(a.send) + peer * stride, each, t, peer, n, s));
+      NCCL_CHECK(ncclRecv(static_cast<char*>(a.recv) + peer * stride, each, t, peer, n, s));
     }
     NCCL_CHECK(ncclGroupEnd());
   }
@@ -714,7 +736,7 @@ class CudaBackend final : public Backend {
     for (const Resolved& r : done) {
       const TimedOp& t = timed_[r.index];
       set_context(t.phase, t.unit);
-      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request);
+      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request, t.ranks);
     }
     set_context(phase0, unit0);
     for (const TimedOp& t : timed_) free_events_.insert(free_events_.end(), {t.start, t.end});
@@ -725,7 +747,7 @@ class CudaBackend final : public Backend {
   int device_ = -1;
   cudaDeviceProp prop_{};
   bool tf32_ = false;
-  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr, ordered_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
   cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after
@@ -733,7 +755,11 @@ class CudaBackend final : public Backend {
   double anchor_time_ = 0.0;            // its backend-clock time
   std::vector<TimedOp> timed_;          // issued since the last synchronize()
   std::vector<cudaEvent_t> free_events_, free_done_;
-  std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
+  struct Outstanding {
+    cudaEvent_t done;
+    cudaStream_t stream;
+  };
+  std::unordered_map<Request, Outstanding> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
   int* nonfinite_flag_ = nullptr;  // all_finite(): device flag, made on first use
 };
