@@ -131,6 +131,7 @@ struct Pending {
   CollectiveArgs args;
   MPI_Comm comm = MPI_COMM_NULL;
   int size = 1, rank = 0;
+  Request id = kNoRequest;
   bool deferred = false;                // waiting for args.after (not started)
   std::vector<void*> free_after;        // release_after(): freed on completion
   OpKind kind = OpKind::AllReduce;
@@ -488,6 +489,7 @@ class CpuBackend final : public Backend {
     require_supported(a);
     const Request id = next_id_++;
     Pending& p = pending_[id];
+    p.id = id;
     p.args = a;
     p.comm = mpi(c);
     p.size = c.size();
@@ -595,7 +597,7 @@ class CpuBackend final : public Backend {
     if (!pending_.count(r)) return;  // already completed by a poll
     const double t0 = now();
     complete(r);
-    record(OpKind::Wait, 0, t0, now(), 0, 0.0);
+    record(OpKind::Wait, 0, t0, now(), 0, 0.0, nullptr, r);
     poll();
   }
   bool test(Request r) override {
@@ -716,6 +718,7 @@ class CpuBackend final : public Backend {
     lane_busy_[p.lane - 1] = false;
     if (recorder_) {
       OpEvent e{p.kind, p.phase, p.unit, p.lane, p.start, now(), p.bytes, 0.0, {0, 0, 0, 0, 0}};
+      e.request = p.id;
       e.ranks = p.size;
       recorder_->on_op(e);
     }

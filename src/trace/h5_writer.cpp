@@ -18,6 +18,7 @@ struct EventRow {
   int32_t m, n, k, batch, trans;
   int32_t ranks;
   int64_t sent_bytes;
+  int64_t request;
 };
 struct MemoryRow {
   int32_t rank, step;
@@ -55,7 +56,7 @@ const std::vector<Column> kEventColumns = {
     SB_COLUMN(EventRow, start, F64), SB_COLUMN(EventRow, end, F64),   SB_COLUMN(EventRow, bytes, I64),
     SB_COLUMN(EventRow, flops, F64), SB_COLUMN(EventRow, m, I32),     SB_COLUMN(EventRow, n, I32),
     SB_COLUMN(EventRow, k, I32),     SB_COLUMN(EventRow, batch, I32), SB_COLUMN(EventRow, trans, I32),
-    SB_COLUMN(EventRow, ranks, I32), SB_COLUMN(EventRow, sent_bytes, I64),
+    SB_COLUMN(EventRow, ranks, I32), SB_COLUMN(EventRow, sent_bytes, I64), SB_COLUMN(EventRow, request, I64),
 };
 
 // Per-category byte columns named after the categories, then `total`.
@@ -110,7 +111,7 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm) {
       const OpEvent& o = e.op;
       events.push_back(EventRow{rank, e.step, int(o.phase), int(o.kind), o.unit, o.lane, o.start, o.end, o.bytes,
                                 o.flops, o.gemm[0], o.gemm[1], o.gemm[2], o.gemm[3], o.gemm[4], o.ranks,
-                                bytes_sent(o)});
+                                bytes_sent(o), o.request});
     }
   }
   f.table("events", kEventColumns, events);
