@@ -6,6 +6,7 @@
 #include <map>
 
 #include "shardbench/backend.h"
+#include "shardbench/collectives.h"
 #include "shardbench/layout.h"
 #include "shardbench/strategy.h"
 

@@ -94,10 +94,6 @@ struct OpEvent {
   int32_t ranks = 0;     // collectives: ranks of the communicator
   int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
 };
-// Bytes a rank sends in a collective: `bytes` (the full buffer) times nccl-tests' bus
-// bandwidth factor: 2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter and
-// all-to-all, 1 for broadcast, reduce and send-recv; 0 on one rank and for compute.
-int64_t bytes_sent(const OpEvent& e);
 
 // Receives every operation and memory change of the backend, in completion order.
 class Recorder {

@@ -109,18 +109,6 @@ int64_t collective_bytes(const CollectiveArgs& a, int comm_size) {
   return a.count * dtype_size(a.dtype) * (per_rank ? comm_size : 1);
 }
 
-int64_t bytes_sent(const OpEvent& e) {
-  const int64_t n = e.ranks;
-  if (!is_communication(e.kind) || n <= 1) return 0;
-  switch (e.kind) {
-    case OpKind::AllReduce: return (2 * e.bytes * (n - 1) + n / 2) / n;  // nearest byte
-    case OpKind::AllGather:
-    case OpKind::ReduceScatter:
-    case OpKind::AllToAll: return (e.bytes * (n - 1) + n / 2) / n;
-    default: return e.bytes;  // broadcast, reduce, send-recv
-  }
-}
-
 DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {
   DType t = DType::kCount;
   for (const CBuf& b : tensors) {

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "shardbench/check.h"
+#include "shardbench/collectives.h"
 #include "shardbench/trace.h"
 
 namespace sb {

@@ -1,5 +1,7 @@
 #include "shardbench/trace.h"
 
+#include "shardbench/collectives.h"
+
 namespace sb {
 
 void TraceRecorder::begin_step(int step, double t) {
