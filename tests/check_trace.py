@@ -136,7 +136,7 @@ def check_bytes(c, run):
         c.expect(bool((x["sent_bytes"].to_numpy() == want.to_numpy()).all()), f"{name}: sent_bytes != bytes x bus factor")
     sums = coll.groupby(["rank", "step"])[["sent_bytes", "bytes"]].sum()
     for _, row in s.iterrows():
-        key = (row["rank"], row["step"])
+        key = (int(row["rank"]), int(row["step"]))
         sent, buf = (sums.loc[key, "sent_bytes"], sums.loc[key, "bytes"]) if key in sums.index else (0, 0)
         c.expect(row["sent_bytes"] == sent and row["comm_bytes"] == buf,
                  f"rank {key[0]} step {key[1]}: steps' bytes differ from the events' sums")
@@ -164,6 +164,9 @@ def check_schedule(c, run):
                 compute = g[g["lane"] == 0]["start"].to_numpy()
                 prev = 0.0
                 for _, a in ar.iterrows():
+                    if a["unit"] not in rs_end:
+                        c.expect(False, f"{at}: unit {a['unit']} all-reduced without a reduce-scatter")
+                        continue
                     ready = max(rs_end[a["unit"]], prev)
                     c.expect(a["start"] >= rs_end[a["unit"]], f"{at}: unit {a['unit']} all-reduced before its reduce-scatter ended")
                     c.expect(not ((compute > ready) & (compute < a["start"])).any(),
