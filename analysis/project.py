@@ -82,7 +82,7 @@ def write_result(path, sched, sim, cluster, args, label):
     fits = mem["fits"]
     with h5py.File(path + ".tmp", "w") as f:
         a = f.attrs
-        a["schema_version"] = 1
+        a["schema_version"] = 2
         a["projected"] = 1
         a["program"] = "ddp_perf" if label == "ddp" else "fsdp_perf"
         a["strategy"] = "ddp" if label == "ddp" else "fsdp"

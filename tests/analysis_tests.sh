@@ -60,7 +60,7 @@ sed -n 's/^ok    small4.h5/      to_perfetto: small4.h5/p' "$tmp/out"
 # --- bad input ---
 mkdir -p $tmp/empty $tmp/mixed
 cp $R/ddp.h5 $tmp/mixed/
-$PY -c "import h5py; f = h5py.File('$tmp/mixed/v2.h5', 'w'); f.attrs['schema_version'] = 2" 2>/dev/null
+$PY -c "import h5py; f = h5py.File('$tmp/mixed/v1.h5', 'w'); f.attrs['schema_version'] = 1" 2>/dev/null
 expect "report: an empty folder" 2 'no .h5 results' -- $PY $ROOT/analysis/report.py $tmp/empty
 expect "report: a mixed-schema folder" 2 'schema' -- $PY $ROOT/analysis/report.py $tmp/mixed
 expect "projection without calibration data when required" 2 'no calibration data' -- \

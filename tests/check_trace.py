@@ -6,9 +6,11 @@
 
 Checks: every field documented in docs/trace-format.md is present (as its `required`
 column says), one row per rank and step, events ordered and non-overlapping within a lane,
-memory peaks equal to the maxima of the memory trace and to the steps' peaks, and the
-out-of-memory case recorded with its status and plan. Prints one line per file; exit 1 on
-any failure.
+memory peaks equal to the maxima of the memory trace and to the steps' peaks, the bytes
+each collective sent, the schedules (FSDP1 waits for reduce-scatters only at the end of
+backward, hybrid's all-reduce follows its reduce-scatter, every unit reduced once, DDP's
+buckets), and the out-of-memory case recorded with its status and plan. Prints one line per
+file; exit 1 on any failure.
 """
 import argparse
 import os
@@ -115,6 +117,68 @@ def check_completed(c, run, ranks, steps):
     c.expect(int(p["total"].max()) == run.meta["max_peak_memory_bytes"], "max_peak_memory_bytes != max of peaks")
     c.expect(run.meta["plan_peak_memory_bytes"] == run.plan["peak_total"], "plan peak attrs disagree")
     c.expect(int(p["total"].max()) == run.plan["peak_total"], "measured peak != plan")
+    check_bytes(c, run)
+    check_schedule(c, run)
+
+
+BUS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
+              "reduce-scatter": lambda n: (n - 1) / n}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def check_bytes(c, run):
+    """Bytes sent per rank: the buffer times nccl-tests' bus factor; the steps' sums."""
+    e, s = run.events, run.steps
+    coll = e[e["op_name"].isin(list(BUS_FACTOR))]
+    for name, f in BUS_FACTOR.items():
+        x = coll[coll["op_name"] == name]
+        want = np.floor(x["bytes"] * x["ranks"].map(f) + 0.5).astype(np.int64)  # nearest, halves up
+        c.expect(bool((x["sent_bytes"].to_numpy() == want.to_numpy()).all()), f"{name}: sent_bytes != bytes x bus factor")
+    sums = coll.groupby(["rank", "step"])[["sent_bytes", "bytes"]].sum()
+    for _, row in s.iterrows():
+        key = (int(row["rank"]), int(row["step"]))
+        sent, buf = (sums.loc[key, "sent_bytes"], sums.loc[key, "bytes"]) if key in sums.index else (0, 0)
+        c.expect(row["sent_bytes"] == sent and row["comm_bytes"] == buf,
+                 f"rank {key[0]} step {key[1]}: steps' bytes differ from the events' sums")
+
+
+def check_schedule(c, run):
+    """The schedules as PyTorch runs them, per rank and timed step."""
+    m, e = run.meta, run.events
+    units = 2 * m["layers"] + 1
+    for (rank, step), g in e[e["step"] > 0].groupby(["rank", "step"]):
+        at = f"rank {rank} step {step}"
+        bwd_gemm = g[(g["op_name"] == "gemm") & (g["phase_name"] == "backward")]
+        if m["strategy"] == "fsdp" and m["shard_size"] > 1:
+            rs = g[g["op_name"] == "reduce-scatter"]
+            c.expect(sorted(rs["unit"]) == list(range(units)), f"{at}: reduce-scatters do not name each unit once")
+            ag = g[(g["op_name"] == "all-gather") & (g["phase_name"] == "backward")]
+            c.expect(not ag["unit"].duplicated().any(), f"{at}: a unit gathered twice in backward")
+            if m["fsdp_version"] == 1:  # no compute waits on a reduce-scatter before backward ends
+                w = g[(g["op_name"] == "wait") & g["request"].isin(set(rs["request"]))]
+                c.expect(bool((w["start"] >= bwd_gemm["end"].max()).all()),
+                         f"{at}: FSDP1 compute waited on a reduce-scatter before backward ended")
+            if m["replicas"] > 1:  # all-reduce issued as soon as its reduce-scatter completed
+                ar = g[g["op_name"] == "all-reduce"].sort_values("start")
+                rs_end = dict(zip(rs["unit"], rs["end"]))
+                compute = g[g["lane"] == 0]["start"].to_numpy()
+                prev = 0.0
+                for _, a in ar.iterrows():
+                    if a["unit"] not in rs_end:
+                        c.expect(False, f"{at}: unit {a['unit']} all-reduced without a reduce-scatter")
+                        continue
+                    ready = max(rs_end[a["unit"]], prev)
+                    c.expect(a["start"] >= rs_end[a["unit"]], f"{at}: unit {a['unit']} all-reduced before its reduce-scatter ended")
+                    c.expect(not ((compute > ready) & (compute < a["start"])).any(),
+                             f"{at}: unit {a['unit']}'s all-reduce issued after compute went on")
+                    prev = a["start"]
+        if m["strategy"] == "ddp":  # buckets: the model once, the first closing at 1 MiB
+            ar = g[g["op_name"] == "all-reduce"].sort_values("start")
+            total = m["param_count"] * DTYPE_BYTES[m["reduce_dtype"]]
+            c.expect(int(ar["bytes"].sum()) == total, f"{at}: buckets do not cover the model once")
+            first = int(ar["bytes"].iloc[0]) * DTYPE_BYTES[m["dtype"]] // DTYPE_BYTES[m["reduce_dtype"]]
+            c.expect(first >= min(1 << 20, m["param_count"] * DTYPE_BYTES[m["dtype"]]),
+                     f"{at}: first bucket {first} B, below 1 MiB")
 
 
 def check_oom(c, run):

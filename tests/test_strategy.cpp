@@ -2,9 +2,11 @@
 // issues per step, of what size, in which phase, and what memory each keeps.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "shardbench/backend.h"
+#include "shardbench/collectives.h"
 #include "shardbench/layout.h"
 #include "shardbench/strategy.h"
 
@@ -14,8 +16,10 @@ namespace {
 
 struct Collected : Recorder {
   std::vector<OpEvent> comm;
+  std::vector<OpEvent> all;  // every operation, in issue order
   void on_op(const OpEvent& e) override {
     if (is_communication(e.kind)) comm.push_back(e);
+    all.push_back(e);
   }
   void on_memory(double, const MemBytes&) override {}
   int count(OpKind k, Phase p) const {
@@ -136,8 +140,7 @@ TEST(Schedule, DdpBucketsCoverTheModelFirstBucketSmall) {
 
 TEST(Schedule, PrefetchIssuesNextGatherBeforeCurrentCompute) {
   // With backward-pre, the all-gather of the next unit is issued while the current unit
-  // is in backward: some backward all-gather carries the unit of the stage issuing it,
-  // which differs from the unit gathered.
+  // is in backward.
   StrategyConfig pre = fsdp(Sharding::Full);
   pre.prefetch = Prefetch::BackwardPre;
   StrategyConfig none = fsdp(Sharding::Full);
@@ -178,4 +181,209 @@ TEST(Schedule, MixedPrecisionMovesAndKeepsTheRightBytes) {
   EXPECT_EQ(s.peak[int(MemCategory::Parameters)], P * (4 + 2));
   EXPECT_EQ(s.peak[int(MemCategory::Gradients)], P * (2 + 4));
   EXPECT_EQ(s.rec.bytes(OpKind::AllReduce), P * 4);
+}
+
+// ---- the schedules as PyTorch runs them, read from the issued operations ----
+
+namespace {
+
+// Position in `all` of the collective with this request.
+size_t issued_at(const Collected& c, int64_t request) {
+  for (size_t i = 0; i < c.all.size(); ++i)
+    if (is_communication(c.all[i].kind) && c.all[i].request == request) return i;
+  ADD_FAILURE() << "no collective with request " << request;
+  return c.all.size();
+}
+// Position of the last backward GEMM.
+size_t last_backward_gemm(const Collected& c) {
+  size_t last = 0;
+  for (size_t i = 0; i < c.all.size(); ++i)
+    if (c.all[i].kind == OpKind::Gemm && c.all[i].phase == Phase::Backward) last = i;
+  return last;
+}
+// Waits on reduce-scatters, as (position of the wait, position of that reduce-scatter).
+std::vector<std::pair<size_t, size_t>> scatter_waits(const Collected& c) {
+  std::vector<std::pair<size_t, size_t>> out;
+  for (size_t i = 0; i < c.all.size(); ++i)
+    if (c.all[i].kind == OpKind::Wait) {
+      const size_t at = issued_at(c, c.all[i].request);
+      if (c.all[at].kind == OpKind::ReduceScatter) out.push_back({i, at});
+    }
+  return out;
+}
+
+}  // namespace
+
+// FSDP1 (default): no compute waits on a reduce-scatter before backward ends: every
+// reduce-scatter is waited on once, after the last backward GEMM and the last
+// reduce-scatter. FSDP2: before each unit's reduce-scatter, compute waits for the
+// previous unit's.
+TEST(Schedule, Fsdp1WaitsForReduceScattersOnlyAtTheEndOfBackward) {
+  for (Sharding sh : {Sharding::Full, Sharding::Hybrid, Sharding::GradOp}) {
+    SCOPED_TRACE(sharding_name(sh));
+    StrategyConfig c = fsdp(sh, sh == Sharding::Hybrid ? 2 : 0);
+    Schedule v1 = run_schedule(c, 4);
+    const auto w1 = scatter_waits(v1.rec);
+    std::vector<size_t> scatters;
+    for (size_t i = 0; i < v1.rec.all.size(); ++i)
+      if (v1.rec.all[i].kind == OpKind::ReduceScatter) scatters.push_back(i);
+    ASSERT_EQ(int(scatters.size()), v1.units);
+    EXPECT_EQ(int(w1.size()), v1.units);
+    for (const auto& [wait, scatter] : w1) {
+      EXPECT_GT(wait, last_backward_gemm(v1.rec));
+      EXPECT_GT(wait, scatters.back());
+    }
+    c.fsdp_version = 2;
+    Schedule v2 = run_schedule(c, 4);
+    const auto w2 = scatter_waits(v2.rec);
+    ASSERT_EQ(int(w2.size()), v2.units);
+    for (size_t k = 0; k + 1 < w2.size(); ++k) {  // waited on before the next one is issued
+      size_t next = w2[k].second + 1;
+      while (v2.rec.all[next].kind != OpKind::ReduceScatter) ++next;
+      EXPECT_LT(w2[k].first, next);
+    }
+    int before_compute = 0;
+    for (const auto& [wait, scatter] : w2) before_compute += wait < last_backward_gemm(v2.rec);
+    EXPECT_GT(before_compute, 0);
+  }
+}
+
+// FSDP1 releases each unsharded gradient as its reduce-scatter is issued (stream-ordered);
+// FSDP2 keeps the previous one until compute has waited for it, so it holds more.
+TEST(Schedule, Fsdp2HoldsThePreviousUnshardedGradient) {
+  StrategyConfig c = fsdp(Sharding::Full);
+  Schedule v1 = run_schedule(c, 4);
+  c.fsdp_version = 2;
+  Schedule v2 = run_schedule(c, 4);
+  EXPECT_LT(v1.peak[int(MemCategory::CommBuffers)], v2.peak[int(MemCategory::CommBuffers)]);
+}
+
+// Hybrid: each all-reduce is stream-ordered after the reduce-scatter of the same unit and
+// issued right after it, with nothing on the compute lane in between.
+TEST(Schedule, HybridAllReduceIsStreamOrderedAfterItsReduceScatter) {
+  for (int version : {1, 2}) {
+    StrategyConfig c = fsdp(Sharding::Hybrid, 2);
+    c.fsdp_version = version;
+    Schedule s = run_schedule(c, 8);
+    int checked = 0;
+    for (size_t i = 0; i < s.rec.all.size(); ++i) {
+      const OpEvent& ar = s.rec.all[i];
+      if (ar.kind != OpKind::AllReduce) continue;
+      ASSERT_GE(ar.after, 0) << "all-reduce of unit " << ar.unit << " not stream-ordered";
+      const OpEvent& rs = s.rec.all[issued_at(s.rec, ar.after)];
+      EXPECT_EQ(rs.kind, OpKind::ReduceScatter);
+      EXPECT_EQ(rs.unit, ar.unit);
+      EXPECT_EQ(issued_at(s.rec, ar.after), i - 1) << "unit " << ar.unit;
+      EXPECT_EQ(ar.ranks, 4);
+      EXPECT_EQ(rs.ranks, 2);
+      ++checked;
+    }
+    EXPECT_EQ(checked, s.units);
+  }
+}
+
+// A collective names the unit it gathers or reduces: in backward every block is gathered
+// once and every unit reduced once, whatever stage issued the (prefetched) all-gather.
+TEST(Schedule, CollectivesNameTheirTargetUnit) {
+  for (Prefetch p : {Prefetch::BackwardPre, Prefetch::BackwardPost, Prefetch::None}) {
+    SCOPED_TRACE(prefetch_name(p));
+    StrategyConfig c = fsdp(Sharding::Full);
+    c.prefetch = p;
+    c.forward_prefetch = true;
+    Schedule s = run_schedule(c, 4);
+    std::map<std::pair<int, int>, int> seen;  // (op, phase, unit) counts
+    std::vector<int> gathered_fwd, gathered_bwd, reduced;
+    for (const OpEvent& e : s.rec.comm) {
+      if (e.kind == OpKind::AllGather) (e.phase == Phase::Forward ? gathered_fwd : gathered_bwd).push_back(e.unit);
+      if (e.kind == OpKind::ReduceScatter) reduced.push_back(e.unit);
+    }
+    std::vector<int> all(s.units), blocks(s.units - 1);
+    for (int u = 0; u < s.units; ++u) all[u] = u;
+    for (int u = 1; u < s.units; ++u) blocks[u - 1] = u;
+    std::sort(gathered_fwd.begin(), gathered_fwd.end());
+    std::sort(gathered_bwd.begin(), gathered_bwd.end());
+    std::sort(reduced.begin(), reduced.end());
+    EXPECT_EQ(gathered_fwd, all);
+    EXPECT_EQ(gathered_bwd, blocks);
+    EXPECT_EQ(reduced, all);
+  }
+  // Prefetched: the all-gather issued during a stage names the next unit, not the stage's.
+  Schedule s = run_schedule(fsdp(Sharding::Full), 4);
+  int prefetched = 0;
+  for (size_t i = 1; i < s.rec.all.size(); ++i) {
+    const OpEvent& e = s.rec.all[i];
+    if (e.kind != OpKind::AllGather || e.phase != Phase::Backward) continue;
+    for (size_t j = i; j-- > 0;)  // the stage issuing it: the unit of the latest compute op
+      if (s.rec.all[j].kind == OpKind::Gemm) {
+        prefetched += s.rec.all[j].unit != e.unit;
+        break;
+      }
+  }
+  EXPECT_GT(prefetched, 0);
+}
+
+// DDP as PyTorch's Reducer: each tensor is ready as its gradient is produced, buckets take
+// tensors in the order backward produces them, the first closing at 1 MiB. In t5-small the
+// last decoder block's wo (d_model × d_ff fp32 = 4 MiB) is produced first, by the block's
+// first backward GEMM, so the first bucket is that tensor alone and its all-reduce is
+// issued right after that GEMM, before the rest of the block's backward.
+TEST(Schedule, DdpBucketsFollowGradientProduction) {
+  const ModelSpec spec = model_preset("t5-small");
+  StrategyConfig c;
+  c.kind = StrategyKind::DDP;
+  Schedule s = run_schedule(c, 4);
+  const int last = s.units - 1;
+  size_t first_ar = 0;
+  while (s.rec.all[first_ar].kind != OpKind::AllReduce) ++first_ar;
+  const OpEvent& ar = s.rec.all[first_ar];
+  EXPECT_EQ(ar.bytes, spec.d_model * spec.d_ff * 4);
+  EXPECT_EQ(ar.unit, last);
+  int gemms_of_last = 0;  // backward GEMMs of the last block before the all-reduce
+  for (size_t i = 0; i < first_ar; ++i)
+    gemms_of_last += s.rec.all[i].kind == OpKind::Gemm && s.rec.all[i].phase == Phase::Backward &&
+                     s.rec.all[i].unit == last;
+  EXPECT_EQ(gemms_of_last, 1);
+  // Every later bucket (25 MiB cap, whole tensors) is issued as soon as it is full, during
+  // the backward of the unit that completed it, except the last (the shared embedding).
+  int during = 0, buckets = 0;
+  for (size_t i = first_ar; i < s.rec.all.size(); ++i) {
+    if (s.rec.all[i].kind != OpKind::AllReduce) continue;
+    ++buckets;
+    for (size_t j = i + 1; j < s.rec.all.size(); ++j)
+      if (s.rec.all[j].kind == OpKind::Gemm && s.rec.all[j].phase == Phase::Backward) {
+        during += s.rec.all[j].unit == s.rec.all[i].unit;
+        break;
+      }
+  }
+  EXPECT_GE(buckets, 3);
+  EXPECT_GE(during, 1);
+  EXPECT_EQ(s.rec.bytes(OpKind::AllReduce), param_count(spec) * 4);
+}
+
+// Bytes sent per rank, nccl-tests' bus convention.
+TEST(Schedule, BytesSentFollowTheBusBandwidthFactors) {
+  auto ev = [](OpKind k, int64_t bytes, int ranks) {
+    OpEvent e{k, Phase::Backward, 0, 1, 0.0, 0.0, bytes, 0.0, {0, 0, 0, 0, 0}};
+    e.ranks = ranks;
+    return bytes_sent(e);
+  };
+  EXPECT_EQ(ev(OpKind::AllGather, 4000, 4), 3000);
+  EXPECT_EQ(ev(OpKind::ReduceScatter, 4000, 4), 3000);
+  EXPECT_EQ(ev(OpKind::AllReduce, 4000, 4), 6000);
+  EXPECT_EQ(ev(OpKind::AllReduce, 1000, 3), 1333);  // 2·1000·2/3, nearest byte
+  EXPECT_EQ(ev(OpKind::AllToAll, 4000, 4), 3000);
+  EXPECT_EQ(ev(OpKind::Broadcast, 4000, 4), 4000);
+  EXPECT_EQ(ev(OpKind::AllReduce, 4000, 1), 0);
+  EXPECT_EQ(ev(OpKind::Gemm, 4000, 4), 0);
+  // Hybrid (groups of 2, 2 replicas) sends less than full sharding on 4 ranks, although
+  // its buffers add up to more.
+  auto sent = [](const Schedule& s) {
+    int64_t n = 0, buffers = 0;
+    for (const OpEvent& e : s.rec.comm) n += bytes_sent(e), buffers += e.bytes;
+    return std::make_pair(n, buffers);
+  };
+  const auto full = sent(run_schedule(fsdp(Sharding::Full), 4));
+  const auto hybrid = sent(run_schedule(fsdp(Sharding::Hybrid, 2), 4));
+  EXPECT_LT(hybrid.first, full.first);
+  EXPECT_GT(hybrid.second, full.second);
 }

@@ -31,6 +31,9 @@ int run(const std::string& args) {
   return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
 }
 
+// OpKind and Phase codes as docs/trace-format.md lists them.
+constexpr int kGemm = 0, kAllReduce = 4, kAllGather = 5, kReduceScatter = 6, kWait = 7, kBackward = 1;
+
 const char* kTiny = " --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1";
 
 // Reads columns of a compound dataset by name (HDF5 converts to the memory type).
@@ -85,7 +88,7 @@ void check_completed(const std::string& path, int ranks, int steps) {
   ASSERT_EQ(access((path + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
-  EXPECT_EQ(int_attr(f, "schema_version"), 1);
+  EXPECT_EQ(int_attr(f, "schema_version"), 2);
   EXPECT_EQ(str_attr(f, "status"), "ok");
   EXPECT_EQ(int_attr(f, "world_size"), ranks);
   hid_t prov = H5Gopen2(f, "provenance", H5P_DEFAULT);
@@ -129,10 +132,136 @@ void check_completed(const std::string& path, int ranks, int steps) {
   hid_t plan = H5Gopen2(f, "plan", H5P_DEFAULT);
   EXPECT_EQ(int_attr(plan, "peak_total"), *std::max_element(pt.begin(), pt.end()));
   H5Gclose(plan);
+
+  // Bytes sent per rank: the full buffer × (n−1)/n for all-gather and reduce-scatter,
+  // 2(n−1)/n for all-reduce (nccl-tests' bus bandwidth); the steps' sums agree.
+  const auto op = ints(f, "events", "op"), es = ints(f, "events", "step"), nr = ints(f, "events", "ranks");
+  const auto bytes = longs(f, "events", "bytes"), sent = longs(f, "events", "sent_bytes");
+  std::map<std::pair<int, int>, long long> sent_sum, buf_sum;
+  for (size_t i = 0; i < op.size(); ++i) {
+    const long long n = nr[i], b = bytes[i];
+    long long want = 0;
+    if (op[i] == kAllGather || op[i] == kReduceScatter) want = n > 1 ? b * (n - 1) / n : 0;
+    else if (op[i] == kAllReduce) want = n > 1 ? (2 * b * (n - 1) + n / 2) / n : 0;
+    else continue;
+    EXPECT_EQ(sent[i], want) << "event " << i << " op " << op[i] << " ranks " << n;
+    sent_sum[{er[i], es[i]}] += sent[i];
+    buf_sum[{er[i], es[i]}] += b;
+  }
+  const auto sr = ints(f, "steps", "rank"), ss = ints(f, "steps", "step");
+  const auto s_sent = longs(f, "steps", "sent_bytes"), s_buf = longs(f, "steps", "comm_bytes");
+  for (size_t i = 0; i < sr.size(); ++i) {
+    const std::pair<int, int> key{sr[i], ss[i]};
+    EXPECT_EQ(s_sent[i], sent_sum[key]) << "rank " << sr[i] << " step " << ss[i];
+    EXPECT_EQ(s_buf[i], buf_sum[key]) << "rank " << sr[i] << " step " << ss[i];
+  }
   H5Fclose(f);
 }
 
+// One rank's events of one step.
+struct Ev {
+  int op, phase, unit, lane;
+  double start, end;
+  long long bytes, request;
+};
+std::map<std::pair<int, int>, std::vector<Ev>> events_by_rank_step(const std::string& path) {
+  hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  EXPECT_GE(f, 0) << path;
+  const auto rank = ints(f, "events", "rank"), step = ints(f, "events", "step"), op = ints(f, "events", "op");
+  const auto phase = ints(f, "events", "phase"), unit = ints(f, "events", "unit"), lane = ints(f, "events", "lane");
+  const auto start = doubles(f, "events", "start"), end = doubles(f, "events", "end");
+  const auto bytes = longs(f, "events", "bytes"), request = longs(f, "events", "request");
+  H5Fclose(f);
+  std::map<std::pair<int, int>, std::vector<Ev>> out;
+  for (size_t i = 0; i < rank.size(); ++i)
+    if (step[i] > 0)
+      out[{rank[i], step[i]}].push_back({op[i], phase[i], unit[i], lane[i], start[i], end[i], bytes[i], request[i]});
+  return out;
+}
+double last_backward_gemm_end(const std::vector<Ev>& v) {
+  double t = 0;
+  for (const Ev& e : v)
+    if (e.op == kGemm && e.phase == kBackward) t = std::max(t, e.end);
+  return t;
+}
+// Whether a compute-lane operation starts strictly between a and b.
+bool compute_starts_between(const std::vector<Ev>& v, double a, double b) {
+  for (const Ev& e : v)
+    if (e.lane == 0 && e.start > a && e.start < b) return true;
+  return false;
+}
+
 }  // namespace
+
+// The schedules as PyTorch runs them, from real 4-rank traces.
+TEST(Trace, SchedulesAsPyTorchFromTheTrace) {
+  const std::string full = kDir + "/s-full.h5", hybrid = kDir + "/s-hybrid.h5", ddp = kDir + "/s-ddp.h5";
+  ASSERT_EQ(run(std::string("build/bin/fsdp_perf --sharding full") + kTiny + " --out " + full), 0);
+  ASSERT_EQ(run(std::string("build/bin/fsdp_perf --sharding hybrid --shard-size 2") + kTiny + " --out " + hybrid), 0);
+  // d_ff 4096: a block's wi and wo are 512 KiB each, so buckets of 0.5 MiB split the model.
+  ASSERT_EQ(run(std::string("build/bin/ddp_perf --bucket-mb 0.5") + kTiny + " --d-ff 4096 --out " + ddp), 0);
+  const int units = 5;  // t5-tiny: root + 2 + 2 blocks
+
+  // FSDP1: compute waits on no reduce-scatter before backward's last GEMM; each unit is
+  // reduced once per step (the unit column names the unit reduced).
+  for (const auto& [key, v] : events_by_rank_step(full)) {
+    SCOPED_TRACE("full, rank " + std::to_string(key.first) + " step " + std::to_string(key.second));
+    std::map<long long, int> scatter_unit;
+    for (const Ev& e : v)
+      if (e.op == kReduceScatter) scatter_unit[e.request] = e.unit;
+    std::set<int> reduced;
+    for (const auto& [r, u] : scatter_unit) reduced.insert(u);
+    EXPECT_EQ(int(reduced.size()), units);
+    EXPECT_EQ(int(scatter_unit.size()), units);
+    const double last = last_backward_gemm_end(v);
+    for (const Ev& e : v) {
+      if (e.op == kWait && scatter_unit.count(e.request)) {
+        EXPECT_GE(e.start, last);
+      }
+    }
+  }
+
+  // Hybrid: each unit's all-reduce starts once its reduce-scatter has ended, in the same
+  // poll (no compute-lane operation starts in between), unless the previous all-reduce
+  // (stream order on the replicate communicator) started later.
+  for (const auto& [key, v] : events_by_rank_step(hybrid)) {
+    SCOPED_TRACE("hybrid, rank " + std::to_string(key.first) + " step " + std::to_string(key.second));
+    std::map<int, const Ev*> rs, ar;
+    for (const Ev& e : v) {
+      if (e.op == kReduceScatter) rs[e.unit] = &e;
+      if (e.op == kAllReduce) ar[e.unit] = &e;
+    }
+    ASSERT_EQ(int(rs.size()), units);
+    ASSERT_EQ(int(ar.size()), units);
+    std::vector<const Ev*> ars;
+    for (const auto& [u, e] : ar) ars.push_back(e);
+    std::sort(ars.begin(), ars.end(), [](const Ev* a, const Ev* b) { return a->start < b->start; });
+    for (size_t k = 0; k < ars.size(); ++k) {
+      const Ev& a = *ars[k];
+      const Ev& r = *rs.at(a.unit);
+      EXPECT_GE(a.start, r.end) << "unit " << a.unit;
+      const double ready = std::max(r.end, k ? ars[k - 1]->start : 0.0);
+      EXPECT_FALSE(compute_starts_between(v, ready, a.start)) << "unit " << a.unit << ": all-reduce issued late";
+    }
+  }
+
+  // DDP: the first bucket is issued at 1 MiB (wo and wi of the last decoder block, the
+  // first gradients produced), before that block's backward has finished.
+  for (const auto& [key, v] : events_by_rank_step(ddp)) {
+    SCOPED_TRACE("ddp, rank " + std::to_string(key.first) + " step " + std::to_string(key.second));
+    std::vector<const Ev*> ars;
+    for (const Ev& e : v)
+      if (e.op == kAllReduce) ars.push_back(&e);
+    std::sort(ars.begin(), ars.end(), [](const Ev* a, const Ev* b) { return a->start < b->start; });
+    ASSERT_GE(ars.size(), 3u);
+    EXPECT_EQ(ars[0]->bytes, 2 * 32 * 4096 * 4);
+    EXPECT_EQ(ars[0]->unit, units - 1);
+    bool mid_block = false;
+    for (const Ev& e : v)
+      mid_block |= e.op == kGemm && e.phase == kBackward && e.unit == units - 1 && e.start > ars[0]->start;
+    EXPECT_TRUE(mid_block) << "the first bucket waited for the end of its block's backward";
+  }
+}
 
 TEST(Trace, EveryStrategyWritesACompleteTrace) {
   const std::vector<std::pair<std::string, std::string>> runs = {

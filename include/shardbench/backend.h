@@ -92,6 +92,8 @@ struct OpEvent {
   double flops;   // matmul FLOPs (2·m·n·k) for a GEMM
   int32_t gemm[5];  // GEMM shape: m, n, k, batch, transposes (bit 0: A, bit 1: B); else zeros
   int64_t request = -1;  // collectives and waits: the request, so a schedule can be replayed
+  int32_t ranks = 0;     // collectives: ranks of the communicator
+  int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
 };
 
 // Receives every operation and memory change of the backend, in completion order.
@@ -127,6 +129,10 @@ const char* collective_name(Collective c);  // all-reduce, all-gather, ...
 // recv == send for all-reduce, broadcast, reduce, and the rank's slice of the larger
 // buffer for all-gather (send = recv + rank*count) and reduce-scatter (recv = send +
 // rank*count). Send/recv sends `send` to rank+1 and receives `recv` from rank-1.
+// `after`: stream order. The collective starts once collective `after` has finished,
+// without the compute lane waiting for either (a CUDA stream waiting on an event; on CPU
+// the backend issues it as soon as it sees `after` complete). Collectives on one
+// communicator still start in issue order.
 struct CollectiveArgs {
   Collective op = Collective::AllReduce;
   const void* send = nullptr;
@@ -135,6 +141,7 @@ struct CollectiveArgs {
   DType dtype = DType::F32;
   ReduceOp redop = ReduceOp::Sum;
   int root = 0;
+  Request after = kNoRequest;
 };
 
 // What a collective records: its OpKind, and its bytes, the full buffer (count × ranks for
@@ -199,6 +206,11 @@ class Backend {
   // ---- memory: every allocation carries a category ----
   virtual void* alloc(size_t bytes, MemCategory cat) = 0;
   virtual void release(void* p) = 0;
+  // Stream-ordered release of a buffer that collective `r` still reads, without waiting for
+  // it: the ledger counts it free now (as PyTorch's caching allocator counts a tensor freed
+  // at `del` while record_stream keeps its block for the communication stream); the memory
+  // is reused only after `r` has finished.
+  virtual void release_after(void* p, Request r) = 0;
   float* alloc_floats(int64_t n, MemCategory cat) { return static_cast<float*>(alloc(size_t(n) * 4, cat)); }
   Buf alloc_buf(int64_t n, DType t, MemCategory cat) { return {alloc(size_t(n) * dtype_size(t), cat), t}; }
   int* alloc_ints(int64_t n, MemCategory cat) { return static_cast<int*>(alloc(size_t(n) * 4, cat)); }
@@ -303,6 +315,8 @@ class Backend {
   Request all_gather(CBuf send, Buf recv, int64_t count, Comm& comm);
   // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
   Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
+  // all_reduce stream-ordered after collective `after` (see CollectiveArgs::after).
+  Request all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm);
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
   virtual void synchronize() = 0;  // all compute issued so far has finished
@@ -327,7 +341,8 @@ class Backend {
   void untrack(void* p);
   std::vector<void*> tracked() const;  // what is still allocated (for destructors)
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-              const int32_t* gemm_shape = nullptr, int64_t request = -1);
+              const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
+              int64_t after = -1);
   Recorder* recorder_ = nullptr;
 
  private:

@@ -41,4 +41,8 @@ BenchSizes bench_sizes(BenchOp op, int64_t size_bytes, DType dtype, int ranks, i
 
 double bus_factor(BenchOp op, int ranks, int shard = 1);
 
+// Bytes this rank sent in a recorded collective: its `bytes` (the full buffer, nccl-tests'
+// size) × bus_factor over its `ranks`, to the nearest byte; 0 for compute and on one rank.
+int64_t bytes_sent(const OpEvent& e);
+
 }  // namespace sb

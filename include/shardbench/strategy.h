@@ -30,6 +30,11 @@ struct StrategyConfig {
   double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)
   Prefetch prefetch = Prefetch::BackwardPre;
   bool forward_prefetch = false;
+  // FSDP's gradient reduction schedule. 1 (FullyShardedDataParallel, as the FSDP paper ran
+  // it): reduce-scatters run on their own stream and compute waits for them only at the end
+  // of backward. 2 (fully_shard): before issuing a unit's reduce-scatter, compute waits for
+  // the previous one (post_backward), which bounds the unsharded gradients alive to two.
+  int fsdp_version = 1;
   bool checkpointing = false;
   AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
   // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master

@@ -16,6 +16,7 @@
 // gradients are complete after the backward of EncoderEmbed (the last one).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,12 @@ class T5Step {
 
   // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
   void set_grad_scale(float grad_scale);
+
+  // Called during backward with (unit, index into units()[unit].tensors) right after the
+  // operation that completes that tensor's gradient of the step is issued, once per tensor
+  // per step: per-parameter readiness, as autograd's post-accumulate-grad hooks give DDP.
+  using GradReadyHook = std::function<void(int unit, int tensor)>;
+  void set_grad_ready_hook(GradReadyHook hook);
 
   // Sum over this rank's tokens of the cross-entropy, valid after the Head forward.
   double loss_sum();

@@ -20,7 +20,8 @@ struct StepStats {
   double gemm_flops = 0;           // FLOPs of those GEMMs
   double communication = 0;        // collectives, issue to observed completion, all lanes
   double exposed_comm = 0;         // compute lane in wait() or driving MPI progress
-  int64_t comm_bytes = 0;
+  int64_t comm_bytes = 0;          // collectives' buffers (nccl-tests' size)
+  int64_t sent_bytes = 0;          // bytes this rank sent (bytes_sent())
   double loss = 0;                 // this rank's mean token loss
   int64_t peak_memory = 0;         // backend-accounted, all categories, since the start
   double time() const { return end - start; }
@@ -71,6 +72,7 @@ struct StepRow {
   int64_t device_used;  // Backend::device_memory_used() at the end of the step
   double loss_scale;    // the loss scale this step ran with
   int32_t skipped;      // 1: dynamic loss scaling skipped the update (inf/NaN gradients)
+  int64_t sent_bytes;   // bytes this rank's collectives sent (bytes_sent())
 };
 
 // Everything one rank contributes to the result file.

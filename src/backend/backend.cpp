@@ -140,6 +140,12 @@ Request Backend::all_reduce(Buf buf, int64_t count, Comm& comm) {
   return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0}, comm);
 }
 
+Request Backend::all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm) {
+  CollectiveArgs a{Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0};
+  a.after = after;
+  return collective(a, comm);
+}
+
 Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
   SB_ASSERT(send.dtype == recv.dtype, "all-gather between different element types");
   return collective({Collective::AllGather, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
@@ -192,9 +198,9 @@ void Backend::account_free(MemCategory cat, int64_t bytes) {
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-                     const int32_t* gemm_shape, int64_t request) {
+                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after) {
   if (!recorder_) return;
-  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request};
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
   recorder_->on_op(e);
 }

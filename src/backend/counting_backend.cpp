@@ -38,6 +38,7 @@ class CountingBackend final : public Backend {
   void release(void* p) override {
     if (p) untrack(p);
   }
+  void release_after(void* p, Request) override { release(p); }
   void upload(void*, const void*, size_t) override {}
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
 
@@ -108,10 +109,10 @@ class CountingBackend final : public Backend {
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }
   // Collectives are recorded at issue (start = end = issue index) so tests can read the
-  // schedule a strategy would run.
+  // schedule a strategy would run, with the request each is stream-ordered after.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     record(collective_kind(a.op), 1, double(next_request_), double(next_request_), collective_bytes(a, c.size()),
-           0.0, nullptr, next_request_);
+           0.0, nullptr, next_request_, c.size(), a.after);
     return next_request_++;
   }
   void wait(Request r) override { record(OpKind::Wait, 0, 0.0, 0.0, 0, 0.0, nullptr, r); }

@@ -315,11 +315,17 @@ struct Pending {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_Request req2 = MPI_REQUEST_NULL;  // send/recv: the receive
   std::function<void()> on_complete;    // work MPI leaves to us (avg scaling, in-place moves)
-  OpKind kind;
-  Phase phase;
-  int unit, lane;
-  double start;
-  int64_t bytes;
+  CollectiveArgs args;
+  MPI_Comm comm = MPI_COMM_NULL;
+  int size = 1, rank = 0;
+  Request id = kNoRequest;
+  bool deferred = false;                // waiting for args.after (not started)
+  std::vector<void*> free_after;        // release_after(): freed on completion
+  OpKind kind = OpKind::AllReduce;
+  Phase phase = Phase::Other;
+  int unit = -1, lane = 0;
+  double start = 0;
+  int64_t bytes = 0;
 };
 
 class CpuBackend final : public Backend {
@@ -332,6 +338,7 @@ class CpuBackend final : public Backend {
     for (auto& [id, p] : pending_) {
       MPI_Request reqs[2] = {p.req, p.req2};
       if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
+      for (void* ptr : p.free_after) std::free(ptr);
     }
     for (void* p : tracked()) std::free(p);
   }
@@ -695,32 +702,65 @@ class CpuBackend final : public Backend {
 
   // Every type and reduction; bfloat16 and half reduce through user-defined MPI operations
   // (MPI has no 16-bit float arithmetic) that compute in fp32 and round, as NCCL does.
+  // A collective stream-ordered after one still outstanding (CollectiveArgs::after) waits in
+  // `deferred_` and starts in the poll that sees it complete; collectives on a communicator
+  // start in issue order (MPI requires the same order on every rank).
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
-    const MPI_Comm comm = mpi(c);
-    const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
+    const Request id = next_id_++;
+    Pending& p = pending_[id];
+    p.id = id;
+    p.args = a;
+    p.comm = mpi(c);
+    p.size = c.size();
+    p.rank = c.rank();
+    p.phase = phase();
+    p.unit = unit();
+    if (pending_.count(a.after) || comm_deferred(p.comm)) {
+      p.deferred = true;
+      deferred_.push_back(id);
+    } else {
+      start(p);
+    }
+    return id;
+  }
+
+  void release_after(void* ptr, Request r) override {
+    if (!ptr) return;
+    untrack(ptr);
+    auto it = pending_.find(r);
+    if (it == pending_.end()) std::free(ptr);
+    else it->second.free_after.push_back(ptr);  // freed when r completes
+  }
+
+ private:
+  // Starts p's MPI operation.
+  void start(Pending& p) {
+    const CollectiveArgs& a = p.args;
+    const MPI_Comm comm = p.comm;
+    const int n = p.size, r = p.rank, es = dtype_size(a.dtype);
     const MPI_Datatype t = mpi_type(a.dtype);
     const MPI_Op op = mpi_op(a.redop, a.dtype);
     const int cnt = mpi_count(a.count);
     auto* send = static_cast<const char*>(a.send);
     auto* recv = static_cast<char*>(a.recv);
-    Pending p;
+    p.deferred = false;
     switch (a.op) {
       case Collective::AllReduce: {
-        p = begin(OpKind::AllReduce, a.count * es);
+        begin(p, OpKind::AllReduce, a.count * es);
         const void* s = send == recv ? MPI_IN_PLACE : send;
         MPI_CHECK(MPI_Iallreduce(s, recv, cnt, t, op, comm, &p.req));
         p.on_complete = average(a, recv, a.count, n);
         break;
       }
       case Collective::AllGather: {
-        p = begin(OpKind::AllGather, a.count * es * n);
+        begin(p, OpKind::AllGather, a.count * es * n);
         const void* s = send == recv + int64_t(r) * a.count * es ? MPI_IN_PLACE : send;
         MPI_CHECK(MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, &p.req));
         break;
       }
       case Collective::ReduceScatter: {
-        p = begin(OpKind::ReduceScatter, a.count * es * n);
+        begin(p, OpKind::ReduceScatter, a.count * es * n);
         if (recv == send + int64_t(r) * a.count * es) {
           // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
           char* base = const_cast<char*>(send);
@@ -737,13 +777,13 @@ class CpuBackend final : public Backend {
         break;
       }
       case Collective::Broadcast: {
-        p = begin(OpKind::Broadcast, a.count * es);
+        begin(p, OpKind::Broadcast, a.count * es);
         if (r == a.root && send != recv) std::memcpy(recv, send, size_t(a.count) * es);
         MPI_CHECK(MPI_Ibcast(recv, cnt, t, a.root, comm, &p.req));
         break;
       }
       case Collective::Reduce: {
-        p = begin(OpKind::Reduce, a.count * es);
+        begin(p, OpKind::Reduce, a.count * es);
         const void* s = (r == a.root && send == recv) ? MPI_IN_PLACE : send;
         MPI_CHECK(MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, &p.req));
         if (r == a.root) p.on_complete = average(a, recv, a.count, n);
@@ -751,33 +791,33 @@ class CpuBackend final : public Backend {
       }
       case Collective::AllToAll: {
         SB_ASSERT(a.count % n == 0 && send != recv, "all-to-all needs count divisible by ranks, out of place");
-        p = begin(OpKind::AllToAll, a.count * es);
+        begin(p, OpKind::AllToAll, a.count * es);
         MPI_CHECK(MPI_Ialltoall(send, mpi_count(a.count / n), t, recv, mpi_count(a.count / n), t, comm, &p.req));
         break;
       }
       case Collective::SendRecv: {
         SB_ASSERT(send != recv, "send-recv is out of place");
-        p = begin(OpKind::SendRecv, a.count * es);
+        begin(p, OpKind::SendRecv, a.count * es);
         MPI_CHECK(MPI_Irecv(recv, cnt, t, (r - 1 + n) % n, 0, comm, &p.req2));
         MPI_CHECK(MPI_Isend(send, cnt, t, (r + 1) % n, 0, comm, &p.req));
         break;
       }
       default: SB_FATAL("unknown collective");
     }
-    return enqueue(p);
+    lane_busy_[p.lane - 1] = true;
+  }
+  bool comm_deferred(MPI_Comm c) const {
+    for (Request d : deferred_)
+      if (pending_.at(d).comm == c) return true;
+    return false;
   }
 
+ public:
   void wait(Request r) override {
-    auto it = pending_.find(r);
-    if (it == pending_.end()) return;  // already completed by a poll
+    if (!pending_.count(r)) return;  // already completed by a poll
     const double t0 = now();
-    MPI_Request reqs[2] = {it->second.req, it->second.req2};
-    MPI_CHECK(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE));
-    if (it->second.on_complete) it->second.on_complete();
-    const double t1 = now();
-    finish(it->second, t1);
-    pending_.erase(it);
-    record(OpKind::Wait, 0, t0, t1, 0, 0.0);
+    complete(r);
+    record(OpKind::Wait, 0, t0, now(), 0, 0.0, nullptr, r);
     poll();
   }
   bool test(Request r) override {
@@ -812,20 +852,11 @@ class CpuBackend final : public Backend {
     record(OpKind::Progress, 0, t1, now(), 0, 0.0);
   }
 
-  Pending begin(OpKind kind, int64_t bytes) {
-    Pending p;
+  void begin(Pending& p, OpKind kind, int64_t bytes) {
     p.kind = kind;
-    p.phase = phase();
-    p.unit = unit();
     p.start = now();
     p.bytes = bytes;
     p.lane = free_lane();
-    return p;
-  }
-  Request enqueue(const Pending& p) {
-    lane_busy_[p.lane - 1] = true;
-    pending_[next_id_] = p;
-    return next_id_++;
   }
   // Communication lanes are assigned first-free, so events never overlap within a lane.
   int free_lane() {
@@ -834,30 +865,82 @@ class CpuBackend final : public Backend {
     lane_busy_.push_back(false);
     return int(lane_busy_.size());
   }
-  void finish(const Pending& p, double t_end) {
+  // p's MPI operation has completed: MPI's leftover work, the event, deferred frees.
+  void finish(const Pending& p) {
+    if (p.on_complete) p.on_complete();
     lane_busy_[p.lane - 1] = false;
-    if (recorder_) recorder_->on_op(OpEvent{p.kind, p.phase, p.unit, p.lane, p.start, t_end, p.bytes, 0.0, {0, 0, 0, 0, 0}});
+    if (recorder_) {
+      OpEvent e{p.kind, p.phase, p.unit, p.lane, p.start, now(), p.bytes, 0.0, {0, 0, 0, 0, 0}};
+      e.request = p.id;
+      e.ranks = p.size;
+      recorder_->on_op(e);
+    }
+    for (void* ptr : p.free_after) std::free(ptr);
+  }
+  // Blocks until collective r has completed, starting what it is stream-ordered after.
+  void complete(Request r) {
+    while (pending_.count(r)) {
+      Pending& p = pending_.at(r);
+      if (p.deferred) {  // first the earlier deferred one on its communicator, or its `after`
+        Request dep = p.args.after;
+        for (Request d : deferred_) {
+          if (d == r) break;
+          if (pending_.at(d).comm == p.comm) {
+            dep = d;
+            break;
+          }
+        }
+        complete(dep);
+        start_deferred();
+        continue;
+      }
+      MPI_Request reqs[2] = {p.req, p.req2};
+      MPI_CHECK(MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE));
+      finish(p);
+      pending_.erase(r);
+    }
+  }
+  // Starts, in issue order, the deferred collectives whose `after` has completed and that
+  // no earlier deferred one on the same communicator holds back.
+  void start_deferred() {
+    std::vector<MPI_Comm> held;
+    for (auto it = deferred_.begin(); it != deferred_.end();) {
+      Pending& p = pending_.at(*it);
+      const bool blocked = std::find(held.begin(), held.end(), p.comm) != held.end();
+      if (!blocked && !pending_.count(p.args.after)) {
+        start(p);
+        it = deferred_.erase(it);
+      } else {
+        held.push_back(p.comm);
+        ++it;
+      }
+    }
   }
   void poll() {
     for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.deferred) {
+        ++it;
+        continue;
+      }
       int flag = 0;
       MPI_Request reqs[2] = {it->second.req, it->second.req2};
       MPI_CHECK(MPI_Testall(2, reqs, &flag, MPI_STATUSES_IGNORE));
       it->second.req = reqs[0];
       it->second.req2 = reqs[1];
       if (flag) {
-        if (it->second.on_complete) it->second.on_complete();
-        finish(it->second, now());
+        finish(it->second);
         it = pending_.erase(it);
       } else {
         ++it;
       }
     }
+    if (!deferred_.empty()) start_deferred();
   }
 
   std::chrono::steady_clock::time_point epoch_;
   std::unordered_map<Request, Pending> pending_;
   MpiReductions reductions_;  // user-defined operations of bfloat16 and half
+  std::vector<Request> deferred_;  // not started yet, in issue order
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
 };

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 #include "shardbench/check.h"
 
@@ -123,6 +124,14 @@ BenchSizes bench_sizes(BenchOp op, int64_t size_bytes, DType dtype, int n, int s
   s.count = count;
   s.size_bytes = count * es;
   return s;
+}
+
+int64_t bytes_sent(const OpEvent& e) {
+  if (!is_communication(e.kind) || e.ranks <= 1) return 0;
+  for (int i = 0; i < int(BenchOp::Hybrid); ++i)
+    if (collective_kind(as_collective(BenchOp(i))) == e.kind)
+      return std::llround(double(e.bytes) * bus_factor(BenchOp(i), e.ranks));
+  SB_FATAL(std::string("no bus factor for ") + op_kind_name(e.kind));
 }
 
 double bus_factor(BenchOp op, int n, int shard) {

@@ -99,6 +99,7 @@ void print_config(const Out& out, const RunConfig& c, int world, int shard) {
   } else {
     rows.push_back({"backward prefetch", prefetch_name(c.strategy.prefetch)});
     rows.push_back({"forward prefetch", c.strategy.forward_prefetch ? "on" : "off"});
+    rows.push_back({"FSDP version", std::to_string(c.strategy.fsdp_version)});
   }
   out("+--------------------------------+----------------------------------+\n");
   for (const auto& [k, v] : rows) out("| %-30s | %-32s |\n", k.c_str(), v.c_str());
@@ -198,6 +199,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, int world, const char* status, d
       Attr::integer("replicas", world / shard),
       Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
       Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
+      Attr::integer("fsdp_version", c.strategy.kind == StrategyKind::DDP ? 0 : c.strategy.fsdp_version),
       Attr::integer("activation_checkpointing", c.strategy.checkpointing),
       Attr::str("attention", attention_impl_name(c.strategy.attention)),
       Attr::num("bucket_mb", c.strategy.kind == StrategyKind::DDP ? c.strategy.bucket_mb : 0.0),
@@ -379,7 +381,8 @@ int run(const RunConfig& cfg, int rank, int world) {
                                   st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
                                   hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
                                   loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
-                                  st.peak_memory, backend->device_memory_used(), scale_used, skipped});
+                                  st.peak_memory, backend->device_memory_used(), scale_used, skipped,
+                                  st.sent_bytes});
     if (!warm) {
       timed.push_back(g);
       my_gemm_time.push_back(st.gemm);

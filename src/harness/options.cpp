@@ -32,6 +32,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0;
+  int64_t fsdp_version = cfg.strategy.fsdp_version;
   double lr = cfg.strategy.adam.lr;
   uint64_t seed = 1234;
 
@@ -103,6 +104,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
         ->capture_default_str();
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
                  "issue the next unit's all-gather during the current forward");
+    app.add_option("--fsdp-version", fsdp_version,
+                   "gradient reduction schedule: 1 (reduce-scatters waited on at the end of backward) | "
+                   "2 (each waits for the previous one)")
+        ->capture_default_str();
   }
   if (!parse_command_line(app, argc, argv)) return false;
 
@@ -178,6 +183,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);
+    if (fsdp_version != 1 && fsdp_version != 2)
+      throw UsageError("--fsdp-version " + std::to_string(fsdp_version) + " is not allowed (allowed: 1, 2)");
+    cfg.strategy.fsdp_version = int(fsdp_version);
     if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid)
       throw UsageError("--shard-size is only allowed with --sharding hybrid");
     if (cfg.strategy.sharding == Sharding::Hybrid) {

@@ -101,6 +101,7 @@ struct T5Step::Impl {
   bool checkpointing;
   float grad_scale;
   AttentionImpl attention;
+  T5Step::GradReadyHook grad_ready;
   std::vector<UnitSpec> units;
   std::vector<Stage> stages;
 
@@ -207,6 +208,15 @@ struct T5Step::Impl {
   Buf grad(Buf G, const Stage& s, const std::string& name) const {
     return G + units[s.unit].tensor(name).offset;
   }
+  // Tensor `name` of s's unit has its final gradient of this step (the last write to it was
+  // just issued): the strategy's hook, as autograd's post-accumulate-grad hook.
+  void ready(const Stage& s, const std::string& name) const {
+    if (!grad_ready) return;
+    const std::vector<TensorSpec>& t = units[s.unit].tensors;
+    for (size_t i = 0; i < t.size(); ++i)
+      if (t[i].name == name) return grad_ready(s.unit, int(i));
+    SB_FATAL("unit " + units[s.unit].name + " has no tensor " + name);
+  }
 
   Buf alloc(std::vector<void*>& owner, int64_t n, MemCategory cat) {
     const Buf p = b.alloc_buf(n, dtype, cat);
@@ -289,6 +299,7 @@ struct T5Step::Impl {
     const Buf dv = alloc(tmp, int64_t(B) * tk * inner, ws);      // [B*tk, inner]
 
     b.gemm(true, false, d, inner, B * tq, 1.f, dout, d, a.ctx, inner, 1.f, go, inner);  // dWo += dout^T ctx
+    ready(s, p + ".o");
     b.gemm(false, false, B * tq, inner, d, 1.f, dout, d, wo, inner, 0.f, dctx, inner);  // dctx = dout Wo
     const bool with_bias = bias_stack >= 0;
     if (fused()) {
@@ -319,8 +330,11 @@ struct T5Step::Impl {
       }
     }
     b.gemm(true, false, inner, d, B * tq, 1.f, dq, inner, a.xn, d, 1.f, gq, d);  // dWq += dq^T xn
+    ready(s, p + ".q");
     b.gemm(true, false, inner, d, B * tk, 1.f, dk, inner, xkv, d, 1.f, gk, d);   // dWk += dk^T xkv
+    ready(s, p + ".k");
     b.gemm(true, false, inner, d, B * tk, 1.f, dv, inner, xkv, d, 1.f, gv, d);   // dWv += dv^T xkv
+    ready(s, p + ".v");
     b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
     b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
     b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
@@ -386,23 +400,31 @@ struct T5Step::Impl {
       std::vector<void*> tff;
       const Buf dh = alloc(tff, int64_t(N) * ff, MemCategory::Workspace);  // [N, ff]
       b.gemm(true, false, d, ff, N, 1.f, dy, d, st.h, ff, 1.f, grad(G, s, "wo"), ff);  // dWo += dy^T h
+      ready(s, "wo");
       b.gemm(false, false, N, ff, d, 1.f, dy, d, param(W, s, "wo"), ff, 0.f, dh, ff);  // dh = dy Wo
       b.relu_backward(dh, st.h, int64_t(N) * ff);
       b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
+      ready(s, "wi");
       b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
       b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
+      ready(s, ln_ff);
       release_all(tff);
     }
     if (stack == 1) {  // cross-attention: K/V gradients flow to the encoder output
       attention_backward(W, G, s, "cross", st.cross, enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
       b.rmsnorm_backward(dy, grad(G, s, "ln2"), dxn, st.x1, param(W, s, "ln2"), st.cross.rstd, N, d);
+      ready(s, "ln2");
     }
     attention_backward(W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, stack, stack == 1);
     b.rmsnorm_backward(dy, grad(G, s, "ln1"), dxn, x, param(W, s, "ln1"), st.self.rstd, N, d);
-    if (s.layer == 0 && fused())  // every block of the stack has added its d(table) by now
+    ready(s, "ln1");
+    if (s.layer == 0 && fused()) {  // every block of the stack has added its d(table) by now
       b.add(grad(G, s, "rel_bias"), dbias[stack], table_numel());
-    else if (s.layer == 0)  // every block of the stack has added its d(bias) by now
+      ready(s, "rel_bias");
+    } else if (s.layer == 0) {  // every block of the stack has added its d(bias) by now
       b.position_bias_backward(grad(G, s, "rel_bias"), dbias[stack], buckets[stack], H, T, T);
+      ready(s, "rel_bias");
+    }
     release_all(tmp);
   }
 
@@ -448,6 +470,7 @@ struct T5Step::Impl {
   }
   void embed_backward(int si, Buf G) {
     b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], enc_ids, Ne, d);
+    ready(stages[si], "shared");  // after the Head's and the Bridge's contributions
   }
 
   void bridge_forward(int si, CBuf W) {
@@ -466,6 +489,7 @@ struct T5Step::Impl {
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
     b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, hidden[0][L],
                        param(W, s, "encoder.final_norm"), bridge_rstd, Ne, d);
+    ready(s, "encoder.final_norm");
   }
 
   // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha.
@@ -491,6 +515,7 @@ struct T5Step::Impl {
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
     b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, hidden[1][L],
                        param(W, s, "decoder.final_norm"), head_rstd, Nd, d);
+    ready(s, "decoder.final_norm");
     release_all(tmp);
   }
 
@@ -539,6 +564,7 @@ const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
 DType T5Step::dtype() const { return impl_->dtype; }
 AttentionImpl T5Step::attention() const { return impl_->attention; }
 void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
+void T5Step::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
 
 void T5Step::set_tokens(const Tokens& t) {
   Impl& m = *impl_;

@@ -1,8 +1,11 @@
 // DDP (PyTorch DistributedDataParallel semantics): every rank holds the whole model.
-// Gradients live in one flat buffer laid out in reverse unit order, which is the order in
-// which backward completes them, so each bucket is a contiguous view of it
-// (gradient_as_bucket_view). A bucket's all-reduce is issued as soon as its last gradient
-// is complete, in bucket order, overlapping the rest of backward.
+// Gradients live in one flat buffer, units in forward order and each unit's tensors in
+// definition order; read from its end backwards that is the order in which backward
+// produces the gradients (the last block's wo first, the shared embedding last), so buckets
+// are filled walking backwards from the end and each is a contiguous view of the buffer
+// (gradient_as_bucket_view). As PyTorch's Reducer, a tensor is marked ready as its gradient
+// is produced (the model's per-tensor hook), and a bucket's all-reduce is issued once all of
+// its tensors are ready, buckets in order, overlapping the rest of backward.
 // Mixed precision (param_dtype P, reduce_dtype R), as DDP's mixed_precision: fp32 master
 // parameters and Adam state, a P copy of the parameters for compute (refreshed after each
 // optimizer step), P gradients; when R differs, each bucket is cast into an R buffer and
@@ -20,19 +23,22 @@ constexpr double kFirstBucketBytes = 1024.0 * 1024.0;  // PyTorch _DEFAULT_FIRST
 
 struct Bucket {
   int64_t offset = 0, numel = 0;  // in the flat gradient buffer
+  int tensors = 0;                // how many tensors it holds
+  int unit = -1;                  // the unit of its last tensor (trace tag)
+  int ready = 0;                  // of its tensors, marked ready this step
   Request request = kNoRequest;
 };
 
 class DDP final : public TrainingSchedule {
  public:
   DDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape)
-      : TrainingSchedule(cfg, spec, b, mesh, shape), offset_(units_.size()) {
-    // Reverse unit order: the last decoder block first, the root last.
-    for (int u = int(units_.size()) - 1; u >= 0; --u) {
+      : TrainingSchedule(cfg, spec, b, mesh, shape), offset_(units_.size()), bucket_of_(units_.size()) {
+    for (size_t u = 0; u < units_.size(); ++u) {
       offset_[u] = total_;
       total_ += units_[u].numel;
     }
     make_buckets();
+    model_.set_grad_ready_hook([this](int u, int t) { mark_ready(u, t); });
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Gradients);
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
@@ -62,20 +68,27 @@ class DDP final : public TrainingSchedule {
   }
 
  private:
-  // PyTorch's compute_bucket_assignment_by_size: whole tensors, in gradient order, a bucket
-  // closes once its gradients (param dtype) reach its cap; the first bucket's cap is 1 MiB.
+  // PyTorch's compute_bucket_assignment_by_size: whole tensors, in gradient order (the
+  // buffer backwards), a bucket closes once its gradients (param dtype) reach its cap; the
+  // first bucket's cap is 1 MiB.
   void make_buckets() {
     const double cap = cfg_.bucket_mb * 1024.0 * 1024.0, es = dtype_size(cfg_.param_dtype);
     Bucket cur;
-    for (int u = int(units_.size()) - 1; u >= 0; --u)
-      for (const TensorSpec& t : units_[u].tensors) {
-        if (cur.numel == 0) cur.offset = offset_[u] + t.offset;
-        cur.numel += t.numel();
+    for (int u = int(units_.size()) - 1; u >= 0; --u) {
+      const std::vector<TensorSpec>& ts = units_[u].tensors;
+      bucket_of_[u].resize(ts.size());
+      for (int i = int(ts.size()) - 1; i >= 0; --i) {
+        cur.offset = offset_[u] + ts[i].offset;  // the bucket grows towards the buffer's start
+        cur.numel += ts[i].numel();
+        cur.unit = u;
+        ++cur.tensors;
+        bucket_of_[u][i] = int(buckets_.size());
         if (cur.numel * es >= (buckets_.empty() ? kFirstBucketBytes : cap)) {
           buckets_.push_back(cur);
           cur = Bucket{};
         }
       }
+    }
     if (cur.numel > 0) buckets_.push_back(cur);
   }
 
@@ -87,19 +100,21 @@ class DDP final : public TrainingSchedule {
   void before_backward(int pos) override {
     if (pos == 0) {
       b_.fill(grads_, 0.f, total_);
-      ready_ = 0;
+      for (Bucket& bk : buckets_) bk.ready = 0;
       next_bucket_ = 0;
     }
   }
 
-  void after_backward(int pos) override {
-    const int u = backward_unit(pos);
-    if (unit_stages_[u].last_backward != pos) return;
-    ready_ = std::max(ready_, offset_[u] + units_[u].numel);  // completed prefix of the buffer
-    while (next_bucket_ < buckets_.size()) {
+  // The Reducer's mark_variable_ready: tensor t of unit u has its gradient; launch every
+  // bucket that is complete, in bucket order.
+  void mark_ready(int u, int t) {
+    Bucket& mine = buckets_[bucket_of_[u][t]];
+    SB_ASSERT(mine.ready < mine.tensors, "a DDP gradient was marked ready twice in one step");
+    ++mine.ready;
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].tensors) {
       Bucket& bk = buckets_[next_bucket_];
-      if (bk.offset + bk.numel > ready_) break;
       if (reduced_.ptr != grads_.ptr) b_.cast(reduced_ + bk.offset, grads_ + bk.offset, bk.numel);
+      ScopedContext target(b_, b_.phase(), bk.unit);
       bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, *mesh_.replicate_comm);
       ++next_bucket_;
     }
@@ -123,7 +138,8 @@ class DDP final : public TrainingSchedule {
   }
 
   std::vector<int64_t> offset_;
-  int64_t total_ = 0, ready_ = 0;
+  int64_t total_ = 0;
+  std::vector<std::vector<int>> bucket_of_;  // [unit][tensor] → its bucket
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
   float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 master and Adam state

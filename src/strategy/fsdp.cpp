@@ -8,6 +8,14 @@
 //   hybrid  G         full sharding inside groups of G consecutive ranks, then all-reduce
 //                     of the gradient shards across groups
 //   none              no sharding (shard group of 1): all-reduce of each unit's gradient
+// Gradient reduction as PyTorch schedules it: FSDP1 (default) issues each unit's
+// reduce-scatter on the communication stream and releases the unsharded gradient at once,
+// stream-ordered (its memory is reused once the reduce-scatter has read it); compute waits
+// for the reduce-scatters only at the end of backward. FSDP2 (--fsdp-version 2) makes
+// compute wait for the previous unit's reduce-scatter before issuing the next and frees the
+// previous unsharded gradient then. Either way, hybrid's all-reduce across replicas is
+// issued right after its reduce-scatter, ordered after it on the communication streams.
+// A collective is tagged with the unit it gathers or reduces, not the stage issuing it.
 // The root unit (embeddings, final norms) is not freed after forward: it is used again
 // right away by the first backward stage.
 // Mixed precision (param_dtype P, reduce_dtype R), as FSDP2's MixedPrecisionPolicy: each
@@ -15,6 +23,8 @@
 // backward writes P gradients, cast to R (when R differs) before the reduce-scatter; Adam
 // reads the R gradient shard. Without sharding, a persistent P copy of the parameters is
 // refreshed after each optimizer step.
+#include <utility>
+
 #include "shardbench/check.h"
 #include "shardbench/strategy.h"
 
@@ -87,13 +97,14 @@ class FSDP final : public TrainingSchedule {
   void issue_gather(int u) {
     const ShardInfo& s = shards_[u];
     gathered_[u] = b_.alloc_buf(s.padded, cfg_.param_dtype, MemCategory::CommBuffers);
+    CBuf send = params_ + offset_[u];
     if (low_precision()) {  // cast into this rank's slice, gather in place
       const Buf slice = gathered_[u] + int64_t(mesh_.layout.shard_rank()) * s.size;
       b_.cast(slice, params_ + offset_[u], s.size);
-      gather_req_[u] = b_.all_gather(slice, gathered_[u], s.size, *mesh_.shard_comm);
-    } else {
-      gather_req_[u] = b_.all_gather(params_ + offset_[u], gathered_[u], s.size, *mesh_.shard_comm);
+      send = slice;
     }
+    ScopedContext target(b_, b_.phase(), u);
+    gather_req_[u] = b_.all_gather(send, gathered_[u], s.size, *mesh_.shard_comm);
     ++gathers_in_flight_;
   }
   void prefetch(int u) {
@@ -155,12 +166,11 @@ class FSDP final : public TrainingSchedule {
   }
 
   // Reduce-scatter inside the shard group, then (hybrid, none) all-reduce of the shard
-  // across replicas. One reduce-scatter is in flight at a time: the previous unit's is
-  // completed before the next is issued, so it overlaps one unit's backward, at most two
-  // unsharded gradients exist at once, and memory use is the same on every run (the plan
-  // predicts it exactly).
+  // across replicas, stream-ordered after the reduce-scatter. The unsharded gradient is
+  // released stream-ordered after its reduce-scatter (FSDP1), or once compute has waited
+  // for it before the next unit's reduce-scatter (FSDP2: at most two exist at once).
   void reduce_gradients(int u) {
-    complete_scatter();
+    if (cfg_.fsdp_version == 2) complete_previous_scatter();
     const ShardInfo& s = shards_[u];
     if (cfg_.param_dtype != cfg_.reduce_dtype && sharded()) {  // the reduce-scatter input in R
       const Buf reduced = b_.alloc_buf(s.padded, cfg_.reduce_dtype, MemCategory::CommBuffers);
@@ -168,32 +178,38 @@ class FSDP final : public TrainingSchedule {
       b_.release(full_grad_[u].ptr);
       full_grad_[u] = reduced;
     }
+    ScopedContext target(b_, b_.phase(), u);
+    Request scatter = kNoRequest;
     if (sharded()) {
-      scatter_unit_ = u;
-      scatter_ = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, *mesh_.shard_comm);
-      return;
-    }
-    if (separate_grad()) {  // unsharded, P → R
+      scatter = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, *mesh_.shard_comm);
+      if (cfg_.fsdp_version == 2) {
+        previous_scatter_ = {u, scatter};
+      } else {
+        reductions_.push_back(scatter);
+        b_.release_after(full_grad_[u].ptr, scatter);
+        full_grad_[u] = Buf();
+      }
+    } else if (separate_grad()) {  // unsharded, P → R
       b_.cast(grads_ + offset_[u], full_grad_[u], s.size);
       b_.release(full_grad_[u].ptr);
       full_grad_[u] = Buf();
     }
-    allreduces_.push_back(b_.all_reduce(grads_ + offset_[u], s.size, *mesh_.replicate_comm));
+    if (mesh_.layout.replicate > 1)
+      reductions_.push_back(b_.all_reduce_after(scatter, grads_ + offset_[u], s.size, *mesh_.replicate_comm));
   }
-  void complete_scatter() {
-    if (scatter_unit_ < 0) return;
-    const int u = scatter_unit_;
-    b_.wait(scatter_);
+  // FSDP2: compute waits for the previous reduce-scatter, then frees its input.
+  void complete_previous_scatter() {
+    const auto [u, r] = previous_scatter_;
+    if (u < 0) return;
+    b_.wait(r);
     b_.release(full_grad_[u].ptr);
     full_grad_[u] = Buf();
-    scatter_unit_ = -1;
-    if (mesh_.layout.replicate > 1)
-      allreduces_.push_back(b_.all_reduce(grads_ + offset_[u], shards_[u].size, *mesh_.replicate_comm));
+    previous_scatter_ = {-1, kNoRequest};
   }
   void finish_gradients() override {
-    complete_scatter();
-    for (Request r : allreduces_) b_.wait(r);
-    allreduces_.clear();
+    complete_previous_scatter();
+    for (Request r : reductions_) b_.wait(r);
+    reductions_.clear();
   }
 
   CBuf reduced_gradients(int64_t& n) const override {
@@ -215,9 +231,8 @@ class FSDP final : public TrainingSchedule {
   std::vector<Request> gather_req_;
   std::vector<Buf> full_grad_;
   int gathers_in_flight_ = 0;
-  int scatter_unit_ = -1;
-  Request scatter_ = kNoRequest;
-  std::vector<Request> allreduces_;
+  std::pair<int, Request> previous_scatter_{-1, kNoRequest};  // FSDP2: unit, request
+  std::vector<Request> reductions_;  // outstanding reduce-scatters and all-reduces
 };
 
 }  // namespace

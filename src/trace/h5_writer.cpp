@@ -3,12 +3,13 @@
 #include <vector>
 
 #include "shardbench/check.h"
+#include "shardbench/collectives.h"
 #include "shardbench/trace.h"
 
 namespace sb {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 
 struct EventRow {
   int32_t rank, step, phase, op, unit, lane;
@@ -16,6 +17,9 @@ struct EventRow {
   int64_t bytes;
   double flops;
   int32_t m, n, k, batch, trans;
+  int32_t ranks;
+  int64_t sent_bytes;
+  int64_t request;
 };
 struct MemoryRow {
   int32_t rank, step;
@@ -44,7 +48,7 @@ const std::vector<Column> kStepColumns = {
     SB_COLUMN(StepRow, tokens_per_s, F64),  SB_COLUMN(StepRow, loss, F64),
     SB_COLUMN(StepRow, comm_bytes, I64),    SB_COLUMN(StepRow, peak_memory, I64),
     SB_COLUMN(StepRow, device_used, I64),    SB_COLUMN(StepRow, loss_scale, F64),
-    SB_COLUMN(StepRow, skipped, I32),
+    SB_COLUMN(StepRow, skipped, I32),       SB_COLUMN(StepRow, sent_bytes, I64),
 };
 
 const std::vector<Column> kEventColumns = {
@@ -53,6 +57,7 @@ const std::vector<Column> kEventColumns = {
     SB_COLUMN(EventRow, start, F64), SB_COLUMN(EventRow, end, F64),   SB_COLUMN(EventRow, bytes, I64),
     SB_COLUMN(EventRow, flops, F64), SB_COLUMN(EventRow, m, I32),     SB_COLUMN(EventRow, n, I32),
     SB_COLUMN(EventRow, k, I32),     SB_COLUMN(EventRow, batch, I32), SB_COLUMN(EventRow, trans, I32),
+    SB_COLUMN(EventRow, ranks, I32), SB_COLUMN(EventRow, sent_bytes, I64), SB_COLUMN(EventRow, request, I64),
 };
 
 // Per-category byte columns named after the categories, then `total`.
@@ -106,7 +111,8 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm) {
     for (const TraceEvent& e : *d.events) {
       const OpEvent& o = e.op;
       events.push_back(EventRow{rank, e.step, int(o.phase), int(o.kind), o.unit, o.lane, o.start, o.end, o.bytes,
-                                o.flops, o.gemm[0], o.gemm[1], o.gemm[2], o.gemm[3], o.gemm[4]});
+                                o.flops, o.gemm[0], o.gemm[1], o.gemm[2], o.gemm[3], o.gemm[4], o.ranks,
+                                bytes_sent(o), o.request});
     }
   }
   f.table("events", kEventColumns, events);

@@ -1,5 +1,7 @@
 #include "shardbench/trace.h"
 
+#include "shardbench/collectives.h"
+
 namespace sb {
 
 void TraceRecorder::begin_step(int step, double t) {
@@ -19,6 +21,7 @@ void TraceRecorder::on_op(const OpEvent& e) {
   if (is_communication(e.kind)) {
     cur_.communication += d;
     cur_.comm_bytes += e.bytes;
+    cur_.sent_bytes += bytes_sent(e);
   } else if (e.lane != 0) {  // a collective's own copies (CUDA over MPI: staging through host memory)
     cur_.communication += d;
   } else if (e.kind == OpKind::Wait || e.kind == OpKind::Progress) {

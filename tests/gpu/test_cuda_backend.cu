@@ -456,6 +456,40 @@ TEST_F(CudaVsCpu, CollectivesOnOneRankAreOrderedByEvents) {
   EXPECT_EQ(waits, 2);  // all-gather and reduce-scatter; the all-reduce completed in test()
 }
 
+// A collective stream-ordered after another (hybrid's all-reduce after its reduce-scatter)
+// runs on the second communication stream (lane 2), after the first has finished; a buffer
+// released after a collective is counted free at once and reused only once it has finished.
+TEST_F(CudaVsCpu, StreamOrderedCollectiveAndRelease) {
+  auto comm = gpu().make_comm(MPI_COMM_SELF);
+  Collect rec;
+  gpu().set_recorder(&rec);
+  const int64_t n = 1 << 24;
+  float* in = static_cast<float*>(gpu().alloc(size_t(n) * 4, MemCategory::CommBuffers));
+  float* out = dev(std::vector<float>(n, 0.f));
+  gpu().fill(in, 2.f, n);
+  const int64_t before = gpu().mem_total_current();
+  const Request rs = gpu().reduce_scatter(in, out, n, *comm);
+  gpu().release_after(in, rs);
+  EXPECT_EQ(gpu().mem_total_current(), before - n * 4);
+  const Request ar = gpu().all_reduce_after(rs, out, n, *comm);
+  float* reuse = dev(std::vector<float>(n, 5.f));  // may get `in`'s memory, after the reduce-scatter
+  gpu().wait(ar);
+  EXPECT_EQ(host(out, n), std::vector<float>(n, 2.f));
+  EXPECT_EQ(host(reuse, n), std::vector<float>(n, 5.f));
+  gpu().synchronize();
+  gpu().set_recorder(nullptr);
+  const OpEvent *r = nullptr, *a = nullptr;
+  for (const OpEvent& e : rec.ops) {
+    if (e.kind == OpKind::ReduceScatter) r = &e;
+    if (e.kind == OpKind::AllReduce) a = &e;
+  }
+  ASSERT_TRUE(r && a);
+  EXPECT_EQ(r->lane, 1);
+  EXPECT_EQ(a->lane, 2);
+  EXPECT_GE(a->start, r->end - 1e-6);
+  EXPECT_EQ(a->ranks, 1);
+}
+
 // `count` values 0..63 (exact in every dtype) as raw bytes of `dt`.
 std::vector<uint8_t> small_integers(DType dt, int64_t count, uint64_t key) {
   std::vector<uint8_t> bytes(size_t(count) * dtype_size(dt));

@@ -1,9 +1,9 @@
 // CUDA backend: cuBLAS GEMMs and one kernel per elementwise operation (kernels.cu) on one
 // compute stream, collectives on a communication stream (NCCL; or MPI with --comm mpi, whose
-// host side is mpi_stager.h: device pointers or pinned staging copies on that stream),
-// stream-ordered memory, and every operation timed with CUDA events on the GPU's own
-// timeline. Tensors in fp32, bf16 or fp16 (Buf's dtype), math in fp32; fp32 GEMMs
-// optionally on TF32 tensor cores (SB_CUDA_TF32=1).
+// host side is mpi_stager.h: device pointers or pinned staging copies on that stream), NCCL
+// collectives stream-ordered after another on a second one, stream-ordered memory, and every
+// operation timed with CUDA events on the GPU's own timeline. Tensors in fp32, bf16 or fp16
+// (Buf's dtype), math in fp32; fp32 GEMMs optionally on TF32 tensor cores (SB_CUDA_TF32=1).
 //
 // Why there is no host synchronisation inside a step (only synchronize() and download()):
 //   compute stream:  op  op [record ready]  op  op  op  [wait done]  op ...
@@ -247,11 +247,17 @@ struct TimedOp {
   bool has_shape;
   int32_t gemm[5];
   int64_t request;  // collectives and their waits; -1 otherwise
+  int ranks = 0;    // collectives: ranks of the communicator
   double host_start = 0, host_end = 0;  // when start and end are null
 };
 
-constexpr int kCommLane = 1;  // the communication stream: NCCL calls, or the staging copies of MPI
-constexpr int kMpiLane = 2;   // MPI calls (timed on the host) from here up, first free: they may overlap
+// Communication lanes, their operations never overlapping within one: NCCL collectives (or
+// the staging copies of MPI) on kCommLane; NCCL collectives stream-ordered after another
+// (CollectiveArgs::after, as FSDP's all-reduce stream) on kOrderedLane, so they overlap the
+// next collectives of kCommLane; MPI calls (timed on the host) from kMpiLane up, first free.
+constexpr int kCommLane = 1;
+constexpr int kOrderedLane = 2;
+constexpr int kMpiLane = 3;
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -333,13 +339,15 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (!finalized) drain_mpi();  // MPI may still write into the pinned slots
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
+    cudaStreamSynchronize(ordered_);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
     stager_.reset();  // hands its events back to the pool
+    flush_pending_frees();
     if (host_slots_) cudaFreeHost(host_slots_);
     for (const TimedOp& t : timed_)
       if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
-    for (auto& [r, e] : requests_) free_done_.push_back(e);
+    for (auto& [r, o] : requests_) free_done_.push_back(o.done);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
     cudaEventDestroy(ready_);
@@ -347,6 +355,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (nonfinite_flag_) cudaFree(nonfinite_flag_);
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
+    cudaStreamDestroy(ordered_);
     cudaStreamDestroy(compute_);
   }
 
@@ -400,6 +409,15 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (!p) return;
     untrack(p);
     CUDA_CHECK(cudaFreeAsync(p, compute_));
+  }
+  // Freed in the order of r's stream, after r; at once (compute order) when r is complete.
+  // Over MPI a request still being staged has not enqueued all its copies yet: the free
+  // waits (accounted as released now) until the stager has handed the request over.
+  void release_after(void* p, Request r) override {
+    if (!p) return;
+    untrack(p);
+    if (mpi_pending(r)) return pending_frees_.push_back({p, r});
+    free_after(p, r);
   }
   // From pageable host memory the runtime stages the data before returning, so the caller
   // may free its buffer at once; the copy itself is ordered on the compute stream.
@@ -629,20 +647,21 @@ class CudaBackend final : public Backend, private StagingDevice {
     const ncclDataType_t t = nccl_type(a.dtype);
     const ncclRedOp_t op = nccl_op(a.redop);
     const size_t count = size_t(a.count);
-    return issue(collective_kind(a.op), collective_bytes(a, size), [&] {
+    const cudaStream_t s = a.after == kNoRequest ? comm_ : ordered_;
+    return issue(collective_kind(a.op), collective_bytes(a, size), size, s, a.after, [&] {
       switch (a.op) {
-        case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, comm_)); break;
-        case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, comm_)); break;
+        case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, s)); break;
+        case Collective::AllGather: NCCL_CHECK(ncclAllGather(a.send, a.recv, count, t, n, s)); break;
         case Collective::ReduceScatter:
-          NCCL_CHECK(ncclReduceScatter(a.send, a.recv, count, t, op, n, comm_));
+          NCCL_CHECK(ncclReduceScatter(a.send, a.recv, count, t, op, n, s));
           break;
-        case Collective::Broadcast: NCCL_CHECK(ncclBroadcast(a.send, a.recv, count, t, a.root, n, comm_)); break;
-        case Collective::Reduce: NCCL_CHECK(ncclReduce(a.send, a.recv, count, t, op, a.root, n, comm_)); break;
-        case Collective::AllToAll: all_to_all(a, t, n, size, es); break;
+        case Collective::Broadcast: NCCL_CHECK(ncclBroadcast(a.send, a.recv, count, t, a.root, n, s)); break;
+        case Collective::Reduce: NCCL_CHECK(ncclReduce(a.send, a.recv, count, t, op, a.root, n, s)); break;
+        case Collective::AllToAll: all_to_all(a, t, n, size, es, s); break;
         case Collective::SendRecv: {  // send to rank+1, receive from rank−1
           NCCL_CHECK(ncclGroupStart());
-          NCCL_CHECK(ncclSend(a.send, count, t, (rank + 1) % size, n, comm_));
-          NCCL_CHECK(ncclRecv(a.recv, count, t, (rank - 1 + size) % size, n, comm_));
+          NCCL_CHECK(ncclSend(a.send, count, t, (rank + 1) % size, n, s));
+          NCCL_CHECK(ncclRecv(a.recv, count, t, (rank - 1 + size) % size, n, s));
           NCCL_CHECK(ncclGroupEnd());
           break;
         }
@@ -657,7 +676,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     while (mpi_pending(r)) progress_mpi();
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
-    const cudaEvent_t done = it->second;
+    const cudaEvent_t done = it->second.done;
     timed(OpKind::Wait, kComputeLane, compute_, 0, [&] { CUDA_CHECK(cudaStreamWaitEvent(compute_, done, 0)); },
           0.0, nullptr, r);
     // cudaStreamWaitEvent has captured the event: it may be recorded again at once.
@@ -669,10 +688,10 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (mpi_pending(r)) return false;
     auto it = requests_.find(r);
     if (it == requests_.end()) return true;
-    const cudaError_t rc = cudaEventQuery(it->second);
+    const cudaError_t rc = cudaEventQuery(it->second.done);
     if (rc == cudaErrorNotReady) return false;
     CUDA_CHECK(rc);
-    free_done_.push_back(it->second);  // finished on the GPU: its writes are visible to later work
+    free_done_.push_back(it->second.done);  // finished on the GPU: its writes are visible to later work
     requests_.erase(it);
     return true;
   }
@@ -682,7 +701,8 @@ class CudaBackend final : public Backend, private StagingDevice {
     drain_mpi();
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
-    for (auto& [r, done] : requests_) free_done_.push_back(done);  // all complete now
+    CUDA_CHECK(cudaStreamSynchronize(ordered_));
+    for (auto& [r, o] : requests_) free_done_.push_back(o.done);  // all complete now
     requests_.clear();
     resolve_timed_ops();
     anchor();
@@ -702,6 +722,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, least));
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+    CUDA_CHECK(cudaStreamCreateWithPriority(&ordered_, cudaStreamNonBlocking, greatest));
   }
 
   void make_cublas() {
@@ -775,12 +796,12 @@ class CudaBackend final : public Backend, private StagingDevice {
   // tagged with the phase and unit current at issue.
   template <class Launch>
   void timed(OpKind kind, int lane, cudaStream_t s, int64_t bytes, Launch&& launch, double flops = 0.0,
-             const int32_t* gemm_shape = nullptr, Request request = kNoRequest) {
+             const int32_t* gemm_shape = nullptr, Request request = kNoRequest, int ranks = 0) {
     if (!recorder_) {
       launch();
     } else {
       TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
-                gemm_shape != nullptr, {}, request};
+                gemm_shape != nullptr, {}, request, ranks};
       if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
       CUDA_CHECK(cudaEventRecord(t.start, s));
       launch();
@@ -799,10 +820,11 @@ class CudaBackend final : public Backend, private StagingDevice {
     return t == DType::F32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
   }
 
-  // A collective: the comm stream waits for the compute stream's work issued so far, runs
-  // the NCCL call, and records `done`, which the request maps to.
+  // A collective on stream s: s waits for the compute stream's work issued so far (and for
+  // `after` when it is outstanding), runs the NCCL call, and records `done`, which the
+  // request maps to.
   template <class Launch>
-  Request issue(OpKind kind, int64_t bytes, Launch&& nccl_call) {
+  Request issue(OpKind kind, int64_t bytes, int ranks, cudaStream_t s, Request after, Launch&& nccl_call) {
     char range[96];  // "all-gather unit 3, 48.0 MiB": the collective on Nsight's timeline
     std::snprintf(range, sizeof range, "%s unit %d, %s", op_kind_name(kind), unit(), human_bytes(bytes).c_str());
     nvtxRangePushA(range);
@@ -810,23 +832,25 @@ class CudaBackend final : public Backend, private StagingDevice {
       ~Pop() { nvtxRangePop(); }
     } pop;
     CUDA_CHECK(cudaEventRecord(ready_, compute_));
-    CUDA_CHECK(cudaStreamWaitEvent(comm_, ready_, 0));  // captured: ready_ is reusable at once
+    CUDA_CHECK(cudaStreamWaitEvent(s, ready_, 0));  // captured: ready_ is reusable at once
+    auto prev = requests_.find(after);
+    if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
-    timed(kind, kCommLane, comm_, bytes, nccl_call, 0.0, nullptr, id);
+    timed(kind, s == comm_ ? kCommLane : kOrderedLane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
     const cudaEvent_t done = done_event();
-    CUDA_CHECK(cudaEventRecord(done, comm_));
-    requests_[id] = done;
+    CUDA_CHECK(cudaEventRecord(done, s));
+    requests_[id] = {done, s};
     return id;
   }
 
   // count/size elements to and from every peer, as one NCCL group.
-  void all_to_all(const CollectiveArgs& a, ncclDataType_t t, ncclComm_t n, int size, int es) {
+  void all_to_all(const CollectiveArgs& a, ncclDataType_t t, ncclComm_t n, int size, int es, cudaStream_t s) {
     SB_ASSERT(a.count % size == 0 && a.send != a.recv, "all-to-all needs count divisible by ranks, out of place");
     const size_t each = size_t(a.count / size), stride = each * size_t(es);
     NCCL_CHECK(ncclGroupStart());
     for (int peer = 0; peer < size; ++peer) {
-      NCCL_CHECK(ncclSend(static_cast<const char*>(a.send) + peer * stride, each, t, peer, n, comm_));
-      NCCL_CHECK(ncclRecv(static_cast<char*>(a.recv) + peer * stride, each, t, peer, n, comm_));
+      NCCL_CHECK(ncclSend(static_cast<const char*>(a.send) + peer * stride, each, t, peer, n, s));
+      NCCL_CHECK(ncclRecv(static_cast<char*>(a.recv) + peer * stride, each, t, peer, n, s));
     }
     NCCL_CHECK(ncclGroupEnd());
   }
@@ -863,10 +887,13 @@ class CudaBackend final : public Backend, private StagingDevice {
   double comm_clock() override { return now(); }
   void collective_done(Request id, Mark done, OpKind kind, Phase phase, int unit, int64_t bytes, double start,
                        double end) override {
-    requests_[id] = event(done);
+    requests_[id] = {event(done), comm_};
+    auto ranks = mpi_ranks_.find(id);
+    const int n = ranks == mpi_ranks_.end() ? 0 : ranks->second;
+    if (ranks != mpi_ranks_.end()) mpi_ranks_.erase(ranks);
     if (recorder_)
       timed_.push_back(TimedOp{kind, phase, unit, mpi_lane(start, end), nullptr, nullptr, bytes, 0.0, false, {}, id,
-                               start, end});
+                               n, start, end});
   }
 
   void make_mpi_path() {
@@ -875,10 +902,14 @@ class CudaBackend final : public Backend, private StagingDevice {
     StagingDevice& stream = *this;  // a private base: converted here, where it is accessible
     stager_ = std::make_unique<MpiStager>(stream, comm_library_, awareness_, staging_, host_slots_);
   }
-  // A collective over MPI: its inputs are complete at this point of the compute stream.
+  // A collective over MPI: its inputs are complete at this point of the compute stream. One
+  // ordered after another (CollectiveArgs::after) starts once that one has enqueued its last
+  // copy on the communication stream, which then orders the two.
   Request issue_mpi(const CollectiveArgs& a, Comm& c) {
     auto* m = dynamic_cast<CudaMpiComm*>(&c);
     SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
+    while (a.after != kNoRequest && mpi_pending(a.after)) progress_mpi();
+    mpi_ranks_[next_request_] = c.size();
     const cudaEvent_t ready = done_event();
     CUDA_CHECK(cudaEventRecord(ready, compute_));
     const Request id = next_request_++;
@@ -886,10 +917,31 @@ class CudaBackend final : public Backend, private StagingDevice {
     return id;
   }
   void progress_mpi() {
-    if (stager_) stager_->progress();
+    if (!stager_) return;
+    stager_->progress();
+    flush_pending_frees();
   }
   void drain_mpi() {
-    if (stager_) stager_->drain();
+    if (!stager_) return;
+    stager_->drain();
+    flush_pending_frees();
+  }
+  void free_after(void* p, Request r) {
+    auto it = requests_.find(r);
+    CUDA_CHECK(cudaFreeAsync(p, it == requests_.end() ? compute_ : it->second.stream));
+  }
+  // release_after's frees whose MPI request has left the stager (all of them at teardown).
+  void flush_pending_frees() {
+    for (size_t i = 0; i < pending_frees_.size();) {
+      auto [p, r] = pending_frees_[i];
+      if (stager_ && mpi_pending(r)) {
+        ++i;
+        continue;
+      }
+      free_after(p, r);
+      pending_frees_[i] = pending_frees_.back();
+      pending_frees_.pop_back();
+    }
   }
   bool mpi_pending(Request r) const { return stager_ && stager_->pending(r); }
 
@@ -929,7 +981,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     for (const Resolved& r : done) {
       const TimedOp& t = timed_[r.index];
       set_context(t.phase, t.unit);
-      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request);
+      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request, t.ranks);
     }
     set_context(phase0, unit0);
     for (const TimedOp& t : timed_)
@@ -941,7 +993,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   int device_ = -1;
   cudaDeviceProp prop_{};
   bool tf32_ = false;
-  cudaStream_t compute_ = nullptr, comm_ = nullptr;
+  cudaStream_t compute_ = nullptr, comm_ = nullptr, ordered_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
   cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after
@@ -949,7 +1001,11 @@ class CudaBackend final : public Backend, private StagingDevice {
   double anchor_time_ = 0.0;            // its backend-clock time
   std::vector<TimedOp> timed_;          // issued since the last synchronize()
   std::vector<cudaEvent_t> free_events_, free_done_;
-  std::unordered_map<Request, cudaEvent_t> requests_;  // outstanding collective → its done event
+  struct Outstanding {
+    cudaEvent_t done;
+    cudaStream_t stream;
+  };
+  std::unordered_map<Request, Outstanding> requests_;  // outstanding collective → its done event
   Request next_request_ = 0;
   int* nonfinite_flag_ = nullptr;  // all_finite(): device flag, made on first use
   // ---- the MPI path (--comm mpi*) ----
@@ -960,6 +1016,8 @@ class CudaBackend final : public Backend, private StagingDevice {
   char* host_slots_ = nullptr;    // pinned: staging_.slots × slot_bytes, outside the ledger (host memory)
   std::unique_ptr<MpiStager> stager_;
   std::vector<double> mpi_lane_end_;  // end of the last MPI call on each lane from kMpiLane
+  std::unordered_map<Request, int> mpi_ranks_;  // MPI collectives in the stager: their ranks
+  std::vector<std::pair<void*, Request>> pending_frees_;  // release_after on a request still staged
 };
 
 }  // namespace
