@@ -174,11 +174,11 @@ class Validation(SweepCase):
 
     def test_wrong_types(self):
         cases = {
-            "gpus": ('"4"', "[matrix] gpus must be a non-empty list of distinct positive integers"),
+            "gpus": ('"4"', "[matrix] gpus must be a non-empty list of distinct integers in [1, 2147483647]"),
             "batch": ('[2, "4"]', "[matrix] batch must be"),
-            "steps": ("1.5", "[matrix] steps must be a positive integer, got 1.5 (float)"),
-            "gpus_per_node": ("true", "[cluster] gpus_per_node must be a positive integer, got True (boolean)"),
-            "gpu_memory_gib": ('"80"', "[cluster] gpu_memory_gib must be a positive number"),
+            "steps": ("1.5", "[matrix] steps must be an integer in [1, 2147483647], got 1.5 (float)"),
+            "gpus_per_node": ("true", "[cluster] gpus_per_node must be an integer in [1, 2147483647], got True (boolean)"),
+            "gpu_memory_gib": ('"80"', "[cluster] gpu_memory_gib must be a finite number in (0, 1048576]"),
             "backend": ('"tpu"', '[matrix] backend must be one of "cpu", "cuda"'),
             "launcher": ('"mpiexec"', '[cluster] launcher must be one of "srun", "mpirun"'),
             "time_limit": ('"2 hours"', "[cluster] time_limit must be a Slurm time limit"),
@@ -188,6 +188,26 @@ class Validation(SweepCase):
         for key, (value, fragment) in cases.items():
             with self.subTest(key=key):
                 self.assert_refused(self.matrix(**{key: value}), fragment)
+
+    def test_non_finite_and_out_of_range_numbers(self):
+        """inf would record every point as out of memory; a wrapped count would run another sweep."""
+        gib = "[cluster] gpu_memory_gib must be a finite number in (0, 1048576], got "
+        cases = [
+            ("gpu_memory_gib", "inf", gib + "inf (float)"), ("gpu_memory_gib", "-inf", gib + "-inf (float)"),
+            ("gpu_memory_gib", "nan", gib + "nan (float)"), ("gpu_memory_gib", "1e10", gib + "10000000000.0 (float)"),
+            ("gpu_memory_gib", "0", gib + "0 (integer)"),
+            ("steps", "4294967298", "[matrix] steps must be an integer in [1, 2147483647], got 4294967298 (integer)"),
+            ("warmup", "-1", "[matrix] warmup must be an integer in [0, 2147483647], got -1 (integer)"),
+            ("gpus", "[4, 4294967296]", "[matrix] gpus must be a non-empty list of distinct integers in [1, 2147483647], "
+                                        "got [4, 4294967296] (list)"),
+            ("batch", "[0]", "[matrix] batch must be a non-empty list of distinct integers in [1, 2147483647], got [0]"),
+        ]
+        for key, value, fragment in cases:
+            with self.subTest(key=key, value=value):
+                self.assert_refused(self.matrix(**{key: value}), fragment)
+        text = BASE.replace('setup = ["source scripts/mpi-env.sh"]', 'setup = []\n\n[cluster.env]\nX = inf')
+        self.assert_refused(self.matrix(text), "[cluster] env must be a table of NAME = \"value\" (string, integer or "
+                                               "finite float values), got {'X': inf}")
 
     def test_duplicates_and_empty_lists(self):
         self.assert_refused(self.matrix(gpus="[4, 4]"), "[matrix] gpus must be a non-empty list of distinct")
