@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shardbench_h5 import CATEGORIES, load  # noqa: E402
+from shardbench_h5 import CATEGORIES, Inputs, load_training  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple"}
 
@@ -45,17 +45,14 @@ def expand(paths):
     return out
 
 
-def load_results(paths):
+def load_results(paths, inputs):
+    """The training results among paths; unreadable files are skipped through inputs."""
     files = expand(paths)
     if not files:
         raise PlotError(f"no .h5 results in {', '.join(paths)}")
-    runs, training = [], []
-    for f in files:
-        try:
-            r = load(f)
-        except (OSError, KeyError, ValueError) as e:
-            raise PlotError(f"{f}: not a shardbench training result ({e})")
-        runs.append(r)
+    runs = inputs.read(files, load_training)
+    if not runs:
+        raise PlotError(f"no readable result in {', '.join(paths)} ({len(files)} unreadable)")
     versions = {r.meta.get("schema_version") for r in runs}
     if len(versions) != 1:
         raise PlotError(f"mixed schema versions {sorted(versions)} in {', '.join(paths)}")
@@ -191,8 +188,8 @@ def plot_timeline(run, out, name="timeline"):
     return save(fig, out, name)
 
 
-def make_all(paths, out):
-    runs = load_results(paths)
+def make_all(paths, out, inputs=None):
+    runs = load_results(paths, inputs or Inputs("plots"))
     os.makedirs(out, exist_ok=True)
     figs = {"tflops_vs_model": plot_vs_model(runs, out), "tflops_vs_gpus": plot_vs_gpus(runs, out),
             "memory": plot_memory(runs, out)}
@@ -208,14 +205,15 @@ def main(argv=None):
     ap.add_argument("results", nargs="+")
     ap.add_argument("--out", required=True)
     a = ap.parse_args(argv)
+    inputs = Inputs("plots")
     try:
-        _, figs = make_all(a.results, a.out)
+        _, figs = make_all(a.results, a.out, inputs)
     except PlotError as e:
         print(f"plots: error: {e}", file=sys.stderr)
         return 2
     for name, path in figs.items():
         print(f"plots: {name}: {path} (+ .svg)")
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ def main(argv=None):
     if not os.path.isdir(a.results):
         print(f"report: error: {a.results} is not a directory", file=sys.stderr)
         return 2
+    inputs = plots.Inputs("report")
     try:
-        runs, figs = plots.make_all([a.results], out)
+        runs, figs = plots.make_all([a.results], out, inputs)
     except plots.PlotError as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2
@@ -72,7 +73,7 @@ TFLOPS are model FLOPs per GPU (3 × forward matmul FLOPs).</p>
     with open(index, "w") as f:
         f.write(page)
     print(f"report: {index} ({len(figs)} figures, {len(runs)} runs)")
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":
