@@ -307,7 +307,7 @@ if [ -x build/bin/collective_perf ] && [ -f analysis/regress.py ]; then
     local name=$1
     shift
     env SB_CLUSTER=local SB_BACKEND=cpu SB_SETUP=scripts/mpi-env.sh SB_RESULTS="$IC/results" \
-      SB_MIN_BYTES=64K SB_MAX_BYTES=1M SB_FACTOR=4 SB_ITERS=10 SB_WARMUP=2 "$@" \
+      SB_MIN_BYTES=64K SB_MAX_BYTES=1M SB_FACTOR=4 SB_ITERS=10 SB_WARMUP=2 SB_BASELINE_RUNS=4 SB_RUNS=2 "$@" \
       sbatch --parsable --job-name="ic-$name" --nodes=1 --ntasks=2 --output="$IC/logs/%x-%j.out" \
       slurm/interconnect.sbatch | cut -d';' -f1
   }
@@ -323,16 +323,18 @@ if [ -x build/bin/collective_perf ] && [ -f analysis/regress.py ]; then
   }
   rec=$(ic_submit record SB_RECORD=1 SB_BASELINE="$IC/baselines/local")
   ic_wait "$rec"
-  base=$(compgen -G "$IC/baselines/local/*.h5" | head -n1)
-  check "record job $rec: $(ic_state "$rec"), baseline ${base#$WORK/}" test "$(ic_state "$rec")" = "COMPLETED 0:0" -a -n "$base"
+  nbase=$(compgen -G "$IC/baselines/local/*.h5" | wc -l)
+  check "record job $rec: $(ic_state "$rec"), a baseline of $nbase runs" test "$(ic_state "$rec")" = "COMPLETED 0:0" -a "$nbase" = 4
   # A baseline 20 times faster than this machine: the comparison must report a regression.
   mkdir -p "$IC/baselines/fast"
-  $PY -c 'import h5py, shutil, sys
-shutil.copy(sys.argv[1], sys.argv[2])
-with h5py.File(sys.argv[2], "r+") as f:
-    s = f["samples"][()]
-    s["time"] /= 20
-    f["samples"][...] = s' "$base" "$IC/baselines/fast/doctored.h5" 2>&1
+  $PY -c 'import glob, h5py, os, shutil, sys
+for src in glob.glob(os.path.join(sys.argv[1], "*.h5")):
+    dst = os.path.join(sys.argv[2], os.path.basename(src))
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        s = f["samples"][()]
+        s["time"] /= 20
+        f["samples"][...] = s' "$IC/baselines/local" "$IC/baselines/fast" 2>&1
   # One after the other: two jobs at once would share the 2 cores, unlike the baseline.
   # The machine is shared and noisy all the same: the same-machine comparison tolerates 10x.
   same=$(ic_submit same SB_BASELINE="$IC/baselines/local" SB_THRESHOLD=10)
