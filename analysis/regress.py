@@ -217,11 +217,11 @@ def compare(base, cur, args):
     spread = between_runs(base, cur)
     rows = []
     for key in sorted(base, key=lambda k: (k[0], k[1], k[2])):
-        b_med = float(np.median([np.median(r) for r in base[key]]))
+        run_meds = [np.median(r) for r in base[key]]  # a verdict needs beyond every run, not only the centre
+        b_med = float(np.median(run_meds))
         c_med = float(np.median([np.median(r) for r in cur[key]]))
         slowdown = c_med / b_med - 1  # time: > 0 is slower
         diff, se, n = spread[key]
-        slowest = max(np.median(r) for r in base[key])  # beyond every baseline run, not only its centre
         p_slow = t_sf(diff / se, n) if se > 0 else float(diff <= 0)
         p_fast = 1.0 - p_slow if se > 0 else float(diff >= 0)
         detectable = max(math.exp(t_isf(level, n) * se) - 1, args.threshold) if se > 0 else args.threshold
@@ -233,9 +233,10 @@ def compare(base, cur, args):
             it_slow, it_fast = lo > 0, hi < 0
         stat = f"p(slower)={p_slow:.2g}" if slowdown >= 0 else f"p(faster)={p_fast:.2g}"
         verdict = "same"
-        if slowdown > args.threshold and c_med > slowest * (1 + args.threshold) and p_slow < level and it_slow:
+        if slowdown > args.threshold and c_med > max(run_meds) * (1 + args.threshold) and p_slow < level and it_slow:
             verdict = "REGRESSION"
-        elif -slowdown / (1 + slowdown) > args.threshold and p_fast < level and it_fast:
+        elif (-slowdown / (1 + slowdown) > args.threshold and c_med * (1 + args.threshold) < min(run_meds)
+              and p_fast < level and it_fast):
             verdict = "improvement"
         op, place, size = key
         rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6,
