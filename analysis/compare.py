@@ -6,14 +6,25 @@ optionally, a bar plot.
     analysis/compare.py results/demo/ddp.h5 results/demo/fsdp-*.h5 --plot comparison.png
 
 Each run is compared with the DDP run of the same model, ranks, batch and sequence length
-("vs ddp" is its step time over DDP's). Exit codes: 0 printed; 1 a run did not complete.
+("vs ddp" is its step time over DDP's).
+Exit status: 0; 1 some runs did not complete (status not ok); 2 no readable training
+result; 3 (EXIT_SKIPPED) unreadable or foreign files were skipped, one line each.
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import load  # noqa: E402
+from shardbench_h5 import TRAINING_KEYS, Inputs, load, require  # noqa: E402
+
+MEASURED = ("median_step_time_s", "median_model_tflops_per_rank", "median_tokens_per_s", "median_exposed_comm_s",
+            "max_peak_memory_bytes", "plan_peak_memory_bytes", "final_loss")
+
+
+def read(path):
+    """A training result with what the table needs, or KeyError."""
+    run = load(path)
+    return require(run, TRAINING_KEYS + (MEASURED if run.meta.get("status") == "ok" else ()))
 
 
 def main(argv=None):
@@ -22,11 +33,15 @@ def main(argv=None):
     ap.add_argument("--plot", metavar="OUT.png",
                     help="also write a bar chart of step time and peak memory (default: no plot)")
     a = ap.parse_args(argv)
-    runs = [load(p) for p in a.files]
+    inputs = Inputs("compare")
+    runs = inputs.read(a.files, read)
+    if not runs:
+        print("compare: no readable training result: nothing to compare", file=sys.stderr)
+        return 2
     bad = [r.path for r in runs if r.meta["status"] != "ok"]
     if bad:
         print(f"compare: not completed runs: {', '.join(bad)}", file=sys.stderr)
-        return 1
+        return inputs.exit_code(1)
     m = [r.meta for r in runs]
     # Each run is compared with the DDP run of the same model, ranks, batch and sequence.
     same = lambda x, y: all(x[k] == y[k] for k in ("model", "world_size", "batch_per_rank", "enc_seq_len"))  # noqa: E731
@@ -65,7 +80,7 @@ def main(argv=None):
         fig.tight_layout()
         fig.savefig(a.plot, dpi=110)
         print(f"plot: {a.plot}")
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Both TFLOPS figures are small multiples: measured and projected results (analysi
 never share a panel (each panel names its source), projected points are hollow, and an
 out-of-memory point is an x on the panel's bottom edge, not a result at y = 0.
 Axes start at zero; error bars run from the slowest to the fastest timed step. Exit codes: 0
-drawn; 2 bad input (no results, mixed schema versions, no training results).
+drawn; 2 bad input (no results, mixed schema versions, no training results); 3 some files
+were unreadable and skipped (one line each).
 """
 import glob
 import os
@@ -28,7 +29,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import CATEGORIES, load  # noqa: E402
+from shardbench_h5 import CATEGORIES, Inputs, load_training  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple"}
 
@@ -52,17 +53,14 @@ def expand(paths):
     return out
 
 
-def load_results(paths):
+def load_results(paths, inputs):
+    """The training results among paths; unreadable files are skipped through inputs."""
     files = expand(paths)
     if not files:
         raise PlotError(f"no .h5 results in {', '.join(paths)}")
-    runs, training = [], []
-    for f in files:
-        try:
-            r = load(f)
-        except (OSError, KeyError, ValueError) as e:
-            raise PlotError(f"{f}: not a shardbench training result ({e})")
-        runs.append(r)
+    runs = inputs.read(files, load_training)
+    if not runs:
+        raise PlotError(f"no readable result in {', '.join(paths)} ({len(files)} unreadable)")
     versions = {r.meta.get("schema_version") for r in runs}
     if len(versions) != 1:
         raise PlotError(f"mixed schema versions {sorted(versions)} in {', '.join(paths)}")
@@ -320,8 +318,8 @@ def plot_timeline(run, out, name="timeline"):
     return save(fig, out, name)
 
 
-def make_all(paths, out):
-    runs = load_results(paths)
+def make_all(paths, out, inputs=None):
+    runs = load_results(paths, inputs or Inputs("plots"))
     os.makedirs(out, exist_ok=True)
     figs = {"tflops_vs_model": plot_vs_model(runs, out), "tflops_vs_gpus": plot_vs_gpus(runs, out),
             "memory": plot_memory(runs, out)}
@@ -338,14 +336,15 @@ def main(argv=None):
                     help="results (HDF5), or folders searched recursively for them")
     ap.add_argument("--out", required=True, metavar="DIR", help="folder for the PNG and SVG files (required)")
     a = ap.parse_args(argv)
+    inputs = Inputs("plots")
     try:
-        _, figs = make_all(a.results, a.out)
+        _, figs = make_all(a.results, a.out, inputs)
     except PlotError as e:
         print(f"plots: error: {e}", file=sys.stderr)
         return 2
     for name, path in figs.items():
         print(f"plots: {name}: {path} (+ .svg)")
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

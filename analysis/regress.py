@@ -1,17 +1,32 @@
 #!/usr/bin/python3
 """Interconnect regression check: compare collective_perf results, per operation, size and
-placement, using every iteration's time.
+placement, judged against the run-to-run spread of a baseline of several runs.
 
     analysis/regress.py runs/baselines/CLUSTER/ results/collectives-today.h5 --report-dir regress-report
 
-BASELINE and CURRENT are collective_perf HDF5 files or directories of them. For each
-(operation, in/out-of-place, size) the time of an iteration is the slowest rank's (a
-collective ends when its last rank does). A point is a regression when it is slower by
-more than --threshold (relative, on the median) AND the slowdown is significant: a
-one-sided Mann-Whitney rank-sum test at --alpha, or with --method bootstrap, the lower
-bound of a (1 − alpha) bootstrap confidence interval of the median slowdown is above 0.
-Prints a table, writes DIR/report.md and DIR/report.png, and exits 1 on any regression,
-0 otherwise, 2 when the inputs cannot be compared (nothing is written then).
+BASELINE is a directory of collective_perf HDF5 results, one file per run, at least
+MIN_BASELINE_RUNS runs of the same points recorded back to back (slurm/interconnect.sbatch
+SB_RECORD=1 does this); CURRENT is one result or a directory of them. For each (operation,
+in/out-of-place, size) the time of an iteration is the slowest rank's (a collective ends
+when its last rank does), and a run's time is the median over its iterations.
+
+A point is a regression when all three hold:
+  - its median over the current runs is slower than the median over the baseline runs, and
+    than the slowest baseline run, by more than --threshold (relative);
+  - the slowdown is beyond the run-to-run spread: a one-sided t test of the median current
+    run's log time against the median baseline run's, with the spread between baseline runs
+    (pooled over the sizes and placements of the operation, never below the point's own),
+    p(slower) below alpha / points (Bonferroni: alpha is the chance of one false alarm in
+    the whole comparison);
+  - the iterations agree: a one-sided Mann-Whitney rank-sum test (or with --method
+    bootstrap, the bootstrap CI of the median slowdown) at the same level.
+Improvements are judged the same way, in the other direction.
+
+Prints a table (with the slowdown that the spread lets it detect), writes DIR/report.md
+and DIR/report.png. Exit status: 0 no regression; 1 regression; 2 unusable input (not a
+collective_perf result, a corrupt or empty samples table, non-finite times, a baseline
+of fewer than MIN_BASELINE_RUNS runs, inputs that cannot be compared): one line, nothing
+written.
 """
 import math
 import os
@@ -22,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+MIN_BASELINE_RUNS = 3
+SAMPLE_FIELDS = ("op", "in_place", "size", "iteration", "time")
 
 
 class InputError(Exception):
@@ -33,21 +50,26 @@ def _attr(f, name):
     return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
 
 
-def load(path):
-    """{(op, in_place, size): per-iteration times} and run facts, from files or a directory."""
-    files = [path]
+def _files(path):
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".h5"))
         if not files:
             raise InputError(f"{path}: no .h5 results in this directory")
-    points, facts = {}, None
-    for fname in files:
-        try:
-            f = h5py.File(fname, "r")
-        except OSError as e:
-            raise InputError(f"{fname}: not an HDF5 file ({e})")
+        return files
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file or directory")
+    return [path]
+
+
+def read_run(fname):
+    """({(op name, in_place, size): per-iteration times}, run facts) of one result file."""
+    try:
+        f = h5py.File(fname, "r")
+    except OSError as e:
+        raise InputError(f"{fname}: not a readable HDF5 file ({e})")
+    try:
         with f:
-            if _attr(f, "program") != "collective_perf" if "program" in f.attrs else True:
+            if "program" not in f.attrs or _attr(f, "program") != "collective_perf":
                 raise InputError(f"{fname}: not a collective_perf result")
             this = {k: _attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
             this["comm"] = _attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
@@ -56,8 +78,42 @@ def load(path):
                                  "a baseline and a check use one")
             if this["status"] == "failed":
                 raise InputError(f"{fname}: its data check found wrong elements (status failed): not comparable")
-            names = [n.decode() if isinstance(n, bytes) else n for n in f["samples"].attrs["op_names"]]
+            if "samples" not in f:
+                raise InputError(f"{fname}: no samples table")
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["samples"].attrs["op_names"]]
             s = f["samples"][()]
+    except InputError:
+        raise
+    except (OSError, KeyError, ValueError, TypeError) as e:  # a damaged file fails in many places
+        raise InputError(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {e})")
+    missing = [k for k in SAMPLE_FIELDS if s.dtype.names is None or k not in s.dtype.names]
+    if missing:
+        raise InputError(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
+    if len(s) == 0:
+        raise InputError(f"{fname}: no measurements (empty samples table)")
+    bad_op = s["op"][(s["op"] < 0) | (s["op"] >= len(names))]
+    if len(bad_op):
+        raise InputError(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
+                         f"{len(names)} op_names")
+    t = s["time"].astype(float)
+    if not np.all(np.isfinite(t) & (t > 0)):
+        bad = t[~(np.isfinite(t) & (t > 0))]
+        raise InputError(f"{fname}: {len(bad)} of {len(t)} times are not finite positive numbers "
+                         f"(first: {bad[0]!r}): unusable")
+    points = {}
+    for key in sorted({(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s}):
+        op, place, size = key
+        sel = s[(s["op"] == op) & (s["in_place"] == place) & (s["size"] == size)]
+        iters = np.unique(sel["iteration"])
+        points[(names[op], place, size)] = np.array([sel["time"][sel["iteration"] == i].max() for i in iters], float)
+    return points, this
+
+
+def load(path):
+    """{point: [per-iteration times of each run]} and facts, from a file or a directory of runs."""
+    runs, facts = {}, None
+    for fname in _files(path):
+        points, this = read_run(fname)
         if facts is None:
             facts = dict(this, files=[fname])
         else:
@@ -65,16 +121,63 @@ def load(path):
                 if this[k] != facts[k]:
                     raise InputError(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
             facts["files"].append(fname)
-        for key in {(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s}:
-            op, place, size = key
-            sel = s[(s["op"] == op) & (s["in_place"] == place) & (s["size"] == size)]
-            iters = np.unique(sel["iteration"])
-            per_iter = np.array([sel["time"][sel["iteration"] == i].max() for i in iters])
-            k = (names[op], place, size)
-            if k in points:
-                raise InputError(f"{fname}: {names[op]} {size} B appears in more than one file of {path}")
-            points[k] = per_iter
-    return points, facts
+        for k, v in points.items():
+            runs.setdefault(k, []).append(v)
+    return runs, facts
+
+
+def t_sf(t, dof):
+    """P(T > t) for Student's t with an integer dof (Abramowitz & Stegun 26.7.3-4)."""
+    if t < 0:
+        return 1.0 - t_sf(-t, dof)
+    if math.isinf(t):
+        return 0.0
+    theta = math.atan(t / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2:  # odd
+        term, total = 1.0, 1.0 if dof > 1 else 0.0
+        for k in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2 / math.pi * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = s * total
+    return max(0.0, (1.0 - a) / 2)
+
+
+def t_isf(p, dof):
+    """The t with P(T > t) = p (bisection on t_sf)."""
+    lo, hi = 0.0, 1.0
+    while t_sf(hi, dof) > p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_sf(mid, dof) > p else (lo, mid)
+    return hi
+
+
+def between_runs(base, cur):
+    """Per point: the log-time difference of the median current run from the median baseline run,
+    its standard error from the run-to-run spread, and the dof. The spread is pooled over the
+    points of each operation (for power with few runs), but never below a point's own."""
+    logs = {k: (np.log([np.median(r) for r in base[k]]), np.log([np.median(r) for r in cur[k]])) for k in base}
+    out = {}
+    for op in {k[0] for k in base}:
+        keys = [k for k in logs if k[0] == op]
+        ss = sum(float(((logs[k][0] - logs[k][0].mean()) ** 2).sum()) for k in keys)
+        dof = sum(len(logs[k][0]) - 1 for k in keys)
+        pooled = math.sqrt(ss / dof)
+        for k in keys:
+            b, c = logs[k]
+            sd = max(pooled, float(b.std(ddof=1)))
+            # medians: one run several times slower (a shared machine has them) moves neither
+            # side; a median of n normal values varies pi/2 times as much as their mean
+            out[k] = (float(np.median(c) - np.median(b)), sd * math.sqrt(math.pi / 2 * (1 / len(b) + 1 / len(c))), dof)
+    return out
 
 
 def rank_sum_p(slower, faster):
@@ -112,28 +215,57 @@ def bootstrap_lower(base, cur, alpha, rng):
 
 
 def compare(base, cur, args):
+    """One row per point: medians, bandwidth change, p-values with their direction, verdict."""
     rng = np.random.default_rng(12345)
+    level = args.alpha / len(base)  # Bonferroni: alpha for the whole comparison
+    spread = between_runs(base, cur)
     rows = []
     for key in sorted(base, key=lambda k: (k[0], k[1], k[2])):
-        b, c = base[key], cur[key]
-        slowdown = float(np.median(c) / np.median(b) - 1)  # time: > 0 is slower
+        run_meds = [np.median(r) for r in base[key]]  # a verdict needs beyond every run, not only the centre
+        b_med = float(np.median(run_meds))
+        c_med = float(np.median([np.median(r) for r in cur[key]]))
+        slowdown = c_med / b_med - 1  # time: > 0 is slower
+        diff, se, n = spread[key]
+        p_slow = t_sf(diff / se, n) if se > 0 else float(diff <= 0)
+        p_fast = 1.0 - p_slow if se > 0 else float(diff >= 0)
+        detectable = max(math.exp(t_isf(level, n) * se) - 1, args.threshold) if se > 0 else args.threshold
+        b_all, c_all = np.concatenate(base[key]), np.concatenate(cur[key])
         if args.method == "rank-sum":
-            p_slow, p_fast = rank_sum_p(c, b), rank_sum_p(b, c)
-            slow_sig, fast_sig = p_slow < args.alpha, p_fast < args.alpha
-            stat = f"p={min(p_slow, p_fast):.2g}"
+            it_slow, it_fast = rank_sum_p(c_all, b_all) < level, rank_sum_p(b_all, c_all) < level
         else:
-            lo, hi = bootstrap_lower(b, c, args.alpha, rng)
-            slow_sig, fast_sig = lo > 0, hi < 0
-            stat = f"CI=[{lo:+.1%},{hi:+.1%}]"
+            lo, hi = bootstrap_lower(b_all, c_all, level, rng)
+            it_slow, it_fast = lo > 0, hi < 0
+        stat = f"p(slower)={p_slow:.2g}" if slowdown >= 0 else f"p(faster)={p_fast:.2g}"
         verdict = "same"
-        if slow_sig and slowdown > args.threshold:
+        if slowdown > args.threshold and c_med > max(run_meds) * (1 + args.threshold) and p_slow < level and it_slow:
             verdict = "REGRESSION"
-        elif fast_sig and -slowdown / (1 + slowdown) > args.threshold:
+        elif (-slowdown / (1 + slowdown) > args.threshold and c_med * (1 + args.threshold) < min(run_meds)
+              and p_fast < level and it_fast):
             verdict = "improvement"
         op, place, size = key
-        rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=np.median(b) * 1e6,
-                         cur_us=np.median(c) * 1e6, bw_change=1 / (1 + slowdown) - 1, stat=stat, verdict=verdict))
+        rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6,
+                         cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, stat=stat,
+                         verdict=verdict))
     return rows
+
+
+def check_comparable(base, bf, cur, cf):
+    if bf["world_size"] != cf["world_size"]:
+        raise InputError(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
+    for k in ("dtype", "redop", "comm"):
+        if bf.get(k) != cf.get(k):
+            raise InputError(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
+    if set(base) != set(cur):
+        def names(keys):
+            shown = [f"{o} {'in' if p else 'out'}-of-place {s} B" for o, p, s in keys[:4]]
+            return ", ".join(shown) + (" ..." if len(keys) > 4 else "") or "none"
+        only_b, only_c = sorted(set(base) - set(cur)), sorted(set(cur) - set(base))
+        raise InputError(f"operations or sizes differ: only in baseline: {names(only_b)}; "
+                         f"only in current: {names(only_c)}")
+    few = min(len(v) for v in base.values())
+    if few < MIN_BASELINE_RUNS:
+        raise InputError(f"the baseline has {few} run(s) of some points; it needs at least {MIN_BASELINE_RUNS} "
+                         "runs recorded back to back, to know the run-to-run spread (SB_RECORD=1 records them)")
 
 
 def main(argv=None):
@@ -142,47 +274,44 @@ def main(argv=None):
     ap.add_argument("current", metavar="CURRENT", help="collective_perf result (HDF5), or a folder of them")
     ap.add_argument("--threshold", type=float, default=0.05, metavar="FRACTION",
                     help="relative slowdown of the median that counts (default: 0.05)")
-    ap.add_argument("--alpha", type=float, default=0.01, help="significance level (default: 0.01)")
+    ap.add_argument("--alpha", type=float, default=0.01, help="chance of a false alarm in the whole comparison (default: 0.01)")
     ap.add_argument("--method", choices=["rank-sum", "bootstrap"], default="rank-sum",
-                    help="significance test: one-sided Mann-Whitney rank-sum, or a bootstrap confidence "
-                         "interval of the median slowdown (default: rank-sum)")
+                    help="the test of the iterations: one-sided Mann-Whitney rank-sum, or a bootstrap confidence "
+                         "interval of the median slowdown; the runs are always judged against the spread between "
+                         "baseline runs (default: rank-sum)")
     ap.add_argument("--report-dir", default="regress-report", metavar="DIR",
                     help="where report.md and report.png go (default: regress-report)")
     a = ap.parse_args(argv)
-    if not 0 < a.alpha < 1 or a.threshold < 0:
-        print("regress: --alpha must be in (0, 1) and --threshold >= 0", file=sys.stderr)
+    if not 0 < a.alpha < 1 or not 0 <= a.threshold < math.inf:
+        print(f"regress: --alpha {a.alpha} must be in (0, 1) and --threshold {a.threshold} a finite number >= 0",
+              file=sys.stderr)
         return 2
     try:
         base, bf = load(a.baseline)
         cur, cf = load(a.current)
-        if bf["world_size"] != cf["world_size"]:
-            raise InputError(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
-        for k in ("dtype", "redop", "comm"):
-            if bf[k] != cf[k]:
-                raise InputError(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
-        if set(base) != set(cur):
-            def names(keys):
-                shown = [f"{o} {'in' if p else 'out'}-of-place {s} B" for o, p, s in keys[:4]]
-                return ", ".join(shown) + (" ..." if len(keys) > 4 else "") or "none"
-            only_b, only_c = sorted(set(base) - set(cur)), sorted(set(cur) - set(base))
-            raise InputError(f"operations or sizes differ: only in baseline: {names(only_b)}; "
-                             f"only in current: {names(only_c)}")
+        check_comparable(base, bf, cur, cf)
     except InputError as e:
         print(f"regress: cannot compare: {e}", file=sys.stderr)
         return 2
     rows = compare(base, cur, a)
-    hdr = f"{'operation':<15} {'place':<5} {'size (B)':>12} {'baseline us':>12} {'current us':>12} {'busbw change':>13} {'test':>22}  verdict"
+    hdr = (f"{'operation':<15} {'place':<5} {'size (B)':>12} {'baseline us':>12} {'current us':>12} "
+           f"{'busbw change':>13} {'detectable':>10} {'test (runs)':>22}  verdict")
     lines = [hdr, "-" * len(hdr)]
     for r in rows:
         lines.append(f"{r['op']:<15} {r['placement']:<5} {r['size']:>12} {r['base_us']:>12.2f} {r['cur_us']:>12.2f} "
-                     f"{r['bw_change']:>+12.1%} {r['stat']:>22}  {r['verdict']}")
+                     f"{r['bw_change']:>+12.1%} {r['detectable']:>+10.0%} {r['stat']:>22}  {r['verdict']}")
     print("\n".join(lines))
     regressions = [r for r in rows if r["verdict"] == "REGRESSION"]
     summary = (f"{len(regressions)} regression(s) in {len(rows)} points" if regressions
                else f"no regression in {len(rows)} points")
-    print(f"\nregress: {summary} (threshold {a.threshold:.0%}, {a.method}, alpha {a.alpha}); "
-          f"{bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
-    write_report(a, rows, summary, bf, cf)
+    nb, nc = min(len(v) for v in base.values()), min(len(v) for v in cur.values())
+    print(f"\nregress: {summary} (threshold {a.threshold:.0%}, alpha {a.alpha} over all points, {a.method}; "
+          f"{nb} baseline runs, {nc} current); {bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
+    try:
+        write_report(a, rows, summary, bf, cf)
+    except OSError as e:
+        print(f"regress: cannot write the report in {a.report_dir}: {e}", file=sys.stderr)
+        return 2
     print(f"regress: wrote {os.path.join(a.report_dir, 'report.md')} and report.png")
     return 1 if regressions else 0
 
@@ -194,13 +323,13 @@ def write_report(a, rows, summary, bf, cf):
     os.makedirs(a.report_dir, exist_ok=True)
     with open(os.path.join(a.report_dir, "report.md"), "w") as f:
         f.write(f"# Interconnect regression report\n\n**{summary}** — threshold {a.threshold:.0%}, "
-                f"{a.method} test at alpha {a.alpha}; {bf['world_size']} ranks, {bf['dtype']}, {bf['redop']}.\n\n"
+                f"alpha {a.alpha} over all points ({a.method}); {bf['world_size']} ranks, {bf['dtype']}, {bf['redop']}.\n\n"
                 f"- baseline: {', '.join(bf['files'])}\n- current: {', '.join(cf['files'])}\n\n"
-                "| operation | placement | size (B) | baseline (us) | current (us) | busbw change | test | verdict |\n"
-                "|---|---|---:|---:|---:|---:|---|---|\n")
+                "| operation | placement | size (B) | baseline (us) | current (us) | busbw change | detectable | "
+                "test (runs) | verdict |\n|---|---|---:|---:|---:|---:|---:|---|---|\n")
         for r in rows:
             f.write(f"| {r['op']} | {r['placement']} | {r['size']} | {r['base_us']:.2f} | {r['cur_us']:.2f} | "
-                    f"{r['bw_change']:+.1%} | {r['stat']} | {r['verdict']} |\n")
+                    f"{r['bw_change']:+.1%} | {r['detectable']:+.0%} | {r['stat']} | {r['verdict']} |\n")
         f.write("\n![bandwidth against size](report.png)\n")
     ops = sorted({r["op"] for r in rows})
     fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.6), squeeze=False)
@@ -227,4 +356,8 @@ def write_report(a, rows, summary, bf, cf):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception as e:  # noqa: BLE001: exit 1 means "regression"; anything unforeseen is unusable input
+        print(f"regress: cannot compare: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -13,7 +13,8 @@ median as a dot. Labels say what a rank ran on (CPU rank, GPU). Warnings come fr
 results (what the programs printed, e.g. more ranks than cores) and from the report's
 own checks (failed or skipped steps, few or widely spread steps).
 
-Exit codes: 0 written; 2 bad input (not a folder, no results, mixed schema versions).
+Exit codes: 0 written; 2 bad input (not a folder, no results, mixed schema versions); 3 some
+files were unreadable and skipped (one line each), the report holds the rest.
 """
 import html
 import json
@@ -179,8 +180,9 @@ def main(argv=None):
     if a.timelines < 0:
         print(f"report: error: --timelines {a.timelines}: must be 0 or more", file=sys.stderr)
         return 2
+    inputs = plots.Inputs("report")
     try:
-        runs, figs = plots.make_all([a.results], out)
+        runs, figs = plots.make_all([a.results], out, inputs)
         comparison, notes = plot_comparison(runs, out)
         traces, with_events = timelines(runs, out, a.timelines)
     except (plots.PlotError, to_perfetto.InputError) as e:
@@ -223,7 +225,7 @@ TFLOPS are model FLOPs (3 × forward matmul FLOPs) per {esc(device)}; step times
     with open(index, "w") as f:
         f.write(page)
     print(f"report: {index} ({len(figs)} figures, {len(traces)} timelines, {len(warns)} warnings, {len(runs)} runs)")
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

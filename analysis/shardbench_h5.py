@@ -5,12 +5,34 @@
     run.meta["status"], run.steps, run.events, run.memory, run.peaks
 
 Needs Debian's python3-h5py, python3-numpy, python3-pandas (use /usr/bin/python3).
+
+Tools that read many results skip the unreadable ones through `Inputs` (one line each) and
+exit with EXIT_SKIPPED when they did. As a command, it says whether results are finished:
+
+    analysis/shardbench_h5.py --status FILE...   # "FILE: ok" per file; exit 0 when every
+                                                 # file reads whole and carries a final
+                                                 # status, EXIT_SKIPPED otherwise (slurm/sweep)
 """
+import os
+import subprocess
+import sys
+
 import h5py
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 2  # what the programs write now
+READABLE_SCHEMA_VERSIONS = (1, 2)  # 2 added target units and bytes sent; 1 reads without them
+# Exit status of an analysis tool that skipped unreadable inputs and worked on the rest
+# (0 all read, 1 the tool's own verdict, 2 bad input or nothing readable).
+EXIT_SKIPPED = 3
+# What a damaged, truncated or foreign file raises somewhere in h5py, pandas or our checks.
+READ_ERRORS = (OSError, KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError)
+# Statuses a program writes when it finishes (docs/trace-format.md); a file is written under
+# a temporary name and renamed, so any other value, or none, is not a finished result.
+FINAL_STATUSES = ("ok", "out-of-memory", "failed", "below-floor")
+# What every ddp_perf/fsdp_perf result carries (the tables and figures use them).
+TRAINING_KEYS = ("program", "label", "strategy", "model", "world_size", "batch_per_rank", "enc_seq_len", "status")
 CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "workspace"]
 
 
@@ -44,8 +66,9 @@ class Run:
         with h5py.File(self.path, "r") as f:
             self.meta = _attrs(f)
             version = self.meta.get("schema_version")
-            if version != SCHEMA_VERSION:
-                raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows {SCHEMA_VERSION}")
+            if version not in READABLE_SCHEMA_VERSIONS:
+                raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows "
+                                 f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
             # A projected result (analysis/project.py) has metadata, the plan and at most /events.
             projected = bool(self.meta.get("projected"))
             table = lambda name: _table(f[name]) if name in f or not projected else pd.DataFrame()  # noqa: E731
@@ -75,3 +98,116 @@ class Run:
 
 def load(path):
     return Run(path)
+
+
+def require(run, keys):
+    """run, or KeyError naming the attributes it lacks (a foreign or damaged file)."""
+    missing = [k for k in keys if k not in run.meta]
+    if missing:
+        raise KeyError(f"no attribute {', '.join(missing)}")
+    return run
+
+
+def load_training(path):
+    """load(path), checked to carry what a training result has when it is one."""
+    run = load(path)
+    return require(run, TRAINING_KEYS) if run.meta.get("program") in ("ddp_perf", "fsdp_perf") else run
+
+
+def _finished(path):
+    """The status of a finished, fully readable result; an exception says why it is not one."""
+    status = load(path).meta.get("status")
+    if status not in FINAL_STATUSES:
+        raise ValueError(f"status {status!r} is not a final status ({', '.join(FINAL_STATUSES)})")
+    return status
+
+
+def _why(e):
+    """One line (no tab: the probe's field separator) naming the exception."""
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}".replace("\t", " ")
+
+
+def probe(paths):
+    """{path: (status, None) or (None, why not)}: each file fully read in a child process,
+    because a damaged file can make the HDF5 library crash the process that reads it (seen:
+    SIGSEGV on a zeroed object header). After a crash the next children go on after it."""
+    todo, out = [str(p) for p in paths], {}
+    while todo:
+        r = subprocess.run([sys.executable, os.path.abspath(__file__), "--probe", *todo],
+                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        lines = [x.split("\t", 2) for x in r.stdout.splitlines() if x.count("\t") >= 2]
+        for verdict, what, path in lines:
+            out[path] = (what, None) if verdict == "OK" else (None, what)
+        todo = todo[len(lines):]
+        if todo:  # the child died reading todo[0]
+            how = f"signal {-r.returncode}" if r.returncode < 0 else f"exit {r.returncode}"
+            out[todo[0]] = (None, f"reading it crashed the HDF5 library ({how})")
+            todo = todo[1:]
+    return out
+
+
+class Inputs:
+    """Reads a tool's inputs, skipping the unreadable ones with one line each.
+
+        inputs = Inputs("summarize")
+        rows = inputs.read(paths, lambda p: row(load(p)))   # what could be read
+        return inputs.exit_code(0)                           # EXIT_SKIPPED if any was skipped
+    """
+
+    def __init__(self, tool):
+        self.tool = tool
+        self.skipped = []
+
+    def read_one(self, path, reader=load):
+        """reader(path), or None after saying why the file is skipped."""
+        try:
+            return reader(path)
+        except READ_ERRORS as e:
+            print(f"{self.tool}: skipped {path}: not a readable shardbench result ({_why(e)})", file=sys.stderr)
+            self.skipped.append(str(path))
+            return None
+
+    def read(self, paths, reader=load):
+        """reader(path) of every file that probe() finds finished and readable, in order."""
+        verdicts = probe(paths)
+        good = []
+        for p in paths:
+            status, why = verdicts[str(p)]
+            if status is None:
+                print(f"{self.tool}: skipped {p}: not a readable shardbench result ({why})", file=sys.stderr)
+                self.skipped.append(str(p))
+            else:
+                good.append(p)
+        return [x for x in (self.read_one(p, reader) for p in good) if x is not None]
+
+    def exit_code(self, code=0):
+        """The tool's own code, or EXIT_SKIPPED where it would be 0 but inputs were skipped."""
+        if self.skipped:
+            print(f"{self.tool}: {len(self.skipped)} unreadable file(s) skipped (exit {EXIT_SKIPPED})", file=sys.stderr)
+            if code == 0:
+                return EXIT_SKIPPED
+        return code
+
+
+def main(argv=None):
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) >= 2 and args[0] == "--probe":  # the child of probe(): one line per file, at once
+        for path in args[1:]:
+            try:
+                line = f"OK\t{_finished(path)}\t{path}"
+            except READ_ERRORS as e:
+                line = f"BAD\t{_why(e)}\t{path}"
+            print(line, flush=True)
+        return 0
+    if len(args) < 2 or args[0] != "--status":
+        print("usage: shardbench_h5.py --status FILE...", file=sys.stderr)
+        return 2
+    verdicts = probe(args[1:])
+    for path in args[1:]:
+        status, why = verdicts[path]
+        print(f"{path}: {status}" if status else f"{path}: unreadable ({why})")
+    return EXIT_SKIPPED if any(s is None for s, _ in verdicts.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

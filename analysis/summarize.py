@@ -4,15 +4,15 @@ rank, peak memory, status.
 
     analysis/summarize.py results/*.h5 --csv summary.csv
 
-Out-of-memory records show their planned peak and no times. Exit codes: 0 printed;
-1 a file is not a readable shardbench result.
+Out-of-memory records show their planned peak and no times. Exit status: 0; 2 no readable result; 3 (EXIT_SKIPPED) unreadable files were skipped, one
+line each, and the table holds the rest.
 """
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import load  # noqa: E402
+from shardbench_h5 import Inputs, load  # noqa: E402
 
 
 def row(run):
@@ -38,13 +38,11 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", metavar="RESULT.h5", help="shardbench results (HDF5), any status")
     ap.add_argument("--csv", metavar="OUT.csv", help="also write the table as CSV (default: print only)")
     a = ap.parse_args(argv)
-    rows = []
-    for path in a.files:
-        try:
-            rows.append(row(load(path)))
-        except (OSError, KeyError, ValueError) as e:
-            print(f"summarize: {path}: not a readable shardbench result ({e})", file=sys.stderr)
-            return 1
+    inputs = Inputs("summarize")
+    rows = inputs.read(a.files, lambda p: row(load(p)))
+    if not rows:
+        print("summarize: no readable result: nothing to summarize", file=sys.stderr)
+        return 2
     hdr = f"{'program':<10} {'strategy':<14} {'model':<10} {'ranks':>5} {'batch':>5} {'seq':>5} {'step ms':>9} {'TFLOPS/rank':>12} {'peak MiB':>9}  status"
     print(hdr)
     print("-" * len(hdr))
@@ -54,7 +52,7 @@ def main(argv=None):
     if a.csv:
         import pandas as pd
         pd.DataFrame(rows).to_csv(a.csv, index=False)
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

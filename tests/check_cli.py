@@ -20,7 +20,7 @@ NOT_THE_PROGRAMS_NAMES = {"--seq": "--seq-len", "--checkpointing": "--activation
                           "--dec-seq": "--dec-seq-len", "--world": "--world-size"}
 
 
-class Captured(Exception):
+class Captured(BaseException):  # not an Exception: scripts that catch every error must not swallow it
     def __init__(self, parser):
         super().__init__()
         self.parser = parser

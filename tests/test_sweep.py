@@ -108,6 +108,30 @@ sys.exit(9)
 '''
 
 
+_FINISHED = []
+
+
+def finished_result(path):
+    """A finished result at path: an out-of-memory record written by the real ddp_perf --plan
+    (made once, then copied). The sweep only asks that a file reads whole with a final status."""
+    if not _FINISHED:
+        src = Path(tempfile.mkdtemp(prefix="test_sweep.rec.")) / "oom.h5"
+        r = subprocess.run([str(BIN / "ddp_perf"), "--model", "t5-611m", "--batch", "2", "--seq-len", "32", "--plan",
+                            "--world-size", "4", "--mem-limit-gib", "1", "--out", str(src)],
+                           capture_output=True, text=True, env={**os.environ, **sweep.PLAN_ENV})
+        assert r.returncode == 3 and src.exists(), r.stdout + r.stderr
+        _FINISHED.append(src)
+    shutil.copy(_FINISHED[0], path)
+    return path
+
+
+def truncated_result(path):
+    """A finished result cut in half: what a node crash during the write can leave."""
+    data = finished_result(path).read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+    return path
+
+
 class SweepCase(unittest.TestCase):
     def setUp(self):
         self.tmp = Path(tempfile.mkdtemp(prefix="test_sweep."))
@@ -174,11 +198,11 @@ class Validation(SweepCase):
 
     def test_wrong_types(self):
         cases = {
-            "gpus": ('"4"', "[matrix] gpus must be a non-empty list of distinct positive integers"),
+            "gpus": ('"4"', "[matrix] gpus must be a non-empty list of distinct integers in [1, 2147483647]"),
             "batch": ('[2, "4"]', "[matrix] batch must be"),
-            "steps": ("1.5", "[matrix] steps must be a positive integer, got 1.5 (float)"),
-            "gpus_per_node": ("true", "[cluster] gpus_per_node must be a positive integer, got True (boolean)"),
-            "gpu_memory_gib": ('"80"', "[cluster] gpu_memory_gib must be a positive number"),
+            "steps": ("1.5", "[matrix] steps must be an integer in [1, 2147483647], got 1.5 (float)"),
+            "gpus_per_node": ("true", "[cluster] gpus_per_node must be an integer in [1, 2147483647], got True (boolean)"),
+            "gpu_memory_gib": ('"80"', "[cluster] gpu_memory_gib must be a finite number in (0, 1048576]"),
             "backend": ('"tpu"', '[matrix] backend must be one of "cpu", "cuda"'),
             "launcher": ('"mpiexec"', '[cluster] launcher must be one of "srun", "mpirun"'),
             "time_limit": ('"2 hours"', "[cluster] time_limit must be a Slurm time limit"),
@@ -188,6 +212,26 @@ class Validation(SweepCase):
         for key, (value, fragment) in cases.items():
             with self.subTest(key=key):
                 self.assert_refused(self.matrix(**{key: value}), fragment)
+
+    def test_non_finite_and_out_of_range_numbers(self):
+        """inf would record every point as out of memory; a wrapped count would run another sweep."""
+        gib = "[cluster] gpu_memory_gib must be a finite number in (0, 1048576], got "
+        cases = [
+            ("gpu_memory_gib", "inf", gib + "inf (float)"), ("gpu_memory_gib", "-inf", gib + "-inf (float)"),
+            ("gpu_memory_gib", "nan", gib + "nan (float)"), ("gpu_memory_gib", "1e10", gib + "10000000000.0 (float)"),
+            ("gpu_memory_gib", "0", gib + "0 (integer)"),
+            ("steps", "4294967298", "[matrix] steps must be an integer in [1, 2147483647], got 4294967298 (integer)"),
+            ("warmup", "-1", "[matrix] warmup must be an integer in [0, 2147483647], got -1 (integer)"),
+            ("gpus", "[4, 4294967296]", "[matrix] gpus must be a non-empty list of distinct integers in [1, 2147483647], "
+                                        "got [4, 4294967296] (list)"),
+            ("batch", "[0]", "[matrix] batch must be a non-empty list of distinct integers in [1, 2147483647], got [0]"),
+        ]
+        for key, value, fragment in cases:
+            with self.subTest(key=key, value=value):
+                self.assert_refused(self.matrix(**{key: value}), fragment)
+        text = BASE.replace('setup = ["source scripts/mpi-env.sh"]', 'setup = []\n\n[cluster.env]\nX = inf')
+        self.assert_refused(self.matrix(text), "[cluster] env must be a table of NAME = \"value\" (string, integer or "
+                                               "finite float values), got {'X': inf}")
 
     def test_duplicates_and_empty_lists(self):
         self.assert_refused(self.matrix(gpus="[4, 4]"), "[matrix] gpus must be a non-empty list of distinct")
@@ -302,15 +346,34 @@ class DryRun(SweepCase):
 
     def test_skips_existing_results(self):
         self.results.mkdir()
-        done = self.results / "t5-tiny-fsdp-full-g4-b2-s32.h5"
-        done.write_bytes(b"a result")
+        done = finished_result(self.results / "t5-tiny-fsdp-full-g4-b2-s32.h5")
+        data = done.read_bytes()
         r = self.run_sweep(self.matrix(), "--dry-run")
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("already done:   1", r.stdout)
+        self.assertIn("unreadable:     0", r.stdout)
         self.assertNotIn("run_point t5-tiny-fsdp-full-g4-b2-s32 ", r.stdout)
         self.assertIn("run_point t5-tiny-ddp-g4-b2-s32 ", r.stdout)
-        self.assertEqual(done.read_bytes(), b"a result")
+        self.assertEqual(done.read_bytes(), data)
         self.assertEqual(sorted(os.listdir(self.results)), [done.name])
+
+    def test_unreadable_results_are_not_done(self):
+        """A truncated file, a foreign file and an empty one under a point's name: run again."""
+        self.results.mkdir()
+        bad = {"t5-tiny-fsdp-full-g4-b2-s32": "truncated file", "t5-tiny-ddp-g4-b2-s32": "file signature not found",
+               "t5-tiny-fsdp-hybrid2-g4-b2-s32": "file signature not found"}
+        truncated_result(self.results / "t5-tiny-fsdp-full-g4-b2-s32.h5")
+        (self.results / "t5-tiny-ddp-g4-b2-s32.h5").write_bytes(b"a result")
+        (self.results / "t5-tiny-fsdp-hybrid2-g4-b2-s32.h5").write_bytes(b"")
+        before = {p.name: p.read_bytes() for p in self.results.iterdir()}
+        r = self.run_sweep(self.matrix(), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("already done:   0", r.stdout)
+        self.assertIn("unreadable:     3", r.stdout)
+        for name, why in bad.items():
+            self.assertRegex(r.stdout, rf"\n    {name}\.h5: unreadable \(.*{why}")
+            self.assertIn(f"run_point {name} ", r.stdout)
+        self.assertEqual({p.name: p.read_bytes() for p in self.results.iterdir()}, before, "dry run changed a file")
 
 
 class Submit(SweepCase):
@@ -344,7 +407,7 @@ class Submit(SweepCase):
             self.assertNotIn(name[:-3], job)
         # re-run with the runs' results present: nothing submitted, nothing rewritten
         for name in ("t5-tiny-ddp-g4-b2-s32", "t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-hybrid2-g4-b2-s32"):
-            (self.results / f"{name}.h5").write_bytes(b"done")
+            finished_result(self.results / f"{name}.h5")
         before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in self.results.rglob("*") if p.is_file()}
         (self.fake / "calls.log").unlink()
         r = self.run_sweep(m)
@@ -356,13 +419,26 @@ class Submit(SweepCase):
 
     def test_partial_rerun_submits_only_missing(self):
         self.results.mkdir()
-        (self.results / "t5-tiny-ddp-g4-b2-s32.h5").write_bytes(b"done")
+        done = finished_result(self.results / "t5-tiny-ddp-g4-b2-s32.h5").read_bytes()
         r = self.run_sweep(self.matrix(models='["t5-tiny"]'))
         self.assertEqual(r.returncode, 0, r.stderr)
         job = (self.results / "jobs" / "g4.sbatch").read_text()
         self.assertEqual(re.findall(r"^run_point (\S+)", job, re.M),
                          ["t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-hybrid2-g4-b2-s32"])
-        self.assertEqual((self.results / "t5-tiny-ddp-g4-b2-s32.h5").read_bytes(), b"done")
+        self.assertEqual((self.results / "t5-tiny-ddp-g4-b2-s32.h5").read_bytes(), done)
+
+    def test_truncated_result_is_kept_aside_and_rerun(self):
+        self.results.mkdir()
+        cut = truncated_result(self.results / "t5-tiny-ddp-g4-b2-s32.h5")
+        data = cut.read_bytes()
+        r = self.run_sweep(self.matrix(models='["t5-tiny"]'))
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        job = (self.results / "jobs" / "g4.sbatch").read_text()
+        self.assertIn("run_point t5-tiny-ddp-g4-b2-s32 ", job)
+        self.assertFalse(cut.exists(), "the unreadable file is still in the way of its rerun")
+        aside = list(self.results.glob("t5-tiny-ddp-g4-b2-s32.h5.unreadable-*"))
+        self.assertEqual(len(aside), 1)
+        self.assertEqual(aside[0].read_bytes(), data, "the unreadable file was not kept as it was")
 
     def assert_refused_before_submitting(self, fragment, env=None, args=(), fake=True):
         r = self.run_sweep(self.matrix(), *args, env=env, fake=fake)
@@ -432,6 +508,18 @@ class JobScript(SweepCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         self.assertIn("0 ok, 0 out of memory, 2 skipped, 0 failed", r.stdout)
         self.assertEqual([p.stat().st_mtime_ns for p in files], mtimes)
+        # a result truncated after the job wrote it (node crash): the job runs the point again
+        data = files[0].read_bytes()
+        files[0].write_bytes(data[:len(data) // 3])
+        r = subprocess.run(["bash", str(script)], capture_output=True, text=True, cwd=self.tmp, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout[-3000:] + r.stderr[-3000:])
+        self.assertIn("1 ok, 0 out of memory, 1 skipped, 0 failed", r.stdout)
+        self.assertIn("is not a finished result: kept as", r.stdout)
+        self.assertEqual(load(files[0]).meta["status"], "ok")
+        aside = list(self.results.glob(files[0].name + ".unreadable-*"))
+        self.assertEqual([p.read_bytes() for p in aside], [data[:len(data) // 3]])
+        for p in aside:
+            p.unlink()
         # the summary job's work: summary.csv and the plots
         r = subprocess.run(["bash", str(REPO / "slurm" / "summarize.sbatch"), str(self.results)],
                            capture_output=True, text=True, cwd=self.tmp, timeout=300)
@@ -439,6 +527,14 @@ class JobScript(SweepCase):
         self.assertEqual(len((self.results / "summary.csv").read_text().splitlines()), 1 + 2)
         for png in ("compare-t5-tiny-g4-b2-s32.png", "scaling.png"):
             self.assertEqual((self.results / png).read_bytes()[:8], b"\x89PNG\r\n\x1a\n")
+        # an unreadable file in the folder: skipped with a line, the rest summarized, exit 3
+        (self.results / "t5-tiny-broken-g4-b2-s32.h5").write_bytes(data[:1000])
+        (self.results / "summary.csv").unlink()
+        r = subprocess.run(["bash", str(REPO / "slurm" / "summarize.sbatch"), str(self.results)],
+                           capture_output=True, text=True, cwd=self.tmp, timeout=300)
+        self.assertEqual(r.returncode, 3, r.stdout + r.stderr)
+        self.assertIn("summarize: skipped " + str(self.results / "t5-tiny-broken-g4-b2-s32.h5"), r.stderr)
+        self.assertEqual(len((self.results / "summary.csv").read_text().splitlines()), 1 + 2)
 
 
 if __name__ == "__main__":

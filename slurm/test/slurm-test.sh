@@ -2,8 +2,10 @@
 # make slurm-test: the runs/local.toml sweep through a real Slurm cluster on this machine.
 #
 # Installs slurm-wlm and munge from Debian if they are missing, starts a single-node
-# cluster (munged, slurmctld, slurmd; no systemd) whose configuration, state, spool, logs
-# and munge key all live in build/slurm-test/, submits the sweep with slurm/sweep, polls
+# cluster (munged, slurmctld, slurmd; no systemd) whose configuration, state, spool and logs
+# live in build/slurm-test/ and munge's socket, key and seed in a folder of their own (see
+# munge_home: munged refuses a socket under a folder not executable by all, such as a home
+# directory of mode 700), submits the sweep with slurm/sweep, polls
 # squeue until its jobs are gone, then checks: every job COMPLETED with exit 0; one HDF5
 # result per point, each readable (analysis/shardbench_h5.py) with the expected status
 # (ok, or out-of-memory recorded at generation time and never run); summary.csv and the
@@ -88,6 +90,37 @@ stop_cluster() { # shut the cluster down: its jobs, slurmctld and slurmd, then m
   done
 }
 cluster_gone() { [ -z "$(pid_of slurmctld)$(pid_of slurmd)$(pid_of munged)" ]; }
+
+# ---- munge's own folder ---------------------------------------------------------------------
+traversable() { # traversable DIR: DIR and every folder above it executable by all
+  local d=$1
+  while :; do
+    [ "$(( 0$(stat -c %a "$d") & 01 ))" -eq 1 ] || return 1
+    [ "$d" = / ] && return 0
+    d=$(dirname "$d")
+  done
+}
+MUNGE_RECORD=build/slurm-test.munge # where this checkout's munge folder is, for the cleanup
+munge_home() { # print a new folder for munged's socket, key and seed that munged accepts
+  local d
+  if traversable "$WORK"; then
+    install -d -m 0755 "$WORK/munge" && echo "$WORK/munge"
+    return
+  fi
+  for base in /run /tmp; do # $WORK is under a folder others cannot enter (a mode-700 home)
+    traversable "$base" || continue
+    d=$(mktemp -d "$base/shardbench-slurm-test-munge.XXXXXX") || continue
+    chmod 0755 "$d" && echo "$d" >"$MUNGE_RECORD" && echo "$d" && return
+  done
+  return 1
+}
+munge_cleanup() { # remove a munge folder outside $WORK made by this or an earlier run
+  local d
+  [ -f "$MUNGE_RECORD" ] || return 0
+  d=$(cat "$MUNGE_RECORD")
+  case $d in /run/shardbench-slurm-test-munge.* | /tmp/shardbench-slurm-test-munge.*) rm -rf "$d" ;; esac
+  rm -f "$MUNGE_RECORD"
+}
 finish() {
   local rc=$?
   if ! cluster_gone; then
@@ -95,6 +128,7 @@ finish() {
     stop_cluster
     cluster_gone || bad "cluster processes left running: $(pid_of slurmctld) $(pid_of slurmd) $(pid_of munged)"
   fi
+  cluster_gone && munge_cleanup
   result_line
   [ "$failed" -eq 0 ] && [ "$rc" -eq 0 ] && exit 0
   exit 1
@@ -143,27 +177,33 @@ if ! cluster_gone; then
   stop_cluster
   cluster_gone || { echo "slurm-test: cannot stop the earlier cluster (pids in $WORK/run)"; exit 1; }
 fi
+munge_cleanup
 rm -rf "$WORK"
 mkdir -p "$WORK"/{etc,state,spool,log,run}
-install -d -m 0755 "$WORK/munge" # munged wants its socket folder executable by all
-dd if=/dev/urandom of="$WORK/munge/munge.key" bs=1024 count=1 status=none && chmod 0400 "$WORK/munge/munge.key"
+# munged refuses a socket in a folder that not everyone can reach ("execute permissions for
+# all required"): a checkout under a mode-700 home needs a folder elsewhere.
+MUNGE=$(munge_home) || die "no folder for munge's socket that munged accepts: $WORK has a parent not executable by \
+all (munged refuses that), and no folder could be made under /run or /tmp; make the checkout's parents \
+executable by all (chmod o+x) or run from elsewhere"
+[ "$MUNGE" = "$WORK/munge" ] || say "munge's socket, key and seed in $MUNGE: $WORK has a parent not executable by all"
+dd if=/dev/urandom of="$MUNGE/munge.key" bs=1024 count=1 status=none && chmod 0400 "$MUNGE/munge.key"
 
 # What the matrix needs: one node with gpus_per_node CPUs (ranks), and its partition.
 read -r CPUS PARTITION < <($PY -c 'import sys, tomllib; c = tomllib.load(open(sys.argv[1], "rb"))["cluster"]
 print(c["gpus_per_node"], c["partition"])' "$MATRIX") || die "cannot read [cluster] of $MATRIX"
 sed -e "s|@WORK@|$WORK|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" \
-  -e "s|@CPUS@|$CPUS|g" -e "s|@PARTITION@|$PARTITION|g" slurm/test/slurm.conf.in >"$SLURM_CONF"
+  -e "s|@CPUS@|$CPUS|g" -e "s|@PARTITION@|$PARTITION|g" -e "s|@MUNGE@|$MUNGE|g" slurm/test/slurm.conf.in >"$SLURM_CONF"
 grep -q '@[A-Z_]*@' "$SLURM_CONF" && die "unfilled fields in $SLURM_CONF"
 
 say "starting munged, slurmctld, slurmd (config $SLURM_CONF)"
-/usr/sbin/munged --socket="$WORK/munge/munge.socket" --key-file="$WORK/munge/munge.key" \
-  --pid-file="$WORK/run/munged.pid" --log-file="$WORK/log/munged.log" --seed-file="$WORK/munge/munged.seed" ||
-  die "munged did not start (see $WORK/log/munged.log)"
+/usr/sbin/munged --socket="$MUNGE/munge.socket" --key-file="$MUNGE/munge.key" \
+  --pid-file="$WORK/run/munged.pid" --log-file="$WORK/log/munged.log" --seed-file="$MUNGE/munged.seed" ||
+  { tail -n 3 "$WORK/log/munged.log" 2>/dev/null; die "munged did not start (see $WORK/log/munged.log)"; }
 for _ in $(seq 50); do
-  munge -S "$WORK/munge/munge.socket" -n 2>/dev/null | unmunge -S "$WORK/munge/munge.socket" >/dev/null 2>&1 && break
+  munge -S "$MUNGE/munge.socket" -n 2>/dev/null | unmunge -S "$MUNGE/munge.socket" >/dev/null 2>&1 && break
   sleep 0.2
 done
-munge -S "$WORK/munge/munge.socket" -n | unmunge -S "$WORK/munge/munge.socket" >/dev/null || die "munge does not answer"
+munge -S "$MUNGE/munge.socket" -n | unmunge -S "$MUNGE/munge.socket" >/dev/null || die "munge does not answer"
 /usr/sbin/slurmctld -f "$SLURM_CONF" || { show_logs; die "slurmctld did not start"; }
 /usr/sbin/slurmd -f "$SLURM_CONF" -N localhost || { show_logs; die "slurmd did not start"; }
 state=
@@ -307,7 +347,7 @@ if [ -x build/bin/collective_perf ] && [ -f analysis/regress.py ]; then
     local name=$1
     shift
     env SB_CLUSTER=local SB_BACKEND=cpu SB_SETUP=scripts/mpi-env.sh SB_RESULTS="$IC/results" \
-      SB_MIN_BYTES=64K SB_MAX_BYTES=1M SB_FACTOR=4 SB_ITERS=10 SB_WARMUP=2 "$@" \
+      SB_MIN_BYTES=64K SB_MAX_BYTES=1M SB_FACTOR=4 SB_ITERS=10 SB_WARMUP=2 SB_BASELINE_RUNS=4 SB_RUNS=2 "$@" \
       sbatch --parsable --job-name="ic-$name" --nodes=1 --ntasks=2 --output="$IC/logs/%x-%j.out" \
       slurm/interconnect.sbatch | cut -d';' -f1
   }
@@ -323,25 +363,29 @@ if [ -x build/bin/collective_perf ] && [ -f analysis/regress.py ]; then
   }
   rec=$(ic_submit record SB_RECORD=1 SB_BASELINE="$IC/baselines/local")
   ic_wait "$rec"
-  base=$(compgen -G "$IC/baselines/local/*.h5" | head -n1)
-  check "record job $rec: $(ic_state "$rec"), baseline ${base#$WORK/}" test "$(ic_state "$rec")" = "COMPLETED 0:0" -a -n "$base"
-  # A baseline 20 times faster than this machine: the comparison must report a regression.
+  nbase=$(compgen -G "$IC/baselines/local/*.h5" | wc -l)
+  check "record job $rec: $(ic_state "$rec"), a baseline of $nbase runs" test "$(ic_state "$rec")" = "COMPLETED 0:0" -a "$nbase" = 4
+  # A baseline 1000 times faster than this machine: the comparison must report a regression.
+  # (Factors no slow moment of a shared machine reaches: these check the job, not timing.)
   mkdir -p "$IC/baselines/fast"
-  $PY -c 'import h5py, shutil, sys
-shutil.copy(sys.argv[1], sys.argv[2])
-with h5py.File(sys.argv[2], "r+") as f:
-    s = f["samples"][()]
-    s["time"] /= 20
-    f["samples"][...] = s' "$base" "$IC/baselines/fast/doctored.h5" 2>&1
+  $PY -c 'import glob, h5py, os, shutil, sys
+for src in glob.glob(os.path.join(sys.argv[1], "*.h5")):
+    dst = os.path.join(sys.argv[2], os.path.basename(src))
+    shutil.copy(src, dst)
+    with h5py.File(dst, "r+") as f:
+        s = f["samples"][()]
+        s["time"] /= 1000
+        f["samples"][...] = s' "$IC/baselines/local" "$IC/baselines/fast" 2>&1
   # One after the other: two jobs at once would share the 2 cores, unlike the baseline.
-  # The machine is shared and noisy all the same: the same-machine comparison tolerates 10x.
-  same=$(ic_submit same SB_BASELINE="$IC/baselines/local" SB_THRESHOLD=10)
+  # The machine is shared and noisy all the same (single runs up to 65x slower have been
+  # seen): the same-machine comparison tolerates 1000x.
+  same=$(ic_submit same SB_BASELINE="$IC/baselines/local" SB_THRESHOLD=1000)
   ic_wait "$same"
   fast=$(ic_submit fast SB_BASELINE="$IC/baselines/fast")
   ic_wait "$fast"
   check "compare job $same against its own baseline: $(ic_state "$same"), report written" \
     test "$(ic_state "$same")" = "COMPLETED 0:0" -a -n "$(compgen -G "$IC/results/*-j$same-*-report/report.md")"
-  check "compare job $fast against a 20x faster baseline: $(ic_state "$fast") (a regression fails the job)" \
+  check "compare job $fast against a 1000x faster baseline: $(ic_state "$fast") (a regression fails the job)" \
     test "$(ic_state "$fast")" = "FAILED 1:0" -a -n "$(grep -l REGRESSION "$IC/results/"*"-j$fast-"*-report/report.md 2>/dev/null)"
   SB_CLUSTER=local SB_BASELINE="$IC/baselines/none" bash slurm/interconnect.sbatch >/dev/null 2>&1
   check "no baseline: exit 2 before running anything" test $? -eq 2
