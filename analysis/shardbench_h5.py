@@ -199,11 +199,13 @@ def main(argv=None):
                 line = f"BAD\t{_why(e)}\t{path}"
             print(line, flush=True)
         return 0
-    if len(args) < 2 or args[0] != "--status":
-        print("usage: shardbench_h5.py --status FILE...", file=sys.stderr)
-        return 2
-    verdicts = probe(args[1:])
-    for path in args[1:]:
+    import cli  # the analysis scripts' --help convention (this folder)
+    ap = cli.parser(__doc__, __file__)
+    ap.add_argument("--status", nargs="+", required=True, metavar="FILE",
+                    help="results to check: one line each, \"FILE: STATUS\" or \"FILE: unreadable (why)\"")
+    files = ap.parse_args(args).status
+    verdicts = probe(files)
+    for path in files:
         status, why = verdicts[path]
         print(f"{path}: {status}" if status else f"{path}: unreadable ({why})")
     return EXIT_SKIPPED if any(s is None for s, _ in verdicts.values()) else 0
