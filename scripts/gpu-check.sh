@@ -6,21 +6,26 @@
 #   4. correctness runs: --check on one rank (and on every GPU with NCCL when there are
 #      several), the multi-rank --check matrix over MPI with 2 and 4 ranks sharing the GPU(s)
 #      (--comm mpi: DDP; FSDP full, hybrid 2, grad-op, none; fp32 and bf16), each also under
-#      compute-sanitizer memcheck; NCCL vs MPI collective_perf rows in one table; and an
-#      out-of-memory run that must fail with one clear "out-of-memory" line
+#      compute-sanitizer memcheck; memcheck, racecheck, synccheck and initcheck on the GPU
+#      tests and on a t5-tiny run of each strategy; fp32 --check CHECK_REPEAT (50) times in a
+#      row; NCCL vs MPI collective_perf rows in one table; and an out-of-memory run that must
+#      fail with one clear "out-of-memory" line
 #   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose bf16 memory plan fits
 #      the GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed
 #      with ddp_perf and fsdp_perf --backend cuda in bf16 (the target) and fp32 (where its
 #      plan fits), and with analysis/torch_t5_step.py (PyTorch, same shapes, same GPU, same
 #      job, fp32 and bf16 autocast)
+#      and with Hugging Face transformers' T5, eager and torch.compile, on three models
+#      (scripts/hf-compare.sh; skipped with the reason where transformers is absent)
 #   6. a table: step TFLOPS, measured peaks, MFU against them, PyTorch step time and ratio
-#      (each of ours against PyTorch in the same precision)
+#      (each of ours against PyTorch in the same precision), then the Hugging Face table
 # Raw outputs go to results/gpu-check/. Exit 0 when every step passed, 1 otherwise.
 # Environment: GPU_CHECK_HEADROOM (fraction of GPU memory the plan may use, default 0.90),
 # LAYERS / BATCH / CKPT=1 (skip the plan search), STEPS (default 5), WARMUP (default 2),
 # SKIP_BUILD=1, PYTHON (default python3), SB_CUDA_TF32=1 (TF32 GEMMs in ours and PyTorch's),
 # MPI_COMMS (the --comm values of the MPI matrix, default "mpi"; e.g. "mpi mpi-staged" to run
-# the staged path too on a CUDA-aware MPI), MEMCHECK=0 (skip the memcheck runs).
+# the staged path too on a CUDA-aware MPI), MEMCHECK=0 (skip the memcheck runs), SANITIZE=0
+# (skip the four sanitizer tools), CHECK_REPEAT (default 50).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -159,6 +164,41 @@ for run in "${coll_runs[@]}"; do
   sed -n '/^# collective_perf/,/^# Avg bus/p' "$OUT/$name.log"
 done
 
+# compute-sanitizer's four tools on the GPU tests and on a t5-tiny --check of each strategy
+# (one rank, NCCL): no error may be reported.
+sanitize_run() {  # sanitize_run NAME TOOL COMMAND...: exit 0 and "ERROR SUMMARY: 0 errors"
+  local name=$1 tool=$2
+  shift 2
+  if [ -z "$SANITIZER" ]; then fail "$name: compute-sanitizer not found (CUDA toolkit)"; return; fi
+  if "${MPIRUN[@]}" -np 1 "$SANITIZER" --tool "$tool" --error-exitcode 9 --print-limit 20 "$@" \
+      > "$OUT/$name.log" 2>&1 && grep -q "ERROR SUMMARY: 0 errors" "$OUT/$name.log"; then
+    say "ok $name"
+  else
+    fail "$name (see $OUT/$name.log)"
+  fi
+}
+if [ "${SANITIZE:-1}" != 0 ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    sanitize_run "$tool-test_cuda_backend" "$tool" "$BIN/test_cuda_backend"
+    for entry in "${MPI_MATRIX[@]}"; do
+      read -r label prog args <<< "$entry"
+      # shellcheck disable=SC2086  # args are words
+      sanitize_run "$tool-$label-1gpu" "$tool" "$BIN/$prog" "${TINY[@]}" $args --out "$OUT/$tool-$label.h5" --overwrite
+    done
+  done
+fi
+
+# fp32 --check must hold run after run (a discrete failure once showed in 2 of 18 runs).
+REPEAT=${CHECK_REPEAT:-50}
+passed=0
+for i in $(seq 1 "$REPEAT"); do
+  "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" "${SMALL[@]}" --out "$OUT/repeat.h5" --overwrite > "$OUT/repeat.log" 2>&1 &&
+    grep -q -- "-> PASS" "$OUT/repeat.log" || { cp "$OUT/repeat.log" "$OUT/repeat-failed-$i.log"; break; }
+  passed=$((passed + 1))
+done
+if [ "$passed" -eq "$REPEAT" ]; then say "ok fp32 --check passed $REPEAT runs in a row"
+else fail "fp32 --check failed at run $((passed + 1)) of $REPEAT (see $OUT/repeat-failed-$((passed + 1)).log)"; fi
+
 # The whole t5-11.3b under DDP needs ~180 GB: allocation must fail with one clear line.
 "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" --backend cuda --model t5-11.3b --batch 1 --seq-len 64 --steps 1 --warmup 0 \
   --mem-limit-gib 100000 --out "$OUT/oom.h5" --overwrite > "$OUT/oom.log" 2>&1
@@ -230,6 +270,9 @@ else
   fail "PyTorch with CUDA is not available to $PYTHON (see $OUT/torch-probe.log): no PyTorch comparison"
 fi
 
+# Hugging Face transformers' T5, eager and torch.compile, against ours on the same GPU.
+bash scripts/hf-compare.sh "$OUT/hf" "$N" || fail "hf-compare (see $OUT/hf/)"
+
 # ---------------------------------------------------------------- 6. the table
 OWN_FP32_PEAK=$PEAK_FP32 OWN_FP32_NAME=fp32  # fp32 GEMMs run on TF32 tensor cores with SB_CUDA_TF32=1
 [ "${SB_CUDA_TF32:-}" = 1 ] && OWN_FP32_PEAK=$PEAK_TF32 OWN_FP32_NAME=tf32
@@ -265,6 +308,7 @@ $(row "fsdp_perf(cuda,fp32)" "$OUT/fsdp_perf_fp32.log" RESULT step_ms tflops_per
 $(row PyTorch-bf16 "$OUT/torch_bf16.log" TORCH step_ms tflops bf16 torch)
 $(row PyTorch-fp32 "$OUT/torch_fp32.log" TORCH step_ms tflops fp32 torch)
 EOF
+  [ -f "$OUT/hf/hf-compare.txt" ] && cat "$OUT/hf/hf-compare.txt"
   if [ ${#failed[@]} -eq 0 ]; then echo "gpu-check: all steps passed"; else printf 'gpu-check: FAILED: %s\n' "${failed[@]}"; fi
 } | tee "$OUT/summary.txt"
 [ ${#failed[@]} -eq 0 ]
