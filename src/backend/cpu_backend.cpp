@@ -1,5 +1,6 @@
-// CPU backend: OpenBLAS GEMMs, plain loops for the elementwise ops, MPI non-blocking
-// collectives. MPI only progresses a non-blocking collective when it is called, so every
+// CPU backend: OpenBLAS GEMMs, plain loops for the elementwise ops, MPI collectives
+// (non-blocking where work overlaps them, blocking where one is waited on at once; see
+// collective()). MPI only progresses a non-blocking collective when it is called, so every
 // compute operation ends with a poll of the outstanding requests: that is what lets a
 // bucket all-reduce or a prefetched all-gather advance while backward computes.
 #include <cblas.h>
@@ -133,6 +134,7 @@ struct Pending {
   int unit, lane;
   double start;
   int64_t bytes;
+  bool blocking = false;  // ran as a blocking call: complete when issued
 };
 
 class CpuBackend final : public Backend {
@@ -142,6 +144,7 @@ class CpuBackend final : public Backend {
     // Complete what MPI may still write into before freeing the memory.
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized) issue_deferred();  // every rank issued it: it must run to match theirs
     for (auto& [id, p] : pending_) {
       MPI_Request reqs[2] = {p.req, p.req2};
       if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
@@ -171,7 +174,10 @@ class CpuBackend final : public Backend {
     untrack(p);
     std::free(p);
   }
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    issue_deferred();
+    std::memcpy(dst, src, bytes);
+  }
   int64_t device_memory_used() const override {  // resident pages of this process
     long pages = 0, resident = 0;
     FILE* f = std::fopen("/proc/self/statm", "r");
@@ -180,7 +186,10 @@ class CpuBackend final : public Backend {
     std::fclose(f);
     return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
   }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override {
+    issue_deferred();
+    std::memcpy(dst, src, bytes);
+  }
 
   // ---- compute ----
   // Each operation runs its fp32 kernel on fp32 views of its tensors (F32View): bf16 and
@@ -192,7 +201,7 @@ class CpuBackend final : public Backend {
   void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa,
                     CBuf B, int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc,
                     int batch) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("gemm", {A, B, C}));
     {
       const F32View a(A, span(ta ? K : M, ta ? M : K, lda, sa, batch));
@@ -211,7 +220,7 @@ class CpuBackend final : public Backend {
          2.0 * M * N * K * batch, shape);
   }
   void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("embedding_forward", {out, table}));
     // A row gather moves elements unchanged, whatever their type.
     auto* o = static_cast<char*>(out.ptr);
@@ -220,7 +229,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * es * int64_t(n) * d);
   }
   void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("embedding_backward", {dtable, dout}));
     const int rows = *std::max_element(ids, ids + n) + 1;
     F32View table(dtable, int64_t(rows) * d, true);
@@ -234,7 +243,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * int64_t(n) * d);
   }
   void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("rmsnorm_forward", {out, x, w}));
     const int64_t nd = int64_t(n) * d;
     F32View o(out, nd, false);
@@ -253,7 +262,7 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
                         int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("rmsnorm_backward", {dx, dw, dout, x, w}));
     const int64_t nd = int64_t(n) * d;
     F32View dxv(dx, nd, true), dwv(dw, d, true);
@@ -277,14 +286,14 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 4 * es * nd);
   }
   void relu_forward(Buf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     F32View v(x, n, true);
     for (int64_t i = 0; i < n; ++i) v.p[i] = v.p[i] > 0.f ? v.p[i] : 0.f;
     v.store();
     done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
   void relu_backward(Buf dy, CBuf y, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("relu_backward", {dy, y}));
     {
       F32View g(dy, n, true);
@@ -294,7 +303,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * n);
   }
   void add(Buf y, CBuf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("add", {y, x}));
     {
       F32View yv(y, n, true);
@@ -304,20 +313,20 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * n);
   }
   void scale(Buf x, float a, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     F32View v(x, n, true);
     for (int64_t i = 0; i < n; ++i) v.p[i] *= a;
     v.store();
     done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
   void copy(Buf dst, CBuf src, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("copy", {dst, src}));
     std::memcpy(dst.ptr, src.ptr, size_t(n) * es);
     done(OpKind::Copy, t0, 2 * es * n);
   }
   void cast(Buf dst, CBuf src, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     if (dst.dtype == src.dtype) {
       std::memcpy(dst.ptr, src.ptr, size_t(n) * dtype_size(src.dtype));
     } else {
@@ -327,7 +336,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Copy, t0, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n);
   }
   void fill(Buf x, float value, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(x.dtype);
     switch (x.dtype) {
       case DType::BF16: std::fill_n(static_cast<bf16*>(x.ptr), n, bf16(value)); break;
@@ -337,13 +346,13 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, es * n);
   }
   void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     for (int64_t i = 0; i < n; ++i) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
     done(OpKind::Elementwise, t0, 4 * n);
   }
   void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
                              int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("position_bias_forward", {bias, table}));
     const int64_t tt = int64_t(tq) * tk;
     const int rows = *std::max_element(buckets, buckets + tt) + 1;
@@ -357,7 +366,7 @@ class CpuBackend final : public Backend {
   }
   void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
                               int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("position_bias_backward", {dtable, dbias}));
     const int64_t tt = int64_t(tq) * tk;
     const int rows = *std::max_element(buckets, buckets + tt) + 1;
@@ -371,7 +380,7 @@ class CpuBackend final : public Backend {
   }
   void softmax_forward(Buf scores, CBuf bias, bool causal, int batch, int heads, int tq,
                        int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("softmax_forward", {scores, bias}));
     {
       F32View sv(scores, int64_t(batch) * heads * tq * tk, true);
@@ -397,7 +406,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * es * int64_t(batch) * heads * tq * tk);
   }
   void softmax_backward(Buf ds, CBuf p, Buf dbias, int batch, int heads, int tq, int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("softmax_backward", {ds, p, dbias}));
     {
       const int64_t total = int64_t(batch) * heads * tq * tk;
@@ -423,7 +432,7 @@ class CpuBackend final : public Backend {
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                      float grad_scale) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     {
       F32View lv(logits, int64_t(n) * vocab, true);
       for (int i = 0; i < n; ++i) {
@@ -442,7 +451,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
   }
   bool all_finite(CBuf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const F32View v(x, n);
     bool finite = true;
     for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(v.p[i]);
@@ -450,7 +459,7 @@ class CpuBackend final : public Backend {
     return finite;
   }
   void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const F32View gv(g, n);
     adam_kernel(p, gv.p, m, v, n, c.lr, c.beta1, c.beta2, c.eps, 1.f - std::pow(c.beta1, float(step)),
                 1.f - std::pow(c.beta2, float(step)), c.grad_unscale);
@@ -475,79 +484,31 @@ class CpuBackend final : public Backend {
 
   // Every type and reduction; bfloat16 and half reduce through user-defined MPI operations
   // (MPI has no 16-bit float arithmetic) that compute in fp32 and round, as NCCL does.
+  //
+  // A collective is issued lazily: collective() keeps its arguments and the next backend
+  // call decides the path. wait() on it, before any other call, runs MPI's blocking
+  // collective (the tuned algorithms applications use; Open MPI's non-blocking ones are
+  // libnbc's, slower for a collective that is waited on at once). Any other call first
+  // starts it non-blocking, so it overlaps that call's work. The path follows the order of
+  // backend calls, which is the same on every rank, so all ranks take the same one (a
+  // blocking collective does not match a non-blocking one).
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
-    const MPI_Comm comm = mpi(c);
-    const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
-    const MPI_Datatype t = mpi_type(a.dtype);
-    const MPI_Op op = mpi_op(a.redop, a.dtype);
-    const int cnt = mpi_count(a.count);
-    auto* send = static_cast<const char*>(a.send);
-    auto* recv = static_cast<char*>(a.recv);
-    Pending p;
-    switch (a.op) {
-      case Collective::AllReduce: {
-        p = begin(OpKind::AllReduce, a.count * es);
-        const void* s = send == recv ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Iallreduce(s, recv, cnt, t, op, comm, &p.req));
-        p.on_complete = average(a, recv, a.count, n);
-        break;
-      }
-      case Collective::AllGather: {
-        p = begin(OpKind::AllGather, a.count * es * n);
-        const void* s = send == recv + int64_t(r) * a.count * es ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, &p.req));
-        break;
-      }
-      case Collective::ReduceScatter: {
-        p = begin(OpKind::ReduceScatter, a.count * es * n);
-        if (recv == send + int64_t(r) * a.count * es) {
-          // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
-          char* base = const_cast<char*>(send);
-          MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, base, cnt, t, op, comm, &p.req));
-          auto avg = average(a, base, a.count, n);
-          p.on_complete = [=] {
-            if (avg) avg();
-            if (base != recv) std::memmove(recv, base, size_t(a.count) * es);
-          };
-        } else {
-          MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, cnt, t, op, comm, &p.req));
-          p.on_complete = average(a, recv, a.count, n);
-        }
-        break;
-      }
-      case Collective::Broadcast: {
-        p = begin(OpKind::Broadcast, a.count * es);
-        if (r == a.root && send != recv) std::memcpy(recv, send, size_t(a.count) * es);
-        MPI_CHECK(MPI_Ibcast(recv, cnt, t, a.root, comm, &p.req));
-        break;
-      }
-      case Collective::Reduce: {
-        p = begin(OpKind::Reduce, a.count * es);
-        const void* s = (r == a.root && send == recv) ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, &p.req));
-        if (r == a.root) p.on_complete = average(a, recv, a.count, n);
-        break;
-      }
-      case Collective::AllToAll: {
-        SB_ASSERT(a.count % n == 0 && send != recv, "all-to-all needs count divisible by ranks, out of place");
-        p = begin(OpKind::AllToAll, a.count * es);
-        MPI_CHECK(MPI_Ialltoall(send, mpi_count(a.count / n), t, recv, mpi_count(a.count / n), t, comm, &p.req));
-        break;
-      }
-      case Collective::SendRecv: {
-        SB_ASSERT(send != recv, "send-recv is out of place");
-        p = begin(OpKind::SendRecv, a.count * es);
-        MPI_CHECK(MPI_Irecv(recv, cnt, t, (r - 1 + n) % n, 0, comm, &p.req2));
-        MPI_CHECK(MPI_Isend(send, cnt, t, (r + 1) % n, 0, comm, &p.req));
-        break;
-      }
-      default: SB_FATAL("unknown collective");
-    }
-    return enqueue(p);
+    issue_deferred();
+    const Request id = next_id_++;
+    if (blocking_when_waited_) deferred_ = Deferred{a, &c, id};
+    else enqueue(issue(a, c, false), id);
+    return id;
   }
 
   void wait(Request r) override {
+    if (deferred_.id == r && r != kNoRequest) {
+      const Deferred d = deferred_;
+      deferred_.id = kNoRequest;
+      enqueue(issue(d.args, *d.comm, true), r);
+    } else {
+      issue_deferred();
+    }
     auto it = pending_.find(r);
     if (it == pending_.end()) return;  // already completed by a poll
     const double t0 = now();
@@ -556,15 +517,17 @@ class CpuBackend final : public Backend {
     if (it->second.on_complete) it->second.on_complete();
     const double t1 = now();
     finish(it->second, t1);
+    // A blocking call's wait is the call itself.
+    const double wait_start = it->second.blocking ? it->second.start : t0;
     pending_.erase(it);
-    record(OpKind::Wait, 0, t0, t1, 0, 0.0);
+    record(OpKind::Wait, 0, wait_start, t1, 0, 0.0);
     poll();
   }
   bool test(Request r) override {
     poll();
     return pending_.find(r) == pending_.end();
   }
-  void synchronize() override {}
+  void synchronize() override { issue_deferred(); }
 
   double now() const override {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
@@ -572,6 +535,104 @@ class CpuBackend final : public Backend {
 
  private:
   static MPI_Comm mpi(Comm& c) { return static_cast<MpiComm&>(c).comm; }
+
+  // A collective not yet started (see collective()).
+  struct Deferred {
+    CollectiveArgs args;
+    Comm* comm = nullptr;
+    Request id = kNoRequest;
+  };
+  // Starts the deferred collective, if any, non-blocking: some other work comes first.
+  void issue_deferred() {
+    if (deferred_.id == kNoRequest) return;
+    const Deferred d = deferred_;
+    deferred_.id = kNoRequest;
+    enqueue(issue(d.args, *d.comm, false), d.id);
+  }
+  // The start of every compute operation: what is deferred overlaps it.
+  double start_compute() {
+    issue_deferred();
+    return now();
+  }
+
+  // Runs the collective: blocking, it has completed on return (no request); otherwise it
+  // is in flight on p.req (and p.req2).
+  Pending issue(const CollectiveArgs& a, Comm& c, bool blocking) {
+    const MPI_Comm comm = mpi(c);
+    const int n = c.size(), r = c.rank(), es = dtype_size(a.dtype);
+    const MPI_Datatype t = mpi_type(a.dtype);
+    const MPI_Op op = mpi_op(a.redop, a.dtype);
+    const int cnt = mpi_count(a.count);
+    auto* send = static_cast<const char*>(a.send);
+    auto* recv = static_cast<char*>(a.recv);
+    Pending p = begin(collective_kind(a.op), collective_bytes(a, n));
+    p.blocking = blocking;
+    MPI_Request* req = &p.req;
+    switch (a.op) {
+      case Collective::AllReduce: {
+        const void* s = send == recv ? MPI_IN_PLACE : send;
+        MPI_CHECK(blocking ? MPI_Allreduce(s, recv, cnt, t, op, comm) : MPI_Iallreduce(s, recv, cnt, t, op, comm, req));
+        p.on_complete = average(a, recv, a.count, n);
+        break;
+      }
+      case Collective::AllGather: {
+        const void* s = send == recv + int64_t(r) * a.count * es ? MPI_IN_PLACE : send;
+        MPI_CHECK(blocking ? MPI_Allgather(s, cnt, t, recv, cnt, t, comm)
+                           : MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, req));
+        break;
+      }
+      case Collective::ReduceScatter: {
+        // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
+        const bool in_place = recv == send + int64_t(r) * a.count * es;
+        char* out = in_place ? const_cast<char*>(send) : recv;
+        const void* s = in_place ? MPI_IN_PLACE : send;
+        MPI_CHECK(blocking ? MPI_Reduce_scatter_block(s, out, cnt, t, op, comm)
+                           : MPI_Ireduce_scatter_block(s, out, cnt, t, op, comm, req));
+        auto avg = average(a, out, a.count, n);
+        if (out == recv) {
+          p.on_complete = avg;
+        } else {
+          p.on_complete = [=] {
+            if (avg) avg();
+            std::memmove(recv, out, size_t(a.count) * es);
+          };
+        }
+        break;
+      }
+      case Collective::Broadcast: {
+        if (r == a.root && send != recv) std::memcpy(recv, send, size_t(a.count) * es);
+        MPI_CHECK(blocking ? MPI_Bcast(recv, cnt, t, a.root, comm) : MPI_Ibcast(recv, cnt, t, a.root, comm, req));
+        break;
+      }
+      case Collective::Reduce: {
+        const void* s = (r == a.root && send == recv) ? MPI_IN_PLACE : send;
+        MPI_CHECK(blocking ? MPI_Reduce(s, recv, cnt, t, op, a.root, comm)
+                           : MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, req));
+        if (r == a.root) p.on_complete = average(a, recv, a.count, n);
+        break;
+      }
+      case Collective::AllToAll: {
+        SB_ASSERT(a.count % n == 0 && send != recv, "all-to-all needs count divisible by ranks, out of place");
+        const int per = mpi_count(a.count / n);
+        MPI_CHECK(blocking ? MPI_Alltoall(send, per, t, recv, per, t, comm)
+                           : MPI_Ialltoall(send, per, t, recv, per, t, comm, req));
+        break;
+      }
+      case Collective::SendRecv: {
+        SB_ASSERT(send != recv, "send-recv is out of place");
+        const int to = (r + 1) % n, from = (r - 1 + n) % n;
+        if (blocking) {
+          MPI_CHECK(MPI_Sendrecv(send, cnt, t, to, 0, recv, cnt, t, from, 0, comm, MPI_STATUS_IGNORE));
+        } else {
+          MPI_CHECK(MPI_Irecv(recv, cnt, t, from, 0, comm, &p.req2));
+          MPI_CHECK(MPI_Isend(send, cnt, t, to, 0, comm, req));
+        }
+        break;
+      }
+      default: SB_FATAL("unknown collective");
+    }
+    return p;
+  }
   static MPI_Datatype mpi_type(DType t) {
     switch (t) {
       case DType::F32: return MPI_FLOAT;
@@ -669,10 +730,9 @@ class CpuBackend final : public Backend {
     p.lane = free_lane();
     return p;
   }
-  Request enqueue(const Pending& p) {
+  void enqueue(const Pending& p, Request id) {
     lane_busy_[p.lane - 1] = true;
-    pending_[next_id_] = p;
-    return next_id_++;
+    pending_[id] = p;
   }
   // Communication lanes are assigned first-free, so events never overlap within a lane.
   int free_lane() {
@@ -686,6 +746,7 @@ class CpuBackend final : public Backend {
     if (recorder_) recorder_->on_op(OpEvent{p.kind, p.phase, p.unit, p.lane, p.start, t_end, p.bytes, 0.0, {0, 0, 0, 0, 0}});
   }
   void poll() {
+    issue_deferred();
     for (auto it = pending_.begin(); it != pending_.end();) {
       int flag = 0;
       MPI_Request reqs[2] = {it->second.req, it->second.req2};
@@ -707,6 +768,7 @@ class CpuBackend final : public Backend {
   std::unordered_map<int, MPI_Op> half_ops_;
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
+  Deferred deferred_;
 };
 
 }  // namespace
