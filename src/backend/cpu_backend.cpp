@@ -586,8 +586,14 @@ class CpuBackend final : public Backend {
         const bool in_place = recv == send + int64_t(r) * a.count * es;
         char* out = in_place ? const_cast<char*>(send) : recv;
         const void* s = in_place ? MPI_IN_PLACE : send;
-        MPI_CHECK(blocking ? MPI_Reduce_scatter_block(s, out, cnt, t, op, comm)
-                           : MPI_Ireduce_scatter_block(s, out, cnt, t, op, comm, req));
+        // Blocking: MPI_Reduce_scatter with equal counts, whose tuned algorithms (recursive
+        // halving, ring) Open MPI 4.1 does not use for MPI_Reduce_scatter_block.
+        if (blocking) {
+          equal_counts_.assign(size_t(n), cnt);
+          MPI_CHECK(MPI_Reduce_scatter(s, out, equal_counts_.data(), t, op, comm));
+        } else {
+          MPI_CHECK(MPI_Ireduce_scatter_block(s, out, cnt, t, op, comm, req));
+        }
         auto avg = average(a, out, a.count, n);
         if (out == recv) {
           p.on_complete = avg;
@@ -769,6 +775,7 @@ class CpuBackend final : public Backend {
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
   Deferred deferred_;
+  std::vector<int> equal_counts_;  // recvcounts of a blocking reduce-scatter
 };
 
 }  // namespace
