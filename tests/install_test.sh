@@ -25,8 +25,9 @@ export PATH=$P/bin:$PATH
 cd "$tmp/work"
 expect "sweep dry run from the installed tree finds the installed programs" 0 "dry run: .* jobs" -- \
   "$P/share/shardbench/slurm/sweep" "$P/share/shardbench/runs/local.toml" --dry-run
-check "... the job scripts run $P/bin" grep -q "$P/bin/ddp_perf" "$tmp/out"
-check "... and put results under the current directory" grep -q "$tmp/work/results/local" "$tmp/out"
+cp "$tmp/out" "$tmp/dry"
+check "... the job scripts run $P/bin" grep -q "$P/bin/ddp_perf" "$tmp/dry"
+check "... and put results under the current directory" grep -q "results: *$tmp/work/results/local" "$tmp/dry"
 expect "2-rank collective_perf from the installed tree" 0 'Out of bounds values : 0 OK' -- \
   mpirun -np 2 --bind-to none collective_perf -b 1K -e 64K -f 8 -n 3 -w 1 --out "$tmp/work/c.h5"
 expect "2-rank ddp_perf from the installed tree" 0 'wrote .*ddp.h5' -- \
