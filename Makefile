@@ -17,7 +17,12 @@ HAVE_CUBLAS := $(wildcard $(CUDA_HOME)/lib64/libcublas.so $(CUDA_HOME)/lib/libcu
 HAVE_NCCL   := $(wildcard $(CUDA_HOME)/lib64/libnccl.so $(CUDA_HOME)/lib/libnccl.so /usr/lib/x86_64-linux-gnu/libnccl.so)
 
 CXX       := $(if $(MPICXX),$(MPICXX),mpicxx)
-CXXFLAGS  ?= -O3 -march=native -g
+# ---- target ISA: portable by default, so a build made on a login node runs on compute
+# nodes with another CPU. x86-64-v3 (AVX2, FMA, F16C: Haswell/Zen and later) covers the
+# vector code here; `make ARCH=native` tunes for this CPU only, `make ARCH=` leaves the
+# compiler's default. Other hosts use the compiler's default unless ARCH is given.
+ARCH      ?= $(if $(filter x86_64,$(shell uname -m)),x86-64-v3)
+CXXFLAGS  ?= -O3 -g $(if $(ARCH),-march=$(ARCH))
 CXXFLAGS  += -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
 HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
 HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
@@ -48,7 +53,8 @@ probe:
 	@[ -n "$(NVCC)" ] && echo "  ✓ nvcc     $(NVCC)" || echo "  ✗ nvcc not found: CUDA backend not built"
 	@[ -n "$(HAVE_CUBLAS)" ] && echo "  ✓ cuBLAS   $(firstword $(HAVE_CUBLAS))" || echo "  ✗ cuBLAS not found"
 	@[ -n "$(HAVE_NCCL)" ] && echo "  ✓ NCCL     $(firstword $(HAVE_NCCL))" || echo "  ✗ NCCL not found"
-	@[ -n "$(HAVE_CUDA)" ] && echo "  · CUDA backend: built (fp32/TF32 cuBLAS + NCCL; see docs/gpu.md)" \
+	@echo "  · ISA      $(if $(ARCH),-march=$(ARCH),compiler default)$(if $(filter native,$(ARCH)), (this CPU only),; make ARCH=native for this CPU only)"
+	@[ -n "$(HAVE_CUDA)" ] && echo "  · CUDA backend: built (fp32/TF32/bf16/fp16 cuBLAS + NCCL; see docs/gpu.md)" \
 	  || echo "  · CUDA backend: not built (needs nvcc, cuBLAS and NCCL); CPU backend only"
 
 deps:

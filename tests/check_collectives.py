@@ -29,7 +29,8 @@ def check(path, ranks):
     with h5py.File(path, "r") as f:
         for k in ("schema_version", "program", "ops", "dtype", "redop", "iters", "warmup", "world_size",
                   "ranks_per_node", "nodes", "shard_size", "average", "status", "avg_busbw", "start_time",
-                  "end_time", "min_bytes", "max_bytes", "step_factor", "blocking", "check", "backend"):
+                  "end_time", "min_bytes", "max_bytes", "step_factor", "blocking", "check", "backend", "collectives",
+                  "agg_iters", "run_cycles", "barrier"):
             expect(k in f.attrs, f"attribute {k} missing")
         for k in ("command_line", "shardbench_version", "mpi_library", "hdf5_version", "compiler"):
             expect(k in f["provenance"].attrs, f"provenance {k} missing")
@@ -39,12 +40,17 @@ def check(path, ranks):
         expect(len(hosts) == n and all(len(h) > 0 for h in hosts["host"]), "provenance/ranks: one host per rank")
         names = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["op_names"]]
         res, smp = f["results"][()], f["samples"][()]
-        dsize = {"float": 4, "double": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, "half": 2}[attr(f, "dtype")]
+        expect(attr(f, "collectives") in ("blocking", "nonblocking"), "collectives attribute")
+        dtypes = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["dtype_names"]]
+        sizes = {"float": 4, "double": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, "half": 2}
+        expect(set(dtypes[r["dtype"]] for r in res) == set(attr(f, "dtype").split(",")), "dtype attribute vs rows")
         mode = attr(f, "average")
         expect(len(res) > 0, "no results")
         for r in res:
             op = names[r["op"]]
-            sel = smp[(smp["op"] == r["op"]) & (smp["in_place"] == r["in_place"]) & (smp["size"] == r["size"])]
+            dsize = sizes[dtypes[r["dtype"]]]
+            key = ("op", "in_place", "size", "dtype", "redop", "root", "cycle")
+            sel = smp[np.logical_and.reduce([smp[k] == r[k] for k in key])]
             expect(len(sel) == n * iters, f"{op} {r['size']}: {len(sel)} samples, expected {n}x{iters}")
             per_rank = np.array([sel["time"][sel["rank"] == q].mean() for q in range(n)])
             per_iter = np.array([sel["time"][sel["iteration"] == i].max() for i in range(iters)])

@@ -319,6 +319,11 @@ class Backend {
   Request all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm);
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
+  // A collective waited on before any other backend call runs as one blocking call where
+  // the backend has a faster one (CPU: MPI's tuned blocking collectives). Off: every
+  // collective takes the non-blocking path that overlap uses (collective_perf --nonblocking).
+  void set_blocking_when_waited(bool on) { blocking_when_waited_ = on; }
+  bool blocking_when_waited() const { return blocking_when_waited_; }
   virtual void synchronize() = 0;  // all compute issued so far has finished
 
   // ---- time and trace context ----
@@ -344,6 +349,7 @@ class Backend {
               const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
               int64_t after = -1);
   Recorder* recorder_ = nullptr;
+  bool blocking_when_waited_ = true;
 
  private:
   void account_alloc(MemCategory cat, int64_t bytes);

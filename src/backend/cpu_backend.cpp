@@ -326,6 +326,7 @@ struct Pending {
   int unit = -1, lane = 0;
   double start = 0;
   int64_t bytes = 0;
+  bool blocking = false;  // ran as a blocking call: complete when started
 };
 
 class CpuBackend final : public Backend {
@@ -335,6 +336,7 @@ class CpuBackend final : public Backend {
     // Complete what MPI may still write into before freeing the memory.
     int finalized = 0;
     MPI_Finalized(&finalized);
+    if (!finalized) issue_lazy();  // every rank issued it: it must run to match theirs
     for (auto& [id, p] : pending_) {
       MPI_Request reqs[2] = {p.req, p.req2};
       if (!finalized) MPI_Waitall(2, reqs, MPI_STATUSES_IGNORE);
@@ -363,7 +365,10 @@ class CpuBackend final : public Backend {
     untrack(p);
     std::free(p);
   }
-  void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    issue_lazy();
+    std::memcpy(dst, src, bytes);
+  }
   int64_t device_memory_used() const override {  // resident pages of this process
     long pages = 0, resident = 0;
     FILE* f = std::fopen("/proc/self/statm", "r");
@@ -372,7 +377,10 @@ class CpuBackend final : public Backend {
     std::fclose(f);
     return n == 2 ? int64_t(resident) * sysconf(_SC_PAGESIZE) : -1;
   }
-  void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+  void download(void* dst, const void* src, size_t bytes) override {
+    issue_lazy();
+    std::memcpy(dst, src, bytes);
+  }
 
   // ---- compute ----
   // Each operation runs its fp32 kernel on fp32 views of its tensors (F32View): bf16 and
@@ -384,7 +392,7 @@ class CpuBackend final : public Backend {
   void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa,
                     CBuf B, int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc,
                     int batch) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("gemm", {A, B, C}));
     {
       const F32View a(A, span(ta ? K : M, ta ? M : K, lda, sa, batch));
@@ -403,7 +411,7 @@ class CpuBackend final : public Backend {
          2.0 * M * N * K * batch, shape);
   }
   void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("embedding_forward", {out, table}));
     // A row gather moves elements unchanged, whatever their type.
     auto* o = static_cast<char*>(out.ptr);
@@ -412,7 +420,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * es * int64_t(n) * d);
   }
   void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("embedding_backward", {dtable, dout}));
     const int rows = *std::max_element(ids, ids + n) + 1;
     F32View table(dtable, int64_t(rows) * d, true);
@@ -426,7 +434,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * int64_t(n) * d);
   }
   void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("rmsnorm_forward", {out, x, w}));
     const int64_t nd = int64_t(n) * d;
     F32View o(out, nd, false);
@@ -445,7 +453,7 @@ class CpuBackend final : public Backend {
   }
   void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
                         int d) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("rmsnorm_backward", {dx, dw, dout, x, w}));
     const int64_t nd = int64_t(n) * d;
     F32View dxv(dx, nd, true), dwv(dw, d, true);
@@ -469,14 +477,14 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 4 * es * nd);
   }
   void relu_forward(Buf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     F32View v(x, n, true);
     for (int64_t i = 0; i < n; ++i) v.p[i] = v.p[i] > 0.f ? v.p[i] : 0.f;
     v.store();
     done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
   void relu_backward(Buf dy, CBuf y, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("relu_backward", {dy, y}));
     {
       F32View g(dy, n, true);
@@ -486,7 +494,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * n);
   }
   void add(Buf y, CBuf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("add", {y, x}));
     {
       F32View yv(y, n, true);
@@ -496,20 +504,20 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 3 * es * n);
   }
   void scale(Buf x, float a, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     F32View v(x, n, true);
     for (int64_t i = 0; i < n; ++i) v.p[i] *= a;
     v.store();
     done(OpKind::Elementwise, t0, 2 * dtype_size(x.dtype) * n);
   }
   void copy(Buf dst, CBuf src, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("copy", {dst, src}));
     std::memcpy(dst.ptr, src.ptr, size_t(n) * es);
     done(OpKind::Copy, t0, 2 * es * n);
   }
   void cast(Buf dst, CBuf src, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     if (dst.dtype == src.dtype) {
       std::memcpy(dst.ptr, src.ptr, size_t(n) * dtype_size(src.dtype));
     } else {
@@ -519,7 +527,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Copy, t0, (dtype_size(dst.dtype) + dtype_size(src.dtype)) * n);
   }
   void fill(Buf x, float value, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(x.dtype);
     switch (x.dtype) {
       case DType::BF16: std::fill_n(static_cast<bf16*>(x.ptr), n, bf16(value)); break;
@@ -529,13 +537,13 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, es * n);
   }
   void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     for (int64_t i = 0; i < n; ++i) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
     done(OpKind::Elementwise, t0, 4 * n);
   }
   void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
                              int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("position_bias_forward", {bias, table}));
     const int64_t tt = int64_t(tq) * tk;
     const int rows = *std::max_element(buckets, buckets + tt) + 1;
@@ -549,7 +557,7 @@ class CpuBackend final : public Backend {
   }
   void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
                               int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("position_bias_backward", {dtable, dbias}));
     const int64_t tt = int64_t(tq) * tk;
     const int rows = *std::max_element(buckets, buckets + tt) + 1;
@@ -563,7 +571,7 @@ class CpuBackend final : public Backend {
   }
   void softmax_forward(Buf scores, CBuf bias, bool causal, int batch, int heads, int tq,
                        int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("softmax_forward", {scores, bias}));
     {
       F32View sv(scores, int64_t(batch) * heads * tq * tk, true);
@@ -589,7 +597,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * es * int64_t(batch) * heads * tq * tk);
   }
   void softmax_backward(Buf ds, CBuf p, Buf dbias, int batch, int heads, int tq, int tk) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("softmax_backward", {ds, p, dbias}));
     {
       const int64_t total = int64_t(batch) * heads * tq * tk;
@@ -615,7 +623,7 @@ class CpuBackend final : public Backend {
   }
   void attention_forward(Buf o, float* lse, CBuf q, CBuf k, CBuf v, CBuf table, const int* rel_buckets,
                          const AttentionShape& s) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("attention_forward", {o, q, k, v, table}));
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     {
@@ -628,7 +636,7 @@ class CpuBackend final : public Backend {
   void attention_backward(Buf dq, Buf dk, Buf dv, Buf dtable, CBuf dout, CBuf q, CBuf k, CBuf v, CBuf o,
                           const float* lse, CBuf table, const int* rel_buckets, float* workspace,
                           const AttentionShape& s) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const int es = dtype_size(common_dtype("attention_backward", {dq, dk, dv, dtable, dout, q, k, v, o, table}));
     SB_ASSERT(!table || dtable, "attention_backward with a bias table needs its gradient");
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
@@ -644,7 +652,7 @@ class CpuBackend final : public Backend {
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                      float grad_scale) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     {
       F32View lv(logits, int64_t(n) * vocab, true);
       for (int i = 0; i < n; ++i) {
@@ -663,7 +671,7 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
   }
   bool all_finite(CBuf x, int64_t n) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const F32View v(x, n);
     bool finite = true;
     for (int64_t i = 0; i < n; ++i) finite &= std::isfinite(v.p[i]);
@@ -671,7 +679,7 @@ class CpuBackend final : public Backend {
     return finite;
   }
   void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step, Buf copy) override {
-    const double t0 = now();
+    const double t0 = start_compute();
     const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
     // In cache-sized chunks, so the copy reads parameters that were just written.
     constexpr int64_t kChunk = 16384;
@@ -702,11 +710,20 @@ class CpuBackend final : public Backend {
 
   // Every type and reduction; bfloat16 and half reduce through user-defined MPI operations
   // (MPI has no 16-bit float arithmetic) that compute in fp32 and round, as NCCL does.
+  //
+  // A collective is issued lazily: collective() keeps it (`lazy_`) and the next backend call
+  // decides the path. wait() on it, before any other call, runs MPI's blocking collective
+  // (the tuned algorithms applications use; Open MPI's non-blocking ones are libnbc's,
+  // slower for a collective that is waited on at once). Any other call first starts it
+  // non-blocking, so it overlaps that call's work. The path follows the order of backend
+  // calls, which is the same on every rank, so all ranks take the same one (a blocking
+  // collective does not match a non-blocking one).
   // A collective stream-ordered after one still outstanding (CollectiveArgs::after) waits in
   // `deferred_` and starts in the poll that sees it complete; collectives on a communicator
   // start in issue order (MPI requires the same order on every rank).
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
+    issue_lazy();
     const Request id = next_id_++;
     Pending& p = pending_[id];
     p.id = id;
@@ -719,8 +736,11 @@ class CpuBackend final : public Backend {
     if (pending_.count(a.after) || comm_deferred(p.comm)) {
       p.deferred = true;
       deferred_.push_back(id);
+    } else if (blocking_when_waited_) {
+      p.deferred = true;  // not started until the next call says how
+      lazy_ = id;
     } else {
-      start(p);
+      start(p, false);
     }
     return id;
   }
@@ -734,8 +754,9 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  // Starts p's MPI operation.
-  void start(Pending& p) {
+  // Starts p's MPI operation: blocking, it has completed on return (no request); otherwise it
+  // is in flight on p.req (and p.req2).
+  void start(Pending& p, bool blocking) {
     const CollectiveArgs& a = p.args;
     const MPI_Comm comm = p.comm;
     const int n = p.size, r = p.rank, es = dtype_size(a.dtype);
@@ -744,67 +765,92 @@ class CpuBackend final : public Backend {
     const int cnt = mpi_count(a.count);
     auto* send = static_cast<const char*>(a.send);
     auto* recv = static_cast<char*>(a.recv);
+    MPI_Request* req = &p.req;
     p.deferred = false;
+    p.blocking = blocking;
+    begin(p, collective_kind(a.op), collective_bytes(a, n));
     switch (a.op) {
       case Collective::AllReduce: {
-        begin(p, OpKind::AllReduce, a.count * es);
         const void* s = send == recv ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Iallreduce(s, recv, cnt, t, op, comm, &p.req));
+        MPI_CHECK(blocking ? MPI_Allreduce(s, recv, cnt, t, op, comm) : MPI_Iallreduce(s, recv, cnt, t, op, comm, req));
         p.on_complete = average(a, recv, a.count, n);
         break;
       }
       case Collective::AllGather: {
-        begin(p, OpKind::AllGather, a.count * es * n);
         const void* s = send == recv + int64_t(r) * a.count * es ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, &p.req));
+        MPI_CHECK(blocking ? MPI_Allgather(s, cnt, t, recv, cnt, t, comm)
+                           : MPI_Iallgather(s, cnt, t, recv, cnt, t, comm, req));
         break;
       }
       case Collective::ReduceScatter: {
-        begin(p, OpKind::ReduceScatter, a.count * es * n);
-        if (recv == send + int64_t(r) * a.count * es) {
-          // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
-          char* base = const_cast<char*>(send);
-          MPI_CHECK(MPI_Ireduce_scatter_block(MPI_IN_PLACE, base, cnt, t, op, comm, &p.req));
-          auto avg = average(a, base, a.count, n);
+        // MPI leaves the in-place result at the start of the buffer; NCCL at this rank's slice.
+        const bool in_place = recv == send + int64_t(r) * a.count * es;
+        char* out = in_place ? const_cast<char*>(send) : recv;
+        const void* s = in_place ? MPI_IN_PLACE : send;
+        // Blocking: MPI_Reduce_scatter with equal counts, whose tuned algorithms (recursive
+        // halving, ring) Open MPI 4.1 does not use for MPI_Reduce_scatter_block.
+        if (blocking) {
+          equal_counts_.assign(size_t(n), cnt);
+          MPI_CHECK(MPI_Reduce_scatter(s, out, equal_counts_.data(), t, op, comm));
+        } else {
+          MPI_CHECK(MPI_Ireduce_scatter_block(s, out, cnt, t, op, comm, req));
+        }
+        auto avg = average(a, out, a.count, n);
+        if (out == recv) {
+          p.on_complete = avg;
+        } else {
           p.on_complete = [=] {
             if (avg) avg();
-            if (base != recv) std::memmove(recv, base, size_t(a.count) * es);
+            std::memmove(recv, out, size_t(a.count) * es);
           };
-        } else {
-          MPI_CHECK(MPI_Ireduce_scatter_block(send, recv, cnt, t, op, comm, &p.req));
-          p.on_complete = average(a, recv, a.count, n);
         }
         break;
       }
       case Collective::Broadcast: {
-        begin(p, OpKind::Broadcast, a.count * es);
         if (r == a.root && send != recv) std::memcpy(recv, send, size_t(a.count) * es);
-        MPI_CHECK(MPI_Ibcast(recv, cnt, t, a.root, comm, &p.req));
+        MPI_CHECK(blocking ? MPI_Bcast(recv, cnt, t, a.root, comm) : MPI_Ibcast(recv, cnt, t, a.root, comm, req));
         break;
       }
       case Collective::Reduce: {
-        begin(p, OpKind::Reduce, a.count * es);
         const void* s = (r == a.root && send == recv) ? MPI_IN_PLACE : send;
-        MPI_CHECK(MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, &p.req));
+        MPI_CHECK(blocking ? MPI_Reduce(s, recv, cnt, t, op, a.root, comm)
+                           : MPI_Ireduce(s, recv, cnt, t, op, a.root, comm, req));
         if (r == a.root) p.on_complete = average(a, recv, a.count, n);
         break;
       }
       case Collective::AllToAll: {
         SB_ASSERT(a.count % n == 0 && send != recv, "all-to-all needs count divisible by ranks, out of place");
-        begin(p, OpKind::AllToAll, a.count * es);
-        MPI_CHECK(MPI_Ialltoall(send, mpi_count(a.count / n), t, recv, mpi_count(a.count / n), t, comm, &p.req));
+        const int per = mpi_count(a.count / n);
+        MPI_CHECK(blocking ? MPI_Alltoall(send, per, t, recv, per, t, comm)
+                           : MPI_Ialltoall(send, per, t, recv, per, t, comm, req));
         break;
       }
       case Collective::SendRecv: {
         SB_ASSERT(send != recv, "send-recv is out of place");
-        begin(p, OpKind::SendRecv, a.count * es);
-        MPI_CHECK(MPI_Irecv(recv, cnt, t, (r - 1 + n) % n, 0, comm, &p.req2));
-        MPI_CHECK(MPI_Isend(send, cnt, t, (r + 1) % n, 0, comm, &p.req));
+        const int to = (r + 1) % n, from = (r - 1 + n) % n;
+        if (blocking) {
+          MPI_CHECK(MPI_Sendrecv(send, cnt, t, to, 0, recv, cnt, t, from, 0, comm, MPI_STATUS_IGNORE));
+        } else {
+          MPI_CHECK(MPI_Irecv(recv, cnt, t, from, 0, comm, &p.req2));
+          MPI_CHECK(MPI_Isend(send, cnt, t, to, 0, comm, req));
+        }
         break;
       }
       default: SB_FATAL("unknown collective");
     }
     lane_busy_[p.lane - 1] = true;
+  }
+  // Starts the lazy collective, if any, non-blocking: some other work comes first.
+  void issue_lazy() {
+    if (lazy_ == kNoRequest) return;
+    Pending& p = pending_.at(lazy_);
+    lazy_ = kNoRequest;
+    start(p, false);
+  }
+  // The start of every compute operation: what is lazy overlaps it.
+  double start_compute() {
+    issue_lazy();
+    return now();
   }
   bool comm_deferred(MPI_Comm c) const {
     for (Request d : deferred_)
@@ -814,17 +860,25 @@ class CpuBackend final : public Backend {
 
  public:
   void wait(Request r) override {
-    if (!pending_.count(r)) return;  // already completed by a poll
-    const double t0 = now();
+    if (lazy_ == r && r != kNoRequest) {  // waited on at once: the blocking call
+      lazy_ = kNoRequest;
+      start(pending_.at(r), true);
+    } else {
+      issue_lazy();
+    }
+    auto it = pending_.find(r);
+    if (it == pending_.end()) return;  // already completed by a poll
+    const double t0 = it->second.blocking ? it->second.start : now();  // a blocking call's wait is the call
     complete(r);
     record(OpKind::Wait, 0, t0, now(), 0, 0.0, nullptr, r);
     poll();
   }
   bool test(Request r) override {
+    issue_lazy();
     poll();
     return pending_.find(r) == pending_.end();
   }
-  void synchronize() override {}
+  void synchronize() override { issue_lazy(); }
 
   double now() const override {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
@@ -908,7 +962,7 @@ class CpuBackend final : public Backend {
       Pending& p = pending_.at(*it);
       const bool blocked = std::find(held.begin(), held.end(), p.comm) != held.end();
       if (!blocked && !pending_.count(p.args.after)) {
-        start(p);
+        start(p, false);
         it = deferred_.erase(it);
       } else {
         held.push_back(p.comm);
@@ -940,7 +994,9 @@ class CpuBackend final : public Backend {
   std::chrono::steady_clock::time_point epoch_;
   std::unordered_map<Request, Pending> pending_;
   MpiReductions reductions_;  // user-defined operations of bfloat16 and half
-  std::vector<Request> deferred_;  // not started yet, in issue order
+  std::vector<Request> deferred_;  // not started yet, in issue order (waiting for `after`)
+  Request lazy_ = kNoRequest;      // issued, not started: its next call decides how
+  std::vector<int> equal_counts_;  // recvcounts of a blocking reduce-scatter
   std::vector<bool> lane_busy_;
   Request next_id_ = 0;
 };
