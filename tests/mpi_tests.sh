@@ -61,6 +61,27 @@ expect "the bf16 trace records its precisions" 0 "bf16 bf16 1.0" -- \
 # below the rounding error must be reported as a mismatch with exit code 4.
 expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --check --check-tolerance 1e-30
+# The check is right by construction (docs/reliability.md): the README's example on
+# t5-small, and every strategy on 8 ranks for 10 steps, pass with the derived bound.
+expect "README: t5-small hybrid 2 on 4 ranks --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf --model t5-small --sharding hybrid --shard-size 2 --check
+MPI8=(timeout 300 mpirun -np 8 --oversubscribe --bind-to none)
+TINY10=(--model t5-tiny --batch 1 --seq-len 12 --dec-seq-len 8 --steps 9 --warmup 1)
+for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding hybrid --shard-size 2" \
+  "fsdp_perf --sharding hybrid --shard-size 4 --dtype bf16" "fsdp_perf --sharding none" \
+  "fsdp_perf --sharding grad-op --forward-prefetch"; do
+  expect "8 ranks, 10 steps: $strat --check" 0 "$check_pattern" -- "${MPI8[@]}" $BIN/$strat "${TINY10[@]}" --check
+done
+# Injected faults (SHARDBENCH_INJECT_FAULT, test only) are caught at the step they happen.
+for fault in "drop-grad-shard fsdp_perf --sharding full" "drop-grad-shard ddp_perf" \
+  "wrong-reduction-scale fsdp_perf --sharding hybrid --shard-size 2" "wrong-reduction-scale ddp_perf" \
+  "stale-prefetch fsdp_perf --sharding full"; do
+  set -- $fault
+  name=$1
+  shift
+  expect "injected fault $name ($*): --check fails" 4 'check: first failure: step [12]: ' -- \
+    env SHARDBENCH_INJECT_FAULT=$name "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/"$@" "${TINY[@]}" --check
+done
 
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \

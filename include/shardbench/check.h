@@ -34,6 +34,13 @@ void mpi_check(int rc, const char* call, const char* file, int line);
 // HDF5 calls return a negative herr_t or hid_t on failure; the value passes through.
 int64_t h5_check(int64_t rc, const char* call, const char* file, int line);
 
+// Test-only fault injection: true when the environment variable SHARDBENCH_INJECT_FAULT
+// names `fault`. The tests use it to show that --check catches each fault:
+//   drop-grad-shard        the last rank loses a quarter of its reduced gradients
+//   wrong-reduction-scale  gradients are averaged instead of summed (scaled by 1/world)
+//   stale-prefetch         FSDP unit 1 keeps the parameters gathered in an earlier step
+bool injected_fault(const char* fault);
+
 }  // namespace sb
 
 #define SB_FATAL(msg) ::sb::fatal((msg), __FILE__, __LINE__)

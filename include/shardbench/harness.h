@@ -3,6 +3,7 @@
 #pragma once
 #include <mpi.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,7 @@ struct RunConfig {
   bool check = false;
   std::string out_path;      // --out; empty: a name under results/ made from the run
   bool overwrite = false;
-  double check_tolerance = 1e-5;
+  double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
   StrategyConfig strategy;
 };
 
@@ -52,6 +53,37 @@ MemoryPlan plan_memory(const RunConfig& cfg, int world);
 void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan);
 // The plan as a table (rank 0 prints it).
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
+
+// --check (src/harness/reference_check.cpp): each step of `run` against a single-rank
+// reference on rank 0, with tolerances from an error analysis. Every method is collective
+// over MPI_COMM_WORLD.
+class StepCheck {
+ public:
+  StepCheck(const RunConfig& cfg, Strategy& run, int rank, int world);
+  ~StepCheck();
+  void before_step(int step);
+  void after_step(int step, bool skipped);
+  // Prints the verdict (rank 0); the worst error as a multiple of its rounding bound.
+  bool finish(double& worst_ratio);
+
+ private:
+  struct Reference;
+  std::vector<std::vector<float>> gather_weights();
+  void check_gradients(int step, const std::vector<std::vector<float>>& grads, bool skipped);
+  void check_update(int step, const std::vector<std::vector<float>>& grads,
+                    const std::vector<std::vector<float>>& next, bool skipped);
+  void fail(int step, const std::string& what);
+  const RunConfig& cfg_;
+  Strategy& run_;
+  int rank_, world_, steps_ = 0;
+  double gamma_ = 0, eta_ = 0;
+  float scale_ = 1;
+  std::vector<std::vector<float>> weights_;  // the run's weights before the next step
+  std::unique_ptr<Reference> ref_;           // rank 0
+  std::string failure_;                      // rank 0: the first failure
+  double worst_ratio_ = 0, max_update_diff_ = 0;
+  long long undetermined_ = 0, checked_ = 0;
+};
 
 struct Attr;
 // Command line, versions of shardbench, compiler, MPI, HDF5 (and CUDA/NCCL where built),

@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 
 namespace sb {
 
@@ -32,6 +33,11 @@ void mpi_check(int rc, const char* call, const char* file, int line) {
 int64_t h5_check(int64_t rc, const char* call, const char* file, int line) {
   if (rc < 0) fatal(std::string(call) + " failed (HDF5)", file, line);
   return rc;
+}
+
+bool injected_fault(const char* fault) {
+  static const char* chosen = std::getenv("SHARDBENCH_INJECT_FAULT");
+  return chosen && std::strcmp(chosen, fault) == 0;
 }
 
 }  // namespace sb
