@@ -104,6 +104,28 @@ timeout -s KILL 3 mpirun -np 2 --oversubscribe --bind-to none $BIN/fsdp_perf --m
 if [ -e $T/killed.h5 ]; then bad "killed run leaves no result"; else ok "killed run leaves no result"; fi
 pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/dev/null || true
 
+# Two runs with the same --out: both pass the start-up check, both hold their result under
+# a temporary of their own until publishing (delayed here so they overlap); exactly one
+# takes the name, the other exits 2 naming the suffixed file that keeps its result.
+MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S)
+for w in 1 2; do
+  SHARDBENCH_TEST_PUBLISH_DELAY_S=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
+done
+rc1=0 rc2=0
+wait %1 || rc1=$?
+wait %2 || rc2=$?
+cat "$tmp/race1" "$tmp/race2" >"$tmp/out"
+codes=$(echo $rc1 $rc2 | tr ' ' '\n' | sort | tr '\n' ' ')
+if [ "$codes" = "0 2 " ] && grep -q "was written by another run while this one ran: this result is kept as '$T/race-2.h5'" "$tmp/out"; then
+  ok "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+else
+  echo "exit codes: $codes" >>"$tmp/out"; bad "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+fi
+expect "both racing results are complete" 0 'ok ok' -- $PY -c "
+import h5py
+print(*(h5py.File(p)['/'].attrs['status'] for p in ('$T/race.h5', '$T/race-2.h5')))"
+if ls $T/race*.tmp >/dev/null 2>&1; then bad "racing writers leave no temporary"; else ok "racing writers leave no temporary"; fi
+
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"
 expect "configuration table" 0 '\| parameters +\| [0-9,]+' -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}"

@@ -60,7 +60,7 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
     const std::string base = "results/" + stem + "-" + stamp;
     mkdir("results", 0755);
     path = base + ".h5";
-    for (int i = 2; stat(path.c_str(), &st) == 0 || stat(temporary_path(path).c_str(), &st) == 0; ++i)
+    for (int i = 2; stat(path.c_str(), &st) == 0; ++i)
       path = base + "-" + std::to_string(i) + ".h5";
   }
   if (rank == 0) {

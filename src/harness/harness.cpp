@@ -285,7 +285,7 @@ int run(const RunConfig& cfg, int rank, int world) {
     trace.device = backend ? backend->device_name() + " (not allocated)" : "not allocated";
     trace.run = run_attrs(cfg, plan_world, "out-of-memory", start, wall_clock_rank0());
     trace.run.push_back(Attr::integer("planned_only", cfg.plan_only));
-    write_trace(path, trace, MPI_COMM_WORLD);
+    write_trace(path, trace, MPI_COMM_WORLD, cfg.overwrite);
     out("wrote %s (status out-of-memory)\n", path.c_str());
     return kExitOutOfMemory;
   }
@@ -425,7 +425,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   trace.events = &recorder.events();
   trace.memory = &recorder.memory();
   const double t_write = MPI_Wtime();
-  write_trace(path, trace, MPI_COMM_WORLD);
+  write_trace(path, trace, MPI_COMM_WORLD, cfg.overwrite);
   struct stat st {};
   stat(path.c_str(), &st);
   out("wrote %s (%s in %.3f s)%s\n", path.c_str(), human_bytes(double(st.st_size)).c_str(),

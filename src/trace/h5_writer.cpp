@@ -86,10 +86,10 @@ void write_provenance(ResultFile& f, const std::vector<Attr>& provenance, const 
           std::vector<RankRow>{r});
 }
 
-void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm) {
+void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, bool overwrite) {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  ResultFile f(path, comm);
+  ResultFile f(path, comm, overwrite);
   std::vector<Attr> root = {Attr::integer("schema_version", kSchemaVersion)};
   root.insert(root.end(), d.run.begin(), d.run.end());
   f.attributes("/", root);
