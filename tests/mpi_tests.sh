@@ -137,16 +137,34 @@ expect "shard size not dividing world" 2 "shard size 3 is not allowed with world
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
-expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a number > 0, or dynamic\)" -- \
+expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a finite number > 0 and <= 3.4e\+38, or dynamic\)" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 0
 expect "initial scale without dynamic scaling" 2 "--loss-scale-init is only allowed with --loss-scale dynamic" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 8 --loss-scale-init 1024
-expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
+expect "zero batch" 2 "--batch 0 is not allowed \(an integer from 1 to 2147483647\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
 expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
 expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0
 expect "unknown flag" 2 "--frobnicate" -- "${MPIRUN[@]}" $BIN/ddp_perf --frobnicate
 expect "unparsable number" 2 "error: .*batch" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch many
 expect "ddp has no --sharding" 2 "sharding" -- "${MPIRUN[@]}" $BIN/ddp_perf --sharding full
+# One parsing layer for every numeric flag: no integer wraps, no inf/nan gets through.
+for bad in "--steps 4294967298|--steps 4294967298 is not allowed \(an integer from 1 to 2147483647\)" \
+  "--steps 99999999999|--steps 99999999999 is not allowed" "--warmup -1|--warmup -1 is not allowed \(an integer from 0" \
+  "--mem-limit-gib inf|--mem-limit-gib inf is not allowed \(a finite number > 0 and <= 1048576\)" \
+  "--mem-limit-gib 1e10|--mem-limit-gib 1e10 is not allowed" "--mem-limit-gib nan|--mem-limit-gib nan is not allowed" \
+  "--lr inf|--lr inf is not allowed \(a finite number > 0" "--lr nan|--lr nan is not allowed" \
+  "--seed -1|--seed -1 is not allowed" "--bucket-mb inf|--bucket-mb inf is not allowed" \
+  "--steps 2.5|--steps 2.5 is not allowed" "--loss-scale-init inf --loss-scale dynamic|--loss-scale-init inf is not allowed"; do
+  expect "numeric flag: ${bad%%|*}" 2 "^[^ ]*ddp_perf: error: ${bad#*|}" -- "${MPIRUN[@]}" $BIN/ddp_perf ${bad%%|*}
+done
+for bad in "--min-busbw nan|--min-busbw nan is not allowed \(a finite number >= 0" "-n 99999999999|-n 99999999999 is not allowed" \
+  "-f inf|-f inf is not allowed" "-a 4|-a 4 is not allowed \(an integer from 0 to 3\)"; do
+  expect "collective_perf numeric flag: ${bad%%|*}" 2 "${bad#*|}" -- "${MPIRUN[@]}" $BIN/collective_perf ${bad%%|*}
+done
+expect "SHARDBENCH_MIN_BUSBW=nan is refused too" 2 "SHARDBENCH_MIN_BUSBW nan is not allowed" -- \
+  env SHARDBENCH_MIN_BUSBW=nan "${MPIRUN[@]}" -x SHARDBENCH_MIN_BUSBW $BIN/collective_perf
+expect "an exact integer in exponent form is an integer" 0 'seq len enc / dec +\| 1000 / 1000' -- \
+  $BIN/fsdp_perf --model t5-tiny --seq-len 1e3 --plan
 expect "unknown backend" 2 "--backend 'tpu' is not allowed \(allowed: cpu, cuda\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --backend tpu
 
 # --- memory plan and out-of-memory ---

@@ -53,32 +53,26 @@ bool parse(int argc, char** argv, Options& o, int world) {
                                "all-to-all, send-recv, hybrid (comma-separated), or all")->capture_default_str();
   app.add_option("-b,--minbytes", minb, "smallest size (64, 1K, 16M, 1G)")->capture_default_str();
   app.add_option("-e,--maxbytes", maxb, "largest size")->capture_default_str();
-  app.add_option("-f,--stepfactor", o.factor, "multiply the size by this between sizes")->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per size")->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")->capture_default_str();
-  app.add_option("-c,--check", o.check, "check results against expected values (0/1)")->capture_default_str();
+  NumericFlags num(app);  // every numeric flag: range-checked, no wrapping, no inf/nan
+  num.real("-f,--stepfactor", o.factor, 0, 1e6, true, "multiply the size by this between sizes");
+  num.integer("-n,--iters", o.iters, 1, kIntMax, "timed iterations per size");
+  num.integer("-w,--warmup_iters", o.warmup, 0, kIntMax, "warm-up iterations per size");
+  num.integer("-c,--check", o.check, 0, 1, "check results against expected values (0/1)");
   app.add_option("-d,--datatype", dtype, "float, double, int32, int64, uint8, bfloat16, half")->capture_default_str();
   app.add_option("-o,--op", redop, "reduction: sum, prod, min, max, avg")->capture_default_str();
-  app.add_option("-r,--root", o.root, "root rank of broadcast and reduce")->capture_default_str();
-  app.add_option("-z,--blocking", o.blocking, "1: barrier before every iteration (ranks start aligned)")
-      ->capture_default_str();
-  app.add_option("-a,--average", o.average, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max")
-      ->capture_default_str();
-  app.add_option("--shard-size", o.shard, "shard group size G of the hybrid operation (divides the world)");
+  num.integer("-r,--root", o.root, 0, world - 1, "root rank of broadcast and reduce");
+  num.integer("-z,--blocking", o.blocking, 0, 1, "1: barrier before every iteration (ranks start aligned)");
+  num.integer("-a,--average", o.average, 0, 3, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max");
+  num.integer("--shard-size", o.shard, 1, kIntMax, "shard group size G of the hybrid operation (divides the world)");
   app.add_option("--backend", o.backend, "cpu (MPI); cuda (NCCL) where built")->capture_default_str();
   app.add_option("--out", o.out, "HDF5 result (default: results/collective_perf-w<ranks>-<time>.h5)");
   app.add_flag("--overwrite", o.overwrite, "replace an existing --out file");
-  app.add_option("--min-busbw", o.min_busbw,
-                 "fail (exit 5) when the average bus bandwidth is under this many GB/s "
-                 "(default: $SHARDBENCH_MIN_BUSBW)");
-  app.add_option("--inject-error", o.inject_error, "self-test: corrupt one result element on this rank");
+  num.real("--min-busbw", o.min_busbw, 0, 1e9, false,
+           "fail (exit 5) when the average bus bandwidth is under this many GB/s (default: $SHARDBENCH_MIN_BUSBW)");
+  num.integer("--inject-error", o.inject_error, 0, world - 1, "self-test: corrupt one result element on this rank");
   if (!parse_command_line(app, argc, argv)) return false;
-  if (o.min_busbw == 0 && floor_env) {
-    char* end = nullptr;
-    o.min_busbw = std::strtod(floor_env, &end);
-    if (end == floor_env || *end || o.min_busbw < 0)
-      throw UsageError(std::string("SHARDBENCH_MIN_BUSBW '") + floor_env + "' is not allowed (GB/s >= 0)");
-  }
+  num.apply();
+  if (o.min_busbw == 0 && floor_env) o.min_busbw = parse_real("SHARDBENCH_MIN_BUSBW", floor_env, 0, 1e9, false);
   o.ops = parse_bench_ops(ops);
   o.min_bytes = parse_size("-b", minb);
   o.max_bytes = parse_size("-e", maxb);
