@@ -126,6 +126,34 @@ import h5py
 print(*(h5py.File(p)['/'].attrs['status'] for p in ('$T/race.h5', '$T/race-2.h5')))"
 if ls $T/race*.tmp >/dev/null 2>&1; then bad "racing writers leave no temporary"; else ok "racing writers leave no temporary"; fi
 
+# --- a full disk and SIGTERM during the write leave nothing behind, and say why ---
+D=$tmp/small
+mkdir -p $D
+if mount -t tmpfs -o size=512k tmpfs $D 2>/dev/null; then
+  expect "full disk: the cause, the path and the bytes needed, exit 1" 1 \
+    "No space left on device: '$D/' has [0-9]+ bytes free, the result $D/x.h5 needs about [0-9]+ bytes; nothing was written" -- \
+    "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $D/x.h5
+  expect "full disk: collective_perf the same" 1 "No space left on device: '$D/' has" -- \
+    "${MPIRUN[@]}" $BIN/collective_perf -b 1K -e 1K -n 2 -w 1 --out $D/c.h5
+  if [ -n "$(ls -A $D)" ]; then ls -la $D >"$tmp/out"; bad "full disk leaves no file"; else ok "full disk leaves no file"; fi
+  umount $D
+else
+  echo "skip  full disk: mounting a small tmpfs is not allowed here (needs root or CAP_SYS_ADMIN)"
+fi
+# SIGTERM (scancel, a time limit) while the result is being written: the temporary goes too.
+# The publish is held back (test hook) so that the signal arrives with the temporary open.
+SHARDBENCH_TEST_PUBLISH_DELAY_S=60 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S \
+  $BIN/ddp_perf "${TINY[@]}" --out $T/term.h5 >"$tmp/out" 2>&1 &
+pid=$!
+for i in $(seq 600); do ls $T/term.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.1; done
+if ls $T/term.h5.*.tmp >/dev/null 2>&1; then
+  kill -TERM $pid
+  wait $pid
+  if ls $T/term.h5* >/dev/null 2>&1; then ls -la $T >>"$tmp/out"; bad "SIGTERM during the write leaves no file"; else ok "SIGTERM during the write leaves no file"; fi
+else
+  kill -KILL $pid 2>/dev/null; wait $pid; bad "SIGTERM during the write: the run never reached the write"
+fi
+
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"
 expect "configuration table" 0 '\| parameters +\| [0-9,]+' -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}"

@@ -39,7 +39,9 @@ struct Column {
 class ResultFile {
  public:
   // overwrite: replace an existing PATH at commit (--overwrite); otherwise never.
-  ResultFile(std::string path, MPI_Comm comm, bool overwrite = false);
+  // local_bytes: this rank's table bytes; with the metadata they must fit the free space of
+  // PATH's filesystem, or RunFailure names the shortfall before anything is written.
+  ResultFile(std::string path, MPI_Comm comm, bool overwrite = false, int64_t local_bytes = 0);
   ~ResultFile();  // an uncommitted file is closed and its temporary removed
   ResultFile(const ResultFile&) = delete;
   ResultFile& operator=(const ResultFile&) = delete;

@@ -411,7 +411,7 @@ int run(const Options& o, int rank, int n) {
   for (int i = 0; i < int(BenchOp::kCount); ++i) op_names.push_back(bench_op_name(BenchOp(i)));
   std::string ops;
   for (BenchOp op : o.ops) ops += (ops.empty() ? "" : ",") + std::string(bench_op_name(op));
-  ResultFile f(path, MPI_COMM_WORLD, o.overwrite);
+  ResultFile f(path, MPI_COMM_WORLD, o.overwrite, int64_t(samples.size() * sizeof(SampleRow)));
   f.attributes("/", {
       Attr::integer("schema_version", kSchemaVersion), Attr::str("program", "collective_perf"),
       Attr::str("ops", ops), Attr::str("dtype", dtype_name(o.dtype)), Attr::str("redop", reduce_op_name(o.redop)),

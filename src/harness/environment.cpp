@@ -98,6 +98,7 @@ int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank,
   MPI_CHECK(MPI_Init(&argc, &argv));
   // Errors come back to MPI_CHECK, which names the call, host and rank before aborting.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  remove_temporaries_on_signals();  // after MPI_Init, whose handlers these replace
   int rank = 0, world = 1, code = kExitOk;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
@@ -106,6 +107,9 @@ int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank,
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
     code = kExitUsage;
+  } catch (const RunFailure& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = kExitFailure;
   } catch (const std::exception& e) {
     SB_FATAL(std::string("unexpected error: ") + e.what());
   }

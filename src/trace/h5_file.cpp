@@ -83,6 +83,20 @@ std::string unique_temporary(const std::string& path, MPI_Comm comm) {
   return path + tag;
 }
 
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash + 1);
+}
+
+// Flushes a file (or a directory's entries) to stable storage; 0 or the errno.
+int sync_path(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags);
+  if (fd < 0) return errno;
+  const int rc = fsync(fd) == 0 ? 0 : errno;
+  close(fd);
+  return rc;
+}
+
 // "dir/run.h5" -> "dir/run-N.h5"
 std::string suffixed(const std::string& path, int n) {
   const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
@@ -103,8 +117,22 @@ int publish_no_clobber(const std::string& from, const std::string& to) {
 
 }  // namespace
 
-ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite)
+ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t local_bytes)
     : path_(std::move(path)), tmp_(unique_temporary(path_, comm)), comm_(comm), overwrite_(overwrite) {
+  // Room for the tables and the metadata (a conservative 1 MiB), checked before anything is
+  // written: a full disk is named, not found out by a failing H5Dwrite.
+  int64_t needed = 0;
+  MPI_CHECK(MPI_Allreduce(&local_bytes, &needed, 1, MPI_INT64_T, MPI_SUM, comm));
+  needed += 1 << 20;
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  int64_t avail = rank == 0 ? free_bytes(directory_of(path_)) : 0;
+  MPI_CHECK(MPI_Bcast(&avail, 1, MPI_INT64_T, 0, comm));
+  if (avail >= 0 && avail < needed)
+    throw RunFailure("No space left on device: '" + directory_of(path_) + "' has " + std::to_string(avail) +
+                     " bytes free, the result " + path_ + " needs about " + std::to_string(needed) +
+                     " bytes; nothing was written");
+  register_temporary(tmp_, needed);
   H5_CHECK(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));  // errors are reported by H5_CHECK
   H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
@@ -119,6 +147,7 @@ ResultFile::~ResultFile() {
   int rank = 0;
   MPI_Comm_rank(comm_, &rank);
   if (rank == 0) std::remove(tmp_.c_str());
+  forget_temporary(tmp_);
 }
 
 int64_t ResultFile::group(const std::string& name) {
@@ -178,15 +207,21 @@ void ResultFile::write_rows(const std::string& name, const std::vector<Column>& 
 // if free at this moment: a run that lost the race to another with the same --out keeps its
 // result under a suffixed name and ends with a usage error (exit 2) on every rank.
 void ResultFile::commit() {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  if (const char* delay = std::getenv("SHARDBENCH_TEST_PUBLISH_DELAY_S"))  // test only: races, signals
+    if (rank == 0) sleep(unsigned(std::atoi(delay)));
   H5_CHECK(H5Fclose(file_));
   file_ = -1;
   MPI_CHECK(MPI_Barrier(comm_));
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
   char kept[4096] = "";  // rank 0: the suffixed name when the final one was taken
-  if (const char* delay = std::getenv("SHARDBENCH_TEST_PUBLISH_DELAY_S"))  // test only: races, signals
-    if (rank == 0) sleep(unsigned(std::atoi(delay)));
   if (rank == 0) {
+    // On stable storage before it gets the final name: a node crash cannot leave a
+    // truncated file there.
+    if (const int err = sync_path(tmp_, O_RDONLY)) {
+      const std::string cause = disk_space_cause();
+      SB_FATAL("fsync " + tmp_ + ": " + (cause.empty() ? std::strerror(err) : cause));
+    }
     int err = 0;
     if (overwrite_) {
       if (std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
@@ -199,7 +234,9 @@ void ResultFile::commit() {
       }
     }
     if (err != 0) SB_FATAL("cannot publish " + tmp_ + " as " + path_ + ": " + std::strerror(err));
+    sync_path(directory_of(path_), O_RDONLY | O_DIRECTORY);  // the new name itself
   }
+  forget_temporary(tmp_);
   MPI_CHECK(MPI_Bcast(kept, sizeof kept, MPI_CHAR, 0, comm_));
   committed_ = true;
   if (kept[0])
