@@ -189,6 +189,11 @@ for bad in "--min-busbw nan|--min-busbw nan is not allowed \(a finite number >= 
   "-f inf|-f inf is not allowed" "-a 4|-a 4 is not allowed \(an integer from 0 to 3\)"; do
   expect "collective_perf numeric flag: ${bad%%|*}" 2 "${bad#*|}" -- "${MPIRUN[@]}" $BIN/collective_perf ${bad%%|*}
 done
+# A sweep in which no size holds an element measures nothing: refused, not recorded as ok.
+expect "collective_perf: no usable size (-b 3 -e 3 -d float) is refused" 2 \
+  "-b 3 -e 3: no size in the sweep is large enough for all-reduce of float on 4 ranks \(the smallest is 4 B\)" -- \
+  "${MPIRUN[@]}" $BIN/collective_perf -b 3 -e 3 -d float --out $T/three.h5
+if [ -e $T/three.h5 ]; then bad "no file for a sweep that measures nothing"; else ok "no file for a sweep that measures nothing"; fi
 expect "SHARDBENCH_MIN_BUSBW=nan is refused too" 2 "SHARDBENCH_MIN_BUSBW nan is not allowed" -- \
   env SHARDBENCH_MIN_BUSBW=nan "${MPIRUN[@]}" -x SHARDBENCH_MIN_BUSBW $BIN/collective_perf
 expect "an exact integer in exponent form is an integer" 0 'seq len enc / dec +\| 1000 / 1000' -- \

@@ -343,6 +343,19 @@ int run(const Options& o, int rank, int n) {
       throw UsageError(std::string(bench_op_name(op)) + " of " + dtype_name(o.dtype) + " with " +
                        reduce_op_name(o.redop) + " is not supported by the " + o.backend + " backend");
   }
+  // A sweep whose sizes all round down to nothing would measure nothing and look fine.
+  for (BenchOp op : o.ops) {
+    bool any = false;
+    for (int64_t size = o.min_bytes; size <= o.max_bytes && !any;
+         size = std::max(size + 1, int64_t(std::llround(double(size) * o.factor))))
+      any = bench_sizes(op, size, o.dtype, n, o.shard).count > 0;
+    int64_t smallest = 1;
+    while (!any && bench_sizes(op, smallest, o.dtype, n, o.shard).count == 0) ++smallest;
+    if (!any)
+      throw UsageError("-b " + std::to_string(o.min_bytes) + " -e " + std::to_string(o.max_bytes) + ": no size in the sweep is large enough for " +
+                       bench_op_name(op) + " of " + dtype_name(o.dtype) + " on " + std::to_string(n) +
+                       " ranks (the smallest is " + std::to_string(smallest) + " B); nothing was measured");
+  }
   const std::string stem = "collective_perf-w" + std::to_string(n);
   const std::string path = resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
