@@ -2,6 +2,7 @@
 // UsageError line naming the value and what is allowed.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -101,6 +102,19 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   validate(cfg.model);
 
   if (dec_len == 0) dec_len = seq_len;
+  // Token counts per rank are GEMM row counts (int): refuse what would wrap.
+  for (auto [flag, len] : {std::pair<const char*, int64_t>{"--seq-len", seq_len}, {"--dec-seq-len", dec_len}})
+    if (batch * len > kIntMax)
+      throw UsageError(std::string("--batch ") + std::to_string(batch) + " x " + flag + " " + std::to_string(len) +
+                       " = " + std::to_string(batch * len) + " tokens per rank is not allowed (at most " +
+                       std::to_string(kIntMax) + ")");
+  // Attention scores (batch x heads x T x T, a few per layer) and their sum over the layers
+  // must stay countable in 64-bit bytes: 8 score-sized fp32 arrays per layer bound it.
+  const long double longest = std::max(seq_len, dec_len);
+  if (longest * longest * batch * cfg.model.heads * 4 * 8 * (2 * cfg.model.layers + 2) > 9.2e18L)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " / --dec-seq-len " + std::to_string(dec_len) +
+                     " is not allowed with --batch " + std::to_string(batch) + " and " +
+                     std::to_string(cfg.model.heads) + " heads (attention scores beyond 2^63 bytes)");
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
   if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
