@@ -194,6 +194,11 @@ expect "collective_perf: no usable size (-b 3 -e 3 -d float) is refused" 2 \
   "-b 3 -e 3: no size in the sweep is large enough for all-reduce of float on 4 ranks \(the smallest is 4 B\)" -- \
   "${MPIRUN[@]}" $BIN/collective_perf -b 3 -e 3 -d float --out $T/three.h5
 if [ -e $T/three.h5 ]; then bad "no file for a sweep that measures nothing"; else ok "no file for a sweep that measures nothing"; fi
+# collective_perf plans its buffers and refuses what does not fit, before allocating.
+expect "collective_perf: buffers beyond memory are refused, exit 3" 3 \
+  'status: out-of-memory: -e 4398046511104 needs 8.00 TiB per rank .*nothing was allocated' -- \
+  "${MPIRUN[@]}" $BIN/collective_perf -b 4096G -e 4096G --out $T/huge.h5
+if [ -e $T/huge.h5 ]; then bad "no file for a refused collective_perf"; else ok "no file for a refused collective_perf"; fi
 expect "SHARDBENCH_MIN_BUSBW=nan is refused too" 2 "SHARDBENCH_MIN_BUSBW nan is not allowed" -- \
   env SHARDBENCH_MIN_BUSBW=nan "${MPIRUN[@]}" -x SHARDBENCH_MIN_BUSBW $BIN/collective_perf
 expect "an exact integer in exponent form is an integer" 0 'seq len enc / dec +\| 1000 / 1000' -- \

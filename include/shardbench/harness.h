@@ -91,6 +91,9 @@ struct Attr;
 std::vector<Attr> collect_provenance(const std::vector<std::string>& argv);
 std::string hostname();
 int local_ranks();  // ranks sharing this node (collective)
+// Memory one rank may plan for: the device's free memory where known (device_free > 0),
+// else host memory / ranks on the node (collective).
+int64_t default_memory_limit(int64_t device_free);
 int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
 // Decides a result path (default under results/ from `stem`) and checks it on rank 0
 // before any work; throws UsageError on every rank for an existing file (without

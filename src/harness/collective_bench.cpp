@@ -368,6 +368,16 @@ int run(const Options& o, int rank, int n) {
     max_send = std::max({max_send, s.send, s.recv}), max_recv = std::max(max_recv, s.recv);
   }
   const int es = dtype_size(o.dtype);
+  // Plan, then refuse: the two buffers must fit before anything is allocated (a size the
+  // kernel's overcommit lets through would be killed when touched).
+  const int64_t need = (max_send + max_recv) * es, limit = default_memory_limit(backend->memory_capacity());
+  if (need > limit) {
+    if (rank == 0)
+      std::printf("status: out-of-memory: -e %lld needs %s per rank (send and receive buffers), the limit is %s; "
+                  "nothing was allocated\n",
+                  (long long)o.max_bytes, human_bytes(double(need)).c_str(), human_bytes(double(limit)).c_str());
+    return kExitOutOfMemory;
+  }
   Bench bench{o, *backend, mesh, *world_comm, rank, n};
   bench.send = backend->alloc(size_t(max_send) * es, MemCategory::CommBuffers);
   bench.recv = backend->alloc(size_t(max_recv) * es, MemCategory::CommBuffers);

@@ -33,6 +33,12 @@ int local_ranks() {
   return n;
 }
 
+int64_t default_memory_limit(int64_t device_free) {
+  const int ranks = local_ranks();
+  if (device_free > 0) return device_free;
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / ranks;
+}
+
 std::string iso_time(double epoch_seconds) {
   const time_t t = time_t(epoch_seconds);
   struct tm tm;

@@ -37,7 +37,6 @@ struct Out {
   }
 };
 
-int64_t host_memory_bytes() { return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE); }
 
 
 // Resident set of this process from /proc/self/status: "VmHWM:" (peak) or "VmRSS:" (now).
@@ -265,8 +264,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   const int64_t device_free = backend ? backend->memory_capacity() : -1;
   MemoryPlan plan = plan_memory(cfg, plan_world);
   plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024)
-               : device_free > 0     ? device_free
-                                     : host_memory_bytes() / local_ranks();
+                                     : default_memory_limit(device_free);
   print_config(out, cfg, plan_world, shard);
   if (cfg.plan_only && !cfg.schedule_json.empty() && rank == 0) write_schedule_json(cfg.schedule_json, cfg, plan);
   if (cfg.plan_only && (plan.fits() || path.empty())) {
