@@ -154,6 +154,34 @@ else
   kill -KILL $pid 2>/dev/null; wait $pid; bad "SIGTERM during the write: the run never reached the write"
 fi
 
+# A stopped rank (SIGSTOP) must not hang the job: the watchdog (--timeout-s) ends it with a
+# line naming the rank, step and pending operation, and rank 0 records the run as failed.
+timeout 120 mpirun -np 2 --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
+  --out $T/stuck.h5 >"$tmp/out" 2>&1 &
+pid=$!
+stopped=
+for i in $(seq 100); do
+  for p in $(pgrep -f "ddp_perf .*$T/stuck.h5"); do
+    if grep -qz "^OMPI_COMM_WORLD_RANK=1$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
+      kill -STOP $p && stopped=$p
+    fi
+  done
+  [ -n "$stopped" ] && break
+  sleep 0.2
+done
+wait $pid
+rc=$?
+if [ -n "$stopped" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+  grep -qE "watchdog: .* rank 0: no progress for [0-9]+ s in step [0-9]+ \(pending: .+\); ending the job" "$tmp/out"; then
+  ok "a stopped rank: the watchdog ends the job, naming rank, step and pending operation"
+else
+  echo "exit $rc, stopped pid '${stopped}'" >>"$tmp/out"; bad "a stopped rank: the watchdog ends the job, naming rank, step and pending operation"
+fi
+expect "the stopped run is recorded as failed" 0 'failed watchdog: .* rank 0: no progress' -- $PY -c "
+import h5py
+a = h5py.File('$T/stuck.h5')['/'].attrs
+print(a['status'], a['failure'])"
+
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"
 expect "configuration table" 0 '\| parameters +\| [0-9,]+' -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}"

@@ -70,4 +70,8 @@ class ResultFile {
   bool committed_ = false;
 };
 
+// A small file of root attributes only, written by this process alone (no MPI: usable from
+// the watchdog while other ranks hang), published without clobbering like ResultFile.
+void write_failure_record(const std::string& path, const std::vector<Attr>& attrs);
+
 }  // namespace sb

@@ -3,7 +3,12 @@
 #pragma once
 #include <mpi.h>
 
+#include <condition_variable>
+#include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -28,6 +33,7 @@ struct RunConfig {
   bool check = false;
   std::string out_path;      // --out; empty: a name under results/ made from the run
   bool overwrite = false;
+  double timeout_s = 600;      // --timeout-s: the watchdog (0: off)
   double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
   StrategyConfig strategy;
 };
@@ -83,6 +89,29 @@ class StepCheck {
   std::string failure_;                      // rank 0: the first failure
   double worst_ratio_ = 0, max_update_diff_ = 0;
   long long undetermined_ = 0, checked_ = 0;
+};
+
+// The watchdog (src/harness/watchdog.cpp): ends the job when this rank has made no progress
+// for timeout_s (0: off), after one line naming the rank, step and pending operation and a
+// call of on_timeout (from the watchdog's thread; rank 0 records the failure there).
+class Watchdog {
+ public:
+  Watchdog(double timeout_s, int rank, std::function<void(const std::string&)> on_timeout);
+  ~Watchdog();
+  void progress(int step, const char* pending);  // `pending`: a string literal
+
+ private:
+  void watch();
+  double timeout_s_;
+  int rank_;
+  std::function<void(const std::string&)> on_timeout_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+  bool stop_ = false;
+  int step_ = 0;
+  const char* pending_ = "";
+  std::chrono::steady_clock::time_point last_;
 };
 
 struct Attr;

@@ -257,6 +257,20 @@ int run(const RunConfig& cfg, int rank, int world) {
   const std::string stem = cfg.program + "-" + cfg.strategy.label() + "-" + cfg.model.name + "-w" +
                            std::to_string(plan_world);
   const std::string path = writes ? resolve_output(cfg.out_path, cfg.overwrite, stem, rank) : "";
+  // A stopped or stuck rank ends the job after --timeout-s; rank 0 records the run as failed.
+  std::string command;
+  for (const std::string& a : cfg.argv) command += (command.empty() ? "" : " ") + a;
+  const std::vector<Attr> failed = {Attr::str("program", cfg.program), Attr::str("label", cfg.strategy.label()),
+                                    Attr::str("model", cfg.model.name), Attr::integer("world_size", world),
+                                    Attr::str("command", command), Attr::str("status", "failed"),
+                                    Attr::str("start_time", iso_time(start))};
+  Watchdog watchdog(cfg.timeout_s, rank, [&](const std::string& line) {
+    if (rank != 0 || path.empty()) return;
+    std::vector<Attr> attrs = failed;
+    attrs.push_back(Attr::str("failure", line));
+    write_failure_record(path, attrs);
+    std::fprintf(stderr, "shardbench: recorded the run as failed in %s\n", path.c_str());
+  });
 
   // The backend exists before the plan (it allocates nothing) so that the default limit
   // can be the device's free memory; --plan alone needs no device.
@@ -311,7 +325,9 @@ int run(const RunConfig& cfg, int rank, int world) {
     const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(rank) * cfg.shape.batch, cfg.shape,
                                       cfg.model.vocab);
     if (check) check->before_step(s);
+    watchdog.progress(s, "barrier before the step");
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    watchdog.progress(s, "training step (forward, backward, gradient collectives, optimizer)");
     backend->synchronize();
     recorder.begin_step(s, backend->now());
     const float scale_used = strategy->loss_scale();
@@ -320,8 +336,10 @@ int run(const RunConfig& cfg, int rank, int world) {
     skipped_steps += skipped;
     backend->synchronize();
     const StepStats st = recorder.end_step(backend->now(), backend->mem_peak_total());
+    watchdog.progress(s, "reduction of the step's figures across ranks");
     const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world);
     if (!std::isfinite(g.loss) && first_nonfinite == 0) first_nonfinite = s;
+    watchdog.progress(s, "--check");
     if (check) check->after_step(s, skipped);  // outside the timed region
     const bool warm = s <= cfg.warmup;
     trace.steps.push_back(StepRow{rank, s, warm, st.time(), st.compute, st.communication, st.exposed_comm,
@@ -343,6 +361,7 @@ int run(const RunConfig& cfg, int rank, int world) {
           double(strategy->loss_scale()));
   }
 
+  watchdog.progress(cfg.warmup + cfg.steps, "GEMM replay and the summary's reductions");
   auto med = [&](double GlobalStep::*f) {
     std::vector<double> v;
     for (const auto& g : timed) v.push_back(g.*f);
@@ -422,6 +441,7 @@ int run(const RunConfig& cfg, int rank, int world) {
   trace.run.insert(trace.run.end(), summary.begin(), summary.end());
   trace.events = &recorder.events();
   trace.memory = &recorder.memory();
+  watchdog.progress(cfg.warmup + cfg.steps, "writing the result file");
   const double t_write = MPI_Wtime();
   write_trace(path, trace, MPI_COMM_WORLD, cfg.overwrite);
   struct stat st {};

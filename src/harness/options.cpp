@@ -53,6 +53,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--schedule-json", cfg.schedule_json,
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
   num.integer("--world-size", world, 1, 1 << 24, "world size to plan for with --plan (default: the MPI world)");
+  num.real("--timeout-s", cfg.timeout_s, 0, 1e9, false,
+           "watchdog: end the job when a rank makes no progress for this long (0: off)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
   num.real("--check-tolerance", cfg.check_tolerance, 0, 1e30, true,
            "--check: allowed error of each reduced gradient as a multiple of its rounding bound "

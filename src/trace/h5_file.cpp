@@ -244,4 +244,22 @@ void ResultFile::commit() {
                      kept + "'");
 }
 
+void write_failure_record(const std::string& path, const std::vector<Attr>& attrs) {
+  const std::string tmp = path + ".failed.tmp";
+  register_temporary(tmp, 0);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const hid_t file = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);  // this process only
+  bool ok = file >= 0;
+  if (ok) {
+    const hid_t root = H5Gopen2(file, "/", H5P_DEFAULT);
+    for (const Attr& a : attrs) write_attr(root, a);
+    H5Gclose(root);
+    ok = H5Fclose(file) >= 0 && sync_path(tmp, O_RDONLY) == 0;
+  }
+  int err = ok ? publish_no_clobber(tmp, path) : -1;
+  for (int n = 2; err == EEXIST && n < 10000; ++n) err = publish_no_clobber(tmp, suffixed(path, n));
+  if (err != 0) unlink(tmp.c_str());
+  forget_temporary(tmp);
+}
+
 }  // namespace sb
