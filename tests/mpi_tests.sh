@@ -70,6 +70,27 @@ expect "the bf16 trace records its precisions" 0 "bf16 bf16 1.0" -- \
 # below the rounding error must be reported as a mismatch with exit code 4.
 expect "--check detects a difference above its tolerance" 4 'check: .* -> FAIL' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --check --check-tolerance 1e-30
+# The check is right by construction (docs/reliability.md): the README's example on
+# t5-small, and every strategy on 8 ranks for 10 steps, pass with the derived bound.
+expect "README: t5-small hybrid 2 on 4 ranks --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf --model t5-small --sharding hybrid --shard-size 2 --check
+MPI8=(timeout 300 mpirun -np 8 --oversubscribe --bind-to none)
+TINY10=(--model t5-tiny --batch 1 --seq-len 12 --dec-seq-len 8 --steps 9 --warmup 1)
+for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding hybrid --shard-size 2" \
+  "fsdp_perf --sharding hybrid --shard-size 4 --dtype bf16" "fsdp_perf --sharding none" \
+  "fsdp_perf --sharding grad-op --forward-prefetch"; do
+  expect "8 ranks, 10 steps: $strat --check" 0 "$check_pattern" -- "${MPI8[@]}" $BIN/$strat "${TINY10[@]}" --check
+done
+# Injected faults (SHARDBENCH_INJECT_FAULT, test only) are caught at the step they happen.
+for fault in "drop-grad-shard fsdp_perf --sharding full" "drop-grad-shard ddp_perf" \
+  "wrong-reduction-scale fsdp_perf --sharding hybrid --shard-size 2" "wrong-reduction-scale ddp_perf" \
+  "stale-prefetch fsdp_perf --sharding full"; do
+  set -- $fault
+  name=$1
+  shift
+  expect "injected fault $name ($*): --check fails" 4 'check: first failure: step [12]: ' -- \
+    env SHARDBENCH_INJECT_FAULT=$name "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/"$@" "${TINY[@]}" --check
+done
 
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
@@ -86,12 +107,90 @@ expect "existing --out without --overwrite" 2 "--out '$T/named.h5' exists \(pass
 expect "missing directory" 2 "directory '$T/nope/' does not exist" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/nope/x.h5
 expect "--out is a directory" 2 "is a directory" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T
 expect "bad input writes no file" 2 "--batch 0" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --batch 0 --out $T/bad.h5
-if [ -e $T/bad.h5 ] || [ -e $T/bad.h5.tmp ] || [ -e $T/nope ]; then echo "file left" >"$tmp/out"; bad "no file after bad input"; else ok "no file after bad input"; fi
+if [ -e $T/bad.h5 ] || ls $T/bad.h5.*tmp >/dev/null 2>&1 || [ -e $T/nope ]; then echo "file left" >"$tmp/out"; bad "no file after bad input"; else ok "no file after bad input"; fi
 # A run killed mid-way leaves nothing under the final name.
 timeout -s KILL 3 mpirun -np 2 --oversubscribe --bind-to none $BIN/fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000 \
   --out $T/killed.h5 >"$tmp/out" 2>&1
 if [ -e $T/killed.h5 ]; then bad "killed run leaves no result"; else ok "killed run leaves no result"; fi
 pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/dev/null || true
+
+# Two runs with the same --out: both pass the start-up check, both hold their result under
+# a temporary of their own until publishing (delayed here so they overlap); exactly one
+# takes the name, the other exits 2 naming the suffixed file that keeps its result.
+MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S)
+for w in 1 2; do
+  SHARDBENCH_TEST_PUBLISH_DELAY_S=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
+done
+rc1=0 rc2=0
+wait %1 || rc1=$?
+wait %2 || rc2=$?
+cat "$tmp/race1" "$tmp/race2" >"$tmp/out"
+codes=$(echo $rc1 $rc2 | tr ' ' '\n' | sort | tr '\n' ' ')
+if [ "$codes" = "0 2 " ] && grep -q "was written by another run while this one ran: this result is kept as '$T/race-2.h5'" "$tmp/out"; then
+  ok "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+else
+  echo "exit codes: $codes" >>"$tmp/out"; bad "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+fi
+expect "both racing results are complete" 0 'ok ok' -- $PY -c "
+import h5py
+print(*(h5py.File(p)['/'].attrs['status'] for p in ('$T/race.h5', '$T/race-2.h5')))"
+if ls $T/race*.tmp >/dev/null 2>&1; then bad "racing writers leave no temporary"; else ok "racing writers leave no temporary"; fi
+
+# --- a full disk and SIGTERM during the write leave nothing behind, and say why ---
+D=$tmp/small
+mkdir -p $D
+if mount -t tmpfs -o size=512k tmpfs $D 2>/dev/null; then
+  expect "full disk: the cause, the path and the bytes needed, exit 1" 1 \
+    "No space left on device: '$D/' has [0-9]+ bytes free, the result $D/x.h5 needs about [0-9]+ bytes; nothing was written" -- \
+    "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --out $D/x.h5
+  expect "full disk: collective_perf the same" 1 "No space left on device: '$D/' has" -- \
+    "${MPIRUN[@]}" $BIN/collective_perf -b 1K -e 1K -n 2 -w 1 --out $D/c.h5
+  if [ -n "$(ls -A $D)" ]; then ls -la $D >"$tmp/out"; bad "full disk leaves no file"; else ok "full disk leaves no file"; fi
+  umount $D
+else
+  echo "skip  full disk: mounting a small tmpfs is not allowed here (needs root or CAP_SYS_ADMIN)"
+fi
+# SIGTERM (scancel, a time limit) while the result is being written: the temporary goes too.
+# The publish is held back (test hook) so that the signal arrives with the temporary open.
+SHARDBENCH_TEST_PUBLISH_DELAY_S=60 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S \
+  $BIN/ddp_perf "${TINY[@]}" --out $T/term.h5 >"$tmp/out" 2>&1 &
+pid=$!
+for i in $(seq 600); do ls $T/term.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.1; done
+if ls $T/term.h5.*.tmp >/dev/null 2>&1; then
+  kill -TERM $pid
+  wait $pid
+  if ls $T/term.h5* >/dev/null 2>&1; then ls -la $T >>"$tmp/out"; bad "SIGTERM during the write leaves no file"; else ok "SIGTERM during the write leaves no file"; fi
+else
+  kill -KILL $pid 2>/dev/null; wait $pid; bad "SIGTERM during the write: the run never reached the write"
+fi
+
+# A stopped rank (SIGSTOP) must not hang the job: the watchdog (--timeout-s) ends it with a
+# line naming the rank, step and pending operation, and rank 0 records the run as failed.
+timeout 120 mpirun -np 2 --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
+  --out $T/stuck.h5 >"$tmp/out" 2>&1 &
+pid=$!
+stopped=
+for i in $(seq 100); do
+  for p in $(pgrep -f "ddp_perf .*$T/stuck.h5"); do
+    if grep -qz "^OMPI_COMM_WORLD_RANK=1$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
+      kill -STOP $p && stopped=$p
+    fi
+  done
+  [ -n "$stopped" ] && break
+  sleep 0.2
+done
+wait $pid
+rc=$?
+if [ -n "$stopped" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+  grep -qE "watchdog: .* rank 0: no progress for [0-9]+ s in step [0-9]+ \(pending: .+\); ending the job" "$tmp/out"; then
+  ok "a stopped rank: the watchdog ends the job, naming rank, step and pending operation"
+else
+  echo "exit $rc, stopped pid '${stopped}'" >>"$tmp/out"; bad "a stopped rank: the watchdog ends the job, naming rank, step and pending operation"
+fi
+expect "the stopped run is recorded as failed" 0 'failed watchdog: .* rank 0: no progress' -- $PY -c "
+import h5py
+a = h5py.File('$T/stuck.h5')['/'].attrs
+print(a['status'], a['failure'])"
 
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"
@@ -104,16 +203,44 @@ expect "shard size not dividing world" 2 "shard size 3 is not allowed with world
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
-expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a number > 0, or dynamic\)" -- \
+expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a finite number > 0 and <= 3.4e\+38, or dynamic\)" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 0
 expect "initial scale without dynamic scaling" 2 "--loss-scale-init is only allowed with --loss-scale dynamic" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 8 --loss-scale-init 1024
-expect "zero batch" 2 "--batch 0 is not allowed \(must be > 0\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
+expect "zero batch" 2 "--batch 0 is not allowed \(an integer from 1 to 2147483647\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch 0
 expect "negative steps" 2 "--steps -3 is not allowed" -- "${MPIRUN[@]}" $BIN/ddp_perf --steps -3
 expect "zero seq-len" 2 "--seq-len 0 is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --seq-len 0
 expect "unknown flag" 2 "--frobnicate" -- "${MPIRUN[@]}" $BIN/ddp_perf --frobnicate
 expect "unparsable number" 2 "error: .*batch" -- "${MPIRUN[@]}" $BIN/ddp_perf --batch many
 expect "ddp has no --sharding" 2 "sharding" -- "${MPIRUN[@]}" $BIN/ddp_perf --sharding full
+# One parsing layer for every numeric flag: no integer wraps, no inf/nan gets through.
+for bad in "--steps 4294967298|--steps 4294967298 is not allowed \(an integer from 1 to 2147483647\)" \
+  "--steps 99999999999|--steps 99999999999 is not allowed" "--warmup -1|--warmup -1 is not allowed \(an integer from 0" \
+  "--mem-limit-gib inf|--mem-limit-gib inf is not allowed \(a finite number > 0 and <= 1048576\)" \
+  "--mem-limit-gib 1e10|--mem-limit-gib 1e10 is not allowed" "--mem-limit-gib nan|--mem-limit-gib nan is not allowed" \
+  "--lr inf|--lr inf is not allowed \(a finite number > 0" "--lr nan|--lr nan is not allowed" \
+  "--seed -1|--seed -1 is not allowed" "--bucket-mb inf|--bucket-mb inf is not allowed" \
+  "--steps 2.5|--steps 2.5 is not allowed" "--loss-scale-init inf --loss-scale dynamic|--loss-scale-init inf is not allowed"; do
+  expect "numeric flag: ${bad%%|*}" 2 "^[^ ]*ddp_perf: error: ${bad#*|}" -- "${MPIRUN[@]}" $BIN/ddp_perf ${bad%%|*}
+done
+for bad in "--min-busbw nan|--min-busbw nan is not allowed \(a finite number >= 0" "-n 99999999999|-n 99999999999 is not allowed" \
+  "-f inf|-f inf is not allowed" "-a 4|-a 4 is not allowed \(an integer from 0 to 3\)"; do
+  expect "collective_perf numeric flag: ${bad%%|*}" 2 "${bad#*|}" -- "${MPIRUN[@]}" $BIN/collective_perf ${bad%%|*}
+done
+# A sweep in which no size holds an element measures nothing: refused, not recorded as ok.
+expect "collective_perf: no usable size (-b 3 -e 3 -d float) is refused" 2 \
+  "-b 3 -e 3: no size in the sweep is large enough for all-reduce of float on 4 ranks \(the smallest is 4 B\)" -- \
+  "${MPIRUN[@]}" $BIN/collective_perf -b 3 -e 3 -d float --out $T/three.h5
+if [ -e $T/three.h5 ]; then bad "no file for a sweep that measures nothing"; else ok "no file for a sweep that measures nothing"; fi
+# collective_perf plans its buffers and refuses what does not fit, before allocating.
+expect "collective_perf: buffers beyond memory are refused, exit 3" 3 \
+  'status: out-of-memory: -e 4398046511104 needs 8.00 TiB per rank .*nothing was allocated' -- \
+  "${MPIRUN[@]}" $BIN/collective_perf -b 4096G -e 4096G --out $T/huge.h5
+if [ -e $T/huge.h5 ]; then bad "no file for a refused collective_perf"; else ok "no file for a refused collective_perf"; fi
+expect "SHARDBENCH_MIN_BUSBW=nan is refused too" 2 "SHARDBENCH_MIN_BUSBW nan is not allowed" -- \
+  env SHARDBENCH_MIN_BUSBW=nan "${MPIRUN[@]}" -x SHARDBENCH_MIN_BUSBW $BIN/collective_perf
+expect "an exact integer in exponent form is an integer" 0 'seq len enc / dec +\| 1000 / 1000' -- \
+  $BIN/fsdp_perf --model t5-tiny --seq-len 1e3 --plan
 expect "unknown backend" 2 "--backend 'tpu' is not allowed \(allowed: cpu, cuda\)" -- "${MPIRUN[@]}" $BIN/ddp_perf --backend tpu
 
 # --- memory plan and out-of-memory ---
@@ -135,6 +262,22 @@ expect "planned out-of-memory record (python check)" 0 '^ok ' -- $PY $ROOT/tests
 expect "plan with --out that fits writes nothing" 0 '-> fits' -- \
   timeout 120 $BIN/fsdp_perf --model t5-tiny --plan --world-size 8 --out $T/plan-fits.h5
 if [ -e $T/plan-fits.h5 ]; then bad "no file for a plan that fits"; else ok "no file for a plan that fits"; fi
+# The plan allocates nothing that grows with the shapes: seconds and a fixed footprint
+# for any sequence length (it used to build a T x T host table: bad_alloc at 1e6).
+expect "plan at seq 1e6: the plan, exit 3, in seconds" 3 'DOES NOT FIT' -- \
+  timeout 60 $BIN/fsdp_perf --model t5-tiny --seq-len 1000000 --plan
+if [ -x /usr/bin/time ]; then
+  /usr/bin/time -f 'maxrss_kb %M' timeout 60 $BIN/fsdp_perf --model t5-tiny --batch 1 --seq-len 100000000 --plan \
+    >"$tmp/out" 2>&1
+  rss=$(sed -n 's/^maxrss_kb //p' "$tmp/out")
+  if grep -q 'DOES NOT FIT' "$tmp/out" && [ "${rss:-99999999}" -lt 1048576 ]; then
+    ok "plan at seq 1e8: under 1 GiB resident (${rss} KiB)"
+  else bad "plan at seq 1e8: under 1 GiB resident (${rss:-?} KiB)"; fi
+else
+  echo "skip  plan footprint: /usr/bin/time is not installed"
+fi
+expect "tokens per rank beyond a GEMM's int rows" 2 '--batch 2 x --seq-len 2147483647 = 4294967294 tokens per rank is not allowed' -- \
+  $BIN/fsdp_perf --model t5-tiny --batch 2 --seq-len 2147483647 --plan
 expect "--world-size only with --plan" 2 'only allowed with --plan' -- $BIN/fsdp_perf --world-size 8
 
 # --- the CUDA backend's MPI path on host memory (no GPU needed): chunks through the slot ring,

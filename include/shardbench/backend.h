@@ -215,6 +215,9 @@ class Backend {
   Buf alloc_buf(int64_t n, DType t, MemCategory cat) { return {alloc(size_t(n) * dtype_size(t), cat), t}; }
   int* alloc_ints(int64_t n, MemCategory cat) { return static_cast<int*>(alloc(size_t(n) * 4, cat)); }
   virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  // False for the counting backend (the plan): uploads go nowhere, so host data that only
+  // feeds an upload need not be built.
+  virtual bool holds_data() const { return true; }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
   const MemBytes& mem_current() const { return current_; }
   const MemBytes& mem_peak() const { return peak_; }

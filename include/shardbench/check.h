@@ -10,6 +10,12 @@
 
 namespace sb {
 
+// A runtime failure every rank agreed on (e.g. no room for the result): one line on rank 0,
+// exit code kExitFailure on every rank, no abort.
+struct RunFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // A bad value given by the user: reported as one line, exit code kExitUsage on every rank.
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -33,6 +39,26 @@ enum ExitCode : int {
 void mpi_check(int rc, const char* call, const char* file, int line);
 // HDF5 calls return a negative herr_t or hid_t on failure; the value passes through.
 int64_t h5_check(int64_t rc, const char* call, const char* file, int line);
+
+// Temporary files of this process (result files being written). Their owner removes them
+// on the normal paths; fatal() and the termination signals (SIGTERM, SIGINT, SIGHUP, after
+// remove_temporaries_on_signals()) remove them too, so no exit path leaves one behind.
+void register_temporary(const std::string& path, int64_t bytes_needed);
+void forget_temporary(const std::string& path);
+void remove_temporaries();  // async-signal-safe
+void remove_temporaries_on_signals();
+// "No space left on device: '<dir>' has N bytes free, the result needs about M bytes" when
+// the filesystem of a registered temporary is (nearly) full, else "".
+std::string disk_space_cause();
+// Free bytes for an unprivileged writer on the filesystem holding `dir`; -1 if unknown.
+int64_t free_bytes(const std::string& dir);
+
+// Test-only fault injection: true when the environment variable SHARDBENCH_INJECT_FAULT
+// names `fault`. The tests use it to show that --check catches each fault:
+//   drop-grad-shard        the last rank loses a quarter of its reduced gradients
+//   wrong-reduction-scale  gradients are averaged instead of summed (scaled by 1/world)
+//   stale-prefetch         FSDP unit 1 keeps the parameters gathered in an earlier step
+bool injected_fault(const char* fault);
 
 }  // namespace sb
 

@@ -2,8 +2,9 @@
 // Tables are datasets of compound rows; each rank writes its own contiguous slice in one
 // collective MPI-IO write (offsets from MPI_Exscan), so nothing is gathered to rank 0 and
 // memory stays bounded by each rank's own rows. Attributes are written collectively with
-// identical values on every rank. The file lives under `PATH.tmp` until commit() renames
-// it: a file under the final name is always complete.
+// identical values on every rank. The file lives under a temporary name of its own
+// (`PATH.<host>.<pid>.tmp`) until commit() publishes it: a file under the final name is
+// always complete, and never replaces another run's file unless asked to.
 #pragma once
 #include <mpi.h>
 
@@ -37,7 +38,10 @@ struct Column {
 
 class ResultFile {
  public:
-  ResultFile(std::string path, MPI_Comm comm);
+  // overwrite: replace an existing PATH at commit (--overwrite); otherwise never.
+  // local_bytes: this rank's table bytes; with the metadata they must fit the free space of
+  // PATH's filesystem, or RunFailure names the shortfall before anything is written.
+  ResultFile(std::string path, MPI_Comm comm, bool overwrite = false, int64_t local_bytes = 0);
   ~ResultFile();  // an uncommitted file is closed and its temporary removed
   ResultFile(const ResultFile&) = delete;
   ResultFile& operator=(const ResultFile&) = delete;
@@ -51,18 +55,23 @@ class ResultFile {
   void table(const std::string& name, const std::vector<Column>& columns, const std::vector<Row>& rows) {
     write_rows(name, columns, sizeof(Row), rows.data(), rows.size());
   }
+  // Publishes the file. Without overwrite, when another run took PATH meanwhile, the result
+  // is kept as PATH-N and a UsageError (on every rank) says so.
   void commit();
 
  private:
   void write_rows(const std::string& name, const std::vector<Column>& columns, size_t row_size,
                   const void* rows, size_t n);
   int64_t group(const std::string& name);
-  std::string path_;
+  std::string path_, tmp_;
   MPI_Comm comm_;
+  bool overwrite_;
   int64_t file_ = -1;
   bool committed_ = false;
 };
 
-std::string temporary_path(const std::string& path);
+// A small file of root attributes only, written by this process alone (no MPI: usable from
+// the watchdog while other ranks hang), published without clobbering like ResultFile.
+void write_failure_record(const std::string& path, const std::vector<Attr>& attrs);
 
 }  // namespace sb

@@ -3,6 +3,12 @@
 #pragma once
 #include <mpi.h>
 
+#include <condition_variable>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -29,7 +35,8 @@ struct RunConfig {
   bool check = false;
   std::string out_path;      // --out; empty: a name under results/ made from the run
   bool overwrite = false;
-  double check_tolerance = 1e-5;
+  double timeout_s = 600;      // --timeout-s: the watchdog (0: off)
+  double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
   StrategyConfig strategy;
 };
 
@@ -55,12 +62,69 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
 // The plan as a table (rank 0 prints it).
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
 
+// --check (src/harness/reference_check.cpp): each step of `run` against a single-rank
+// reference on rank 0, with tolerances from an error analysis. Every method is collective
+// over MPI_COMM_WORLD.
+class StepCheck {
+ public:
+  StepCheck(const RunConfig& cfg, Strategy& run, int rank, int world);
+  ~StepCheck();
+  void before_step(int step);
+  void after_step(int step, bool skipped);
+  // Prints the verdict (rank 0); the worst error as a multiple of its rounding bound.
+  bool finish(double& worst_ratio);
+
+ private:
+  struct Reference;
+  std::vector<std::vector<float>> gather_weights();
+  void check_gradients(int step, const std::vector<std::vector<float>>& grads, bool skipped);
+  void check_update(int step, const std::vector<std::vector<float>>& grads,
+                    const std::vector<std::vector<float>>& next, bool skipped);
+  void fail(int step, const std::string& what);
+  const RunConfig& cfg_;
+  Strategy& run_;
+  int rank_, world_, steps_ = 0;
+  double gamma_ = 0, eta_ = 0;
+  float scale_ = 1;
+  std::vector<std::vector<float>> weights_;  // the run's weights before the next step
+  std::unique_ptr<Reference> ref_;           // rank 0
+  std::string failure_;                      // rank 0: the first failure
+  double worst_ratio_ = 0, max_update_diff_ = 0;
+  long long undetermined_ = 0, checked_ = 0;
+};
+
+// The watchdog (src/harness/watchdog.cpp): ends the job when this rank has made no progress
+// for timeout_s (0: off), after one line naming the rank, step and pending operation and a
+// call of on_timeout (from the watchdog's thread; rank 0 records the failure there).
+class Watchdog {
+ public:
+  Watchdog(double timeout_s, int rank, std::function<void(const std::string&)> on_timeout);
+  ~Watchdog();
+  void progress(int step, const char* pending);  // `pending`: a string literal
+
+ private:
+  void watch();
+  double timeout_s_;
+  int rank_;
+  std::function<void(const std::string&)> on_timeout_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  std::thread thread_;
+  bool stop_ = false;
+  int step_ = 0;
+  const char* pending_ = "";
+  std::chrono::steady_clock::time_point last_;
+};
+
 struct Attr;
 // Command line, versions of shardbench, compiler, MPI, HDF5 (and CUDA/NCCL where built),
 // and rank 0's SLURM_* environment. Collective over MPI_COMM_WORLD.
 std::vector<Attr> collect_provenance(const std::vector<std::string>& argv);
 std::string hostname();
 int local_ranks();  // ranks sharing this node (collective)
+// Memory one rank may plan for: the device's free memory where known (device_free > 0),
+// else host memory / ranks on the node (collective).
+int64_t default_memory_limit(int64_t device_free);
 int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
 // Decides a result path (default under results/ from `stem`) and checks it on rank 0
 // before any work; throws UsageError on every rank for an existing file (without

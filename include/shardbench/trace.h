@@ -88,8 +88,9 @@ struct TraceData {
   int64_t peak_total = 0;
 };
 
-// Writes `data` of every rank of `comm` into `path` (docs/trace-format.md).
-void write_trace(const std::string& path, const TraceData& data, MPI_Comm comm);
+// Writes `data` of every rank of `comm` into `path` (docs/trace-format.md); see ResultFile
+// for what happens when `path` exists.
+void write_trace(const std::string& path, const TraceData& data, MPI_Comm comm, bool overwrite = false);
 
 // The provenance group and topology every result file carries: /provenance attributes and
 // the /provenance/ranks table (rank, host, device). Collective.

@@ -136,8 +136,11 @@ Request Backend::collective(const CollectiveArgs& a, Comm&) {
   throw UsageError(std::string(collective_name(a.op)) + " is not supported by the " + name() + " backend");
 }
 
+// The training strategies' gradient reductions sum (a test-only fault averages instead).
+static ReduceOp gradient_op() { return injected_fault("wrong-reduction-scale") ? ReduceOp::Avg : ReduceOp::Sum; }
+
 Request Backend::all_reduce(Buf buf, int64_t count, Comm& comm) {
-  return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, ReduceOp::Sum, 0}, comm);
+  return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, gradient_op(), 0}, comm);
 }
 
 Request Backend::all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm) {
@@ -153,7 +156,7 @@ Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
 
 Request Backend::reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm) {
   SB_ASSERT(send.dtype == recv.dtype, "reduce-scatter between different element types");
-  return collective({Collective::ReduceScatter, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
+  return collective({Collective::ReduceScatter, send.ptr, recv.ptr, count, recv.dtype, gradient_op(), 0}, comm);
 }
 
 int64_t Backend::mem_total_current() const {

@@ -40,6 +40,7 @@ class CountingBackend final : public Backend {
   }
   void release_after(void* p, Request) override { release(p); }
   void upload(void*, const void*, size_t) override {}
+  bool holds_data() const override { return false; }
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }
 
   // GEMMs are counted and recorded with their shapes (kernel_bench reads a step's shapes).

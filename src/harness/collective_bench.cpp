@@ -124,29 +124,28 @@ bool parse(int argc, char** argv, Options& o, int world) {
   app.add_option("-g,--ngpus", gpus, "devices per thread: 1 (one rank per device)")->capture_default_str();
   app.add_option("-b,--minbytes", minb, "smallest size (64, 1K, 16M, 1G)")->capture_default_str();
   app.add_option("-e,--maxbytes", maxb, "largest size")->capture_default_str();
+  NumericFlags num(app);  // every numeric flag: range-checked, no wrapping, no inf/nan
   app.add_option("-i,--stepbytes", stepb, "add this many bytes between sizes (used when -f is not given)");
-  auto* factor = app.add_option("-f,--stepfactor", o.factor, "multiply the size by this between sizes")
-      ->capture_default_str();
-  app.add_option("-n,--iters", o.iters, "timed iterations per size")->capture_default_str();
-  app.add_option("-m,--agg_iters", o.agg, "operations per iteration, issued together; the time is per "
-                                          "operation")->capture_default_str();
-  app.add_option("-w,--warmup_iters", o.warmup, "warm-up iterations per size")->capture_default_str();
-  app.add_option("-N,--run_cycles", o.cycles, "run the whole sweep this many times, printing each "
-                                              "(0: until stopped, no result file)")->capture_default_str();
+  auto* factor = num.real("-f,--stepfactor", o.factor, 0, 1e6, true, "multiply the size by this between sizes");
+  num.integer("-n,--iters", o.iters, 1, kIntMax, "timed iterations per size");
+  num.integer("-m,--agg_iters", o.agg, 1, kIntMax, "operations per iteration, issued together; the time is per "
+                                                   "operation");
+  num.integer("-w,--warmup_iters", o.warmup, 0, kIntMax, "warm-up iterations per size");
+  num.integer("-N,--run_cycles", o.cycles, 0, kIntMax, "run the whole sweep this many times, printing each "
+                                                       "(0: until stopped, no result file)");
   app.add_option("-p,--parallel_init", parallel_init, "0/1: every rank initialises its own communicator "
                                                       "already, so this changes nothing")->capture_default_str();
-  app.add_option("-c,--check", o.check, "iterations whose results are checked against expected values "
-                                        "(0: no check)")->capture_default_str();
+  num.integer("-c,--check", o.check, 0, kIntMax, "iterations whose results are checked against expected values "
+                                                 "(0: no check)");
   app.add_option("-o,--op", redop, "reduction: sum, prod, min, max, avg, or all")->capture_default_str();
   app.add_option("-d,--datatype", dtype, "float, double, int32, int64, uint8, bfloat16, half, or all")
       ->capture_default_str();
   app.add_option("-r,--root", root, "root rank of broadcast and reduce, or all")->capture_default_str();
-  app.add_option("-z,--blocking", o.blocking, "barriers between iterations, never timed: 0 none, 1 after each "
-                                              "operation (of -m), 2 none, 3 after each iteration (of -n)")
-      ->capture_default_str();
+  num.integer("-z,--blocking", o.blocking, 0, 3, "barriers between iterations, never timed: 0 none, 1 after each "
+                                                 "operation (of -m), 2 none, 3 after each iteration (of -n)");
   app.add_option("-y,--stream_null", stream_null, "0 (CUDA's null stream is not used)")->capture_default_str();
-  app.add_option("-T,--timeout", o.timeout_s, "fail (exit 1) when one size of one test runs longer than this "
-                                              "many seconds (0: no limit)")->capture_default_str();
+  num.integer("-T,--timeout", o.timeout_s, 0, kIntMax, "fail (exit 1) when one size of one test runs longer than "
+                                                        "this many seconds (0: no limit)");
   app.add_option("-G,--cudagraph", graphs, "0 (no CUDA graphs)")->capture_default_str();
   app.add_option("-C,--report_cputime", o.cputime, "1: report the host time until each call returns instead "
                                                    "of its completion (the same for blocking MPI)")
@@ -154,14 +153,13 @@ bool parse(int argc, char** argv, Options& o, int world) {
   app.add_option("-S,--report_timestamps", o.timestamps, "1: end every table row with the time it was printed")
       ->capture_default_str();
   app.add_option("-J,--output_file", o.json, "also write the table as JSON to this file");
-  app.add_option("-a,--average", o.average, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max")
-      ->capture_default_str();
+  num.integer("-a,--average", o.average, 0, 3, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max");
   app.add_option("-R,--local_register", reg, "0 (no NCCL buffer registration)")->capture_default_str();
   app.add_option("-x,--cta_policy", cta_policy, "unset (no NCCL CTA policy)");
   app.add_option("-D,--device_implementation", device_impl, "0 (NCCL's own implementation)")->capture_default_str();
   app.add_option("-V,--device_cta_count", device_ctas, "16 (only with -D > 0)")->capture_default_str();
   app.add_option("-M,--memory", o.memory, "1: report the memory of every rank at the end")->capture_default_str();
-  app.add_option("-u,--unalign", o.unalign, "misalign the buffers by this many elements")->capture_default_str();
+  num.integer("-u,--unalign", o.unalign, 0, 1 << 20, "misalign the buffers by this many elements");
   app.add_option("-I,--per_iter_timing", o.per_iter, "1: add the min, median, p99 and max of the iterations "
                                                      "to every row")->capture_default_str();
   app.add_option("-K,--per_iter_skip", o.per_iter_skip, "leave this many leading iterations out of -I's "
@@ -171,18 +169,18 @@ bool parse(int argc, char** argv, Options& o, int world) {
                "measure the non-blocking collectives (MPI_I* then wait) the training programs overlap "
                "with compute, instead of the blocking ones (MPI_Allreduce, ...)");
   app.add_flag("--barrier", o.barrier, "a barrier before every timed iteration, so all ranks start it together");
-  app.add_option("--shard-size", o.shard, "shard group size G of the hybrid operation (divides the world)");
+  num.integer("--shard-size", o.shard, 1, kIntMax, "shard group size G of the hybrid operation (divides the world)");
   app.add_option("--backend", o.backend, "cpu (MPI); cuda (NCCL) where built")->capture_default_str();
   std::string comm;
   app.add_option("--comm", comm, "--backend cuda: nccl (default), mpi, mpi-staged, mpi-direct, or a list "
                                  "(nccl,mpi: the libraries' rows side by side in one table)");
   app.add_option("--out", o.out, "HDF5 result (default: results/collective_perf-w<ranks>-<time>.h5)");
   app.add_flag("--overwrite", o.overwrite, "replace an existing --out file");
-  app.add_option("--min-busbw", o.min_busbw,
-                 "fail (exit 5) when the average bus bandwidth is under this many GB/s "
-                 "(default: $SHARDBENCH_MIN_BUSBW)");
-  app.add_option("--inject-error", o.inject_error, "self-test: corrupt one result element on this rank");
+  num.real("--min-busbw", o.min_busbw, 0, 1e9, false,
+           "fail (exit 5) when the average bus bandwidth is under this many GB/s (default: $SHARDBENCH_MIN_BUSBW)");
+  num.integer("--inject-error", o.inject_error, 0, world - 1, "self-test: corrupt one result element on this rank");
   if (!parse_command_line(app, argc, argv)) return false;
+  num.apply();
   const std::string one_rank = "collective_perf runs one rank per device (start more ranks with mpirun -np)";
   require_applicable({{"-t", threads, 1, one_rank.c_str()},
                       {"-g", gpus, 1, one_rank.c_str()},
@@ -194,12 +192,7 @@ bool parse(int argc, char** argv, Options& o, int world) {
                       {"-V", device_ctas, 16, "only with -D > 0"}});
   if (parallel_init != 0 && parallel_init != 1)
     throw UsageError("-p " + std::to_string(parallel_init) + " is not allowed (0 or 1)");
-  if (o.min_busbw == 0 && floor_env) {
-    char* end = nullptr;
-    o.min_busbw = std::strtod(floor_env, &end);
-    if (end == floor_env || *end || o.min_busbw < 0)
-      throw UsageError(std::string("SHARDBENCH_MIN_BUSBW '") + floor_env + "' is not allowed (GB/s >= 0)");
-  }
+  if (o.min_busbw == 0 && floor_env) o.min_busbw = parse_real("SHARDBENCH_MIN_BUSBW", floor_env, 0, 1e9, false);
   o.ops = parse_bench_ops(ops);
   if (!comm.empty() && o.backend != "cuda")
     throw UsageError("--comm is only allowed with --backend cuda (the CPU backend's collectives are MPI)");
@@ -674,6 +667,20 @@ int run(const Options& o, int rank, int n) {
   for (size_t i = 1; i < sides.size(); ++i)
     for (BenchOp op : o.ops) cases_of(o, op, *sides[i]->backend);  // the same cases, or a usage error
   const bool forever = o.cycles == 0;
+  // A sweep whose sizes all round down to nothing would measure nothing and look fine.
+  for (size_t k = 0; k < o.ops.size(); ++k)
+    for (const Case& c : cases[k]) {
+      bool any = false;
+      for (int64_t size = o.min_bytes; size <= o.max_bytes && !any; size = next_size(o, size))
+        any = bench_sizes(c.op, size, c.dtype, n, o.shard).count > 0;
+      int64_t smallest = 1;
+      while (!any && bench_sizes(c.op, smallest, c.dtype, n, o.shard).count == 0) ++smallest;
+      if (!any)
+        throw UsageError("-b " + std::to_string(o.min_bytes) + " -e " + std::to_string(o.max_bytes) +
+                         ": no size in the sweep is large enough for " + bench_op_name(c.op) + " of " +
+                         dtype_name(c.dtype) + " on " + std::to_string(n) + " ranks (the smallest is " +
+                         std::to_string(smallest) + " B); nothing was measured");
+    }
   const std::string stem = "collective_perf-w" + std::to_string(n);
   const std::string path = forever ? "" : resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
@@ -691,6 +698,17 @@ int run(const Options& o, int rank, int n) {
     side->bench.reset(new Bench{o, b, side->mesh, *side->world, rank, n});
     side->send_base = b.alloc(max_bytes, MemCategory::CommBuffers);
     side->recv_base = b.alloc(max_bytes, MemCategory::CommBuffers);
+  }
+  // Plan, then refuse: the buffers must fit before anything is allocated (a size the
+  // kernel's overcommit lets through would be killed when touched).
+  const int64_t need = 2 * int64_t(max_bytes) * int64_t(sides.size());
+  const int64_t limit = default_memory_limit(backend->memory_capacity());
+  if (need > limit) {
+    if (rank == 0)
+      std::printf("status: out-of-memory: -e %lld needs %s per rank (send and receive buffers), the limit is %s; "
+                  "nothing was allocated\n",
+                  (long long)o.max_bytes, human_bytes(double(need)).c_str(), human_bytes(double(limit)).c_str());
+    return kExitOutOfMemory;
   }
 
   std::vector<SampleRow> samples;
@@ -784,7 +802,7 @@ int run(const Options& o, int rank, int n) {
     for (const auto& x : items) out += (out.empty() ? "" : ",") + std::string(name(x));
     return out;
   };
-  ResultFile f(path, MPI_COMM_WORLD);
+  ResultFile f(path, MPI_COMM_WORLD, o.overwrite, int64_t(samples.size() * sizeof(SampleRow)));
   f.attributes("/", {
       Attr::integer("schema_version", kSchemaVersion), Attr::str("program", "collective_perf"),
       Attr::str("ops", join(o.ops, bench_op_name)), Attr::str("dtype", join(o.dtypes, dtype_name)),

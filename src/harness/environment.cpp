@@ -33,6 +33,12 @@ int local_ranks() {
   return n;
 }
 
+int64_t default_memory_limit(int64_t device_free) {
+  const int ranks = local_ranks();
+  if (device_free > 0) return device_free;
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / ranks;
+}
+
 std::string iso_time(double epoch_seconds) {
   const time_t t = time_t(epoch_seconds);
   struct tm tm;
@@ -60,7 +66,7 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
     const std::string base = "results/" + stem + "-" + stamp;
     mkdir("results", 0755);
     path = base + ".h5";
-    for (int i = 2; stat(path.c_str(), &st) == 0 || stat(temporary_path(path).c_str(), &st) == 0; ++i)
+    for (int i = 2; stat(path.c_str(), &st) == 0; ++i)
       path = base + "-" + std::to_string(i) + ".h5";
   }
   if (rank == 0) {
@@ -98,6 +104,7 @@ int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank,
   MPI_CHECK(MPI_Init(&argc, &argv));
   // Errors come back to MPI_CHECK, which names the call, host and rank before aborting.
   MPI_CHECK(MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+  remove_temporaries_on_signals();  // after MPI_Init, whose handlers these replace
   int rank = 0, world = 1, code = kExitOk;
   MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
   MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
@@ -106,6 +113,9 @@ int mpi_main(int argc, char** argv, int (*body)(int argc, char** argv, int rank,
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
     code = kExitUsage;
+  } catch (const RunFailure& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = kExitFailure;
   } catch (const std::exception& e) {
     SB_FATAL(std::string("unexpected error: ") + e.what());
   }

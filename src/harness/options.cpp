@@ -2,6 +2,7 @@
 // UsageError line naming the value and what is allowed.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -10,13 +11,6 @@
 #include "shardbench/harness.h"
 
 namespace sb {
-namespace {
-
-void require_positive(const char* flag, int64_t v) {
-  if (v <= 0) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (must be > 0)");
-}
-
-}  // namespace
 
 bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   const bool ddp = kind == StrategyKind::DDP;
@@ -39,19 +33,20 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   std::string names;
   for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
   app.add_option("--model", model, "model preset: " + names)->capture_default_str();
-  auto* o_dm = app.add_option("--d-model", d_model, "override d_model");
-  auto* o_ff = app.add_option("--d-ff", d_ff, "override d_ff");
-  auto* o_l = app.add_option("--layers", layers, "override layers per stack");
-  auto* o_h = app.add_option("--heads", heads, "override attention heads");
-  auto* o_kv = app.add_option("--d-kv", d_kv, "override d_kv (head width)");
-  auto* o_v = app.add_option("--vocab", vocab, "override vocabulary size");
-  app.add_option("--batch", batch, "sequences per rank")->capture_default_str();
-  app.add_option("--seq-len", seq_len, "encoder tokens per sequence")->capture_default_str();
-  app.add_option("--dec-seq-len", dec_len, "decoder tokens per sequence (default: --seq-len)");
-  app.add_option("--steps", steps, "timed steps")->capture_default_str();
-  app.add_option("--warmup", warmup, "untimed steps first (they train too)")->capture_default_str();
-  app.add_option("--seed", seed, "seed of data and initial weights")->capture_default_str();
-  app.add_option("--lr", lr, "Adam learning rate")->capture_default_str();
+  NumericFlags num(app);
+  auto* o_dm = num.integer("--d-model", d_model, 1, kIntMax, "override d_model");
+  auto* o_ff = num.integer("--d-ff", d_ff, 1, kIntMax, "override d_ff");
+  auto* o_l = num.integer("--layers", layers, 1, kIntMax, "override layers per stack");
+  auto* o_h = num.integer("--heads", heads, 1, kIntMax, "override attention heads");
+  auto* o_kv = num.integer("--d-kv", d_kv, 1, kIntMax, "override d_kv (head width)");
+  auto* o_v = num.integer("--vocab", vocab, 1, kIntMax, "override vocabulary size");
+  num.integer("--batch", batch, 1, kIntMax, "sequences per rank");
+  num.integer("--seq-len", seq_len, 1, kIntMax, "encoder tokens per sequence");
+  num.integer("--dec-seq-len", dec_len, 1, kIntMax, "decoder tokens per sequence (default: --seq-len)");
+  num.integer("--steps", steps, 1, kIntMax, "timed steps");
+  num.integer("--warmup", warmup, 0, kIntMax, "untimed steps first (they train too)");
+  num.integer("--seed", seed, 0, std::numeric_limits<int64_t>::max(), "seed of data and initial weights");
+  num.real("--lr", lr, 0, 1e6, true, "Adam learning rate");
   app.add_option("--backend", cfg.backend, "cpu, or cuda where built (one rank per GPU)")->capture_default_str();
   std::string comm = "nccl";
   auto* o_comm = app.add_option("--comm", comm,
@@ -59,16 +54,18 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                                 "the MPI library is CUDA-aware, else staged through pinned host memory; ranks may "
                                 "share a GPU) | mpi-staged | mpi-direct (force one way)")
                      ->capture_default_str();
-  app.add_option("--mem-limit-gib", cfg.mem_limit_gib,
-                 "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
+  num.real("--mem-limit-gib", cfg.mem_limit_gib, 0, 1 << 20, true,
+           "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
   app.add_option("--schedule-json", cfg.schedule_json,
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
-  app.add_option("--world-size", world, "world size to plan for with --plan (default: the MPI world)");
+  num.integer("--world-size", world, 1, 1 << 24, "world size to plan for with --plan (default: the MPI world)");
+  num.real("--timeout-s", cfg.timeout_s, 0, 1e9, false,
+           "watchdog: end the job when a rank makes no progress for this long (0: off)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
-  auto* o_tol = app.add_option("--check-tolerance", cfg.check_tolerance,
-                               "allowed relative error of --check (default 1e-5 in fp32, 5e-3 with bf16/fp16 "
-                               "--dtype or --reduce-dtype: rounding differs with the reduction order)");
+  num.real("--check-tolerance", cfg.check_tolerance, 0, 1e30, true,
+           "--check: allowed error of each reduced gradient as a multiple of its rounding bound "
+           "(docs/reliability.md)");
   app.add_option("--out", cfg.out_path,
                  "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5)");
   app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
@@ -83,11 +80,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                               "gradients, double after --loss-scale-growth-interval good steps), divided out "
                               "before Adam; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
   double init_scale = 65536;  // torch.amp.GradScaler's init_scale
-  auto* o_init = app.add_option("--loss-scale-init", init_scale, "dynamic loss scale: the first scale")
-                     ->capture_default_str();
-  app.add_option("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval,
-                 "dynamic loss scale: good steps before it doubles")
-      ->capture_default_str();
+  auto* o_init = num.real("--loss-scale-init", init_scale, 0, 3.4e38, true, "dynamic loss scale: the first scale");
+  num.integer("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval, 1, kIntMax,
+              "dynamic loss scale: good steps before it doubles");
   std::string attention;
   app.add_option("--attention", attention,
                  "fused | unfused: flash-attention style fused op, or GEMMs around a held softmax "
@@ -95,11 +90,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
                "recompute each block's forward in backward");
   if (ddp) {
-    app.add_option("--bucket-mb", cfg.strategy.bucket_mb, "gradient bucket cap in MiB (first bucket: 1 MiB)")
-        ->capture_default_str();
+    num.real("--bucket-mb", cfg.strategy.bucket_mb, 0, 1 << 20, true, "gradient bucket cap in MiB (first bucket: 1 MiB)");
   } else {
     app.add_option("--sharding", sharding, "full | hybrid | none | grad-op")->capture_default_str();
-    app.add_option("--shard-size", shard, "shard group size for --sharding hybrid");
+    num.integer("--shard-size", shard, 1, kIntMax, "shard group size for --sharding hybrid");
     app.add_option("--prefetch", prefetch, "backward prefetch: none | backward-pre | backward-post")
         ->capture_default_str();
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
@@ -110,6 +104,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
         ->capture_default_str();
   }
   if (!parse_command_line(app, argc, argv)) return false;
+  num.apply();
 
   cfg.model = model_preset(model);
   const std::pair<CLI::Option*, int64_t*> overrides[] = {
@@ -123,22 +118,22 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     }
   validate(cfg.model);
 
-  require_positive("--batch", batch);
-  require_positive("--seq-len", seq_len);
   if (dec_len == 0) dec_len = seq_len;
-  require_positive("--dec-seq-len", dec_len);
-  require_positive("--steps", steps);
-  if (warmup < 0) throw UsageError("--warmup " + std::to_string(warmup) + " is not allowed (must be >= 0)");
-  if (cfg.mem_limit_gib < 0)
-    throw UsageError("--mem-limit-gib " + std::to_string(cfg.mem_limit_gib) + " is not allowed (must be > 0)");
-  if (world < 0) throw UsageError("--world-size " + std::to_string(world) + " is not allowed (must be > 0)");
+  // Token counts per rank are GEMM row counts (int): refuse what would wrap.
+  for (auto [flag, len] : {std::pair<const char*, int64_t>{"--seq-len", seq_len}, {"--dec-seq-len", dec_len}})
+    if (batch * len > kIntMax)
+      throw UsageError(std::string("--batch ") + std::to_string(batch) + " x " + flag + " " + std::to_string(len) +
+                       " = " + std::to_string(batch * len) + " tokens per rank is not allowed (at most " +
+                       std::to_string(kIntMax) + ")");
+  // Attention scores (batch x heads x T x T, a few per layer) and their sum over the layers
+  // must stay countable in 64-bit bytes: 8 score-sized fp32 arrays per layer bound it.
+  const long double longest = std::max(seq_len, dec_len);
+  if (longest * longest * batch * cfg.model.heads * 4 * 8 * (2 * cfg.model.layers + 2) > 9.2e18L)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " / --dec-seq-len " + std::to_string(dec_len) +
+                     " is not allowed with --batch " + std::to_string(batch) + " and " +
+                     std::to_string(cfg.model.heads) + " heads (attention scores beyond 2^63 bytes)");
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
   if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
-  if (!(lr > 0)) throw UsageError("--lr " + std::to_string(lr) + " is not allowed (must be > 0)");
-  if (!(cfg.check_tolerance > 0))
-    throw UsageError("--check-tolerance is not allowed to be <= 0");
-  if (ddp && !(cfg.strategy.bucket_mb > 0))
-    throw UsageError("--bucket-mb " + std::to_string(cfg.strategy.bucket_mb) + " is not allowed (must be > 0)");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
   cfg.comm = parse_comm_library(comm, "--comm");
@@ -159,27 +154,22 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");
   cfg.strategy.reduce_dtype = reduce_dtype.empty() ? cfg.strategy.param_dtype
                                                    : parse_precision(reduce_dtype, "--reduce-dtype");
-  const bool low_precision = cfg.strategy.param_dtype != DType::F32 || cfg.strategy.reduce_dtype != DType::F32;
-  if (!o_tol->count()) cfg.check_tolerance = low_precision ? 5e-3 : 1e-5;
   const bool fp16 = cfg.strategy.param_dtype == DType::F16 || cfg.strategy.reduce_dtype == DType::F16;
   if (!o_ls->count() && fp16) loss_scale = "dynamic";
   cfg.strategy.dynamic_loss_scale = loss_scale == "dynamic";
   if (o_init->count() && !cfg.strategy.dynamic_loss_scale)
     throw UsageError("--loss-scale-init is only allowed with --loss-scale dynamic");
   if (cfg.strategy.dynamic_loss_scale) {
-    if (!(init_scale > 0) || !(init_scale <= 3.4e38))
-      throw UsageError("--loss-scale-init " + std::to_string(init_scale) + " is not allowed (a number > 0)");
     cfg.strategy.loss_scale = float(init_scale);
   } else {
-    char* end = nullptr;
-    const double v = std::strtod(loss_scale.c_str(), &end);
-    if (end == loss_scale.c_str() || *end || !(v > 0) || !std::isfinite(v) || v > 3.4e38)
-      throw UsageError("--loss-scale '" + loss_scale + "' is not allowed (a number > 0, or dynamic)");
+    double v = 0;
+    try {
+      v = parse_real("--loss-scale", loss_scale, 0, 3.4e38, true);
+    } catch (const UsageError&) {
+      throw UsageError("--loss-scale '" + loss_scale + "' is not allowed (" + real_range(0, 3.4e38, true) + ", or dynamic)");
+    }
     cfg.strategy.loss_scale = float(v);
   }
-  if (cfg.strategy.loss_scale_growth_interval < 1)
-    throw UsageError("--loss-scale-growth-interval " + std::to_string(cfg.strategy.loss_scale_growth_interval) +
-                     " is not allowed (must be >= 1)");
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);

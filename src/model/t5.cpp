@@ -162,22 +162,23 @@ struct T5Step::Impl {
     for (int st = 0; st < 2; ++st) {
       const int T = seq(st);
       if (fused()) {  // the bucket of j - i, for j - i = -(T-1) .. T-1
-        std::vector<int> rel(size_t(2 * T - 1));
-        for (int r = 1 - T; r < T; ++r)
+        std::vector<int> rel(b.holds_data() ? size_t(2 * T - 1) : 0);
+        for (int r = 1 - T; r < T && b.holds_data(); ++r)
           rel[size_t(r + T - 1)] = relative_position_bucket(r, /*bidirectional=*/st == 0, int(s.num_buckets),
                                                             int(s.max_distance));
         buckets[st] = b.alloc_ints(2 * T - 1, ws);
-        b.upload(buckets[st], rel.data(), rel.size() * sizeof(int));
+        if (b.holds_data()) b.upload(buckets[st], rel.data(), rel.size() * sizeof(int));
         dbias[st] = b.alloc_buf(table_numel(), dtype, ws);
         continue;
       }
-      std::vector<int> table(size_t(T) * T);
-      for (int i = 0; i < T; ++i)
-        for (int j = 0; j < T; ++j)
-          table[size_t(i) * T + j] = relative_position_bucket(
-              j - i, /*bidirectional=*/st == 0, int(s.num_buckets), int(s.max_distance));
       buckets[st] = b.alloc_ints(int64_t(T) * T, ws);
-      b.upload(buckets[st], table.data(), table.size() * sizeof(int));
+      // One row at a time (host memory O(T), not O(T²)); nothing at all for the plan.
+      std::vector<int> row(b.holds_data() ? T : 0);
+      for (int i = 0; i < T && b.holds_data(); ++i) {
+        for (int j = 0; j < T; ++j)
+          row[j] = relative_position_bucket(j - i, /*bidirectional=*/st == 0, int(s.num_buckets), int(s.max_distance));
+        b.upload(buckets[st] + int64_t(i) * T, row.data(), row.size() * sizeof(int));
+      }
       dbias[st] = b.alloc_buf(int64_t(H) * T * T, dtype, ws);
     }
     losses = b.alloc_floats(Nd, ws);
@@ -568,6 +569,7 @@ void T5Step::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::
 
 void T5Step::set_tokens(const Tokens& t) {
   Impl& m = *impl_;
+  if (!m.b.holds_data()) return;  // the plan: no tokens are built for it
   SB_ASSERT(int64_t(t.enc_ids.size()) == m.Ne, "enc_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.dec_ids.size()) == m.Nd, "dec_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.labels.size()) == m.Nd, "labels size does not match the step shape");
@@ -585,6 +587,7 @@ void T5Step::backward(int stage, CBuf params, Buf grads) {
 
 double T5Step::loss_sum() {
   Impl& m = *impl_;
+  if (!m.b.holds_data()) return 0;  // the plan
   std::vector<float> host(m.Nd);
   m.b.download(host.data(), m.losses, host.size() * sizeof(float));
   double sum = 0;

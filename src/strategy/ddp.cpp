@@ -66,6 +66,11 @@ class DDP final : public TrainingSchedule {
     b_.download(host.data(), params_ + offset_[u], host.size() * 4);
     return host;
   }
+  std::vector<float> gather_unit_grad(int u) override {
+    std::vector<char> raw(units_[u].numel * dtype_size(reduced_.dtype));
+    b_.download(raw.data(), (reduced_ + offset_[u]).ptr, raw.size());
+    return host_as_f32(raw, reduced_.dtype, units_[u].numel);
+  }
 
  private:
   // PyTorch's compute_bucket_assignment_by_size: whole tensors, in gradient order (the

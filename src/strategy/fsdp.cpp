@@ -71,15 +71,8 @@ class FSDP final : public TrainingSchedule {
     for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
   }
 
-  std::vector<float> gather_unit(int u) override {
-    const ShardInfo& s = shards_[u];
-    float* full = b_.alloc_floats(s.padded, MemCategory::CommBuffers);
-    b_.wait(b_.all_gather(params_ + offset_[u], full, s.size, *mesh_.shard_comm));
-    std::vector<float> host(s.numel);
-    b_.download(host.data(), full, host.size() * 4);
-    b_.release(full);
-    return host;
-  }
+  std::vector<float> gather_unit(int u) override { return gather_on_host(params_ + offset_[u], u); }
+  std::vector<float> gather_unit_grad(int u) override { return gather_on_host(grads_ + offset_[u], u); }
 
  private:
   bool sharded() const { return mesh_.layout.shard > 1; }
@@ -87,6 +80,20 @@ class FSDP final : public TrainingSchedule {
   // Backward writes into a separate unsharded gradient (rather than the shard itself).
   bool separate_grad() const { return sharded() || cfg_.param_dtype != cfg_.reduce_dtype; }
   bool keep_after_forward(int u) const { return u == 0 || cfg_.sharding == Sharding::GradOp; }
+
+  // Unit u's shards at `shard` gathered as fp32 on the host: no backend memory, so checks
+  // between steps leave the run's memory peaks as they were.
+  std::vector<float> gather_on_host(CBuf shard, int u) {
+    const ShardInfo& s = shards_[u];
+    const int bytes = int(s.size * dtype_size(shard.dtype));
+    std::vector<char> mine(bytes), full(size_t(bytes) * mesh_.layout.shard);
+    b_.download(mine.data(), shard.ptr, bytes);
+    if (sharded())
+      MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, full.data(), bytes, MPI_BYTE, mesh_.shard_mpi));
+    else
+      full = mine;
+    return host_as_f32(full, shard.dtype, s.numel);
+  }
 
   // ---- parameters ----
   CBuf params_for(int u) override {
@@ -160,7 +167,7 @@ class FSDP final : public TrainingSchedule {
     const int u = backward_unit(pos);
     if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < num_stages()) prefetch(backward_unit(pos + 1));
     if (unit_stages_[u].last_backward == pos) {
-      free_gathered(u);
+      if (!(u == 1 && injected_fault("stale-prefetch"))) free_gathered(u);  // the fault: never re-gathered
       reduce_gradients(u);
     }
   }

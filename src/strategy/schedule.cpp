@@ -109,6 +109,11 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     ScopedContext ctx(b_, Phase::Backward, -1);
     finish_gradients();
   }
+  if (injected_fault("drop-grad-shard") && mesh_.layout.rank == mesh_.layout.world - 1) {
+    int64_t n = 0;
+    const CBuf g = reduced_gradients(n);
+    b_.fill(Buf(const_cast<void*>(g.ptr), g.dtype), 0.f, n / 4);
+  }
   ScopedContext ctx(b_, Phase::Optimizer, -1);
   skipped_ = cfg_.dynamic_loss_scale && !gradients_finite();
   if (skipped_) {  // GradScaler: skip the update, back off

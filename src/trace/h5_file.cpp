@@ -1,8 +1,12 @@
 #include <hdf5.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "shardbench/check.h"
@@ -68,17 +72,73 @@ hid_t compound_type(const std::vector<Column>& columns, size_t row_size) {
   return t;
 }
 
+// A name of its own for every run's temporary (host and process of rank 0), so two runs
+// writing the same --out never share one.
+std::string unique_temporary(const std::string& path, MPI_Comm comm) {
+  char host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  char tag[128];
+  std::snprintf(tag, sizeof tag, ".%s.%ld.tmp", host, long(getpid()));
+  MPI_CHECK(MPI_Bcast(tag, sizeof tag, MPI_CHAR, 0, comm));
+  return path + tag;
+}
+
+std::string directory_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? "." : path.substr(0, slash + 1);
+}
+
+// Flushes a file (or a directory's entries) to stable storage; 0 or the errno.
+int sync_path(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags);
+  if (fd < 0) return errno;
+  const int rc = fsync(fd) == 0 ? 0 : errno;
+  close(fd);
+  return rc;
+}
+
+// "dir/run.h5" -> "dir/run-N.h5"
+std::string suffixed(const std::string& path, int n) {
+  const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+  const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
+  const std::string stem = ext ? path.substr(0, dot) : path, tail = ext ? path.substr(dot) : "";
+  return stem + "-" + std::to_string(n) + tail;
+}
+
+// Moves `from` to `to` unless `to` exists (atomically: renameat2 RENAME_NOREPLACE, or
+// link + unlink where the filesystem lacks it). Returns 0, or the errno (EEXIST: taken).
+int publish_no_clobber(const std::string& from, const std::string& to) {
+  if (renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
+  if (link(from.c_str(), to.c_str()) != 0) return errno;
+  unlink(from.c_str());
+  return 0;
+}
+
 }  // namespace
 
-std::string temporary_path(const std::string& path) { return path + ".tmp"; }
-
-ResultFile::ResultFile(std::string path, MPI_Comm comm) : path_(std::move(path)), comm_(comm) {
+ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t local_bytes)
+    : path_(std::move(path)), tmp_(unique_temporary(path_, comm)), comm_(comm), overwrite_(overwrite) {
+  // Room for the tables and the metadata (a conservative 1 MiB), checked before anything is
+  // written: a full disk is named, not found out by a failing H5Dwrite.
+  int64_t needed = 0;
+  MPI_CHECK(MPI_Allreduce(&local_bytes, &needed, 1, MPI_INT64_T, MPI_SUM, comm));
+  needed += 1 << 20;
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  int64_t avail = rank == 0 ? free_bytes(directory_of(path_)) : 0;
+  MPI_CHECK(MPI_Bcast(&avail, 1, MPI_INT64_T, 0, comm));
+  if (avail >= 0 && avail < needed)
+    throw RunFailure("No space left on device: '" + directory_of(path_) + "' has " + std::to_string(avail) +
+                     " bytes free, the result " + path_ + " needs about " + std::to_string(needed) +
+                     " bytes; nothing was written");
+  register_temporary(tmp_, needed);
   H5_CHECK(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));  // errors are reported by H5_CHECK
   H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
   H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
   H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
-  file_ = H5_CHECK(H5Fcreate(temporary_path(path_).c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+  file_ = H5_CHECK(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl));
 }
 
 ResultFile::~ResultFile() {
@@ -86,7 +146,8 @@ ResultFile::~ResultFile() {
   if (file_ >= 0) H5Fclose(file_);
   int rank = 0;
   MPI_Comm_rank(comm_, &rank);
-  if (rank == 0) std::remove(temporary_path(path_).c_str());
+  if (rank == 0) std::remove(tmp_.c_str());
+  forget_temporary(tmp_);
 }
 
 int64_t ResultFile::group(const std::string& name) {
@@ -142,16 +203,63 @@ void ResultFile::write_rows(const std::string& name, const std::vector<Column>& 
   H5_CHECK(H5Dwrite(dset, type, mspace, fspace, xfer, local > 0 ? rows : dummy.data()));
 }
 
+// Publishes the temporary under the final name. Without --overwrite the name is taken only
+// if free at this moment: a run that lost the race to another with the same --out keeps its
+// result under a suffixed name and ends with a usage error (exit 2) on every rank.
 void ResultFile::commit() {
+  int rank = 0;
+  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
+  if (const char* delay = std::getenv("SHARDBENCH_TEST_PUBLISH_DELAY_S"))  // test only: races, signals
+    if (rank == 0) sleep(unsigned(std::atoi(delay)));
   H5_CHECK(H5Fclose(file_));
   file_ = -1;
   MPI_CHECK(MPI_Barrier(comm_));
-  int rank = 0;
-  MPI_CHECK(MPI_Comm_rank(comm_, &rank));
-  if (rank == 0 && std::rename(temporary_path(path_).c_str(), path_.c_str()) != 0)
-    SB_FATAL("cannot rename " + temporary_path(path_) + " to " + path_ + ": " + std::strerror(errno));
-  MPI_CHECK(MPI_Barrier(comm_));
+  char kept[4096] = "";  // rank 0: the suffixed name when the final one was taken
+  if (rank == 0) {
+    // On stable storage before it gets the final name: a node crash cannot leave a
+    // truncated file there.
+    if (const int err = sync_path(tmp_, O_RDONLY)) {
+      const std::string cause = disk_space_cause();
+      SB_FATAL("fsync " + tmp_ + ": " + (cause.empty() ? std::strerror(err) : cause));
+    }
+    int err = 0;
+    if (overwrite_) {
+      if (std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
+    } else {
+      err = publish_no_clobber(tmp_, path_);
+      for (int n = 2; err == EEXIST && n < 10000; ++n) {
+        const std::string other = suffixed(path_, n);
+        err = publish_no_clobber(tmp_, other);
+        if (err == 0) std::snprintf(kept, sizeof kept, "%s", other.c_str());
+      }
+    }
+    if (err != 0) SB_FATAL("cannot publish " + tmp_ + " as " + path_ + ": " + std::strerror(err));
+    sync_path(directory_of(path_), O_RDONLY | O_DIRECTORY);  // the new name itself
+  }
+  forget_temporary(tmp_);
+  MPI_CHECK(MPI_Bcast(kept, sizeof kept, MPI_CHAR, 0, comm_));
   committed_ = true;
+  if (kept[0])
+    throw UsageError("--out '" + path_ + "' was written by another run while this one ran: this result is kept as '" +
+                     kept + "'");
+}
+
+void write_failure_record(const std::string& path, const std::vector<Attr>& attrs) {
+  const std::string tmp = path + ".failed.tmp";
+  register_temporary(tmp, 0);
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+  const hid_t file = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);  // this process only
+  bool ok = file >= 0;
+  if (ok) {
+    const hid_t root = H5Gopen2(file, "/", H5P_DEFAULT);
+    for (const Attr& a : attrs) write_attr(root, a);
+    H5Gclose(root);
+    ok = H5Fclose(file) >= 0 && sync_path(tmp, O_RDONLY) == 0;
+  }
+  int err = ok ? publish_no_clobber(tmp, path) : -1;
+  for (int n = 2; err == EEXIST && n < 10000; ++n) err = publish_no_clobber(tmp, suffixed(path, n));
+  if (err != 0) unlink(tmp.c_str());
+  forget_temporary(tmp);
 }
 
 }  // namespace sb

@@ -91,10 +91,14 @@ void write_provenance(ResultFile& f, const std::vector<Attr>& provenance, const 
           std::vector<RankRow>{r});
 }
 
-void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm) {
+void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, bool overwrite) {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  ResultFile f(path, comm);
+  const int64_t bytes = int64_t(d.steps.size() * sizeof(StepRow)) +
+                        int64_t((d.events ? d.events->size() : 0) * sizeof(EventRow)) +
+                        int64_t((d.memory ? d.memory->size() : 0) * sizeof(MemoryRow)) + sizeof(PeakRow) +
+                        sizeof(RankRow);
+  ResultFile f(path, comm, overwrite, bytes);
   std::vector<Attr> root = {Attr::integer("schema_version", kSchemaVersion)};
   root.insert(root.end(), d.run.begin(), d.run.end());
   f.attributes("/", root);
