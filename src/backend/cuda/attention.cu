@@ -28,6 +28,7 @@
 
 #include "attention.cuh"
 #include "cuda_check.cuh"  // CUDA_LAUNCH
+#include "elem_io.cuh"     // ld, st
 
 namespace sb {
 namespace cuda {
@@ -43,13 +44,6 @@ static_assert(kChunk * kQuad == kThreadsPerBlock, "the kv pass has one quad per 
 static_assert(kRowTile + kChunk - 1 <= kThreadsPerBlock, "one thread per diagonal of a dS tile");
 constexpr unsigned kFull = 0xffffffffu;
 
-__device__ __forceinline__ float ld(float x) { return x; }
-__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ld(__half x) { return __half2float(x); }
-template <class T> __device__ __forceinline__ T st(float x);
-template <> __device__ __forceinline__ float st<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
-template <> __device__ __forceinline__ __half st<__half>(float x) { return __float2half_rn(x); }
 
 // Elements between rows of q, k, v, o (AttentionShape::ld() is host-only).
 __host__ __device__ __forceinline__ int64_t row_stride(const AttentionShape& s) { return int64_t(s.heads) * s.d_kv; }

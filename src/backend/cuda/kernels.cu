@@ -15,6 +15,7 @@
 #include <cstdint>
 
 #include "cuda_check.cuh"      // CUDA_LAUNCH
+#include "elem_io.cuh"          // ld, st
 #include "kernels.cuh"
 #include "shardbench/rng.h"    // uniform_pm1, shared with the CPU backend
 
@@ -34,13 +35,6 @@ unsigned row_threads(int64_t cols) {
   return unsigned(std::min<int64_t>(1024, std::max<int64_t>(32, (t + 31) / 32 * 32)));
 }
 
-__device__ __forceinline__ float ld(float x) { return x; }
-__device__ __forceinline__ float ld(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float ld(__half x) { return __half2float(x); }
-template <class T> __device__ __forceinline__ T st(float x);
-template <> __device__ __forceinline__ float st<float>(float x) { return x; }
-template <> __device__ __forceinline__ __nv_bfloat16 st<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
-template <> __device__ __forceinline__ __half st<__half>(float x) { return __float2half(x); }
 
 #define GRID_STRIDE(i, n) \
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < (n); i += int64_t(gridDim.x) * blockDim.x)
