@@ -115,8 +115,8 @@ expect "unknown reduce op" 2 "-o 'median' is not allowed" -- "${MPI2[@]}" $CP -o
 expect "shard size not dividing the world" 2 "shard size 3 is not allowed with world size 4" -- \
   "${MPI4[@]}" $CP --ops hybrid --shard-size 3 --out $B/x.h5
 expect "hybrid without a shard size" 2 "needs --shard-size" -- "${MPI2[@]}" $CP --ops hybrid --out $B/x.h5
-expect "-z 4" 2 "-z 4 is not allowed \(0, 1, 2 or 3\)" -- "${MPI2[@]}" $CP -z 4 --out $B/x.h5
-expect "-c -1" 2 "-c -1 is not allowed \(a count of checked iterations" -- "${MPI2[@]}" $CP -c -1 --out $B/x.h5
+expect "-z 4" 2 "-z 4 is not allowed \(an integer from 0 to 3\)" -- "${MPI2[@]}" $CP -z 4 --out $B/x.h5
+expect "-c -1" 2 "-c -1 is not allowed \(an integer from 0 to" -- "${MPI2[@]}" $CP -c -1 --out $B/x.h5
 expect "-o mulsum" 2 "-o mulsum is not allowed" -- "${MPI2[@]}" $CP -o mulsum --out $B/x.h5
 expect "-r beyond the ranks" 2 "-r 2 is not allowed \(a rank below 2, or all\)" -- "${MPI2[@]}" $CP -r 2 --out $B/x.h5
 expect "-K not below -n" 2 "-K 5 is not allowed \(must be below -n 5\)" -- "${MPI2[@]}" $CP -n 5 -K 5 --out $B/x.h5

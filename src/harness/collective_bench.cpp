@@ -133,8 +133,8 @@ bool parse(int argc, char** argv, Options& o, int world) {
   num.integer("-w,--warmup_iters", o.warmup, 0, kIntMax, "warm-up iterations per size");
   num.integer("-N,--run_cycles", o.cycles, 0, kIntMax, "run the whole sweep this many times, printing each "
                                                        "(0: until stopped, no result file)");
-  app.add_option("-p,--parallel_init", parallel_init, "0/1: every rank initialises its own communicator "
-                                                      "already, so this changes nothing")->capture_default_str();
+  num.integer("-p,--parallel_init", parallel_init, 0, 1, "every rank initialises its own communicator already, "
+                                                        "so this changes nothing");
   num.integer("-c,--check", o.check, 0, kIntMax, "iterations whose results are checked against expected values "
                                                  "(0: no check)");
   app.add_option("-o,--op", redop, "reduction: sum, prod, min, max, avg, or all")->capture_default_str();
@@ -147,23 +147,21 @@ bool parse(int argc, char** argv, Options& o, int world) {
   num.integer("-T,--timeout", o.timeout_s, 0, kIntMax, "fail (exit 1) when one size of one test runs longer than "
                                                         "this many seconds (0: no limit)");
   app.add_option("-G,--cudagraph", graphs, "0 (no CUDA graphs)")->capture_default_str();
-  app.add_option("-C,--report_cputime", o.cputime, "1: report the host time until each call returns instead "
-                                                   "of its completion (the same for blocking MPI)")
-      ->capture_default_str();
-  app.add_option("-S,--report_timestamps", o.timestamps, "1: end every table row with the time it was printed")
-      ->capture_default_str();
+  num.integer("-C,--report_cputime", o.cputime, 0, 1, "1: report the host time until each call returns instead "
+                                                      "of its completion (the same for blocking MPI)");
+  num.integer("-S,--report_timestamps", o.timestamps, 0, 1, "1: end every table row with the time it was printed");
   app.add_option("-J,--output_file", o.json, "also write the table as JSON to this file");
   num.integer("-a,--average", o.average, 0, 3, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max");
   app.add_option("-R,--local_register", reg, "0 (no NCCL buffer registration)")->capture_default_str();
   app.add_option("-x,--cta_policy", cta_policy, "unset (no NCCL CTA policy)");
   app.add_option("-D,--device_implementation", device_impl, "0 (NCCL's own implementation)")->capture_default_str();
   app.add_option("-V,--device_cta_count", device_ctas, "16 (only with -D > 0)")->capture_default_str();
-  app.add_option("-M,--memory", o.memory, "1: report the memory of every rank at the end")->capture_default_str();
+  num.integer("-M,--memory", o.memory, 0, 1, "1: report the memory of every rank at the end");
   num.integer("-u,--unalign", o.unalign, 0, 1 << 20, "misalign the buffers by this many elements");
-  app.add_option("-I,--per_iter_timing", o.per_iter, "1: add the min, median, p99 and max of the iterations "
-                                                     "to every row")->capture_default_str();
-  app.add_option("-K,--per_iter_skip", o.per_iter_skip, "leave this many leading iterations out of -I's "
-                                                        "figures")->capture_default_str();
+  num.integer("-I,--per_iter_timing", o.per_iter, 0, 1, "1: add the min, median, p99 and max of the iterations "
+                                                        "to every row");
+  num.integer("-K,--per_iter_skip", o.per_iter_skip, 0, kIntMax, "leave this many leading iterations out of -I's "
+                                                                 "figures");
   // shardbench's own.
   app.add_flag("--nonblocking", o.nonblocking,
                "measure the non-blocking collectives (MPI_I* then wait) the training programs overlap "
@@ -190,8 +188,6 @@ bool parse(int argc, char** argv, Options& o, int world) {
                       {"-x", cta_policy, -1, "NCCL's CTA policy is not set"},
                       {"-D", device_impl, 0, "NCCL's device implementations are not used"},
                       {"-V", device_ctas, 16, "only with -D > 0"}});
-  if (parallel_init != 0 && parallel_init != 1)
-    throw UsageError("-p " + std::to_string(parallel_init) + " is not allowed (0 or 1)");
   if (o.min_busbw == 0 && floor_env) o.min_busbw = parse_real("SHARDBENCH_MIN_BUSBW", floor_env, 0, 1e9, false);
   o.ops = parse_bench_ops(ops);
   if (!comm.empty() && o.backend != "cuda")
@@ -215,28 +211,9 @@ bool parse(int argc, char** argv, Options& o, int world) {
   o.dtypes = parse_dtypes(dtype);
   o.redops = parse_redops(redop);
   o.roots = parse_roots(root, world);
-  auto at_least = [](const char* flag, int v, int min, const char* what) {
-    if (v < min) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (" + what + ")");
-  };
-  at_least("-n", o.iters, 1, "must be >= 1");
-  at_least("-w", o.warmup, 0, "must be >= 0");
-  at_least("-m", o.agg, 1, "must be >= 1");
-  at_least("-N", o.cycles, 0, "must be >= 0; 0 runs until stopped");
-  at_least("-c", o.check, 0, "a count of checked iterations, >= 0");
-  at_least("-T", o.timeout_s, 0, "seconds, >= 0");
-  at_least("-u", o.unalign, 0, "elements, >= 0");
-  at_least("-K", o.per_iter_skip, 0, "must be >= 0");
   if (o.per_iter_skip >= o.iters)
     throw UsageError("-K " + std::to_string(o.per_iter_skip) + " is not allowed (must be below -n " +
                      std::to_string(o.iters) + ")");
-  if (o.blocking < 0 || o.blocking > 3)
-    throw UsageError("-z " + std::to_string(o.blocking) + " is not allowed (0, 1, 2 or 3)");
-  for (auto [flag, v] : {std::pair<const char*, int>{"-C", o.cputime}, {"-S", o.timestamps}, {"-M", o.memory},
-                         {"-I", o.per_iter}})
-    if (v != 0 && v != 1) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (0 or 1)");
-  if (o.average < 0 || o.average > 3)
-    throw UsageError("-a " + std::to_string(o.average) + " is not allowed (0 rank 0, 1 avg, 2 min, 3 max)");
-  if (o.min_busbw < 0) throw UsageError("--min-busbw is not allowed to be negative");
   if (!o.json.empty()) check_writable("-J", o.json);
   const bool hybrid = std::count(o.ops.begin(), o.ops.end(), BenchOp::Hybrid) > 0;
   if (hybrid && o.shard == 0) throw UsageError("--ops hybrid needs --shard-size G (G divides the world size)");
@@ -693,12 +670,6 @@ int run(const Options& o, int rank, int n) {
       const BenchSizes s = bench_sizes(c.op, o.max_bytes, c.dtype, n, o.shard);
       max_bytes = std::max(max_bytes, size_t(std::max(s.send, s.recv) + o.unalign) * dtype_size(c.dtype));
     }
-  for (auto& side : sides) {
-    Backend& b = *side->backend;
-    side->bench.reset(new Bench{o, b, side->mesh, *side->world, rank, n});
-    side->send_base = b.alloc(max_bytes, MemCategory::CommBuffers);
-    side->recv_base = b.alloc(max_bytes, MemCategory::CommBuffers);
-  }
   // Plan, then refuse: the buffers must fit before anything is allocated (a size the
   // kernel's overcommit lets through would be killed when touched).
   const int64_t need = 2 * int64_t(max_bytes) * int64_t(sides.size());
@@ -709,6 +680,12 @@ int run(const Options& o, int rank, int n) {
                   "nothing was allocated\n",
                   (long long)o.max_bytes, human_bytes(double(need)).c_str(), human_bytes(double(limit)).c_str());
     return kExitOutOfMemory;
+  }
+  for (auto& side : sides) {
+    Backend& b = *side->backend;
+    side->bench.reset(new Bench{o, b, side->mesh, *side->world, rank, n});
+    side->send_base = b.alloc(max_bytes, MemCategory::CommBuffers);
+    side->recv_base = b.alloc(max_bytes, MemCategory::CommBuffers);
   }
 
   std::vector<SampleRow> samples;
