@@ -14,6 +14,8 @@ import tomllib
 import h5py
 import numpy as np
 
+import shardbench_h5  # (this folder) names(): the codes' names as the files give them
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISIONS = ("fp32", "bf16", "fp16")
 OP = {"gemm": 0, "elementwise": 1, "optimizer": 2, "copy": 3, "all-reduce": 4, "all-gather": 5,
@@ -300,7 +302,7 @@ def calibrate_collectives(cluster, path):
             if _attr(f, "program") != "collective_perf":
                 raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
             n, nodes = _attr(f, "world_size"), _attr(f, "nodes")
-            names = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["op_names"]]
+            names = shardbench_h5.names(f["results"])
             r = f["results"][()]
     except OSError as err:
         raise ProjectionError(f"--calibrate-collectives {path}: {err}")

@@ -37,6 +37,8 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import shardbench_h5  # noqa: E402
+
 MIN_BASELINE_RUNS = 3
 SAMPLE_FIELDS = ("op", "in_place", "size", "iteration", "time")
 
@@ -80,7 +82,7 @@ def read_run(fname):
                 raise InputError(f"{fname}: its data check found wrong elements (status failed): not comparable")
             if "samples" not in f:
                 raise InputError(f"{fname}: no samples table")
-            names = [n.decode() if isinstance(n, bytes) else str(n) for n in f["samples"].attrs["op_names"]]
+            names = shardbench_h5.names(f["samples"])
             s = f["samples"][()]
     except InputError:
         raise

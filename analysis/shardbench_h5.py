@@ -36,6 +36,12 @@ TRAINING_KEYS = ("program", "label", "strategy", "model", "world_size", "batch_p
 CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "workspace"]
 
 
+def names(dataset, attr="op_names"):
+    """The names a table's codes stand for (op_names, phase_names, ...), as the file gives
+    them: the one decoding of those attributes for every reader."""
+    return [str(x) for x in _value(dataset.attrs[attr])]
+
+
 def _value(v):
     if isinstance(v, bytes):
         return v.decode()
