@@ -13,7 +13,7 @@ median as a dot. Labels say what a rank ran on (CPU rank, GPU). Warnings come fr
 results (what the programs printed, e.g. more ranks than cores) and from the report's
 own checks (failed or skipped steps, few or widely spread steps).
 
-Exit codes: 0 written; 2 bad input (not a folder, no results, mixed schema versions); 3 some
+Exit codes: 0 written; 2 bad input (not a folder, no results); 3 some
 files were unreadable and skipped (one line each), the report holds the rest.
 """
 import html
