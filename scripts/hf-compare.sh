@@ -12,6 +12,7 @@
 # any run failed, 0 otherwise. Target (docs/performance.md): ours / compiled <= 0.85.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+source scripts/mpi-env.sh  # as root: mpirun's permission; the same MPI settings as gpu-check
 OUT=${1:?usage: scripts/hf-compare.sh OUTDIR [LAYERS]}
 LAYERS=${2:-4}
 PYTHON=${PYTHON:-python3}
