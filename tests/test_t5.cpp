@@ -175,18 +175,22 @@ TEST(T5Step, CheckpointingGivesTheSameLossAndGradients) {
       ASSERT_NEAR(g0[u][i], g1[u][i], 1e-6 + 1e-5 * std::abs(g0[u][i])) << "unit " << u << " element " << i;
 }
 
+// Both attention paths count the model's FLOPs (the fused op as the GEMMs it replaces),
+// and with checkpointing the hardware's.
 TEST(T5Step, CountsExactlyTheModelAndHardwareFlops) {
   const ModelSpec spec = model_preset("t5-small");
   const StepShape x{2, 32, 16};
-  for (bool ckpt : {false, true}) {
-    auto b = make_counting_backend();
-    Harness h(*b, spec, x, ckpt);
-    h.forward();
-    EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x), 1e-9 * forward_flops(spec, x));
-    h.backward();
-    const double want = ckpt ? hardware_flops_per_step(spec, x, true) : model_flops_per_step(spec, x);
-    EXPECT_NEAR(counted_gemm_flops(*b), want, 1e-9 * want) << "checkpointing " << ckpt;
-  }
+  for (AttentionImpl attn : {AttentionImpl::Unfused, AttentionImpl::Fused})
+    for (bool ckpt : {false, true}) {
+      auto b = make_counting_backend();
+      Harness h(*b, spec, x, ckpt, DType::F32, 1.f, attn);
+      h.forward();
+      EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x), 1e-9 * forward_flops(spec, x));
+      h.backward();
+      const double want = ckpt ? hardware_flops_per_step(spec, x, true) : model_flops_per_step(spec, x);
+      EXPECT_NEAR(counted_gemm_flops(*b), want, 1e-9 * want)
+          << "checkpointing " << ckpt << (attn == AttentionImpl::Fused ? ", fused" : ", unfused");
+    }
 }
 
 TEST(T5Step, ActivationsAreReleasedAndCountingMatchesCpu) {
@@ -416,22 +420,6 @@ TEST(T5Step, FusedAttentionIsAccountedExactly) {
       }
       EXPECT_LT(act_peak[1], act_peak[0]) << dtype_name(t) << " ckpt " << ckpt;
     }
-}
-
-// The fused op is counted as the GEMMs it replaces: the step's counted FLOPs stay the
-// model's (and with checkpointing the hardware's).
-TEST(T5Step, FusedAttentionCountsTheModelFlops) {
-  const ModelSpec spec = model_preset("t5-small");
-  const StepShape x{2, 32, 16};
-  for (bool ckpt : {false, true}) {
-    auto b = make_counting_backend();
-    Harness h(*b, spec, x, ckpt, DType::F32, 1.f, AttentionImpl::Fused);
-    h.forward();
-    EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x), 1e-9 * forward_flops(spec, x));
-    h.backward();
-    const double want = ckpt ? hardware_flops_per_step(spec, x, true) : model_flops_per_step(spec, x);
-    EXPECT_NEAR(counted_gemm_flops(*b), want, 1e-9 * want) << "checkpointing " << ckpt;
-  }
 }
 
 // Whole training steps: forward, backward and Adam on fp32 master weights, three steps
