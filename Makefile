@@ -31,7 +31,9 @@ CXXFLAGS  += $(HDF5_CFLAGS) -I$(BUILD)/gen
 LDLIBS    := $(HDF5_LIBS) -lopenblas -lpthread
 GTEST_LIBS:= -lgtest -lgtest_main -pthread
 
-LIB_SRC := $(wildcard src/model/*.cpp src/backend/*.cpp src/strategy/*.cpp src/trace/*.cpp src/harness/*.cpp)
+# The library's folders, bottom layer first (docs/architecture.md; tests/check_layers.py).
+LIB_DIRS:= core backend model trace strategy run train bench
+LIB_SRC := $(foreach d,$(LIB_DIRS),$(wildcard src/$(d)/*.cpp))
 LIB_OBJ := $(patsubst src/%.cpp,$(OBJ)/%.o,$(LIB_SRC))
 LIB     := $(BUILD)/libshardbench.a
 PROGRAMS:= ddp_perf fsdp_perf collective_perf
@@ -69,10 +71,12 @@ $(BUILD)/gen/version.h: FORCE
 	@mkdir -p $(@D)
 	@echo '#define SB_VERSION "$(VERSION)"' > $@.new
 	@cmp -s $@.new $@ && rm -f $@.new || mv $@.new $@
-$(OBJ)/harness/provenance.o: $(BUILD)/gen/version.h
+$(OBJ)/run/provenance.o: $(BUILD)/gen/version.h
 
+# Made afresh: `ar r` into an old archive would keep members of moved or deleted sources.
 $(LIB): $(LIB_OBJ)
 	@mkdir -p $(@D)
+	@rm -f $@
 	ar rcs $@ $^
 
 $(BIN)/%: src/programs/%.cpp $(LIB)

@@ -7,7 +7,7 @@
   "(default: …)";
 - option names are the programs' own (--seq-len, --activation-checkpointing, --out) and
   strategies are named as the programs label them (ddp, fsdp-full, fsdp-hybrid<G>,
-  fsdp-none, fsdp-grad-op).
+  fsdp-none, fsdp-grad-op; strategy_labels.py maps them to program flags).
 
 tests/check_cli.py holds every analysis script to it.
 """

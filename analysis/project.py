@@ -31,6 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import strategy_labels  # noqa: E402
 from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
                               load_cluster, simulate)
 
@@ -50,15 +51,12 @@ def plan_schedule(program_args, world, limit_gib, binary_dir):
 
 
 def strategy_args(label, cluster, world):
-    if label == "ddp":
-        return ["ddp_perf"]
-    if label.startswith("fsdp-hybrid"):  # fsdp-hybrid: one node per shard group; fsdp-hybridG: G ranks
-        g = int(label[11:]) if label[11:] else min(cluster["gpus_per_node"], world)
-        return ["fsdp_perf", "--sharding", "hybrid", "--shard-size", str(g)]
-    if label.startswith("fsdp-"):
-        return ["fsdp_perf", "--sharding", label[5:]]
-    raise ProjectionError(f"unknown strategy '{label}' (allowed: ddp, fsdp-full, fsdp-hybrid[G], fsdp-none, "
-                          "fsdp-grad-op)")
+    """The program and flags of a strategy label (analysis/strategy_labels.py)."""
+    try:
+        program, flags, _ = strategy_labels.resolve(label, cluster["gpus_per_node"], world)
+    except strategy_labels.StrategyError as e:
+        raise ProjectionError(str(e))
+    return [program] + flags
 
 
 def write_events(f, sched, events):
@@ -67,9 +65,10 @@ def write_events(f, sched, events):
     dtype = [("rank", "<i4"), ("step", "<i4"), ("phase", "<i4"), ("op", "<i4"), ("unit", "<i4"), ("lane", "<i4"),
              ("start", "<f8"), ("end", "<f8"), ("bytes", "<i8"), ("flops", "<f8"), ("m", "<i4"), ("n", "<i4"),
              ("k", "<i4"), ("batch", "<i4"), ("trans", "<i4")]
+    code = {name: i for i, name in enumerate(sched["op_names"])}  # the replay names ops; the file codes them
     rows = np.zeros(len(events), dtype=dtype)
     for i, (op, phase, unit, lane, start, end, nbytes, flops) in enumerate(events):
-        rows[i] = (0, 1, phase, op, unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0)
+        rows[i] = (0, 1, phase, code[op], unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0)
     ds = f.create_dataset("events", data=rows)
     ds.attrs["op_names"] = sched["op_names"]
     ds.attrs["phase_names"] = sched["phase_names"]
@@ -191,6 +190,11 @@ def setup(a):
                               "description with calibration_runs")
     if a.seq_len <= 0 or any(v is not None and v <= 0 for v in (a.dec_seq_len, a.layers)):
         raise ProjectionError("--seq-len, --dec-seq-len and --layers must be positive")
+    for label in a.strategies.split(","):
+        try:
+            strategy_labels.check(label)
+        except strategy_labels.StrategyError as e:
+            raise ProjectionError(f"--strategies: {e}")
     return cluster, positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
 
 

@@ -7,6 +7,8 @@ collective costs, and the replay of one step's schedule (docs/projection.md).
 
 Pure Python over the programs' own schedules; analysis/project.py is the command line.
 """
+import bisect
+import functools
 import math
 import os
 import tomllib
@@ -14,21 +16,22 @@ import tomllib
 import h5py
 import numpy as np
 
-import shardbench_h5  # (this folder) names(): the codes' names as the files give them
+import shardbench_h5  # (this folder) names(), attr(): the files' attributes, decoded once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRECISIONS = ("fp32", "bf16", "fp16")
-OP = {"gemm": 0, "elementwise": 1, "optimizer": 2, "copy": 3, "all-reduce": 4, "all-gather": 5,
-      "reduce-scatter": 6, "wait": 7}
-COLLECTIVES = {OP["all-reduce"]: "all-reduce", OP["all-gather"]: "all-gather", OP["reduce-scatter"]: "reduce-scatter"}
-COMPUTE_OPS = (OP["gemm"], OP["elementwise"], OP["optimizer"], OP["copy"])
+# Operations by the names the programs give them (a schedule's and a result's op_names):
+# their numeric codes are the files' business.
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter")
+COMPUTE_OPS = ("gemm", "elementwise", "optimizer", "copy")
 
 # Field: (type, required). Numbers must be positive unless noted in the docs.
 NUM = (int, float)
 CLUSTER_FIELDS = {"name": (str, True), "gpus_per_node": (int, True), "gpu_memory_gib": (NUM, True),
                   "dtype": (str, True), "collectives": (str, False), "cpu_cores_per_node": (int, False)}
 COMPUTE_FIELDS = {"gemm_tflops": (NUM, True), "memory_bandwidth_gbps": (NUM, True), "launch_us": (NUM, False),
-                  "calibration_runs": (list, False), "gemm_scale": (NUM, False), "memory_scale": (NUM, False)}
+                  "calibration_runs": (list, False), "gemm_scale": (NUM, False), "memory_scale": (NUM, False),
+                  "overlap_slowdown": (NUM, False), "gpu_speed_spread": (NUM, False)}
 INTRA_FIELDS = {"bandwidth_gbps": (NUM, True), "latency_us": (NUM, True), "allreduce_bandwidth_gbps": (NUM, False)}
 INTER_FIELDS = {"nic_bandwidth_gbps": (NUM, True), "nics_per_node": (int, True), "latency_us": (NUM, True)}
 COLLECTIVE_MODELS = ("nccl", "ring")
@@ -94,15 +97,34 @@ def load_cluster(path, calibrate=True):
 
 # ---------------------------------------------------------------- compute
 
-def _attr(f, k):
-    v = f.attrs[k]
-    return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
-
-
 def oversubscription(cluster, ranks_per_node):
     """CPU clusters: ranks beyond the cores share them, so compute slows by ranks/cores."""
     cores = cluster.get("cpu_cores_per_node")
     return max(1.0, ranks_per_node / cores) if cores else 1.0
+
+
+@functools.lru_cache(maxsize=None)  # the replay asks for it on every pass
+def expected_max_normal(n):
+    """E[max of n independent standard normal variables] (0 for n = 1), by quadrature."""
+    if n <= 1:
+        return 0.0
+    x = np.linspace(-12.0, 12.0, 48001)
+    pdf = np.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
+    cdf = 0.5 * (1.0 + np.vectorize(math.erf)(x / math.sqrt(2)))
+    return float(np.trapz(x * n * pdf * cdf ** (n - 1), x))
+
+
+# A box plot's whiskers (Q1 − 1.5·IQR to Q3 + 1.5·IQR) span 5.396 σ of a normal distribution.
+WHISKER_SPAN_SIGMAS = 2 * (0.6745 + 1.5 * 2 * 0.6745)
+
+
+def straggler_factor(cluster, world):
+    """Compute time of the slowest of `world` GPUs over that of the one measured GPU.
+    Every collective synchronises the ranks, so the step runs at the slowest GPU's pace;
+    [compute] gpu_speed_spread is the spread of per-GPU speed between the whiskers, as
+    measured across the GPUs of a cluster, read as a normal distribution."""
+    spread = cluster["compute"].get("gpu_speed_spread", 0.0)
+    return 1.0 + spread / WHISKER_SPAN_SIGMAS * expected_max_normal(world)
 
 
 def _interp_log(x, xs, ys):
@@ -132,7 +154,7 @@ class ComputeModel:
 
     def reset(self):
         self.gemm_samples, self.elem_samples = {}, {}
-        self.bytes_time = {OP["copy"]: [0.0, 0.0], OP["optimizer"]: [0.0, 0.0]}
+        self.bytes_time = {"copy": [0.0, 0.0], "optimizer": [0.0, 0.0]}
         self.overhead = self.ops = 0.0
         self.runs = []
         self._fit()
@@ -141,11 +163,12 @@ class ComputeModel:
         """Adds a measured training run's timed steps (every rank) to the calibration."""
         try:
             with h5py.File(path, "r") as f:
-                if _attr(f, "status") != "ok" or "steps" not in f or "events" not in f:
+                if shardbench_h5.attr(f, "status") != "ok" or "steps" not in f or "events" not in f:
                     raise ProjectionError(f"calibration run {path}: not a completed training result")
                 s, e = f["steps"][()], f["events"][()]
-                dtype, rpn = _attr(f, "dtype"), _attr(f, "ranks_per_node")
-                label = f"{_attr(f, 'program')} {_attr(f, 'model')} {_attr(f, 'backend')} {dtype}"
+                op_names = np.array(shardbench_h5.names(f["events"]))
+                dtype, rpn = shardbench_h5.attr(f, "dtype"), shardbench_h5.attr(f, "ranks_per_node")
+                label = f"{shardbench_h5.attr(f, 'program')} {shardbench_h5.attr(f, 'model')} {shardbench_h5.attr(f, 'backend')} {dtype}"
         except OSError as err:
             raise ProjectionError(f"calibration run {path}: {err}")
         if dtype != cluster["dtype"]:
@@ -155,18 +178,18 @@ class ComputeModel:
         e = e[np.isin(e["step"], timed["step"])]
         slow = oversubscription(cluster, rpn)  # the measured times already suffered it
         d = (e["end"] - e["start"]) / slow
-        for row, dur in zip(e, d):
-            op = int(row["op"])
-            if op == OP["gemm"]:
+        ops = op_names[e["op"]]
+        for row, op, dur in zip(e, ops, d):
+            if op == "gemm":
                 key = (int(row["m"]), int(row["n"]), int(row["k"]), int(row["batch"]))
                 self.gemm_samples.setdefault(key, []).append(dur)
-            elif op == OP["elementwise"]:
+            elif op == "elementwise":
                 self.elem_samples.setdefault(int(row["bytes"]), []).append(dur)
             elif op in self.bytes_time:
                 self.bytes_time[op][0] += row["bytes"]
                 self.bytes_time[op][1] += dur
         self.overhead += float(timed["overhead"].sum()) / slow
-        self.ops += float(np.isin(e["op"], COMPUTE_OPS).sum())
+        self.ops += float(np.isin(ops, COMPUTE_OPS).sum())
         self.runs.append(os.path.basename(path))
         self._fit()
         self.cluster["calibration"].append(f"run {os.path.basename(path)} ({label})")
@@ -208,10 +231,10 @@ class ComputeModel:
         return t / self.memory_scale
 
     def time(self, op, nbytes, flops, shape):
-        """Seconds of one compute operation on one uncontended GPU (launch gap included)."""
-        if op == OP["gemm"]:
+        """Seconds of one compute operation (by name) on one uncontended GPU (launch gap included)."""
+        if op == "gemm":
             t = self.gemm_time(*shape, flops)
-        elif op == OP["elementwise"]:
+        elif op == "elementwise":
             t = self.elementwise_time(nbytes)
         else:
             t = nbytes / self.bandwidth(op) / self.memory_scale
@@ -225,7 +248,7 @@ class ComputeModel:
         if self.gemm_scale != 1 or self.memory_scale != 1:
             scale = f", scaled x{self.gemm_scale:.3f} (GEMM) x{self.memory_scale:.3f} (memory)"
         return (f"{len(self.gemm)} GEMM shapes, {len(self.elem)} elementwise sizes from {', '.join(self.runs)}; "
-                f"copy {self.bandwidth(OP['copy']) / 1e9:.0f} GB/s, Adam {self.bandwidth(OP['optimizer']) / 1e9:.0f} "
+                f"copy {self.bandwidth('copy') / 1e9:.0f} GB/s, Adam {self.bandwidth('optimizer') / 1e9:.0f} "
                 f"GB/s, launch {self.launch * 1e6:.2f} us/op{scale}")
 
 
@@ -299,9 +322,9 @@ def calibrate_collectives(cluster, path):
     all-reduce, all-gather and reduce-scatter; sets the tier it ran on."""
     try:
         with h5py.File(path, "r") as f:
-            if _attr(f, "program") != "collective_perf":
+            if shardbench_h5.attr(f, "program") != "collective_perf":
                 raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
-            n, nodes = _attr(f, "world_size"), _attr(f, "nodes")
+            n, nodes = shardbench_h5.attr(f, "world_size"), shardbench_h5.attr(f, "nodes")
             names = shardbench_h5.names(f["results"])
             r = f["results"][()]
     except OSError as err:
@@ -336,13 +359,14 @@ def calibrate_collectives(cluster, path):
 # ---------------------------------------------------------------- replay
 
 def schedule_ops(sched):
-    """The schedule's rows as tuples (op, phase, unit, bytes, flops, request, (m, n, k, batch))."""
-    cols = sched["columns"]
+    """The schedule's rows as tuples (op name, phase, unit, bytes, flops, request, (m, n, k,
+    batch)); the names are the schedule's own op_names."""
+    cols, names = sched["columns"], sched["op_names"]
     idx = {c: cols.index(c) for c in cols}
     has_shape = all(c in idx for c in ("m", "n", "k", "batch"))
     for row in sched["ops"]:
         shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]]) if has_shape else (0, 0, 0, 1)
-        yield (row[idx["op"]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
+        yield (names[row[idx["op"]]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
                row[idx["request"]], shape)
 
 
@@ -356,21 +380,67 @@ def simulate(sched, cluster, fsdp1_gathers=None):
     forward prefetching", PyTorch's FSDP notes), and the CPU runs ahead until the rate
     limiter holds it at two gathered, not yet freed units: all-gather k starts once the unit
     of all-gather k−2 is freed, i.e. when compute reaches the wait for all-gather k−1. The
-    bf16 cast of the shard right before an all-gather runs with it, off the compute lane."""
+    bf16 cast of the shard right before an all-gather runs with it, off the compute lane.
+
+    Two effects slow compute beyond its one-GPU cost (docs/projection.md, "Why"): the step
+    runs at the slowest of the world's GPUs (straggler_factor), and a compute kernel that
+    shares the GPU with a collective's kernels runs slower by [compute] overlap_slowdown.
+    A collective's timing depends on when compute issues it, so the replay is repeated with
+    the previous pass's collective intervals until the step time settles."""
     if fsdp1_gathers is None:
         fsdp1_gathers = sched.get("program") == "fsdp_perf"
+    slowdown = cluster["compute"].get("overlap_slowdown", 0.0)
+    busy, last = [], None
+    for _ in range(50):
+        sim = _replay(sched, cluster, fsdp1_gathers, busy, slowdown)
+        if not slowdown or (last is not None and abs(sim["time"] - last) <= 1e-9 * sim["time"]):
+            break
+        last, busy = sim["time"], _merged([(e[4], e[5]) for e in sim["events"] if e[3] != 0])
+    return sim
+
+
+def _merged(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if b <= a:
+            continue
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _stretched(t, work, busy, slowdown):
+    """Seconds a compute operation of `work` uncontended seconds takes from t when it runs
+    at 1/(1 + slowdown) of its speed inside the busy (collective) intervals."""
+    end, i = t, bisect.bisect_right([b for _, b in busy], t)
+    while work > 1e-15:
+        if i >= len(busy) or end < busy[i][0]:  # free until the next busy interval
+            free = (busy[i][0] - end) if i < len(busy) else math.inf
+            step = min(work, free)
+            end, work = end + step, work - step
+            continue
+        span = busy[i][1] - end  # inside busy[i]
+        step = min(work, span / (1 + slowdown))
+        end, work = end + step * (1 + slowdown), work - step
+        i += 1
+    return end - t
+
+
+def _replay(sched, cluster, fsdp1_gathers, busy, slowdown):
     cm = cluster["compute_model"]
     w = sched["world_size"]
-    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"]))
+    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
     (g, g_nodes), (r, r_nodes) = groups(sched, cluster)
     t = compute = comm = exposed = 0.0
     lanes, wire, done = {"gather": 0.0, "reduce": 0.0}, {}, {}
     gathers, wait_at, deferred = [], {}, {}  # all-gather requests in issue order; limiter state
     pending_cast = 0.0
     ops = list(schedule_ops(sched))
-    events = []  # (op, phase, unit, lane, start, end, bytes, flops): the replayed timeline
+    events = []  # (op name, phase, unit, lane, start, end, bytes, flops): the replayed timeline
 
-    def launch(name, nbytes, req, earliest, extra=0.0, tag=(0, 0, -1)):
+    def launch(name, nbytes, req, earliest, extra, tag):
         nonlocal comm
         n, nodes = (r, r_nodes) if name == "all-reduce" else (g, g_nodes)
         lane = "gather" if name == "all-gather" else "reduce"
@@ -386,27 +456,28 @@ def simulate(sched, cluster, fsdp1_gathers=None):
         tag = (op, phase, unit)
         if op in COMPUTE_OPS:
             d = cm.time(op, nbytes, flops, shape) * slow
-            if (fsdp1_gathers and op == OP["copy"] and i + 1 < len(ops) and ops[i + 1][0] == OP["all-gather"]):
+            if (fsdp1_gathers and op == "copy" and i + 1 < len(ops) and ops[i + 1][0] == "all-gather"):
                 pending_cast = d  # the shard's cast runs on the gather stream
                 continue
+            if busy:
+                d = _stretched(t, d, busy, slowdown)
             events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
             t += d
             compute += d
         elif op in COLLECTIVES:
-            name = COLLECTIVES[op]
-            if name == "all-gather" and fsdp1_gathers:
+            if op == "all-gather" and fsdp1_gathers:
                 k = len(gathers)
                 gathers.append(req)
                 if k < 2:
-                    launch(name, nbytes, req, 0.0, pending_cast, tag)
+                    launch(op, nbytes, req, 0.0, pending_cast, tag)
                 elif gathers[k - 1] in wait_at:
-                    launch(name, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag)
+                    launch(op, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag)
                 else:  # the limiter holds it until compute reaches the wait for the previous one
-                    deferred[gathers[k - 1]] = (name, nbytes, req, pending_cast, tag)
+                    deferred[gathers[k - 1]] = (op, nbytes, req, pending_cast, tag)
                 pending_cast = 0.0
             else:
-                launch(name, nbytes, req, t, 0.0, tag)
-        elif op == OP["wait"]:
+                launch(op, nbytes, req, t, 0.0, tag)
+        elif op == "wait":
             wait_at.setdefault(req, t)
             if req in deferred:
                 name, nb, rq, cast, held = deferred.pop(req)

@@ -47,11 +47,6 @@ class InputError(Exception):
     pass
 
 
-def _attr(f, name):
-    v = f.attrs[name]
-    return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
-
-
 def _files(path):
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".h5"))
@@ -71,10 +66,10 @@ def read_run(fname):
         raise InputError(f"{fname}: not a readable HDF5 file ({e})")
     try:
         with f:
-            if "program" not in f.attrs or _attr(f, "program") != "collective_perf":
+            if "program" not in f.attrs or shardbench_h5.attr(f, "program") != "collective_perf":
                 raise InputError(f"{fname}: not a collective_perf result")
-            this = {k: _attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
-            this["comm"] = _attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
+            this = {k: shardbench_h5.attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
+            this["comm"] = shardbench_h5.attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
             if "," in this["comm"]:
                 raise InputError(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
                                  "a baseline and a check use one")

@@ -36,10 +36,15 @@ TRAINING_KEYS = ("program", "label", "strategy", "model", "world_size", "batch_p
 CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "workspace"]
 
 
-def names(dataset, attr="op_names"):
-    """The names a table's codes stand for (op_names, phase_names, ...), as the file gives
-    them: the one decoding of those attributes for every reader."""
-    return [str(x) for x in _value(dataset.attrs[attr])]
+def names(dataset, key="op_names"):
+    """The names a table's codes stand for (op_names, phase_names, dtype_names, ...), as the
+    file gives them: the one decoding of those attributes for every reader."""
+    return [str(x) for x in _value(dataset.attrs[key])]
+
+
+def attr(obj, key):
+    """One attribute of a file, group or dataset as a Python value (str, int, float, list)."""
+    return _value(obj.attrs[key])
 
 
 def _value(v):
@@ -52,7 +57,8 @@ def _value(v):
     return v
 
 
-def _attrs(obj):
+def attrs(obj):
+    """Every attribute of a file, group or dataset, as attr() gives it."""
     return {k: _value(v) for k, v in obj.attrs.items()}
 
 
@@ -70,7 +76,7 @@ class Run:
     def __init__(self, path):
         self.path = str(path)
         with h5py.File(self.path, "r") as f:
-            self.meta = _attrs(f)
+            self.meta = attrs(f)
             version = self.meta.get("schema_version")
             if version not in READABLE_SCHEMA_VERSIONS:
                 raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows "
@@ -78,13 +84,13 @@ class Run:
             # A projected result (analysis/project.py) has metadata, the plan and at most /events.
             projected = bool(self.meta.get("projected"))
             table = lambda name: _table(f[name]) if name in f or not projected else pd.DataFrame()  # noqa: E731
-            self.provenance = _attrs(f["provenance"])
+            self.provenance = attrs(f["provenance"])
             self.ranks = table("provenance/ranks")
-            self.plan = _attrs(f["plan"])
+            self.plan = attrs(f["plan"])
             self.steps = table("steps")
             self.events = table("events")
-            op_names = _value(f["events"].attrs["op_names"]) if "events" in f else []
-            phase_names = _value(f["events"].attrs["phase_names"]) if "events" in f else []
+            op_names = names(f["events"]) if "events" in f else []
+            phase_names = names(f["events"], "phase_names") if "events" in f else []
             self.memory = table("memory")
             self.peaks = table("memory_peaks")
         if len(self.events):

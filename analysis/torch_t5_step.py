@@ -11,7 +11,7 @@ unless SB_CUDA_TF32=1); --dtype bf16 runs forward and loss under bf16 autocast.
 
 Prints one line per step (LOSS step=.. loss=.. ms=..) and a summary for machines:
   TORCH step_ms=412.345 tflops=12.3456 dtype=fp32 ... (median over the timed steps)
-TFLOPS use shardbench's formula (include/shardbench/model.h): 3 × forward matmul FLOPs,
+TFLOPS use shardbench's formula (include/shardbench/model/model.h): 3 × forward matmul FLOPs,
 attention scores/context and LM head included; with --activation-checkpointing the hardware figure
 (hw_tflops) adds the recomputed block forwards.
 

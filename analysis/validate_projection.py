@@ -15,12 +15,12 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import h5py  # noqa: E402
+import shardbench_h5  # noqa: E402
 
 
 def attrs(path):
     with h5py.File(path, "r") as f:
-        return {k: (v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v))
-                for k, v in f.attrs.items()}
+        return shardbench_h5.attrs(f)
 
 
 def files(items):

@@ -14,7 +14,8 @@
 #
 # Both sides time each call alone with a barrier after it (OSU's loop; -z 1 here), with
 # $ITERS timed and $WARMUP warm-up iterations (default 30 and 3; OSU's own defaults above
-# 8 KiB are 100 and 10), sizes 64 KiB..16 MiB, ranks not bound (the machine is shared).
+# 8 KiB are 100 and 10), sizes 64 KiB..16 MiB, ranks not bound (the machine is shared;
+# BIND=core binds them, for a machine of one's own).
 # OSU's all-gather size is per rank: collective_perf's size (the gathered array) / 2.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +26,7 @@ for b in osu_allreduce osu_allgather osu_reduce_scatter; do
   [ -x "$osu/$b" ] || { echo "osu-compare: $osu/$b not found (build OSU Micro-Benchmarks first)" >&2; exit 2; }
 done
 source scripts/mpi-env.sh
-run=(mpirun -np 2 --bind-to none)
+run=(mpirun -np 2 --bind-to "${BIND:-none}")
 iters=${ITERS:-30} warmup=${WARMUP:-3}
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT

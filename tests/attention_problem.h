@@ -8,8 +8,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "shardbench/backend.h"
-#include "shardbench/rng.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/rng.h"
 #include "t5_model.h"  // download_f32
 
 namespace sb {

@@ -5,10 +5,14 @@ independently of the C++), the cross-rank time (-a), percentiles, stragglers, sa
 counts, topology and provenance. Usage: check_collectives.py --ranks N FILE...
 """
 import argparse
+import os
 import sys
 
 import h5py
 import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "analysis"))
+from shardbench_h5 import attr, names as names_of  # noqa: E402  (the files' attributes, decoded once)
 
 
 def factor(op, n, g):
@@ -16,11 +20,6 @@ def factor(op, n, g):
     return {"all-reduce": 2 * (n - 1) / n, "all-gather": (n - 1) / n, "reduce-scatter": (n - 1) / n,
             "all-to-all": (n - 1) / n, "broadcast": 1.0, "reduce": 1.0, "send-recv": 1.0,
             "hybrid": (g - 1) / g + 2 * (r - 1) / (r * g)}[op]
-
-
-def attr(f, k):
-    v = f.attrs[k]
-    return v.decode() if isinstance(v, bytes) else (v.item() if hasattr(v, "item") else v)
 
 
 def check(path, ranks):
@@ -38,10 +37,10 @@ def check(path, ranks):
         expect(n == ranks, f"world_size {n} != {ranks}")
         hosts = f["provenance/ranks"][()]
         expect(len(hosts) == n and all(len(h) > 0 for h in hosts["host"]), "provenance/ranks: one host per rank")
-        names = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["op_names"]]
+        names = names_of(f["results"])
         res, smp = f["results"][()], f["samples"][()]
         expect(attr(f, "collectives") in ("blocking", "nonblocking"), "collectives attribute")
-        dtypes = [x.decode() if isinstance(x, bytes) else x for x in f["results"].attrs["dtype_names"]]
+        dtypes = names_of(f["results"], "dtype_names")
         sizes = {"float": 4, "double": 8, "int32": 4, "int64": 8, "uint8": 1, "bfloat16": 2, "half": 2}
         expect(set(dtypes[r["dtype"]] for r in res) == set(attr(f, "dtype").split(",")), "dtype attribute vs rows")
         mode = attr(f, "average")

@@ -129,9 +129,10 @@ if [ -z "$(ls -A $B)" ]; then ok "bad input writes nothing"; else ls $B >"$tmp/o
 # windows of them: a baseline of 8 runs, then the next 3 runs as the current. Slowdowns and
 # damage are injected into copies. Nothing here depends on how fast this machine is today.
 RX=$tmp/regress
-$PY - "$ROOT/tests/data/regress" "$RX" <<'PYEOF'
+PYTHONPATH="$ROOT/analysis" $PY - "$ROOT/tests/data/regress" "$RX" <<'PYEOF'
 import glob, os, shutil, sys, h5py, numpy as np
 src, out = sys.argv[1:]
+from shardbench_h5 import names as names_of  # (PYTHONPATH: analysis/)
 runs = sorted(glob.glob(os.path.join(src, "run*.h5")))
 assert len(runs) == 20, runs
 def copy(path, dst, scale=1.0, op=None, edit=None):
@@ -139,7 +140,7 @@ def copy(path, dst, scale=1.0, op=None, edit=None):
     shutil.copy(path, dst)
     with h5py.File(dst, "r+") as f:
         s = f["samples"][()]
-        names = [n.decode() if isinstance(n, bytes) else n for n in f["samples"].attrs["op_names"]]
+        names = names_of(f["samples"])
         sel = np.ones(len(s), bool) if op is None else s["op"] == names.index(op)
         s["time"][sel] *= scale
         if edit:

@@ -6,6 +6,8 @@ source scripts/mpi-env.sh
 failed=0
 echo "=== the repo stands on its own (citations, paths, issue numbers)"
 bash tests/check_self_contained.sh || failed=$((failed + 1))
+echo "=== layers: no #include points up the layers (tests/check_layers.py, docs/architecture.md)"
+{ /usr/bin/python3 tests/check_layers.py --self-test && /usr/bin/python3 tests/check_layers.py; } || failed=$((failed + 1))
 for t in build/bin/test_*; do
   echo "=== $t"
   if ! "$t" --gtest_brief=1; then failed=$((failed + 1)); echo "FAILED: $t"; fi

@@ -5,10 +5,10 @@
 #include <memory>
 #include <vector>
 
-#include "shardbench/backend.h"
-#include "shardbench/half.h"
-#include "shardbench/model.h"
-#include "shardbench/t5.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/half.h"
+#include "shardbench/model/model.h"
+#include "shardbench/model/t5.h"
 
 namespace sb {
 

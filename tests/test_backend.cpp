@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "attention_problem.h"
-#include "shardbench/backend.h"
-#include "shardbench/half.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/half.h"
 
 using namespace sb;
 

@@ -6,8 +6,8 @@
 #include <climits>
 #include <string>
 
-#include "shardbench/check.h"
-#include "shardbench/comm_staging.h"
+#include "shardbench/core/check.h"
+#include "shardbench/backend/comm_staging.h"
 
 using namespace sb;
 

@@ -2,9 +2,10 @@
 // layouts, shard arithmetic and the parallel layout's validation.
 #include <gtest/gtest.h>
 
-#include "shardbench/check.h"
-#include "shardbench/layout.h"
-#include "shardbench/model.h"
+#include "shardbench/core/check.h"
+#include "shardbench/core/format.h"
+#include "shardbench/strategy/layout.h"
+#include "shardbench/model/model.h"
 
 using namespace sb;
 

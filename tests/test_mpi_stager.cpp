@@ -13,8 +13,8 @@
 #include <memory>
 #include <vector>
 
-#include "shardbench/half.h"
-#include "shardbench/mpi_stager.h"
+#include "shardbench/core/half.h"
+#include "shardbench/backend/mpi_stager.h"
 
 using namespace sb;
 

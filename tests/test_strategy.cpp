@@ -5,10 +5,9 @@
 #include <algorithm>
 #include <map>
 
-#include "shardbench/backend.h"
-#include "shardbench/collectives.h"
-#include "shardbench/layout.h"
-#include "shardbench/strategy.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/strategy/layout.h"
+#include "shardbench/strategy/strategy.h"
 
 using namespace sb;
 
@@ -44,7 +43,7 @@ Schedule run_schedule(StrategyConfig cfg, int world, const ModelSpec& spec = mod
   Schedule s;
   auto b = make_counting_backend();
   const StepShape shape{2, 16, 12};
-  Mesh mesh = Mesh::planned(ParallelLayout::make(world, 0, shard_group_size(cfg, world)));
+  Mesh mesh = Mesh::planned(layout_for(cfg, world, 0));
   auto strategy = make_strategy(cfg, spec, *b, mesh, shape);
   b->set_recorder(&s.rec);
   strategy->step(1, make_tokens(1, 1, 0, shape, spec.vocab));

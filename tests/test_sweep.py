@@ -49,14 +49,13 @@ setup = ["source scripts/mpi-env.sh"]
 
 [matrix]
 models = ["t5-tiny", "t5-611m"]
-strategies = ["ddp", "fsdp-full", "fsdp-hybrid"]
+strategies = ["ddp", "fsdp-full", "fsdp-hybrid2"]
 gpus = [4]
 batch = [2]
 seq_len = [32]
 backend = "cpu"
 steps = 2
 warmup = 1
-hybrid_shard_size = 2
 dtype = "fp32"
 """
 
@@ -116,9 +115,8 @@ def finished_result(path):
     (made once, then copied). The sweep only asks that a file reads whole with a final status."""
     if not _FINISHED:
         src = Path(tempfile.mkdtemp(prefix="test_sweep.rec.")) / "oom.h5"
-        r = subprocess.run([str(BIN / "ddp_perf"), "--model", "t5-611m", "--batch", "2", "--seq-len", "32", "--plan",
-                            "--world-size", "4", "--mem-limit-gib", "1", "--out", str(src)],
-                           capture_output=True, text=True, env={**os.environ, **sweep.PLAN_ENV})
+        r = sweep.run_isolated([str(BIN / "ddp_perf"), "--model", "t5-611m", "--batch", "2", "--seq-len", "32",
+                                "--plan", "--world-size", "4", "--mem-limit-gib", "1", "--out", str(src)])
         assert r.returncode == 3 and src.exists(), r.stdout + r.stderr
         _FINISHED.append(src)
     shutil.copy(_FINISHED[0], path)
@@ -238,15 +236,43 @@ class Validation(SweepCase):
         self.assert_refused(self.matrix(batch="[]"), "[matrix] batch must be a non-empty list")
 
     def test_unknown_model_and_strategy(self):
-        self.assert_refused(self.matrix(models='["t5-3b"]'), "[matrix] models must be a non-empty list of distinct models")
-        self.assert_refused(self.matrix(strategies='["zero3"]'), "[matrix] strategies must be")
+        presets = ", ".join(list_models("ddp_perf"))
+        self.assert_refused(self.matrix(models='["t5-tiny", "t5-3b"]'),
+                            f"[matrix] models: 't5-3b' is not a model preset of ddp_perf (allowed: {presets})")
+        self.assert_refused(self.matrix(models='["t5-tiny", ""]'), "[matrix] models must be a non-empty list")
+        allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op)"
+        for bad in ("zero3", "hybrid", "fsdp-hybrid0", "fsdp-hybrid08", "fsdp-hybrid-2", "fsdp-"):
+            with self.subTest(strategy=bad):
+                self.assert_refused(self.matrix(strategies=f'["ddp", "{bad}"]'),
+                                    f"[matrix] strategies must be a non-empty list of distinct strategies {allowed}")
 
     def test_count_not_multiple_of_gpus_per_node(self):
         self.assert_refused(self.matrix(gpus="[4, 6]"), "gpus: 6 is not a multiple of [cluster] gpus_per_node = 4")
 
     def test_hybrid_shard_size_must_divide(self):
-        self.assert_refused(self.matrix(hybrid_shard_size="8"), "hybrid shard size 8 does not divide the GPU count 4")
-        self.assert_refused(self.matrix(strategies='["ddp"]'), "hybrid_shard_size is set but strategies has no")
+        self.assert_refused(self.matrix(strategies='["fsdp-hybrid8"]'),
+                            "[matrix] strategies: fsdp-hybrid8: shard size 8 does not divide the GPU count 4")
+        self.assert_refused(self.matrix(strategies='["fsdp-hybrid3"]', gpus="[4, 12]"),
+                            "[matrix] strategies: fsdp-hybrid3: shard size 3 does not divide the GPU count 4")
+
+    def test_two_names_for_one_run(self):
+        """fsdp-hybrid is fsdp-hybrid<gpus_per_node>: both would write the same results."""
+        self.assert_refused(self.matrix(strategies='["fsdp-hybrid", "fsdp-hybrid4"]'),
+                            '[matrix] strategies: "fsdp-hybrid" and "fsdp-hybrid4" are the same runs (fsdp-hybrid4 at 4 GPUs)')
+
+    def test_retired_hybrid_shard_size_key(self):
+        """An older matrix's separate shard size is refused with its replacement, never ignored."""
+        old = BASE.replace('"fsdp-hybrid2"]', '"fsdp-hybrid"]') + "hybrid_shard_size = 2\n"
+        self.assert_refused(self.matrix(old), '[matrix] hybrid_shard_size is no longer read: name the shard size in '
+                                          'the strategy instead, e.g. strategies = [..., "fsdp-hybrid2"]')
+        self.assert_refused(self.matrix(old.replace("hybrid_shard_size = 2", "hybrid_shard_size = 0")),
+                            'e.g. strategies = [..., "fsdp-hybrid<G>"] ("fsdp-hybrid": one node per shard group)')
+
+    def test_programs_not_built(self):
+        empty = self.tmp / "nobin"
+        empty.mkdir()
+        text = BASE.replace('partition = "debug"', f'partition = "debug"\nbin_dir = "{empty}"')
+        self.assert_refused(self.matrix(text), f"{empty}/ddp_perf: not built (run `make` first, or set [cluster] bin_dir)")
 
     def test_env_table(self):
         text = BASE.replace('setup = ["source scripts/mpi-env.sh"]',
@@ -264,6 +290,43 @@ class Validation(SweepCase):
             with self.subTest(matrix=name):
                 cfg = sweep.load_matrix(REPO / "runs" / name, {})
                 self.assertTrue(sweep.points(cfg))
+
+
+def list_models(program, bin_dir=BIN):
+    r = sweep.run_isolated([str(bin_dir / program), "--list-models"])
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+class Models(SweepCase):
+    """The matrix's models are checked against the programs' own presets (--list-models)."""
+
+    def test_programs_list_their_presets(self):
+        for program in ("ddp_perf", "fsdp_perf"):
+            with self.subTest(program=program):
+                names = list_models(program)
+                self.assertIn("t5-tiny", names)
+                self.assertIn("t5-11.3b", names)
+                self.assertEqual(len(set(names)), len(names))
+
+    def test_sweep_accepts_exactly_the_programs_presets(self):
+        """Every preset the program lists is accepted; a program listing others changes what is."""
+        presets = list_models("fsdp_perf")
+        self.assertEqual(presets, list_models("ddp_perf"))
+        cfg = sweep.load_matrix(self.matrix(models="[" + ", ".join(f'"{m}"' for m in presets) + "]"), {})
+        self.assertEqual(sorted({p.model for p in sweep.points(cfg)}), sorted(presets))
+        # Programs with another preset table: the sweep takes theirs.
+        fake = self.tmp / "fakeprograms"
+        fake.mkdir()
+        for program in ("ddp_perf", "fsdp_perf"):
+            (fake / program).write_text('#!/bin/sh\n[ "$1" = --list-models ] && printf "t5-new\\nt5-tiny\\n"\n')
+            (fake / program).chmod(0o755)
+        text = BASE.replace('partition = "debug"', f'partition = "debug"\nbin_dir = "{fake}"')
+        cfg = sweep.load_matrix(self.matrix(text, models='["t5-new"]'), {})
+        self.assertEqual({p.model for p in sweep.points(cfg)}, {"t5-new"})
+        with self.assertRaisesRegex(sweep.InputError, r"'t5-611m' is not a model preset of ddp_perf "
+                                                      r"\(allowed: t5-new, t5-tiny\)"):
+            sweep.load_matrix(self.matrix(text, models='["t5-611m"]'), {})
 
 
 class Names(SweepCase):
@@ -323,6 +386,23 @@ class DryRun(SweepCase):
         self.assertEqual(self.calls(), [])  # no Slurm needed
         again = self.run_sweep(self.matrix(), "--dry-run")
         self.assertEqual(again.stdout, out, "dry-run output is not deterministic")
+
+    def test_hybrid_without_a_size_is_one_node_per_group(self):
+        r = self.run_sweep(self.matrix(strategies='["fsdp-hybrid"]', models='["t5-tiny"]', gpus="[4, 8]"), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(re.findall(r"^run_point (\S+) .* --sharding hybrid --shard-size 4 ", r.stdout, re.M),
+                         ["t5-tiny-fsdp-hybrid4-g4-b2-s32", "t5-tiny-fsdp-hybrid4-g8-b2-s32"])
+
+    def test_same_flags_as_the_projection(self):
+        """slurm/sweep and analysis/project.py run a label with the same program and flags."""
+        import project
+        for label in ("ddp", "fsdp-full", "fsdp-hybrid", "fsdp-hybrid2", "fsdp-none", "fsdp-grad-op"):
+            with self.subTest(label=label):
+                cfg = sweep.load_matrix(self.matrix(strategies=f'["{label}"]', models='["t5-tiny"]'), {})
+                (p,) = sweep.points(cfg)
+                flags = list(p.args[p.args.index("fp32") + 1:])
+                flags = flags[:flags.index("--prefetch")] if "--prefetch" in flags else flags
+                self.assertEqual([p.program] + flags, project.strategy_args(label, {"gpus_per_node": 4}, 4))
 
     def test_one_job_per_count(self):
         r = self.run_sweep(self.matrix(gpus="[4, 8, 16]", models='["t5-tiny"]'), "--dry-run")
@@ -492,7 +572,7 @@ class JobScript(SweepCase):
     def test_runs_and_skips(self):
         from shardbench_h5 import load
         text = BASE.replace('launcher = "srun"', 'launcher = "mpirun"\nlauncher_args = ["--bind-to", "none"]')
-        m = self.matrix(text, models='["t5-tiny"]', strategies='["ddp", "fsdp-full"]', hybrid_shard_size=None)
+        m = self.matrix(text, models='["t5-tiny"]', strategies='["ddp", "fsdp-full"]')
         self.assertEqual(self.run_sweep(m).returncode, 0)
         script = self.results / "jobs" / "g4.sbatch"
         self.assertEqual(subprocess.run(["bash", "-n", str(script)]).returncode, 0)

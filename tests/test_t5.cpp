@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/backend.h"
-#include "shardbench/model.h"
-#include "shardbench/t5.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/model/model.h"
+#include "shardbench/model/t5.h"
 #include "t5_model.h"
 
 namespace sb {

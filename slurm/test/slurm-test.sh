@@ -261,11 +261,12 @@ done
 say "checking the results in $RESULTS"
 $PY - "$MATRIX" "$RESULTS" >"$WORK/check.log" 2>&1 <<'PYEOF'
 # Expected results, derived from the matrix with the naming rule of docs/slurm.md:
-# <model>-<strategy label>-g<GPUs>-b<batch>-s<seq>.h5, the label of fsdp-hybrid being
-# fsdp-hybrid<shard size>.
+# <model>-<strategy label>-g<GPUs>-b<batch>-s<seq>.h5, the label as the program prints it
+# (fsdp-hybrid: fsdp-hybrid<GPUs per node>).
 import csv, glob, os, sys, tomllib
 sys.path.insert(0, "analysis")
 from shardbench_h5 import load
+from strategy_labels import resolve
 matrix, results = sys.argv[1:3]
 with open(matrix, "rb") as f:
     cfg = tomllib.load(f)
@@ -275,10 +276,8 @@ def check(what, cond):
     global passed, failed
     passed, failed = passed + bool(cond), failed + (not cond)
     print(f"  {'ok  ' if cond else 'FAIL'}  {what}")
-def label(s):
-    return f"fsdp-hybrid{m.get('hybrid_shard_size') or c['gpus_per_node']}" if s == "fsdp-hybrid" else s
-points = [(mo, label(s), n, b, q) for mo in m["models"] for s in m["strategies"] for n in m["gpus"]
-          for b in m["batch"] for q in m["seq_len"]]
+points = [(mo, resolve(s, c["gpus_per_node"], n)[2], n, b, q) for mo in m["models"] for s in m["strategies"]
+          for n in m["gpus"] for b in m["batch"] for q in m["seq_len"]]
 scripts = "".join(open(p).read() for p in glob.glob(os.path.join(results, "jobs", "g*.sbatch")))
 status = {}
 for mo, lab, n, b, q in points:
@@ -398,7 +397,7 @@ fi
 say "slurm/sweep with launcher = \"mpirun\" (t5-tiny, DDP and FSDP full)"
 sed -e 's/^name = "local"/name = "local-mpirun"/' -e 's/^launcher = .*/launcher = "mpirun"/' \
   -e 's/^models = .*/models = ["t5-tiny"]/' -e 's/^strategies = .*/strategies = ["ddp", "fsdp-full"]/' \
-  -e '/^hybrid_shard_size/d' "$MATRIX" >"$WORK/mpirun.toml"
+  "$MATRIX" >"$WORK/mpirun.toml"
 slurm/sweep "$WORK/mpirun.toml" --results "$WORK/results-mpirun" >"$WORK/sweep-mpirun.log" 2>&1
 rc=$?
 mapfile -t mids < <(sed -n 's/^submitted job \([0-9]*\):.*/\1/p' "$WORK/sweep-mpirun.log")

@@ -1,12 +1,12 @@
 // The parts of the backend every implementation shares: names, memory accounting, and
 // forwarding of operations to the recorder.
-#include "shardbench/backend.h"
+#include "shardbench/backend/backend.h"
 
 #include <algorithm>
 #include <numeric>
 
-#include "shardbench/check.h"
-#include "shardbench/comm_staging.h"
+#include "shardbench/core/check.h"
+#include "shardbench/backend/comm_staging.h"
 
 namespace sb {
 
@@ -23,28 +23,19 @@ const char* mem_category_name(MemCategory c) {
 }
 
 const char* op_kind_name(OpKind k) {
+  if (const CollectiveInfo* c = collective_info(k)) return c->name;
   switch (k) {
     case OpKind::Gemm: return "gemm";
     case OpKind::Elementwise: return "elementwise";
     case OpKind::Optimizer: return "optimizer";
     case OpKind::Copy: return "copy";
-    case OpKind::AllReduce: return "all-reduce";
-    case OpKind::AllGather: return "all-gather";
-    case OpKind::ReduceScatter: return "reduce-scatter";
     case OpKind::Wait: return "wait";
     case OpKind::Progress: return "progress";
-    case OpKind::Broadcast: return "broadcast";
-    case OpKind::Reduce: return "reduce";
-    case OpKind::AllToAll: return "all-to-all";
-    case OpKind::SendRecv: return "send-recv";
     default: return "?";
   }
 }
 
-bool is_communication(OpKind k) {
-  return k == OpKind::AllReduce || k == OpKind::AllGather || k == OpKind::ReduceScatter ||
-         k == OpKind::Broadcast || k == OpKind::Reduce || k == OpKind::AllToAll || k == OpKind::SendRecv;
-}
+bool is_communication(OpKind k) { return collective_info(k) != nullptr; }
 
 const char* phase_name(Phase p) {
   switch (p) {
@@ -71,12 +62,6 @@ const char* reduce_op_name(ReduceOp o) {
   return int(o) >= 0 && o < ReduceOp::kCount ? names[int(o)] : "?";
 }
 
-const char* collective_name(Collective c) {
-  static const char* names[] = {"all-reduce", "all-gather", "reduce-scatter", "broadcast",
-                                "reduce",     "all-to-all", "send-recv"};
-  return int(c) >= 0 && c < Collective::kCount ? names[int(c)] : "?";
-}
-
 const char* precision_name(DType t) {
   switch (t) {
     case DType::F32: return "fp32";
@@ -90,24 +75,6 @@ DType parse_precision(const std::string& s, const std::string& flag) {
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     if (s == precision_name(t)) return t;
   throw UsageError(flag + " '" + s + "' is not allowed (allowed: fp32, bf16, fp16)");
-}
-
-OpKind collective_kind(Collective c) {
-  switch (c) {
-    case Collective::AllReduce: return OpKind::AllReduce;
-    case Collective::AllGather: return OpKind::AllGather;
-    case Collective::ReduceScatter: return OpKind::ReduceScatter;
-    case Collective::Broadcast: return OpKind::Broadcast;
-    case Collective::Reduce: return OpKind::Reduce;
-    case Collective::AllToAll: return OpKind::AllToAll;
-    case Collective::SendRecv: return OpKind::SendRecv;
-    default: SB_FATAL("unknown collective " + std::to_string(int(c)));
-  }
-}
-
-int64_t collective_bytes(const CollectiveArgs& a, int comm_size) {
-  const bool per_rank = a.op == Collective::AllGather || a.op == Collective::ReduceScatter;
-  return a.count * dtype_size(a.dtype) * (per_rank ? comm_size : 1);
 }
 
 DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {

@@ -1,4 +1,4 @@
-#include "shardbench/comm_staging.h"
+#include "shardbench/backend/comm_staging.h"
 
 #include <mpi.h>
 #if __has_include(<mpi-ext.h>)
@@ -9,8 +9,8 @@
 #include <climits>
 #include <cstdlib>
 
-#include "shardbench/check.h"
-#include "shardbench/collectives.h"  // parse_size
+#include "shardbench/core/check.h"
+#include "shardbench/core/cli.h"  // parse_size
 
 namespace sb {
 
@@ -61,7 +61,7 @@ const char* transfer_name(Transfer t) { return t == Transfer::DevicePointers ? "
 Transfer choose_transfer(CommLibrary c, CudaAwareness a, Collective op, DType t, ReduceOp r, int64_t block) {
   const bool device = c == CommLibrary::MpiDirect || (c == CommLibrary::Mpi && a == CudaAwareness::Yes);
   if (!device) return Transfer::Staged;
-  const bool reduces = op == Collective::AllReduce || op == Collective::ReduceScatter || op == Collective::Reduce;
+  const bool reduces = collective_info(op).reduces;
   const bool host_arithmetic = reduces && (t == DType::BF16 || t == DType::F16 || r == ReduceOp::Avg);
   if (host_arithmetic || block > INT_MAX) return Transfer::Staged;
   return Transfer::DevicePointers;

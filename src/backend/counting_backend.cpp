@@ -6,9 +6,8 @@
 #include <cstring>
 #include <unordered_map>
 
-#include "shardbench/backend.h"
-#include "shardbench/check.h"
-#include "shardbench/layout.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/check.h"
 
 namespace sb {
 namespace {

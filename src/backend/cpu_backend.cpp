@@ -18,12 +18,12 @@
 #include <unordered_map>
 #include <vector>
 
-#include "shardbench/backend.h"
-#include "shardbench/check.h"
-#include "shardbench/half.h"
-#include "shardbench/model.h"
-#include "shardbench/mpi_ops.h"
-#include "shardbench/rng.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/check.h"
+#include "shardbench/core/half.h"
+#include "shardbench/core/format.h"
+#include "shardbench/backend/mpi_ops.h"
+#include "shardbench/core/rng.h"
 
 namespace sb {
 namespace {
@@ -352,9 +352,13 @@ class CpuBackend final : public Backend {
   }
 
   // ---- memory ----
+  static constexpr size_t kPage = 4096;
   void* alloc(size_t bytes, MemCategory cat) override {
-    const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
-    void* p = std::aligned_alloc(64, rounded);
+    // Page-aligned from one page up, as MPI benchmarks allocate: a buffer that starts
+    // mid-page makes every page-sized piece of a shared-memory copy span two pages.
+    const size_t align = bytes >= kPage ? kPage : 64;
+    const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
+    void* p = std::aligned_alloc(align, rounded);
     if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
                      mem_category_name(cat));
     track(p, bytes, cat);

@@ -1,10 +1,10 @@
-#include "shardbench/mpi_ops.h"
+#include "shardbench/backend/mpi_ops.h"
 
 #include <algorithm>
 #include <climits>
 
-#include "shardbench/check.h"
-#include "shardbench/half.h"
+#include "shardbench/core/check.h"
+#include "shardbench/core/half.h"
 
 namespace sb {
 namespace {

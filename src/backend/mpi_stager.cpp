@@ -1,8 +1,8 @@
-#include "shardbench/mpi_stager.h"
+#include "shardbench/backend/mpi_stager.h"
 
 #include <climits>
 
-#include "shardbench/check.h"
+#include "shardbench/core/check.h"
 
 namespace sb {
 

@@ -1,8 +1,8 @@
 #include <algorithm>
 
-#include "shardbench/check.h"
-#include "shardbench/rng.h"
-#include "shardbench/t5.h"
+#include "shardbench/core/check.h"
+#include "shardbench/core/rng.h"
+#include "shardbench/model/t5.h"
 
 namespace sb {
 

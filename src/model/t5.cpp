@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/check.h"
-#include "shardbench/t5.h"
+#include "shardbench/core/check.h"
+#include "shardbench/model/t5.h"
 
 namespace sb {
 

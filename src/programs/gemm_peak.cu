@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/rng.h"  // uniform_pm1: deterministic inputs, reproducible on the host
+#include "shardbench/core/rng.h"  // uniform_pm1: deterministic inputs, reproducible on the host
 
 namespace {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <tuple>
 
-#include "shardbench/backend.h"
-#include "shardbench/model.h"
-#include "shardbench/t5.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/model/model.h"
+#include "shardbench/model/t5.h"
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include "shardbench/check.h"
-#include "shardbench/strategy.h"
+#include "shardbench/core/check.h"
+#include "shardbench/strategy/strategy.h"
 
 namespace sb {
 namespace {

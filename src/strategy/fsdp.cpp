@@ -25,8 +25,8 @@
 // refreshed after each optimizer step.
 #include <utility>
 
-#include "shardbench/check.h"
-#include "shardbench/strategy.h"
+#include "shardbench/core/check.h"
+#include "shardbench/strategy/strategy.h"
 
 namespace sb {
 namespace {

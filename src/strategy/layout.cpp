@@ -1,8 +1,8 @@
-#include "shardbench/layout.h"
+#include "shardbench/strategy/layout.h"
 
 #include <string>
 
-#include "shardbench/check.h"
+#include "shardbench/core/check.h"
 
 namespace sb {
 
@@ -18,6 +18,13 @@ ParallelLayout ParallelLayout::make(int world, int rank, int shard) {
   return l;
 }
 
+ParallelLayout ParallelLayout::at_rank(int r) const {
+  SB_ASSERT(r >= 0 && r < world, "rank outside the layout");
+  ParallelLayout l = *this;
+  l.rank = r;
+  return l;
+}
+
 ShardInfo shard_of(int64_t numel, int shards, int index) {
   SB_ASSERT(shards >= 1 && index >= 0 && index < shards, "bad shard index");
   ShardInfo s;
@@ -28,12 +35,13 @@ ShardInfo shard_of(int64_t numel, int shards, int index) {
   return s;
 }
 
-Mesh Mesh::split(Backend& b, MPI_Comm world, int shard) {
+Mesh Mesh::split(Backend& b, MPI_Comm world, const ParallelLayout& layout) {
   int size = 0, rank = 0;
   MPI_CHECK(MPI_Comm_size(world, &size));
   MPI_CHECK(MPI_Comm_rank(world, &rank));
+  SB_ASSERT(layout.world == size && layout.rank == rank, "the layout is not this communicator's");
   Mesh m;
-  m.layout = ParallelLayout::make(size, rank, shard);
+  m.layout = layout;
   MPI_CHECK(MPI_Comm_split(world, m.layout.replicate_rank(), m.layout.shard_rank(), &m.shard_mpi));
   MPI_CHECK(MPI_Comm_split(world, m.layout.shard_rank(), m.layout.replicate_rank(), &m.replicate_mpi));
   m.shard_comm = b.make_comm(m.shard_mpi);

@@ -1,8 +1,8 @@
 // The one training-step loop every strategy runs, and the strategy names and factory.
 #include <string>
 
-#include "shardbench/check.h"
-#include "shardbench/strategy.h"
+#include "shardbench/core/check.h"
+#include "shardbench/strategy/strategy.h"
 
 namespace sb {
 
@@ -44,19 +44,11 @@ std::string StrategyConfig::label() const {
   return l;
 }
 
-int shard_group_size(const StrategyConfig& c, int world) {
-  if (c.kind == StrategyKind::DDP) return 1;
-  switch (c.sharding) {
-    case Sharding::Full:
-    case Sharding::GradOp: return world;
-    case Sharding::None: return 1;
-    case Sharding::Hybrid:
-      if (c.shard_size < 1)
-        throw UsageError("--sharding hybrid needs --shard-size G (G >= 1 dividing the world size " +
-                         std::to_string(world) + ")");
-      return c.shard_size;
-  }
-  return 1;
+ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
+  int shard = 1;
+  if (c.kind == StrategyKind::FSDP && (c.sharding == Sharding::Full || c.sharding == Sharding::GradOp)) shard = world;
+  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid) shard = c.shard_size;
+  return ParallelLayout::make(world, rank, shard);
 }
 
 namespace {
@@ -151,8 +143,6 @@ std::unique_ptr<Strategy> make_fsdp(const StrategyConfig&, const ModelSpec&, Bac
 
 std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
                                         Backend& backend, Mesh& mesh, const StepShape& shape) {
-  SB_ASSERT(mesh.layout.shard == shard_group_size(cfg, mesh.layout.world),
-            "mesh shard size does not match the strategy");
   if (cfg.kind == StrategyKind::DDP) return make_ddp(cfg, spec, backend, mesh, shape);
   return make_fsdp(cfg, spec, backend, mesh, shape);
 }

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "shardbench/check.h"
-#include "shardbench/h5.h"
+#include "shardbench/core/check.h"
+#include "shardbench/trace/h5.h"
 
 namespace sb {
 namespace {
@@ -115,6 +115,30 @@ int publish_no_clobber(const std::string& from, const std::string& to) {
   return 0;
 }
 
+// Reads a closed result back: it opens (HDF5 refuses a truncated file) and every table has
+// the rows written and reads in full. Returns what is wrong, or "" for a sound file. Some
+// MPI-IO layers report success for writes the filesystem refused (Open MPI 4.1's OMPIO on a
+// full disk), so the file is checked, not only the return codes.
+std::string unsound(const std::string& path, const std::vector<std::pair<std::string, unsigned long long>>& tables) {
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (f < 0) return "it does not open as HDF5";
+  H5Id file(f, H5Fclose);
+  for (const auto& [name, rows] : tables) {
+    const hid_t d = H5Dopen2(file, name.c_str(), H5P_DEFAULT);
+    if (d < 0) return "table " + name + " is missing";
+    H5Id dset(d, H5Dclose);
+    H5Id space(H5Dget_space(dset), H5Sclose);
+    hsize_t n = 0;
+    if (space < 0 || H5Sget_simple_extent_dims(space, &n, nullptr) != 1 || n != rows)
+      return "table " + name + " has " + std::to_string(n) + " rows of the " + std::to_string(rows) + " written";
+    H5Id type(H5Dget_type(dset), H5Tclose);
+    std::vector<char> buf(std::max<size_t>(1, n * H5Tget_size(type)));
+    if (n > 0 && H5Dread(dset, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0)
+      return "table " + name + " does not read back";
+  }
+  return "";
+}
+
 }  // namespace
 
 ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t local_bytes)
@@ -139,6 +163,10 @@ ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t 
   H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
   H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
   file_ = H5_CHECK(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl));
+  // Test only: hold the temporary open before any table is written, so that a test can fill
+  // the disk after the space check passed (the other ranks wait in the first collective).
+  if (const char* delay = std::getenv("SHARDBENCH_TEST_WRITE_DELAY_S"))
+    if (rank == 0) sleep(unsigned(std::atoi(delay)));
 }
 
 ResultFile::~ResultFile() {
@@ -189,6 +217,7 @@ void ResultFile::write_rows(const std::string& name, const std::vector<Column>& 
   H5Id dset(H5_CHECK(H5Dcreate2(file_, name.c_str(), type, fspace, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)),
             H5Dclose);
   if (total == 0) return;
+  tables_.emplace_back(name, total);
   hsize_t start = offset, count = local, mdims = std::max<hsize_t>(local, 1);
   H5Id mspace(H5_CHECK(H5Screate_simple(1, &mdims, nullptr)), H5Sclose);
   if (local > 0) {
@@ -216,6 +245,12 @@ void ResultFile::commit() {
   MPI_CHECK(MPI_Barrier(comm_));
   char kept[4096] = "";  // rank 0: the suffixed name when the final one was taken
   if (rank == 0) {
+    const std::string wrong = unsound(tmp_, tables_);
+    if (!wrong.empty()) {
+      const std::string cause = disk_space_cause();
+      SB_FATAL("the result written to " + tmp_ + " does not read back (" + wrong +
+               ") although every write reported success" + (cause.empty() ? "" : ": " + cause));
+    }
     // On stable storage before it gets the final name: a node crash cannot leave a
     // truncated file there.
     if (const int err = sync_path(tmp_, O_RDONLY)) {

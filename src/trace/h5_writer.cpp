@@ -2,9 +2,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "shardbench/check.h"
-#include "shardbench/collectives.h"
-#include "shardbench/trace.h"
+#include "shardbench/core/check.h"
+#include "shardbench/trace/trace.h"
 
 namespace sb {
 namespace {

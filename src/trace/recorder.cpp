@@ -1,6 +1,4 @@
-#include "shardbench/trace.h"
-
-#include "shardbench/collectives.h"
+#include "shardbench/trace/trace.h"
 
 namespace sb {
 

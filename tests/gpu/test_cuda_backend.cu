@@ -23,13 +23,13 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/backend.h"
-#include "shardbench/comm_staging.h"
-#include "shardbench/layout.h"
-#include "shardbench/model.h"
-#include "shardbench/rng.h"
-#include "shardbench/strategy.h"
-#include "shardbench/t5.h"
+#include "shardbench/backend/backend.h"
+#include "shardbench/backend/comm_staging.h"
+#include "shardbench/strategy/layout.h"
+#include "shardbench/model/model.h"
+#include "shardbench/core/rng.h"
+#include "shardbench/strategy/strategy.h"
+#include "shardbench/model/t5.h"
 #include "../attention_problem.h"
 #include "../t5_model.h"
 
@@ -624,7 +624,7 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOverMpiMatchCpu) {
       std::vector<std::vector<float>> weights[2];
       Backend* backends[2] = {&cpu(), gpu_mpi.get()};
       for (int i = 0; i < 2; ++i) {
-        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
         auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(T5Model::kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
@@ -857,7 +857,7 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
     double losses[2] = {0, 0};
     Backend* backends[2] = {&cpu(), &gpu()};
     for (int i = 0; i < 2; ++i) {
-      Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+      Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
       auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
       for (int s = 1; s <= 3; ++s) losses[i] = strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
       for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
@@ -908,7 +908,7 @@ TEST_F(CudaVsCpu, LowPrecisionDdpAndFsdpStepsOnOneRankMatchCpu) {
       std::vector<std::vector<float>> weights[2];
       Backend* backends[2] = {&cpu(), &gpu()};
       for (int i = 0; i < 2; ++i) {
-        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, 1);
+        Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
         auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u)

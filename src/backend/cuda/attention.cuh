@@ -6,7 +6,7 @@
 #include <cuda_fp16.h>     // __half
 #include <cuda_runtime.h>  // cudaStream_t
 
-#include "shardbench/backend.h"  // AttentionShape, kAttentionKeyChunk
+#include "shardbench/backend/backend.h"  // AttentionShape, kAttentionKeyChunk
 
 namespace sb {
 namespace cuda {

@@ -33,11 +33,11 @@
 #include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
 #include "attention.cuh"          // the fused attention kernels
 #include "kernels.cuh"            // the elementwise and row-wise kernels
-#include "shardbench/backend.h"
-#include "shardbench/check.h"     // SB_FATAL, MPI_CHECK
-#include "shardbench/comm_staging.h"  // --comm, device pointers vs staging, chunks
-#include "shardbench/model.h"     // human_bytes
-#include "shardbench/mpi_stager.h" // the host side of collectives over MPI
+#include "shardbench/backend/backend.h"
+#include "shardbench/core/check.h"     // SB_FATAL, MPI_CHECK
+#include "shardbench/backend/comm_staging.h"  // --comm, device pointers vs staging, chunks
+#include "shardbench/core/format.h"    // human_bytes
+#include "shardbench/backend/mpi_stager.h" // the host side of collectives over MPI
 
 #ifndef SB_CUDA_ARCHS
 #define SB_CUDA_ARCHS "unknown"  // mk/cuda.mk passes the compute capabilities compiled in

@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "shardbench/check.h"  // sb::fatal
+#include "shardbench/core/check.h"  // sb::fatal
 
 namespace sb {
 

@@ -17,7 +17,7 @@
 #include "cuda_check.cuh"      // CUDA_LAUNCH
 #include "elem_io.cuh"          // ld, st
 #include "kernels.cuh"
-#include "shardbench/rng.h"    // uniform_pm1, shared with the CPU backend
+#include "shardbench/core/rng.h"    // uniform_pm1, shared with the CPU backend
 
 namespace sb {
 namespace cuda {

@@ -1,0 +1,441 @@
+// The backend: compute, memory, collectives and timing behind one interface. It knows
+// nothing of models or strategies. Implementations: CPU (BLAS + MPI non-blocking
+// collectives), counting (memory and FLOP accounting only, used by the plan), CUDA (cuBLAS + NCCL).
+//
+// Tensors are row-major and live in the backend's memory: callers never dereference a
+// backend pointer on the host (the counting backend hands out addresses that point
+// nowhere). Host data moves through upload()/download(). Compute operations take Buf/CBuf
+// (address + element type: fp32, bf16 or fp16, all arguments of one call alike, math in
+// fp32); master parameters, optimizer state, norms' rstd and losses are always fp32.
+#pragma once
+#include <mpi.h>
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace sb {
+
+enum class DType : int { F32, F64, I32, I64, U8, BF16, F16, kCount };
+const char* dtype_name(DType t);    // nccl-tests names: float, double, int32, int64, uint8, bfloat16, half
+int dtype_size(DType t);
+// Training precisions (--dtype, --reduce-dtype): "fp32", "bf16", "fp16".
+const char* precision_name(DType t);
+DType parse_precision(const std::string& s, const std::string& flag);  // throws UsageError
+
+// A tensor (or a view into one) in backend memory with its element type. `+ n` moves by n
+// elements. A float* converts implicitly, so fp32 callers read as before.
+struct Buf {
+  void* ptr = nullptr;
+  DType dtype = DType::F32;
+  Buf() = default;
+  Buf(std::nullptr_t) {}
+  Buf(float* p) : ptr(p) {}
+  Buf(void* p, DType t) : ptr(p), dtype(t) {}
+  Buf operator+(int64_t n) const { return {static_cast<char*>(ptr) + n * dtype_size(dtype), dtype}; }
+  explicit operator bool() const { return ptr != nullptr; }
+};
+struct CBuf {
+  const void* ptr = nullptr;
+  DType dtype = DType::F32;
+  CBuf() = default;
+  CBuf(std::nullptr_t) {}
+  CBuf(const float* p) : ptr(p) {}
+  CBuf(const void* p, DType t) : ptr(p), dtype(t) {}
+  CBuf(const Buf& b) : ptr(b.ptr), dtype(b.dtype) {}
+  CBuf operator+(int64_t n) const { return {static_cast<const char*>(ptr) + n * dtype_size(dtype), dtype}; }
+  explicit operator bool() const { return ptr != nullptr; }
+};
+
+enum class MemCategory : int {
+  Parameters,      // owned parameters (a shard under FSDP, the full model under DDP)
+  Gradients,       // owned gradients (a shard under FSDP, the buckets under DDP)
+  OptimizerState,  // Adam moments
+  Activations,     // saved for backward
+  CommBuffers,     // gathered units, unsharded gradients before reduction
+  Workspace,       // temporaries of one operation or stage, inputs
+  kCount
+};
+constexpr int kMemCategories = int(MemCategory::kCount);
+const char* mem_category_name(MemCategory c);
+using MemBytes = std::array<int64_t, kMemCategories>;
+
+// What a recorded operation is, for traces and the step breakdown.
+enum class OpKind : int {
+  Gemm, Elementwise, Optimizer, Copy,          // compute lane
+  AllReduce, AllGather, ReduceScatter,         // communication lanes
+  Wait,                                        // compute lane blocked on communication
+  Progress,                                    // compute lane driving MPI collectives (CPU)
+  Broadcast, Reduce, AllToAll, SendRecv,       // communication lanes (collective_perf)
+  kCount
+};
+const char* op_kind_name(OpKind k);  // a collective's kind is named as the collective
+bool is_communication(OpKind k);     // the kind of a collective (of the table below)
+
+enum class Phase : int { Forward, Backward, Optimizer, Other, kCount };
+const char* phase_name(Phase p);
+
+struct OpEvent {
+  OpKind kind;
+  Phase phase;
+  int unit;      // model unit, -1 when none
+  int lane;      // 0 = compute; 1.. = communication lanes
+  double start;  // seconds since the backend's epoch
+  double end;
+  int64_t bytes;  // bytes moved by a collective (the full buffer) or touched by compute
+  double flops;   // matmul FLOPs (2·m·n·k) for a GEMM
+  int32_t gemm[5];  // GEMM shape: m, n, k, batch, transposes (bit 0: A, bit 1: B); else zeros
+  int64_t request = -1;  // collectives and waits: the request, so a schedule can be replayed
+  int32_t ranks = 0;     // collectives: ranks of the communicator
+  int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
+};
+
+// Receives every operation and memory change of the backend, in completion order.
+class Recorder {
+ public:
+  virtual ~Recorder() = default;
+  virtual void on_op(const OpEvent& e) = 0;
+  virtual void on_memory(double t, const MemBytes& current) = 0;
+};
+
+// A communicator of the backend (an MPI communicator on CPU, an NCCL one on GPU).
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+};
+
+using Request = int64_t;  // handle of an outstanding collective
+constexpr Request kNoRequest = -1;
+
+// ---- collectives: one vocabulary for the strategies, collective_perf and the traces ----
+enum class ReduceOp : int { Sum, Prod, Min, Max, Avg, kCount };
+const char* reduce_op_name(ReduceOp o);  // sum, prod, min, max, avg
+// The numbers are the HDF5 files' codes (collective_perf's op column): append only.
+enum class Collective : int {
+  AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv, kCount
+};
+
+// Buffers follow NCCL's conventions: `count` is elements per rank's send buffer for
+// all-gather, per rank's receive buffer for reduce-scatter, the whole buffer otherwise
+// (all-to-all: the whole buffer, count/size to each peer). In place means
+// recv == send for all-reduce, broadcast, reduce, and the rank's slice of the larger
+// buffer for all-gather (send = recv + rank*count) and reduce-scatter (recv = send +
+// rank*count). Send/recv sends `send` to rank+1 and receives `recv` from rank-1.
+// `after`: stream order. The collective starts once collective `after` has finished,
+// without the compute lane waiting for either (a CUDA stream waiting on an event; on CPU
+// the backend issues it as soon as it sees `after` complete). Collectives on one
+// communicator still start in issue order.
+struct CollectiveArgs {
+  Collective op = Collective::AllReduce;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::F32;
+  ReduceOp redop = ReduceOp::Sum;
+  int root = 0;
+  Request after = kNoRequest;
+};
+
+// How the `count` of a backend call sizes its buffers (the conventions above).
+enum class CountIs : int {
+  Whole,        // both buffers (all-reduce, broadcast, reduce, send/recv)
+  WholeSplit,   // both buffers, count/ranks to each peer: a multiple of the ranks (all-to-all)
+  RankSend,     // each rank's send buffer; the receive buffer is ranks × count (all-gather)
+  RankRecv,     // each rank's receive buffer; the send buffer is ranks × count (reduce-scatter)
+};
+
+// THE collective table (src/backend/collective.cpp): one row per collective, read by the
+// backends, the traces and collective_perf. A new collective is a row here plus its library
+// call in each backend's collective() (and the MPI staging of device buffers) and its
+// expected result in collective_perf's data check.
+struct CollectiveInfo {
+  Collective op;
+  const char* name;        // all-reduce: flags, tables, messages, trace op names
+  const char* nccl_tests;  // all_reduce_perf: the nccl-tests program that measures it
+  OpKind kind;             // what a backend records when it runs
+  CountIs count;           // how the backend call's count sizes its buffers
+  bool reduces;            // takes a ReduceOp
+  bool rooted;             // takes a root rank
+  bool in_place;           // has an in-place form
+  // nccl-tests' bus bandwidth = algorithm bandwidth × this factor over `ranks`
+  // (docs/references.md, "nccl-tests"): the bytes each rank sends over the buffer's size.
+  double (*bus_factor)(int ranks);
+};
+const CollectiveInfo& collective_info(Collective c);
+const CollectiveInfo* collective_info(OpKind k);  // null for compute kinds
+inline const char* collective_name(Collective c) { return collective_info(c).name; }
+inline OpKind collective_kind(Collective c) { return collective_info(c).kind; }
+inline double bus_factor(Collective c, int ranks) { return collective_info(c).bus_factor(ranks); }
+// What a collective records as its bytes: the full buffer (count × ranks for all-gather and
+// reduce-scatter), as nccl-tests counts them.
+int64_t collective_bytes(const CollectiveArgs& a, int comm_size);
+// Bytes this rank sent in a recorded collective: its `bytes` × the bus factor over its
+// `ranks`, to the nearest byte; 0 for compute and on one rank.
+int64_t bytes_sent(const OpEvent& e);
+
+// Fused T5 attention (flash-attention style), per (batch, head). q and o are [batch*tq, ld],
+// k and v [batch*tk, ld], ld = heads*d_kv, head h at columns h*d_kv..(h+1)*d_kv-1: the
+// projections' own layout, so no transposes. The position bias of query i and key j is
+// table[rel_buckets[j - i + tq - 1], h], table [num_buckets, heads] (the rel_bias
+// parameter), rel_buckets [tq + tk - 1] (the bucket depends on j - i only); a null table
+// means no bias (cross-attention). Causal masks keys j > i. No 1/sqrt(d_kv) scaling (T5).
+struct AttentionShape {
+  int batch = 0, heads = 0, tq = 0, tk = 0, d_kv = 0;
+  int num_buckets = 0;  // rows of the bias table
+  bool causal = false;
+  int64_t ld() const { return int64_t(heads) * d_kv; }
+};
+// The bias-table gradient is reduced deterministically (no order-dependent atomics): the
+// backward splits the keys into chunks of kAttentionKeyChunk; the pass over chunk c of
+// (batch b, head h) sums dS along each diagonal (fixed j - i) over the queries in
+// ascending order into its own slot partial[b][h][c][tq + chunk - 1]; a second pass sums
+// the slots per (head, j - i) over b then c, and a third adds each j - i into its
+// bucket's row in ascending j - i. Every backend reduces in this order.
+constexpr int kAttentionKeyChunk = 64;
+// fp32 elements of attention_backward's workspace: the rows' Σ dO⊙O [batch*heads*tq], and
+// with a bias table the partial slots and the per-(head, j - i) sums.
+inline int64_t attention_workspace_floats(const AttentionShape& s, bool with_bias) {
+  const int64_t rows = int64_t(s.batch) * s.heads * s.tq;
+  if (!with_bias) return rows;
+  const int64_t chunks = (s.tk + kAttentionKeyChunk - 1) / kAttentionKeyChunk;
+  return rows + int64_t(s.batch) * s.heads * chunks * (s.tq + kAttentionKeyChunk - 1) +
+         int64_t(s.heads) * (s.tq + s.tk - 1);
+}
+// Matmul FLOPs the fused op stands for (the unfused path's GEMMs: Q·K^T and P·V forward,
+// twice that backward), so MFU counts the same work whichever path runs.
+inline double attention_flops(const AttentionShape& s, bool backward) {
+  return (backward ? 8.0 : 4.0) * s.batch * s.heads * double(s.tq) * s.tk * s.d_kv;
+}
+// The fused op is recorded as a GEMM of this shape (m, n, k, batch, transposes): the
+// unfused GEMMs it replaces, batched (2·B·H forward, 4·B·H backward), so the trace's GEMM
+// time and FLOPs and the plan's schedule include it.
+inline std::array<int32_t, 5> attention_gemm_shape(const AttentionShape& s, bool backward) {
+  return {s.tq, s.tk, s.d_kv, (backward ? 4 : 2) * s.batch * s.heads, 0};
+}
+
+struct AdamConfig {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float grad_unscale = 1.f;  // gradients are multiplied by this first (1 / the loss scale)
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual std::string device_name() const = 0;
+  // The library its collectives run on, as the run records it: "mpi" (CPU), "nccl", or
+  // "mpi (...)" with how device buffers travel (CUDA --comm mpi).
+  virtual std::string comm_name() const { return "mpi"; }
+
+  // ---- memory: every allocation carries a category ----
+  virtual void* alloc(size_t bytes, MemCategory cat) = 0;
+  virtual void release(void* p) = 0;
+  // Stream-ordered release of a buffer that collective `r` still reads, without waiting for
+  // it: the ledger counts it free now (as PyTorch's caching allocator counts a tensor freed
+  // at `del` while record_stream keeps its block for the communication stream); the memory
+  // is reused only after `r` has finished.
+  virtual void release_after(void* p, Request r) = 0;
+  float* alloc_floats(int64_t n, MemCategory cat) { return static_cast<float*>(alloc(size_t(n) * 4, cat)); }
+  Buf alloc_buf(int64_t n, DType t, MemCategory cat) { return {alloc(size_t(n) * dtype_size(t), cat), t}; }
+  int* alloc_ints(int64_t n, MemCategory cat) { return static_cast<int*>(alloc(size_t(n) * 4, cat)); }
+  virtual void upload(void* dst, const void* host_src, size_t bytes) = 0;
+  // False for the counting backend (the plan): uploads go nowhere, so host data that only
+  // feeds an upload need not be built.
+  virtual bool holds_data() const { return true; }
+  virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
+  const MemBytes& mem_current() const { return current_; }
+  const MemBytes& mem_peak() const { return peak_; }
+  int64_t mem_total_current() const;
+  int64_t mem_peak_total() const { return peak_total_; }
+  void reset_peaks();
+  // Bytes this rank can still allocate on its device (a GPU's free memory); -1 when the
+  // backend does not know (CPU: the harness uses host memory / ranks on the node).
+  virtual int64_t memory_capacity() const { return -1; }
+  // Memory in use as the device itself reports it (beside this ledger): a GPU's total minus
+  // free memory (every process and the CUDA context included); on CPU this process's
+  // resident set. -1 when unknown.
+  virtual int64_t device_memory_used() const { return -1; }
+
+  // ---- compute (row-major; a Linear weight W is [out, in] and y = x W^T) ----
+  // C[M,N] = alpha * op(A) op(B) + beta * C, op(X) = X^T when the flag is set; fp32
+  // accumulation whatever the element type.
+  virtual void gemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A, int lda,
+                    CBuf B, int ldb, float beta, Buf C, int ldc) = 0;
+  // The same for `batch` independent problems at fixed element strides.
+  virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A,
+                            int lda, int64_t stride_a, CBuf B, int ldb, int64_t stride_b, float beta,
+                            Buf C, int ldc, int64_t stride_c, int batch) = 0;
+  // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
+  virtual void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) = 0;
+  // dtable[ids[i],:] += dout[i,:]
+  virtual void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) = 0;
+  // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)     x, out [n,d]
+  virtual void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) = 0;
+  // dx += d(out)/dx · dout; dw += sum_i dout * x * rstd
+  virtual void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
+                                int d) = 0;
+  virtual void relu_forward(Buf x, int64_t n) = 0;                    // in place
+  virtual void relu_backward(Buf dy, CBuf y, int64_t n) = 0;          // dy *= (y > 0)
+  virtual void add(Buf y, CBuf x, int64_t n) = 0;                     // y += x
+  virtual void scale(Buf x, float a, int64_t n) = 0;                  // x *= a
+  virtual void copy(Buf dst, CBuf src, int64_t n) = 0;
+  virtual void fill(Buf x, float value, int64_t n) = 0;
+  // dst = src rounded to dst's type (round to nearest even); a copy when the types match.
+  virtual void cast(Buf dst, CBuf src, int64_t n) = 0;
+  // x[i] = scale * u(key, first + i), u uniform in [-1, 1) from a counter-based hash, so
+  // any slice of a tensor can be initialised without the rest (see rng.h).
+  virtual void init_uniform(float* x, int64_t n, uint64_t key, int64_t first, float scale) = 0;
+  // bias[h,i,j] = table[buckets[i*tk+j], h]         table [num_buckets, H]
+  virtual void position_bias_forward(Buf bias, CBuf table, const int* buckets, int heads, int tq,
+                                     int tk) = 0;
+  // dtable[buckets[i*tk+j], h] += dbias[h,i,j]. The bucket of (i, j) depends on j − i only,
+  // as T5's relative position buckets do: a backend may sum by diagonal (the CUDA one does,
+  // in a fixed order, so the gradient is deterministic).
+  virtual void position_bias_backward(Buf dtable, CBuf dbias, const int* buckets, int heads, int tq,
+                                      int tk) = 0;
+  // In place over scores [B,H,tq,tk]: add bias [H,tq,tk] (may be null), mask j > i when
+  // causal, softmax over the last axis.
+  virtual void softmax_forward(Buf scores, CBuf bias, bool causal, int batch, int heads, int tq,
+                               int tk) = 0;
+  // In place: dscores holds dP on entry and dS = P ⊙ (dP − Σ dP⊙P) on exit; dbias
+  // (may be null) += Σ_b dS.
+  virtual void softmax_backward(Buf dscores, CBuf probs, Buf dbias, int batch, int heads, int tq,
+                                int tk) = 0;
+  // Fused attention forward: o = softmax(q k^T + bias, mask) v per (batch, head) with an
+  // online softmax over key tiles (fp32 accumulation; no tq×tk tensor beyond one tile);
+  // lse [batch, heads, tq] (fp32) = each row's logsumexp, saved for the backward.
+  virtual void attention_forward(Buf o, float* lse, CBuf q, CBuf k, CBuf v, CBuf table,
+                                 const int* rel_buckets, const AttentionShape& s) = 0;
+  // Fused attention backward: recomputes P from q, k, the table and lse; writes dq, dk, dv
+  // and, with a table, adds d/d(table) into dtable (deterministically, see
+  // kAttentionKeyChunk). o is the forward's output; workspace holds
+  // attention_workspace_floats(s, table) fp32 elements (contents undefined on entry).
+  virtual void attention_backward(Buf dq, Buf dk, Buf dv, Buf dtable, CBuf dout, CBuf q, CBuf k,
+                                  CBuf v, CBuf o, const float* lse, CBuf table,
+                                  const int* rel_buckets, float* workspace,
+                                  const AttentionShape& s) = 0;
+  // Fused softmax cross-entropy: losses[i] = -log softmax(logits[i])[labels[i]]; logits are
+  // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
+  virtual void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
+                             float grad_scale) = 0;
+  // Whether every element is finite (no inf, no NaN). Returns to the host: on a GPU a
+  // synchronisation, once per step with dynamic loss scaling (as PyTorch's GradScaler).
+  virtual bool all_finite(CBuf x, int64_t n) = 0;
+  // Adam (bias-corrected, no weight decay), step counts from 1, on fp32 parameters and
+  // moments; the gradient may be of any training precision (read as fp32). `copy` (may be
+  // null): the updated parameters rounded to its type, written in the same pass, so mixed
+  // precision needs no separate cast over the parameters.
+  virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg, int step,
+                    Buf copy = {}) = 0;
+
+  // ---- collectives (non-blocking; issued in the same order on every rank) ----
+  virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;
+  // Any collective of CollectiveArgs; backends without it say so (UsageError).
+  virtual Request collective(const CollectiveArgs& args, Comm& comm);
+  // Whether `collective` supports this combination here: by default every valid one (the
+  // CPU backend reduces bfloat16/half through user-defined MPI operations, NCCL natively).
+  virtual bool supports(Collective op, DType dtype, ReduceOp redop) const;
+  // The strategies' three, as sums (all through collective()):
+  Request all_reduce(Buf buf, int64_t count, Comm& comm);  // in place
+  // recv [size*count] gathers every rank's send [count]; in place when send is recv's
+  // slice of this rank (send == recv + rank*count)
+  Request all_gather(CBuf send, Buf recv, int64_t count, Comm& comm);
+  // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
+  Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
+  // all_reduce stream-ordered after collective `after` (see CollectiveArgs::after).
+  Request all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm);
+  virtual void wait(Request r) = 0;
+  virtual bool test(Request r) = 0;
+  // A collective waited on before any other backend call runs as one blocking call where
+  // the backend has a faster one (CPU: MPI's tuned blocking collectives). Off: every
+  // collective takes the non-blocking path that overlap uses (collective_perf --nonblocking).
+  void set_blocking_when_waited(bool on) { blocking_when_waited_ = on; }
+  bool blocking_when_waited() const { return blocking_when_waited_; }
+  virtual void synchronize() = 0;  // all compute issued so far has finished
+
+  // ---- time and trace context ----
+  virtual double now() const = 0;  // seconds since the backend's epoch
+  void set_recorder(Recorder* r) { recorder_ = r; }
+  void set_context(Phase phase, int unit) { phase_ = phase, unit_ = unit; }
+  Phase phase() const { return phase_; }
+  int unit() const { return unit_; }
+  // Named ranges for a profiler's timeline (NVTX on CUDA, so Nsight Systems reads like the
+  // trace); nothing elsewhere. Pushes and pops nest.
+  virtual void range_push(const char* name) {}
+  virtual void range_pop() {}
+
+ protected:
+  // The allocation ledger every backend keeps: track() after allocating p, untrack()
+  // before freeing it (it checks p was ours and accounts the bytes).
+  void track(void* p, size_t bytes, MemCategory cat);
+  // Throws UsageError naming the collective, type and reduction unless supports() them.
+  void require_supported(const CollectiveArgs& a) const;
+  void untrack(void* p);
+  std::vector<void*> tracked() const;  // what is still allocated (for destructors)
+  void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
+              const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
+              int64_t after = -1);
+  Recorder* recorder_ = nullptr;
+  bool blocking_when_waited_ = true;
+
+ private:
+  void account_alloc(MemCategory cat, int64_t bytes);
+  void account_free(MemCategory cat, int64_t bytes);
+  struct Allocation {
+    size_t bytes;
+    MemCategory cat;
+  };
+  std::unordered_map<void*, Allocation> allocations_;
+  MemBytes current_{}, peak_{};
+  int64_t peak_total_ = 0;
+  Phase phase_ = Phase::Other;
+  int unit_ = -1;
+};
+
+// The one element type of a compute call's non-null tensors; names `op` in the error when
+// they differ.
+DType common_dtype(const char* op, std::initializer_list<CBuf> tensors);
+
+// RAII: tags the operations issued in a scope with a phase and a unit, and names the scope
+// as a profiler range ("forward unit 3").
+class ScopedContext {
+ public:
+  ScopedContext(Backend& b, Phase p, int unit) : b_(b), phase_(b.phase()), unit_(b.unit()) {
+    b.set_context(p, unit);
+    char name[64];
+    if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(p), unit);
+    else std::snprintf(name, sizeof name, "%s", phase_name(p));
+    b.range_push(name);
+  }
+  ~ScopedContext() {
+    b_.range_pop();
+    b_.set_context(phase_, unit_);
+  }
+
+ private:
+  Backend& b_;
+  Phase phase_;
+  int unit_;
+};
+
+// Backends this build can make: "cpu", and "cuda" where compiled in (collectives on NCCL,
+// or on MPI: `comm`, see comm_staging.h; the CPU backend always uses MPI).
+enum class CommLibrary : int;
+std::unique_ptr<Backend> make_backend(const std::string& name);
+std::unique_ptr<Backend> make_backend(const std::string& name, CommLibrary comm);
+// Accounts memory and FLOPs only: nothing is allocated or computed.
+std::unique_ptr<Backend> make_counting_backend();
+// A communicator of `size` ranks, seen from `rank`, that never communicates: the counting
+// backend's collectives take it (the plan of a world this job is not).
+std::unique_ptr<Comm> make_planned_comm(int size, int rank);
+double counted_gemm_flops(const Backend& counting);
+
+}  // namespace sb

@@ -1,0 +1,104 @@
+// The T5 training step as a sequence of stages, each the forward or backward of one piece
+// of one FSDP unit, expressed through Backend calls only. A strategy drives the stages and
+// decides where each unit's parameters come from (a gathered buffer, a replica) and where
+// its gradients go; the model never knows which.
+//
+// Forward order (stages()):          unit
+//   EncoderEmbed   shared[enc_ids]          root
+//   EncoderBlock × L                         encoder.l
+//   Bridge         encoder final norm;       root
+//                  shared[dec_ids]
+//   DecoderBlock × L (cross-attends to       decoder.l
+//                  the encoder output)
+//   Head           decoder final norm,       root
+//                  × d_model^-0.5, tied LM head, softmax cross-entropy
+// Backward runs the same stages in reverse. The root unit appears three times; its
+// gradients are complete after the backward of EncoderEmbed (the last one).
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "shardbench/backend/backend.h"
+#include "shardbench/model/model.h"
+
+namespace sb {
+
+// How attention runs: the reference path (batched GEMMs around a softmax over a held
+// [B, H, tq, tk] tensor) or the fused op (Backend::attention_forward/backward: online
+// softmax over tiles, the position bias read from the table inside, nothing tq×tk held).
+enum class AttentionImpl { Unfused, Fused };
+const char* attention_impl_name(AttentionImpl a);          // "unfused", "fused"
+AttentionImpl parse_attention_impl(const std::string& s);  // throws UsageError
+
+struct Stage {
+  enum Kind { EncoderEmbed, EncoderBlock, Bridge, DecoderBlock, Head } kind;
+  int unit;   // index into model_units()
+  int layer;  // block index within its stack, 0 for root stages
+};
+const char* stage_kind_name(Stage::Kind k);
+
+// One rank's tokens for one step: [batch * len] each, row-major by sequence.
+struct Tokens {
+  std::vector<int> enc_ids, dec_ids, labels;
+};
+// Deterministic synthetic data: sequence s (global index) of step `step` depends on
+// (seed, step, s) only, so rank r with `batch` sequences takes s = r*batch .. r*batch+batch-1
+// and a single rank with the global batch sees exactly the same sequences.
+// Decoder input = labels shifted right with 0 as the start token.
+Tokens make_tokens(uint64_t seed, int step, int64_t first_sequence, const StepShape& shape,
+                   int64_t vocab);
+
+// Initialises elements [first, first+count) of unit `unit`'s flat parameter (padding past
+// numel is zero). The values depend on (seed, unit, element) only, whatever the sharding.
+void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t seed, float* dst,
+                      int64_t first, int64_t count);
+
+class T5Step {
+ public:
+  // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
+  // global batch, so summing gradients across data-parallel ranks yields the global mean.
+  // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
+  // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
+  T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
+         bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused);
+  ~T5Step();
+  T5Step(const T5Step&) = delete;
+  T5Step& operator=(const T5Step&) = delete;
+
+  const ModelSpec& spec() const;
+  const std::vector<UnitSpec>& units() const;
+  const std::vector<Stage>& stages() const;  // forward order
+  DType dtype() const;
+  AttentionImpl attention() const;
+
+  // Uploads this step's tokens (sizes must match the shape).
+  void set_tokens(const Tokens& t);
+
+  // `params` points at the unit's full flat parameter (layout: units()[unit].tensors).
+  // Saves what backward needs (category Activations); with checkpointing a block saves
+  // only its input and recomputes the rest in backward.
+  void forward(int stage, CBuf params);
+  // Accumulates (+=) into `grads`, the unit's full flat gradient, which the caller zeroes
+  // before the unit's first backward stage. Frees the stage's saved activations.
+  void backward(int stage, CBuf params, Buf grads);
+
+  // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
+  void set_grad_scale(float grad_scale);
+
+  // Called during backward with (unit, index into units()[unit].tensors) right after the
+  // operation that completes that tensor's gradient of the step is issued, once per tensor
+  // per step: per-parameter readiness, as autograd's post-accumulate-grad hooks give DDP.
+  using GradReadyHook = std::function<void(int unit, int tensor)>;
+  void set_grad_ready_hook(GradReadyHook hook);
+
+  // Sum over this rank's tokens of the cross-entropy, valid after the Head forward.
+  double loss_sum();
+
+ private:
+  struct Impl;
+  Impl* impl_;
+};
+
+}  // namespace sb

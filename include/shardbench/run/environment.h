@@ -1,0 +1,22 @@
+// The run's environment: ranks per node, nodes, memory, wall-clock time, the result path.
+// Every function that says "collective" is called by every rank of MPI_COMM_WORLD.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace sb {
+
+std::string hostname();
+int local_ranks();  // ranks sharing this node (collective)
+int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
+// Memory one rank may plan for: the device's free memory where known (device_free > 0),
+// else host memory / ranks on the node (collective).
+int64_t default_memory_limit(int64_t device_free);
+// Decides a result path (default under results/ from `stem`, made unique with a numeric
+// suffix) and checks it on rank 0 before any work; throws UsageError on every rank for an
+// existing file (without overwrite), a missing or unwritable directory (collective).
+std::string resolve_output(const std::string& out, bool overwrite, const std::string& stem, int rank);
+std::string iso_time(double epoch_seconds);  // ISO 8601 UTC
+double wall_clock_rank0();  // rank 0's wall clock, seconds since the epoch (collective)
+
+}  // namespace sb

@@ -1,0 +1,36 @@
+// The configuration of one ddp_perf or fsdp_perf run and its command line.
+#pragma once
+#include <string>
+#include <vector>
+
+#include "shardbench/backend/comm_staging.h"
+#include "shardbench/model/model.h"
+#include "shardbench/strategy/strategy.h"
+
+namespace sb {
+
+struct RunConfig {
+  std::string program;
+  std::vector<std::string> argv;
+  ModelSpec model;
+  StepShape shape;  // per rank
+  int steps = 5;
+  int warmup = 1;
+  std::string backend = "cpu";
+  CommLibrary comm = CommLibrary::Nccl;  // --comm: collectives of the CUDA backend
+  double mem_limit_gib = 0;  // 0: the machine's memory / ranks on the node
+  int plan_world = 0;        // --world-size for --plan (0: the MPI world)
+  std::string schedule_json;  // --schedule-json: with --plan, the step's schedule for the projection
+  bool plan_only = false;
+  bool check = false;
+  std::string out_path;      // --out; empty: a name under results/ made from the run
+  bool overwrite = false;
+  double timeout_s = 600;      // --timeout-s: the watchdog (0: off)
+  double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
+  StrategyConfig strategy;
+};
+
+// Parses argv for `kind`. Returns false when --help was printed. Throws UsageError.
+bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg);
+
+}  // namespace sb

@@ -1,0 +1,54 @@
+// What a training run reports: the configuration table, the summary and the RESULT line on
+// rank 0, and the HDF5 root and plan attributes (docs/trace-format.md lists every one).
+#pragma once
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "shardbench/strategy/layout.h"
+#include "shardbench/trace/h5.h"
+#include "shardbench/train/options.h"
+#include "shardbench/train/plan.h"
+
+namespace sb {
+
+// Rank-0 printing goes through one helper.
+struct Out {
+  int rank = 0;
+  template <class... A>
+  void operator()(const char* fmt, A... a) const {
+    if (rank != 0) return;
+    std::printf(fmt, a...);
+    std::fflush(stdout);
+  }
+};
+
+void print_config(const Out& out, const RunConfig& cfg, const ParallelLayout& layout);
+
+// The figures of the timed steps (medians; times: slowest rank; breakdown: mean over ranks).
+struct Summary {
+  int steps = 0;                 // timed steps
+  double step_time = 0;          // s
+  double model_flops = 0, hardware_flops = 0, tokens = 0;  // per step
+  double compute = 0, gemm = 0, gemm_rate = 0;  // s, s, FLOP/s
+  double communication = 0, exposed = 0, overhead = 0;  // s
+  double gemm_vs_replay = 0;     // the worst rank's in-step GEMM rate over its replay
+  int ranks_on_node = 0, cores = 0;
+  int64_t peak = 0, plan_peak = 0, rss_growth = 0;  // bytes
+  double final_loss = 0;
+  int first_nonfinite = 0;       // the first step whose global loss was inf or NaN (0: none)
+  int skipped_steps = 0;         // dynamic loss scaling: updates skipped
+  double final_loss_scale = 0;
+  bool oversubscribed() const { return ranks_on_node > cores; }
+};
+// The summary block and the RESULT line.
+void print_summary(const Out& out, const RunConfig& cfg, int world, const Summary& s);
+std::vector<Attr> summary_attrs(const Summary& s);
+
+// Root attributes: what ran.
+std::vector<Attr> run_attrs(const RunConfig& cfg, const ParallelLayout& layout, const char* status, double start,
+                            double end);
+std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& plan);
+
+}  // namespace sb

@@ -1,0 +1,106 @@
+// The run's environment: host, ranks per node, nodes, memory, wall-clock time, the result path.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <ctime>
+#include <string>
+
+#include "shardbench/core/check.h"
+#include "shardbench/run/environment.h"
+
+namespace sb {
+
+namespace {
+// Broadcasts rank 0's string to every rank.
+void bcast_string(std::string& s) {
+  int size = int(s.size());
+  MPI_CHECK(MPI_Bcast(&size, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  s.resize(size);
+  MPI_CHECK(MPI_Bcast(s.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD));
+}
+}  // namespace
+
+std::string hostname() {
+  char host[256] = "?";
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+int local_ranks() {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int n = 0;
+  MPI_CHECK(MPI_Comm_size(node, &n));
+  MPI_CHECK(MPI_Comm_free(&node));
+  return n;
+}
+
+int64_t default_memory_limit(int64_t device_free) {
+  const int ranks = local_ranks();
+  if (device_free > 0) return device_free;
+  return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / ranks;
+}
+
+std::string iso_time(double epoch_seconds) {
+  const time_t t = time_t(epoch_seconds);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+double wall_clock_rank0() {
+  double t = double(std::time(nullptr));
+  MPI_CHECK(MPI_Bcast(&t, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  return t;
+}
+
+std::string resolve_output(const std::string& out, bool overwrite, const std::string& stem, int rank) {
+  std::string path = out, error;
+  struct stat st;
+  if (rank == 0 && path.empty()) {
+    struct tm tm;
+    const time_t t = time_t(std::time(nullptr));
+    gmtime_r(&t, &tm);
+    char stamp[32];
+    std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    const std::string base = "results/" + stem + "-" + stamp;
+    mkdir("results", 0755);
+    path = base + ".h5";
+    for (int i = 2; stat(path.c_str(), &st) == 0; ++i)
+      path = base + "-" + std::to_string(i) + ".h5";
+  }
+  if (rank == 0) {
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    if (path.empty() || path.back() == '/')
+      error = "--out '" + path + "' is not allowed (must name a file, e.g. results/run.h5)";
+    else if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+      error = "--out '" + path + "': directory '" + dir + "' does not exist (create it first)";
+    else if (access(dir.c_str(), W_OK) != 0)
+      error = "--out '" + path + "': directory '" + dir + "' is not writable";
+    else if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      error = "--out '" + path + "' is a directory (must name a file)";
+    else if (stat(path.c_str(), &st) == 0 && !overwrite)
+      error = "--out '" + path + "' exists (pass --overwrite to replace it, or choose another name)";
+  }
+  bcast_string(error);
+  if (!error.empty()) throw UsageError(error);
+  bcast_string(path);
+  return path;
+}
+
+int count_nodes() {
+  MPI_Comm node;
+  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int node_rank = 0, leaders = 0;
+  MPI_CHECK(MPI_Comm_rank(node, &node_rank));
+  MPI_CHECK(MPI_Comm_free(&node));
+  int leader = node_rank == 0;
+  MPI_CHECK(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
+  return leaders;
+}
+
+}  // namespace sb

@@ -1,0 +1,197 @@
+// Command-line options of ddp_perf and fsdp_perf (CLI11). Every bad value becomes one
+// UsageError line naming the value and what is allowed.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+
+#include "shardbench/core/check.h"
+#include "shardbench/core/cli.h"
+#include "shardbench/train/options.h"
+
+namespace sb {
+
+bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
+  const bool ddp = kind == StrategyKind::DDP;
+  cfg.program = ddp ? "ddp_perf" : "fsdp_perf";
+  cfg.argv.assign(argv, argv + argc);
+  CLI::App app{ddp ? "ddp_perf: DDP training steps of a synthetic T5 (bucketed all-reduce "
+                     "overlapped with backward)"
+                   : "fsdp_perf: FSDP training steps of a synthetic T5 (full, hybrid, "
+                     "grad-op or no sharding)",
+               cfg.program};
+  // A flag given twice takes its last value, so scripts can append overrides.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
+  int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
+  int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0;
+  int64_t fsdp_version = cfg.strategy.fsdp_version;
+  double lr = cfg.strategy.adam.lr;
+  uint64_t seed = 1234;
+
+  std::string names;
+  for (const auto& n : model_preset_names()) names += (names.empty() ? "" : ", ") + n;
+  app.add_option("--model", model, "model preset: " + names)->capture_default_str();
+  bool list_models = false;
+  app.add_flag("--list-models", list_models, "print the model presets, one per line, and exit");
+  NumericFlags num(app);
+  auto* o_dm = num.integer("--d-model", d_model, 1, kIntMax, "override d_model");
+  auto* o_ff = num.integer("--d-ff", d_ff, 1, kIntMax, "override d_ff");
+  auto* o_l = num.integer("--layers", layers, 1, kIntMax, "override layers per stack");
+  auto* o_h = num.integer("--heads", heads, 1, kIntMax, "override attention heads");
+  auto* o_kv = num.integer("--d-kv", d_kv, 1, kIntMax, "override d_kv (head width)");
+  auto* o_v = num.integer("--vocab", vocab, 1, kIntMax, "override vocabulary size");
+  num.integer("--batch", batch, 1, kIntMax, "sequences per rank");
+  num.integer("--seq-len", seq_len, 1, kIntMax, "encoder tokens per sequence");
+  num.integer("--dec-seq-len", dec_len, 1, kIntMax, "decoder tokens per sequence (default: --seq-len)");
+  num.integer("--steps", steps, 1, kIntMax, "timed steps");
+  num.integer("--warmup", warmup, 0, kIntMax, "untimed steps first (they train too)");
+  num.integer("--seed", seed, 0, std::numeric_limits<int64_t>::max(), "seed of data and initial weights");
+  num.real("--lr", lr, 0, 1e6, true, "Adam learning rate");
+  app.add_option("--backend", cfg.backend, "cpu, or cuda where built (one rank per GPU)")->capture_default_str();
+  std::string comm = "nccl";
+  auto* o_comm = app.add_option("--comm", comm,
+                                "collectives of --backend cuda: nccl (one rank per GPU) | mpi (device pointers where "
+                                "the MPI library is CUDA-aware, else staged through pinned host memory; ranks may "
+                                "share a GPU) | mpi-staged | mpi-direct (force one way)")
+                     ->capture_default_str();
+  num.real("--mem-limit-gib", cfg.mem_limit_gib, 0, 1 << 20, true,
+           "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
+  app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
+  app.add_option("--schedule-json", cfg.schedule_json,
+                 "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
+  num.integer("--world-size", world, 1, 1 << 24, "world size to plan for with --plan (default: the MPI world)");
+  num.real("--timeout-s", cfg.timeout_s, 0, 1e9, false,
+           "watchdog: end the job when a rank makes no progress for this long (0: off)");
+  app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
+  num.real("--check-tolerance", cfg.check_tolerance, 0, 1e30, true,
+           "--check: allowed error of each reduced gradient as a multiple of its rounding bound "
+           "(docs/reliability.md)");
+  app.add_option("--out", cfg.out_path,
+                 "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5)");
+  app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
+  app.add_option("--dtype", dtype,
+                 "fp32 | bf16 | fp16: parameters as computed (gathered), activations, gradients; "
+                 "master weights and Adam stay fp32")
+      ->capture_default_str();
+  app.add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16: gradient reduction (default: --dtype)");
+  std::string loss_scale = "1";
+  auto* o_ls = app.add_option("--loss-scale", loss_scale,
+                              "X (static) or 'dynamic' (start at 65536, halve and skip the step on inf/NaN "
+                              "gradients, double after --loss-scale-growth-interval good steps), divided out "
+                              "before Adam; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
+  double init_scale = 65536;  // torch.amp.GradScaler's init_scale
+  auto* o_init = num.real("--loss-scale-init", init_scale, 0, 3.4e38, true, "dynamic loss scale: the first scale");
+  num.integer("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval, 1, kIntMax,
+              "dynamic loss scale: good steps before it doubles");
+  std::string attention;
+  app.add_option("--attention", attention,
+                 "fused | unfused: flash-attention style fused op, or GEMMs around a held softmax "
+                 "(default: fused on cuda, unfused on cpu)");
+  app.add_flag("--activation-checkpointing", cfg.strategy.checkpointing,
+               "recompute each block's forward in backward");
+  if (ddp) {
+    num.real("--bucket-mb", cfg.strategy.bucket_mb, 0, 1 << 20, true, "gradient bucket cap in MiB (first bucket: 1 MiB)");
+  } else {
+    app.add_option("--sharding", sharding, "full | hybrid | none | grad-op")->capture_default_str();
+    num.integer("--shard-size", shard, 1, kIntMax, "shard group size for --sharding hybrid");
+    app.add_option("--prefetch", prefetch, "backward prefetch: none | backward-pre | backward-post")
+        ->capture_default_str();
+    app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
+                 "issue the next unit's all-gather during the current forward");
+    app.add_option("--fsdp-version", fsdp_version,
+                   "gradient reduction schedule: 1 (reduce-scatters waited on at the end of backward) | "
+                   "2 (each waits for the previous one)")
+        ->capture_default_str();
+  }
+  if (!parse_command_line(app, argc, argv)) return false;
+  if (list_models) {  // what slurm/sweep checks a matrix's models against
+    for (const auto& n : model_preset_names()) std::printf("%s\n", n.c_str());
+    return false;
+  }
+  num.apply();
+
+  cfg.model = model_preset(model);
+  const std::pair<CLI::Option*, int64_t*> overrides[] = {
+      {o_dm, &cfg.model.d_model}, {o_ff, &cfg.model.d_ff}, {o_l, &cfg.model.layers},
+      {o_h, &cfg.model.heads},    {o_kv, &cfg.model.d_kv}, {o_v, &cfg.model.vocab}};
+  const int64_t values[] = {d_model, d_ff, layers, heads, d_kv, vocab};
+  for (size_t i = 0; i < 6; ++i)
+    if (overrides[i].first->count()) {
+      *overrides[i].second = values[i];
+      cfg.model.name = model + "*";  // an overridden preset is another model
+    }
+  validate(cfg.model);
+
+  if (dec_len == 0) dec_len = seq_len;
+  // Token counts per rank are GEMM row counts (int): refuse what would wrap.
+  for (auto [flag, len] : {std::pair<const char*, int64_t>{"--seq-len", seq_len}, {"--dec-seq-len", dec_len}})
+    if (batch * len > kIntMax)
+      throw UsageError(std::string("--batch ") + std::to_string(batch) + " x " + flag + " " + std::to_string(len) +
+                       " = " + std::to_string(batch * len) + " tokens per rank is not allowed (at most " +
+                       std::to_string(kIntMax) + ")");
+  // Attention scores (batch x heads x T x T, a few per layer) and their sum over the layers
+  // must stay countable in 64-bit bytes: 8 score-sized fp32 arrays per layer bound it.
+  const long double longest = std::max(seq_len, dec_len);
+  if (longest * longest * batch * cfg.model.heads * 4 * 8 * (2 * cfg.model.layers + 2) > 9.2e18L)
+    throw UsageError("--seq-len " + std::to_string(seq_len) + " / --dec-seq-len " + std::to_string(dec_len) +
+                     " is not allowed with --batch " + std::to_string(batch) + " and " +
+                     std::to_string(cfg.model.heads) + " heads (attention scores beyond 2^63 bytes)");
+  if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
+  if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
+  if (cfg.backend != "cpu" && cfg.backend != "cuda")
+    throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
+  cfg.comm = parse_comm_library(comm, "--comm");
+  if (o_comm->count() && cfg.backend != "cuda")
+    throw UsageError("--comm is only allowed with --backend cuda (the CPU backend's collectives are MPI)");
+
+  // On CPU the unfused path's large BLAS GEMMs are faster than the fused op's tiles.
+  cfg.strategy.attention = !attention.empty()     ? parse_attention_impl(attention)
+                           : cfg.backend == "cuda" ? AttentionImpl::Fused
+                                                   : AttentionImpl::Unfused;
+  cfg.shape = StepShape{batch, seq_len, dec_len};
+  cfg.steps = int(steps);
+  cfg.warmup = int(warmup);
+  cfg.plan_world = int(world);
+  cfg.strategy.kind = kind;
+  cfg.strategy.seed = seed;
+  cfg.strategy.adam.lr = float(lr);
+  cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");
+  cfg.strategy.reduce_dtype = reduce_dtype.empty() ? cfg.strategy.param_dtype
+                                                   : parse_precision(reduce_dtype, "--reduce-dtype");
+  const bool fp16 = cfg.strategy.param_dtype == DType::F16 || cfg.strategy.reduce_dtype == DType::F16;
+  if (!o_ls->count() && fp16) loss_scale = "dynamic";
+  cfg.strategy.dynamic_loss_scale = loss_scale == "dynamic";
+  if (o_init->count() && !cfg.strategy.dynamic_loss_scale)
+    throw UsageError("--loss-scale-init is only allowed with --loss-scale dynamic");
+  if (cfg.strategy.dynamic_loss_scale) {
+    cfg.strategy.loss_scale = float(init_scale);
+  } else {
+    double v = 0;
+    try {
+      v = parse_real("--loss-scale", loss_scale, 0, 3.4e38, true);
+    } catch (const UsageError&) {
+      throw UsageError("--loss-scale '" + loss_scale + "' is not allowed (" + real_range(0, 3.4e38, true) + ", or dynamic)");
+    }
+    cfg.strategy.loss_scale = float(v);
+  }
+  if (!ddp) {
+    cfg.strategy.sharding = parse_sharding(sharding);
+    cfg.strategy.prefetch = parse_prefetch(prefetch);
+    if (fsdp_version != 1 && fsdp_version != 2)
+      throw UsageError("--fsdp-version " + std::to_string(fsdp_version) + " is not allowed (allowed: 1, 2)");
+    cfg.strategy.fsdp_version = int(fsdp_version);
+    if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid)
+      throw UsageError("--shard-size is only allowed with --sharding hybrid");
+    if (cfg.strategy.sharding == Sharding::Hybrid) {
+      if (shard <= 0)
+        throw UsageError("--sharding hybrid needs --shard-size G > 0 (got " + std::to_string(shard) + ")");
+      cfg.strategy.shard_size = int(shard);
+    }
+  }
+  return true;
+}
+
+}  // namespace sb

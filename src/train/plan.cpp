@@ -1,0 +1,144 @@
+// The memory plan: one step of the configured strategy on the counting backend, for rank 0
+// of any world size. The allocations are the code's own, so the plan is exact for
+// everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <sstream>
+
+#include "shardbench/core/check.h"
+#include "shardbench/core/format.h"
+#include "shardbench/model/t5.h"
+#include "shardbench/train/plan.h"
+
+namespace sb {
+namespace {
+
+// Remembers the per-category bytes at the moment the total was highest, and the schedule.
+class PeakRecorder : public Recorder {
+ public:
+  void on_op(const OpEvent& e) override {
+    if (keep) schedule.push_back(e);
+  }
+  bool keep = false;
+  std::vector<OpEvent> schedule;
+  void on_memory(double, const MemBytes& cur) override {
+    int64_t total = 0;
+    for (int64_t v : cur) total += v;
+    if (total > peak_) peak_ = total, at_peak = cur;
+  }
+  MemBytes at_peak{};
+
+ private:
+  int64_t peak_ = -1;
+};
+
+}  // namespace
+
+MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
+  MemoryPlan plan;
+  plan.layout = layout.at_rank(0);
+  auto backend = make_counting_backend();
+  PeakRecorder rec;
+  backend->set_recorder(&rec);
+  Mesh mesh = Mesh::planned(plan.layout);
+  {
+    auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
+    const double before = counted_gemm_flops(*backend);
+    rec.keep = true;
+    strategy->step(1, Tokens{});  // the counting backend needs no tokens: nothing grows with the shapes
+    rec.keep = false;
+    plan.counted_flops = counted_gemm_flops(*backend) - before;
+    plan.schedule = std::move(rec.schedule);
+  }
+  SB_ASSERT(backend->mem_total_current() == 0, "the plan's schedule leaked memory");
+  plan.peak = backend->mem_peak();
+  plan.peak_total = backend->mem_peak_total();
+  plan.at_peak = rec.at_peak;
+  return plan;
+}
+
+std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
+  const double psi = double(param_count(cfg.model));
+  const int n = plan.layout.shard;  // ZeRO's data-parallel degree for the sharded states
+  // Model states per parameter: 4 bytes of fp32 master parameters and 8 of Adam moments,
+  // sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
+  // dtype plus a reduce-dtype copy when they differ; without sharding a param-dtype copy
+  // of the parameters when that is not fp32.
+  const StrategyConfig& sc = cfg.strategy;
+  const double pb = dtype_size(sc.param_dtype), rb = dtype_size(sc.reduce_dtype);
+  const double params = 4 * psi / n + (n == 1 && sc.param_dtype != DType::F32 ? pb * psi : 0);
+  const double grads = sc.kind == StrategyKind::DDP ? pb * psi + (rb != pb ? rb * psi : 0) : rb * psi / n;
+  const double zero[kMemCategories] = {params, grads, 8 * psi / n, -1, -1, -1};
+  std::ostringstream o;
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s (master and Adam fp32)\n",
+                cfg.model.name.c_str(), sc.label().c_str(), plan.layout.world, plan.layout.shard, precision_name(sc.param_dtype),
+                precision_name(sc.reduce_dtype));
+  o << line;
+  std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", "category", "peak", "at total peak",
+                "ZeRO formula");
+  o << line;
+  for (int c = 0; c < kMemCategories; ++c) {
+    std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", mem_category_name(MemCategory(c)),
+                  human_bytes(double(plan.peak[c])).c_str(), human_bytes(double(plan.at_peak[c])).c_str(),
+                  zero[c] >= 0 ? human_bytes(zero[c]).c_str() : "-");
+    o << line;
+  }
+  std::snprintf(line, sizeof line, "  %-16s %14s %15s\n", "total peak", human_bytes(double(plan.peak_total)).c_str(),
+                "");
+  o << line;
+  std::snprintf(line, sizeof line, "  %-16s %14s  -> %s\n", "limit", human_bytes(double(plan.limit)).c_str(),
+                plan.fits() ? "fits"
+                            : ("DOES NOT FIT: short by " + human_bytes(double(plan.peak_total - plan.limit)))
+                                  .c_str());
+  o << line;
+  const double model = model_flops_per_step(cfg.model, cfg.shape);
+  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing);
+  std::snprintf(line, sizeof line,
+                "FLOPs per rank per step: model %.4g (3 x forward), hardware %.4g, issued by the schedule %.4g\n",
+                model, hw, plan.counted_flops);
+  o << line;
+  return o.str();
+}
+
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& p) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
+  const ModelSpec& m = cfg.model;
+  std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-1\",\n");
+  std::fprintf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
+               cfg.strategy.label().c_str(), m.name.c_str());
+  std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
+               "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
+               p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
+               (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing));
+  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\",\n", precision_name(cfg.strategy.param_dtype),
+               precision_name(cfg.strategy.reduce_dtype));
+  std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
+               (long long)param_count(m), model_flops_per_step(m, cfg.shape),
+               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing));
+  std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
+               (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
+  for (int c = 0; c < kMemCategories; ++c)
+    std::fprintf(f, ", \"%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.peak[c]);
+  std::fprintf(f, "},\n  \"op_names\": [");
+  for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
+  std::fprintf(f, "],\n  \"phase_names\": [");
+  for (int k = 0; k < int(Phase::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
+  // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch] (the GEMM shape
+  // costs a GEMM by its shape class in the projection; zeros for other ops).
+  std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
+               "\"k\", \"batch\"],\n  \"ops\": [\n");
+  for (size_t i = 0; i < p.schedule.size(); ++i) {
+    const OpEvent& e = p.schedule[i];
+    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d]%s\n", int(e.kind), int(e.phase), e.unit,
+                 (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3],
+                 i + 1 < p.schedule.size() ? "," : "");
+  }
+  std::fprintf(f, "  ]\n}\n");
+  if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");
+}
+
+}  // namespace sb

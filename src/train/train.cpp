@@ -1,0 +1,375 @@
+// The timing protocol, written once for every training program. `TrainingRun::run` reads as
+// the protocol: layout → result path and watchdog → plan → (--plan or out of memory: report
+// and stop) → backend, mesh, strategy → warm-up + timed steps (barrier, step, cross-rank
+// reduction, rank-0 line) → summary → optional --check verdict → result file.
+#include "shardbench/train/train.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "shardbench/core/check.h"
+#include "shardbench/core/format.h"
+#include "shardbench/model/t5.h"
+#include "shardbench/run/environment.h"
+#include "shardbench/run/mpi_main.h"
+#include "shardbench/run/provenance.h"
+#include "shardbench/run/watchdog.h"
+#include "shardbench/trace/trace.h"
+#include "shardbench/train/check_weights.h"
+#include "shardbench/train/options.h"
+#include "shardbench/train/plan.h"
+#include "shardbench/train/report.h"
+
+namespace sb {
+namespace {
+
+// Resident set of this process from /proc/self/status: "VmHWM:" (peak) or "VmRSS:" (now).
+// The peak's growth over the start-up value is an independent check of the accounted peak.
+int64_t rss_bytes(const char* field) {
+  std::ifstream f("/proc/self/status");
+  std::string key;
+  while (f >> key) {
+    if (key == field) {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+    f.ignore(1 << 20, '\n');
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Step figures reduced across ranks.
+struct GlobalStep {
+  double time = 0;          // max over ranks
+  double loss = 0;          // mean token loss of the global batch
+  double compute = 0, communication = 0, exposed = 0, overhead = 0;  // mean over ranks
+  double gemm = 0, gemm_flops = 0;  // mean over ranks
+  int64_t peak = 0;                 // max over ranks
+};
+
+GlobalStep reduce_step(const StepStats& s, double loss_sum, double global_tokens, int world) {
+  double local_max[1] = {s.time()}, global_max[1];
+  double local_sum[7] = {loss_sum, s.compute, s.communication, s.exposed_comm, s.overhead(), s.gemm, s.gemm_flops};
+  double global_sum[7];
+  int64_t peak = 0;
+  MPI_CHECK(MPI_Allreduce(local_max, global_max, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(local_sum, global_sum, 7, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(&s.peak_memory, &peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+  GlobalStep g;
+  g.time = global_max[0];
+  g.loss = global_sum[0] / global_tokens;
+  g.compute = global_sum[1] / world;
+  g.communication = global_sum[2] / world;
+  g.exposed = global_sum[3] / world;
+  g.overhead = global_sum[4] / world;
+  g.gemm = global_sum[5] / world;
+  g.gemm_flops = global_sum[6] / world;
+  g.peak = peak;
+  return g;
+}
+
+// Replays the GEMM shapes of one step outside the step, on fresh buffers of the run's
+// element type, and returns the achieved FLOP/s: the reference for the GEMM rate inside
+// the step.
+double replay_gemms(Backend& b, const std::vector<OpEvent>& events, DType dtype) {
+  int64_t max_a = 1, max_b = 1, max_c = 1;
+  for (const OpEvent& e : events)
+    if (e.kind == OpKind::Gemm) {
+      const int64_t m = e.gemm[0], n = e.gemm[1], k = e.gemm[2], batch = e.gemm[3];
+      max_a = std::max(max_a, m * k * batch);
+      max_b = std::max(max_b, k * n * batch);
+      max_c = std::max(max_c, m * n * batch);
+    }
+  const Buf A = b.alloc_buf(max_a, dtype, MemCategory::Workspace);
+  const Buf B = b.alloc_buf(max_b, dtype, MemCategory::Workspace);
+  const Buf C = b.alloc_buf(max_c, dtype, MemCategory::Workspace);
+  float* init = b.alloc_floats(std::max(max_a, max_b), MemCategory::Workspace);
+  b.init_uniform(init, max_a, 1, 0, 1.f);
+  b.cast(A, init, max_a);
+  b.init_uniform(init, max_b, 2, 0, 1.f);
+  b.cast(B, init, max_b);
+  b.release(init);
+  b.fill(C, 0.f, max_c);
+  b.synchronize();
+  const double t0 = b.now();
+  double flops = 0;
+  for (const OpEvent& e : events) {
+    if (e.kind != OpKind::Gemm) continue;
+    const int m = e.gemm[0], n = e.gemm[1], k = e.gemm[2], batch = e.gemm[3];
+    const bool ta = e.gemm[4] & 1, tb = e.gemm[4] & 2;
+    const int lda = ta ? m : k, ldb = tb ? k : n;
+    b.gemm_batched(ta, tb, m, n, k, 1.f, A, lda, int64_t(m) * k, B, ldb, int64_t(k) * n, 1.f, C, n,
+                   int64_t(m) * n, batch);
+    flops += e.flops;
+  }
+  b.synchronize();
+  const double t = b.now() - t0;
+  for (const Buf& p : {A, B, C}) b.release(p.ptr);
+  return flops / t;
+}
+
+// One run of ddp_perf or fsdp_perf; each stage of the protocol is one method.
+class TrainingRun {
+ public:
+  TrainingRun(const RunConfig& cfg, int rank, int world)
+      : cfg_(cfg),
+        rank_(rank),
+        world_(world),
+        out_{rank},
+        // --world-size plans for a world this job is not: the layout is then rank 0's view.
+        layout_(layout_for(cfg.strategy, cfg.plan_world ? cfg.plan_world : world, cfg.plan_world ? 0 : rank)) {}
+
+  int run() {
+    start_ = wall_clock_rank0();
+    path_ = result_path();
+    // A stopped or stuck rank ends the job after --timeout-s; rank 0 records the run as failed.
+    watchdog_ = std::make_unique<Watchdog>(cfg_.timeout_s, rank_,
+                                           [this](const std::string& line) { record_timeout(line); });
+    // The backend exists before the plan (it allocates nothing) so that the default limit
+    // can be the device's free memory; --plan alone needs no device.
+    if (!cfg_.plan_only) backend_ = make_backend(cfg_.backend, cfg_.comm);
+    const MemoryPlan plan = make_plan();
+    print_config(out_, cfg_, layout_);
+    if (backend_ && cfg_.backend == "cuda") out_("collectives: %s\n", backend_->comm_name().c_str());
+    if (cfg_.plan_only && !cfg_.schedule_json.empty() && rank_ == 0) write_schedule_json(cfg_.schedule_json, cfg_, plan);
+    if (cfg_.plan_only && (plan.fits() || path_.empty())) {
+      out_("%s", format_plan(cfg_, plan).c_str());
+      return plan.fits() ? kExitOk : kExitOutOfMemory;
+    }
+    trace_.host = hostname();
+    trace_.provenance = collect_provenance(cfg_.argv);
+    trace_.plan = plan_attrs(cfg_, plan);
+    if (!plan.fits()) return record_out_of_memory(plan);
+
+    set_up();
+    train_steps();
+    const Summary summary = summarize(plan);
+    print_summary(out_, cfg_, world_, summary);
+    std::vector<Attr> summary_attributes = summary_attrs(summary);
+    bool ok = summary.first_nonfinite == 0;
+    if (cfg_.check) ok = finish_check(summary_attributes) && ok;
+    return write_result(summary_attributes, ok, summary.first_nonfinite);
+  }
+
+ private:
+  // --plan writes a result only with --out, and only to record an out-of-memory verdict
+  // (so a sweep can skip the point without allocating the ranks).
+  std::string result_path() const {
+    const bool writes = !cfg_.plan_only || !cfg_.out_path.empty();
+    const std::string stem = cfg_.program + "-" + cfg_.strategy.label() + "-" + cfg_.model.name + "-w" +
+                             std::to_string(layout_.world);
+    return writes ? resolve_output(cfg_.out_path, cfg_.overwrite, stem, rank_) : "";
+  }
+
+  // The watchdog's last act (from its thread): rank 0 records the run as failed.
+  void record_timeout(const std::string& line) const {
+    if (rank_ != 0 || path_.empty()) return;
+    std::string command;
+    for (const std::string& a : cfg_.argv) command += (command.empty() ? "" : " ") + a;
+    const std::vector<Attr> attrs = {Attr::str("program", cfg_.program), Attr::str("label", cfg_.strategy.label()),
+                                     Attr::str("model", cfg_.model.name), Attr::integer("world_size", world_),
+                                     Attr::str("command", command),       Attr::str("status", "failed"),
+                                     Attr::str("start_time", iso_time(start_)), Attr::str("failure", line)};
+    write_failure_record(path_, attrs);
+    std::fprintf(stderr, "shardbench: recorded the run as failed in %s\n", path_.c_str());
+  }
+
+  MemoryPlan make_plan() const {
+    const int64_t device_free = backend_ ? backend_->memory_capacity() : -1;
+    MemoryPlan plan = plan_memory(cfg_, layout_);
+    plan.limit = cfg_.mem_limit_gib > 0 ? int64_t(cfg_.mem_limit_gib * 1024 * 1024 * 1024)
+                                        : default_memory_limit(device_free);
+    return plan;
+  }
+
+  int record_out_of_memory(const MemoryPlan& plan) {
+    out_("%s", format_plan(cfg_, plan).c_str());
+    out_("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
+         "nothing was allocated\n",
+         human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
+    trace_.device = backend_ ? backend_->device_name() + " (not allocated)" : "not allocated";
+    trace_.run = run_attrs(cfg_, layout_, "out-of-memory", start_, wall_clock_rank0());
+    trace_.run.push_back(Attr::integer("planned_only", cfg_.plan_only));
+    write_trace(path_, trace_, MPI_COMM_WORLD, cfg_.overwrite);
+    out_("wrote %s (status out-of-memory)\n", path_.c_str());
+    return kExitOutOfMemory;
+  }
+
+  // The mesh, a common time origin for every rank's events, the strategy and --check.
+  void set_up() {
+    rss_start_ = rss_bytes("VmRSS:");
+    trace_.device = backend_->device_name();
+    mesh_ = Mesh::split(*backend_, MPI_COMM_WORLD, layout_);
+    MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+    recorder_ = std::make_unique<TraceRecorder>(backend_->now());
+    backend_->set_recorder(recorder_.get());
+    strategy_ = make_strategy(cfg_.strategy, cfg_.model, *backend_, mesh_, cfg_.shape);
+    if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, rank_, world_);
+  }
+
+  // Warm-up and timed steps: each between barriers, its figures reduced across ranks, one
+  // line on rank 0, one row per rank in the result.
+  void train_steps() {
+    const RunConfig& cfg = cfg_;
+    const double model_flops = model_flops_per_step(cfg.model, cfg.shape);
+    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing);
+    const double global_tokens = double(cfg.shape.batch) * world_ * cfg.shape.dec_len;
+    const double tokens_per_step = double(cfg.shape.batch) * world_ * (cfg.shape.enc_len + cfg.shape.dec_len);
+    Backend& backend = *backend_;
+    out_("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
+         "exposed ms", "peak mem");
+    for (int s = 1; s <= cfg.warmup + cfg.steps; ++s) {
+      const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(rank_) * cfg.shape.batch, cfg.shape,
+                                        cfg.model.vocab);
+      if (check_) check_->before_step(s);
+      watchdog_->progress(s, "barrier before the step");
+      MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+      watchdog_->progress(s, "training step (forward, backward, gradient collectives, optimizer)");
+      backend.synchronize();
+      recorder_->begin_step(s, backend.now());
+      const float scale_used = strategy_->loss_scale();
+      const double loss_sum = strategy_->step(s, tokens);
+      const bool skipped = strategy_->skipped_last_step();  // the same on every rank
+      skipped_steps_ += skipped;
+      backend.synchronize();
+      const StepStats st = recorder_->end_step(backend.now(), backend.mem_peak_total());
+      watchdog_->progress(s, "reduction of the step's figures across ranks");
+      const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world_);
+      if (!std::isfinite(g.loss) && first_nonfinite_ == 0) first_nonfinite_ = s;
+      watchdog_->progress(s, "--check");
+      if (check_) check_->after_step(s, skipped);  // outside the timed region
+      const bool warm = s <= cfg.warmup;
+      trace_.steps.push_back(StepRow{rank_, s, warm, st.time(), st.compute, st.communication, st.exposed_comm,
+                                     st.overhead(), st.gemm, st.gemm_flops, model_flops / st.time() / 1e12,
+                                     hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
+                                     loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
+                                     st.peak_memory, backend.device_memory_used(), scale_used, skipped,
+                                     st.sent_bytes});
+      if (!warm) {
+        timed_.push_back(g);
+        my_gemm_time_.push_back(st.gemm);
+        my_gemm_flops_.push_back(st.gemm_flops);
+      }
+      out_("%-6s %-10.5f %12.2f %12.4f %14.0f %13.2f %12s%s\n",
+           (std::to_string(s) + "/" + std::to_string(cfg.warmup + cfg.steps)).c_str(), g.loss, g.time * 1e3,
+           model_flops / g.time / 1e12, tokens_per_step / g.time, g.exposed * 1e3,
+           human_bytes(double(g.peak)).c_str(), warm ? "  (warm-up)" : "");
+      if (skipped)
+        out_("       inf/NaN gradients at loss scale %g: update skipped, loss scale now %g\n", double(scale_used),
+             double(strategy_->loss_scale()));
+    }
+  }
+
+  // Medians of the timed steps, the GEMM replay, and the peaks across ranks.
+  Summary summarize(const MemoryPlan& plan) {
+    watchdog_->progress(cfg_.warmup + cfg_.steps, "GEMM replay and the summary's reductions");
+    auto med = [&](double GlobalStep::*f) {
+      std::vector<double> v;
+      for (const auto& g : timed_) v.push_back(g.*f);
+      return median(v);
+    };
+    Summary s;
+    s.steps = cfg_.steps;
+    s.step_time = med(&GlobalStep::time);
+    s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape);
+    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing);
+    s.tokens = double(cfg_.shape.batch) * world_ * (cfg_.shape.enc_len + cfg_.shape.dec_len);
+    s.compute = med(&GlobalStep::compute);
+    s.gemm = med(&GlobalStep::gemm);
+    s.gemm_rate = med(&GlobalStep::gemm_flops) / s.gemm;
+    s.communication = med(&GlobalStep::communication);
+    s.exposed = med(&GlobalStep::exposed);
+    s.overhead = med(&GlobalStep::overhead);
+    // Peaks of the training run itself, before the GEMM replay and --check allocate more.
+    trace_.peak = backend_->mem_peak();
+    trace_.peak_total = backend_->mem_peak_total();
+    s.peak = trace_.peak_total;
+    s.rss_growth = rss_bytes("VmHWM:") - rss_start_;
+    backend_->set_recorder(nullptr);
+    const double raw_rate =
+        replay_gemms(*backend_, recorder_->step_events(cfg_.warmup + cfg_.steps), cfg_.strategy.param_dtype);
+    // Each rank compares its own in-step GEMM rate with its own replay; the worst rank counts.
+    s.gemm_vs_replay = median(my_gemm_flops_) / median(my_gemm_time_) / raw_rate;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.gemm_vs_replay, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.rss_growth, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    s.cores = int(std::thread::hardware_concurrency());
+    s.ranks_on_node = local_ranks();
+    s.plan_peak = plan.peak_total;
+    s.final_loss = timed_.back().loss;
+    s.first_nonfinite = first_nonfinite_;
+    s.skipped_steps = skipped_steps_;
+    s.final_loss_scale = strategy_->loss_scale();
+    return s;
+  }
+
+  // --check's verdict (printed by StepCheck on rank 0) and its attributes.
+  bool finish_check(std::vector<Attr>& attrs) {
+    double worst = 0;
+    const bool ok = check_->finish(worst);
+    attrs.push_back(Attr::num("check_bound_ratio", worst));
+    attrs.push_back(Attr::num("check_tolerance", cfg_.check_tolerance));
+    return ok;
+  }
+
+  int write_result(std::vector<Attr> summary, bool ok, int first_nonfinite) {
+    if (cfg_.check) summary.push_back(Attr::str("check_result", ok ? "pass" : "fail"));
+    trace_.run = run_attrs(cfg_, layout_, ok ? "ok" : "failed", start_, wall_clock_rank0());
+    trace_.run.insert(trace_.run.end(), summary.begin(), summary.end());
+    trace_.events = &recorder_->events();
+    trace_.memory = &recorder_->memory();
+    watchdog_->progress(cfg_.warmup + cfg_.steps, "writing the result file");
+    const double t_write = MPI_Wtime();
+    write_trace(path_, trace_, MPI_COMM_WORLD, cfg_.overwrite);
+    struct stat st {};
+    stat(path_.c_str(), &st);
+    out_("wrote %s (%s in %.3f s)%s\n", path_.c_str(), human_bytes(double(st.st_size)).c_str(),
+         MPI_Wtime() - t_write,
+         ok ? "" : first_nonfinite ? " (status failed: non-finite loss)" : " (status failed: --check)");
+    return ok ? kExitOk : kExitCheckFailed;
+  }
+
+  const RunConfig& cfg_;
+  const int rank_, world_;
+  const Out out_;
+  const ParallelLayout layout_;  // built once: the plan, the mesh and the result attributes
+  double start_ = 0;
+  std::string path_;             // the result file; "" when --plan writes none
+  std::unique_ptr<Watchdog> watchdog_;  // outlives everything below it
+  std::unique_ptr<Backend> backend_;
+  TraceData trace_;
+  Mesh mesh_;
+  std::unique_ptr<TraceRecorder> recorder_;
+  std::unique_ptr<Strategy> strategy_;
+  std::unique_ptr<StepCheck> check_;
+  int64_t rss_start_ = 0;
+  std::vector<GlobalStep> timed_;
+  int first_nonfinite_ = 0;  // the first step whose global loss was inf or NaN
+  int skipped_steps_ = 0;    // dynamic loss scaling: updates skipped for inf/NaN gradients
+  std::vector<double> my_gemm_time_, my_gemm_flops_;  // this rank's timed steps
+};
+
+}  // namespace
+
+int run_program(int argc, char** argv, StrategyKind kind) {
+  return mpi_main(argc, argv, [kind](int argc, char** argv, int rank, int world) {
+    RunConfig cfg;
+    return parse_options(argc, argv, kind, cfg) ? TrainingRun(cfg, rank, world).run() : int(kExitOk);
+  });
+}
+
+}  // namespace sb
