@@ -352,11 +352,12 @@ class CpuBackend final : public Backend {
   }
 
   // ---- memory ----
-  static constexpr size_t kPage = 4096;
   void* alloc(size_t bytes, MemCategory cat) override {
     // Page-aligned from one page up, as MPI benchmarks allocate: a buffer that starts
     // mid-page makes every page-sized piece of a shared-memory copy span two pages.
-    const size_t align = bytes >= kPage ? kPage : 64;
+    // The page is the system's (4 KiB on x86, 64 KiB on some Arm nodes).
+    static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t align = bytes >= page ? page : 64;
     const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
     void* p = std::aligned_alloc(align, rounded);
     if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
