@@ -61,17 +61,21 @@ def strategy_args(label, cluster, world):
 
 def write_events(f, sched, events):
     """The replayed step as /events (docs/trace-format.md): rank 0, step 1, lanes 0 compute,
-    1 all-gathers, 2 reductions; analysis/to_perfetto.py draws it."""
+    1 all-gathers, 2 reductions, 3 tensor-parallel collectives; and rank 0's /mesh row;
+    analysis/to_perfetto.py draws it."""
     dtype = [("rank", "<i4"), ("step", "<i4"), ("phase", "<i4"), ("op", "<i4"), ("unit", "<i4"), ("lane", "<i4"),
              ("start", "<f8"), ("end", "<f8"), ("bytes", "<i8"), ("flops", "<f8"), ("m", "<i4"), ("n", "<i4"),
-             ("k", "<i4"), ("batch", "<i4"), ("trans", "<i4")]
+             ("k", "<i4"), ("batch", "<i4"), ("trans", "<i4"), ("ranks", "<i4"), ("sent_bytes", "<i8"),
+             ("request", "<i8"), ("axis", "<i4")]
     code = {name: i for i, name in enumerate(sched["op_names"])}  # the replay names ops; the file codes them
     rows = np.zeros(len(events), dtype=dtype)
-    for i, (op, phase, unit, lane, start, end, nbytes, flops) in enumerate(events):
-        rows[i] = (0, 1, phase, code[op], unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0)
+    for i, (op, phase, unit, lane, start, end, nbytes, flops, axis, ranks, sent) in enumerate(events):
+        rows[i] = (0, 1, phase, code[op], unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0, ranks, sent, -1, axis)
     ds = f.create_dataset("events", data=rows)
     ds.attrs["op_names"] = sched["op_names"]
     ds.attrs["phase_names"] = sched["phase_names"]
+    ds.attrs["axis_names"] = sched["axis_names"]
+    f.create_dataset("mesh", data=np.zeros(1, dtype=[("rank", "<i4")] + [(a, "<i4") for a in sched["axis_names"]]))
 
 
 def write_result(path, sched, sim, cluster, args, label):
@@ -81,15 +85,19 @@ def write_result(path, sched, sim, cluster, args, label):
     fits = mem["fits"]
     with h5py.File(path + ".tmp", "w") as f:
         a = f.attrs
-        a["schema_version"] = 2
+        a["schema_version"] = 3
         a["projected"] = 1
-        a["program"] = "ddp_perf" if label == "ddp" else "fsdp_perf"
-        a["strategy"] = "ddp" if label == "ddp" else "fsdp"
+        a["program"] = strategy_labels.program(label)
+        a["strategy"] = "ddp" if a["program"] == "ddp_perf" else "fsdp"
         a["label"] = sched["label"]
         a["model"] = sched["model"]
         a["param_count"] = sched["param_count"]
         a["world_size"] = sched["world_size"]
         a["shard_size"] = sched["shard_size"]
+        a["tp_size"] = sched["tp_size"]
+        a["pp_size"] = sched["pp_size"]
+        a["dp_size"] = sched["dp_size"]
+        a["replicas"] = sched["replicas"]
         a["ranks_per_node"] = min(sched["world_size"], cluster["gpus_per_node"])
         a["nodes"] = max(1, math.ceil(sched["world_size"] / cluster["gpus_per_node"]))
         a["batch_per_rank"] = sched["batch_per_rank"]
@@ -109,7 +117,7 @@ def write_result(path, sched, sim, cluster, args, label):
             a["median_step_time_s"] = sim["time"]
             a["median_model_tflops_per_rank"] = sched["model_flops_per_step"] / sim["time"] / 1e12
             a["median_hardware_tflops_per_rank"] = sched["hardware_flops_per_step"] / sim["time"] / 1e12
-            a["median_tokens_per_s"] = (sched["batch_per_rank"] * sched["world_size"] *
+            a["median_tokens_per_s"] = (sched["batch_per_rank"] * sched["dp_size"] *
                                         (sched["enc_seq_len"] + sched["dec_seq_len"]) / sim["time"])
             a["median_exposed_comm_s"] = sim["exposed"]
             a["max_peak_memory_bytes"] = mem["peak_total"]
@@ -216,7 +224,8 @@ def project_point(cluster, a, model, label, batch, n):
     """(schedule, replay) of one point of the command line's sweep."""
     sched = point_schedule(cluster, model, label, batch, n, a.seq_len, a.activation_checkpointing, a.bin, a.layers,
                            a.dec_seq_len, a.reduce_dtype)
-    return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and label != "ddp")
+    return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and
+                           strategy_labels.program(label) == "fsdp_perf")
 
 
 def main(argv=None):

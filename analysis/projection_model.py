@@ -254,14 +254,12 @@ class ComputeModel:
 
 # ---------------------------------------------------------------- collectives
 
-def ring_steps_factor(op, n):
-    """NCCL ring: all-reduce 2(n−1) steps moving 2(n−1)/n of the buffer; all-gather and
-    reduce-scatter n−1 steps moving (n−1)/n of the full (gathered or scattered) buffer."""
+def ring_steps(op, n):
+    """Latency hops of NCCL's ring: all-reduce 2(n−1), all-gather and reduce-scatter n−1. The
+    bytes a rank sends come from the files (the programs apply nccl-tests' bus factors)."""
     if n <= 1:
-        return 0, 0.0
-    if op == "all-reduce":
-        return 2 * (n - 1), 2 * (n - 1) / n
-    return n - 1, (n - 1) / n
+        return 0
+    return 2 * (n - 1) if op == "all-reduce" else n - 1
 
 
 def bus_bandwidth(cluster, nodes, per_node):
@@ -276,26 +274,27 @@ def bus_bandwidth(cluster, nodes, per_node):
     return min(intra["bandwidth_gbps"], nics * inter["nic_bandwidth_gbps"]) * 1e9
 
 
-def collective_time(cluster, op, size, n, nodes):
-    """Seconds of one collective of `size` bytes over n ranks on `nodes` nodes: NCCL's
+def collective_time(cluster, op, size, n, nodes, sent):
+    """Seconds of one collective of `size` bytes over n ranks on `nodes` nodes, of which each
+    rank sends `sent` bytes (the schedule's sent_bytes: size × nccl-tests' bus factor): NCCL's
     alpha-beta model (ring; for all-reduce across nodes also the tree, the cheaper taken, as
     NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring."""
     if n <= 1:
         return 0.0
     intra, inter = cluster["intra"], cluster["inter"]
     per_node = max(1, n // max(1, nodes))
-    steps, factor = ring_steps_factor(op, n)
+    steps = ring_steps(op, n)
     cross = 0 if nodes <= 1 else (2 if op == "all-reduce" else 1) * (nodes - 1)
     lat = (steps - cross) * intra["latency_us"] + cross * inter["latency_us"]
     bw = bus_bandwidth(cluster, nodes, per_node)
     if op == "all-reduce" and nodes <= 1 and "allreduce_bandwidth_gbps" in intra:
         bw = max(bw, intra["allreduce_bandwidth_gbps"] * 1e9)  # NVLS (NVSwitch reductions) on one node
     if cluster["collectives"] == "ring":
-        return lat * 1e-6 + factor * size / bw
+        return lat * 1e-6 + sent / bw
     lat += NCCL_RING_BASE_US
     if op == "all-reduce" and nodes > 1:
         lat *= NCCL_RING_ALLREDUCE_PLATEAU
-    ring = lat * 1e-6 + factor * size / bw
+    ring = lat * 1e-6 + sent / bw
     if op != "all-reduce" or nodes <= 1:
         return ring  # NCCL runs all-gather and reduce-scatter as rings
     tree_lat = 2 * ((per_node - 1) * NCCL_TREE_HOP_US["intra"] + math.log2(nodes) * NCCL_TREE_HOP_US["inter"])
@@ -304,17 +303,16 @@ def collective_time(cluster, op, size, n, nodes):
     return min(ring, tree)
 
 
-def groups(sched, cluster):
-    """(size, nodes) of the shard group (all-gather, reduce-scatter) and of the replicate
-    group (all-reduce): shard groups are consecutive ranks, replicate groups strided."""
-    w, g, per = sched["world_size"], sched["shard_size"], cluster["gpus_per_node"]
-    shard_nodes = max(1, math.ceil(g / per))
-    r = w // g
-    if g >= per:
-        rep_nodes = r  # one replica member per node
-    else:
-        rep_nodes = max(1, math.ceil(r / (per // g)))
-    return (g, shard_nodes), (r, rep_nodes)
+def group_tiers(sched, cluster):
+    """{axis code: (ranks, nodes)} of rank 0's group along each mesh axis, as the schedule
+    lists the group's ranks (the programs' rank order; nodes of `gpus_per_node` consecutive
+    ranks)."""
+    per = cluster["gpus_per_node"]
+    out = {}
+    for code, name in enumerate(sched["axis_names"]):
+        ranks = sched["axes"][name]["ranks"]
+        out[code] = (len(ranks), len({r // per for r in ranks}))
+    return out
 
 
 def calibrate_collectives(cluster, path):
@@ -332,10 +330,10 @@ def calibrate_collectives(cluster, path):
     rows, times = [], []
     for row in r[r["in_place"] == 0]:
         op = names[row["op"]]
-        if op not in ("all-reduce", "all-gather", "reduce-scatter"):
+        if op not in ("all-reduce", "all-gather", "reduce-scatter") or row["algbw"] <= 0:
             continue
-        steps, factor = ring_steps_factor(op, n)
-        rows.append([steps, factor * row["size"]])
+        # the bytes a rank sends: the size × the bus factor the file's busbw/algbw carries
+        rows.append([ring_steps(op, n), row["size"] * row["busbw"] / row["algbw"]])
         times.append(row["time"])
     if len(rows) < 2:
         raise ProjectionError(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
@@ -360,14 +358,14 @@ def calibrate_collectives(cluster, path):
 
 def schedule_ops(sched):
     """The schedule's rows as tuples (op name, phase, unit, bytes, flops, request, (m, n, k,
-    batch)); the names are the schedule's own op_names."""
+    batch), axis, sent bytes); the names are the schedule's own op_names; axis is the code of
+    a collective's mesh axis (-1 for other ops)."""
     cols, names = sched["columns"], sched["op_names"]
     idx = {c: cols.index(c) for c in cols}
-    has_shape = all(c in idx for c in ("m", "n", "k", "batch"))
     for row in sched["ops"]:
-        shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]]) if has_shape else (0, 0, 0, 1)
+        shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]])
         yield (names[row[idx["op"]]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
-               row[idx["request"]], shape)
+               row[idx["request"]], shape, row[idx["axis"]], row[idx["sent_bytes"]])
 
 
 def simulate(sched, cluster, fsdp1_gathers=None):
@@ -432,27 +430,33 @@ def _replay(sched, cluster, fsdp1_gathers, busy, slowdown):
     cm = cluster["compute_model"]
     w = sched["world_size"]
     slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
-    (g, g_nodes), (r, r_nodes) = groups(sched, cluster)
+    tiers = group_tiers(sched, cluster)
+    tensor = sched["axis_names"].index("tp")
     t = compute = comm = exposed = 0.0
-    lanes, wire, done = {"gather": 0.0, "reduce": 0.0}, {}, {}
+    # Lanes as the CUDA backend's streams: all-gathers, the reductions, and the tensor-parallel
+    # collectives (on the compute stream's order: compute waits for each at once).
+    lanes, wire, done = {"gather": 0.0, "reduce": 0.0, "tensor": 0.0}, {}, {}
+    lane_number = {"gather": 1, "reduce": 2, "tensor": 3}
     gathers, wait_at, deferred = [], {}, {}  # all-gather requests in issue order; limiter state
     pending_cast = 0.0
     ops = list(schedule_ops(sched))
-    events = []  # (op name, phase, unit, lane, start, end, bytes, flops): the replayed timeline
+    # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
+    # replayed timeline
+    events = []
 
-    def launch(name, nbytes, req, earliest, extra, tag):
+    def launch(name, nbytes, req, earliest, extra, tag, axis, sent):
         nonlocal comm
-        n, nodes = (r, r_nodes) if name == "all-reduce" else (g, g_nodes)
-        lane = "gather" if name == "all-gather" else "reduce"
+        n, nodes = tiers[axis]
+        lane = "tensor" if axis == tensor else "gather" if name == "all-gather" else "reduce"
         start = max(earliest, lanes[lane])
-        d = collective_time(cluster, name, nbytes, n, nodes)
+        d = collective_time(cluster, name, nbytes, n, nodes, sent)
         res = "net" if nodes > 1 else "nvlink"
         end = max(start + extra, wire.get(res, 0.0)) + d
         wire[res] = lanes[lane] = done[req] = end
         comm += d
-        events.append((tag[0], tag[1], tag[2], 1 if lane == "gather" else 2, end - d, end, nbytes, 0.0))
+        events.append((tag[0], tag[1], tag[2], lane_number[lane], end - d, end, nbytes, 0.0, axis, n, sent))
 
-    for i, (op, phase, unit, nbytes, flops, req, shape) in enumerate(ops):
+    for i, (op, phase, unit, nbytes, flops, req, shape, axis, sent) in enumerate(ops):
         tag = (op, phase, unit)
         if op in COMPUTE_OPS:
             d = cm.time(op, nbytes, flops, shape) * slow
@@ -461,7 +465,7 @@ def _replay(sched, cluster, fsdp1_gathers, busy, slowdown):
                 continue
             if busy:
                 d = _stretched(t, d, busy, slowdown)
-            events.append((op, phase, unit, 0, t, t + d, nbytes, flops))
+            events.append((op, phase, unit, 0, t, t + d, nbytes, flops, -1, 0, 0))
             t += d
             compute += d
         elif op in COLLECTIVES:
@@ -469,22 +473,22 @@ def _replay(sched, cluster, fsdp1_gathers, busy, slowdown):
                 k = len(gathers)
                 gathers.append(req)
                 if k < 2:
-                    launch(op, nbytes, req, 0.0, pending_cast, tag)
+                    launch(op, nbytes, req, 0.0, pending_cast, tag, axis, sent)
                 elif gathers[k - 1] in wait_at:
-                    launch(op, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag)
+                    launch(op, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag, axis, sent)
                 else:  # the limiter holds it until compute reaches the wait for the previous one
-                    deferred[gathers[k - 1]] = (op, nbytes, req, pending_cast, tag)
+                    deferred[gathers[k - 1]] = (op, nbytes, req, pending_cast, tag, axis, sent)
                 pending_cast = 0.0
             else:
-                launch(op, nbytes, req, t, 0.0, tag)
+                launch(op, nbytes, req, t, 0.0, tag, axis, sent)
         elif op == "wait":
             wait_at.setdefault(req, t)
             if req in deferred:
-                name, nb, rq, cast, held = deferred.pop(req)
-                launch(name, nb, rq, t, cast, held)
+                name, nb, rq, cast, held, ax, sn = deferred.pop(req)
+                launch(name, nb, rq, t, cast, held, ax, sn)
             end = done.get(req, t)
             if end > t:
-                events.append((op, phase, unit, 0, t, end, 0, 0.0))
+                events.append((op, phase, unit, 0, t, end, 0, 0.0, -1, 0, 0))
                 exposed += end - t
                 t = end
     events.sort(key=lambda e: (e[3], e[4]))

@@ -21,8 +21,11 @@ import h5py
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 2  # what the programs write now
-READABLE_SCHEMA_VERSIONS = (1, 2)  # 2 added target units and bytes sent; 1 reads without them
+SCHEMA_VERSION = 3  # what the programs write now
+# 3 added each collective's mesh axis and the /mesh table; 2 target units and bytes sent;
+# older files read without them.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # the /mesh columns, outermost first
 # Exit status of an analysis tool that skipped unreadable inputs and worked on the rest
 # (0 all read, 1 the tool's own verdict, 2 bad input or nothing readable).
 EXIT_SKIPPED = 3
@@ -91,12 +94,29 @@ class Run:
             self.events = table("events")
             op_names = names(f["events"]) if "events" in f else []
             phase_names = names(f["events"], "phase_names") if "events" in f else []
+            axis_names = names(f["events"], "axis_names") if "events" in f and "axis_names" in f["events"].attrs else []
+            self.mesh = _table(f["mesh"]) if "mesh" in f else pd.DataFrame()
             self.memory = table("memory")
             self.peaks = table("memory_peaks")
         if len(self.events):
             self.events["op_name"] = pd.Categorical.from_codes(self.events["op"], op_names)
             self.events["phase_name"] = pd.Categorical.from_codes(self.events["phase"], phase_names)
             self.events["duration"] = self.events["end"] - self.events["start"]
+            if "axis" in self.events and axis_names:
+                self.events["axis_name"] = [axis_names[a] if 0 <= a < len(axis_names) else "" for a in self.events["axis"]]
+
+    def group(self, rank, axis):
+        """The ranks of `rank`'s group along `axis` (a name of AXES), read from /mesh: those
+        with every other coordinate equal. None when the file has no /mesh (schema < 3)."""
+        if not len(self.mesh):
+            return None
+        m = self.mesh.set_index("rank")
+        mine = m.loc[rank]
+        same = np.ones(len(m), bool)
+        for other in AXES:
+            if other != axis:
+                same &= (m[other] == mine[other]).to_numpy()
+        return sorted(int(r) for r in m.index[same])
 
     @property
     def timed_steps(self):

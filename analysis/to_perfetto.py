@@ -11,8 +11,8 @@ the compute lane, and one thread per communication lane. Each
 operation is a slice named "<phase> · <unit> · <operation>" (for example
 "backward · decoder 2 · reduce-scatter") with its step, bytes and FLOPs as args, GEMMs
 with their shape (m×n×k, batch, transposes), collectives with their algorithm and bus
-bandwidth (nccl-tests convention: all-reduce over the replicate group 2(n−1)/n, all-gather
-and reduce-scatter over the shard group (n−1)/n). The six memory categories are one
+bandwidth (the bytes each rank sent over the time, as the file records them: nccl-tests'
+convention), its mesh axis and the ranks of its group (from the file's /mesh table). The six memory categories are one
 stacked counter track per rank (MiB). Times are microseconds from the run's common origin.
 
 A projected result (analysis/project.py) converts the same way when it carries the
@@ -83,26 +83,6 @@ def unit_name(unit, layers):
     return f"encoder {unit}" if unit <= layers else f"decoder {unit - layers}"
 
 
-def group_sizes(meta):
-    """Ranks taking part in each collective: reductions of gradients across replicas,
-    gathers and reduce-scatters inside a shard group, anything else the world."""
-    world = int(meta.get("world_size", 1))
-    shard = int(meta.get("shard_size", world) or world)
-    replicas = int(meta.get("replicas", world // max(shard, 1)) or 1)
-    return {"all-reduce": replicas, "all-gather": shard, "reduce-scatter": shard}, world
-
-
-def bus_factor(op, n):
-    """nccl-tests' bus bandwidth factors (docs/interconnect.md)."""
-    if n <= 1:
-        return 0.0
-    if op == "all-reduce":
-        return 2.0 * (n - 1) / n
-    if op in ("all-gather", "reduce-scatter", "all-to-all"):
-        return (n - 1) / n
-    return 1.0
-
-
 COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv"}
 
 
@@ -142,8 +122,14 @@ def metadata_events(run, ranks, lanes_of, projected):
 def operation_events(run, e):
     """One complete ('X') slice per operation, sorted by start within each rank and lane."""
     layers = int(run.meta.get("layers", 0))
-    groups, world = group_sizes(run.meta)
     e = e.sort_values(["rank", "lane", "start"], kind="stable")
+    # What the file says of each collective (schema 2: its ranks and the bytes this rank sent,
+    # nccl-tests' bus factor applied by the program; schema 3: its mesh axis, whose group the
+    # /mesh table gives). Older files show the bytes alone.
+    ranks_col = e["ranks"].tolist() if "ranks" in e else [None] * len(e)
+    sent_col = e["sent_bytes"].tolist() if "sent_bytes" in e else [None] * len(e)
+    axis_col = e["axis_name"].tolist() if "axis_name" in e else [""] * len(e)
+    groups = {}
     out = []
     units = {}
     cols = [e[c].tolist() for c in ("rank", "lane", "step", "unit", "start", "end", "bytes", "flops", "m", "n", "k",
@@ -152,8 +138,8 @@ def operation_events(run, e):
     cols += [ts_col.tolist(), np.round(end_col - ts_col, 3).tolist()]
     ops = e["op_name"].astype(str).tolist()
     phases = e["phase_name"].astype(str).tolist()
-    for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans, ts, dur), op, phase in zip(
-            zip(*cols), ops, phases):
+    for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans, ts, dur), op, phase, nranks, \
+            sent, axis in zip(zip(*cols), ops, phases, ranks_col, sent_col, axis_col):
         uname = units.get(unit) or units.setdefault(unit, unit_name(unit, layers))
         args = {"step": step, "phase": phase, "unit": uname, "operation": op, "bytes": nbytes}
         if op == "gemm":
@@ -162,11 +148,18 @@ def operation_events(run, e):
             args["transposed"] = ("A" if trans & 1 else "") + ("B" if trans & 2 else "") or "none"
             args["flops"] = flops
         elif op in COLLECTIVES and end > start:
-            size = groups.get(op, world)
-            algbw = nbytes / (end - start) / 1e9
-            args["ranks"] = size
-            args["algbw_GBps"] = round(algbw, 4)
-            args["busbw_GBps"] = round(algbw * bus_factor(op, size), 4)
+            args["algbw_GBps"] = round(nbytes / (end - start) / 1e9, 4)
+            if nranks is not None:
+                args["ranks"] = int(nranks)
+            if sent is not None:
+                args["busbw_GBps"] = round(sent / (end - start) / 1e9, 4)
+            if axis:
+                args["axis"] = axis
+                key = (rank, axis)
+                if key not in groups:
+                    groups[key] = run.group(rank, axis)
+                if groups[key] is not None:
+                    args["group"] = groups[key]
         out.append({"ph": "X", "name": f"{phase} · {uname} · {op}", "cat": op, "pid": pid_of(rank),
                     "tid": tid_of(lane), "ts": ts, "dur": dur, "args": args})
     return out

@@ -146,8 +146,12 @@ def check_schedule(c, run):
     """The schedules as PyTorch runs them, per rank and timed step."""
     m, e = run.meta, run.events
     units = 2 * m["layers"] + 1
+    tp = m.get("tp_size", 1)
     for (rank, step), g in e[e["step"] > 0].groupby(["rank", "step"]):
         at = f"rank {rank} step {step}"
+        if tp > 1:
+            check_tensor_parallel(c, m, g, at)
+            g = g[g["axis_name"] != "tp"]  # below: the data-parallel strategy's own collectives
         bwd_gemm = g[(g["op_name"] == "gemm") & (g["phase_name"] == "backward")]
         if m["strategy"] == "fsdp" and m["shard_size"] > 1:
             rs = g[g["op_name"] == "reduce-scatter"]
@@ -174,11 +178,46 @@ def check_schedule(c, run):
                     prev = a["start"]
         if m["strategy"] == "ddp":  # buckets: the model once, the first closing at 1 MiB
             ar = g[g["op_name"] == "all-reduce"].sort_values("start")
-            total = m["param_count"] * DTYPE_BYTES[m["reduce_dtype"]]
+            params = m.get("param_count_per_rank", m["param_count"])  # a tensor-parallel rank's part
+            total = params * DTYPE_BYTES[m["reduce_dtype"]]
             c.expect(int(ar["bytes"].sum()) == total, f"{at}: buckets do not cover the model once")
             first = int(ar["bytes"].iloc[0]) * DTYPE_BYTES[m["dtype"]] // DTYPE_BYTES[m["reduce_dtype"]]
-            c.expect(first >= min(1 << 20, m["param_count"] * DTYPE_BYTES[m["dtype"]]),
+            c.expect(first >= min(1 << 20, params * DTYPE_BYTES[m["dtype"]]),
                      f"{at}: first bucket {first} B, below 1 MiB")
+
+
+def tensor_parallel_counts(m):
+    """{(unit, phase): [bytes of each tensor-parallel all-reduce]} of one step, Megatron-LM's
+    conjugate collectives: per encoder block 2 forward (attention o, feed-forward wo) and 2
+    backward (their inputs' gradients) of batch × seq × d_model elements; per decoder block 3
+    and 3 (with cross-attention); the root's vocabulary-parallel embeddings (encoder and
+    decoder, forward), the parallel cross-entropy's row max and sums (fp32), the head's input
+    gradient and the encoder output's summed cross-attention gradient (backward). Activation
+    checkpointing repeats each block's forward ones in backward."""
+    es, L = DTYPE_BYTES[m["dtype"]], m["layers"]
+    ne, nd = m["batch_per_rank"] * m["enc_seq_len"], m["batch_per_rank"] * m["dec_seq_len"]
+    d, ckpt = m["d_model"], m["activation_checkpointing"]
+    want = {(0, "forward"): sorted([ne * d * es, nd * d * es, nd * 4, 2 * nd * 4]),
+            (0, "backward"): sorted([nd * d * es, ne * d * es])}
+    for layer in range(L):
+        for unit, n, per in ((1 + layer, ne, 2), (1 + L + layer, nd, 3)):
+            want[(unit, "forward")] = [n * d * es] * per
+            want[(unit, "backward")] = [n * d * es] * per * (2 if ckpt else 1)
+    return want
+
+
+def check_tensor_parallel(c, m, g, at):
+    """The tensor-parallel all-reduces of one rank's step, by unit and phase, against the
+    formula; each over the rank's tensor-parallel group."""
+    t = g[g["axis_name"] == "tp"]
+    c.expect(bool((t["op_name"] == "all-reduce").all()), f"{at}: a tensor-parallel collective other than all-reduce")
+    c.expect(bool((t["ranks"] == m["tp_size"]).all()), f"{at}: a tensor-parallel collective not over tp_size ranks")
+    got = {k: sorted(int(b) for b in x["bytes"]) for k, x in t.groupby(["unit", "phase_name"], observed=True)}
+    want = tensor_parallel_counts(m)
+    for key in sorted(set(got) | set(want), key=str):
+        c.expect(got.get(key, []) == sorted(want.get(key, [])),
+                 f"{at}: unit {key[0]} {key[1]}: tensor-parallel all-reduces {got.get(key, [])}, "
+                 f"expected {sorted(want.get(key, []))}")
 
 
 def check_oom(c, run):

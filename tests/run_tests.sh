@@ -24,6 +24,8 @@ assert all(r["bytes/s"] > 0 for r in runs), "bytes/s"
 print(len(runs), "benchmarks, counters present")'; then echo "kernel_bench: ok"; else echo "FAILED: kernel_bench"; failed=$((failed + 1)); fi
 echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))
+echo "=== tensor parallelism: --tp with every strategy (tests/tp_tests.sh)"
+bash tests/tp_tests.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
 echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"

@@ -2,9 +2,13 @@
 // layouts, shard arithmetic and the parallel layout's validation.
 #include <gtest/gtest.h>
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "shardbench/core/check.h"
 #include "shardbench/core/format.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/model/model.h"
 
 using namespace sb;
@@ -98,3 +102,109 @@ TEST(Layout, ValidatesAndGroupsConsecutiveRanks) {
     EXPECT_NE(std::string(e.what()).find("world size 6"), std::string::npos);
   }
 }
+
+namespace sb {
+namespace {
+
+// The rank order: tensor innermost, then shard, replicate, pipeline; every rank in exactly
+// one group per axis, groups of the axis's size, members differing in that coordinate only.
+TEST(Layout, RankOrderAndGroupsPerAxis) {
+  const ParallelLayout l0 = ParallelLayout::make(16, 0, /*shard=*/2, /*tp=*/2, /*pp=*/2);
+  EXPECT_EQ(l0.replicate, 2);
+  EXPECT_EQ(l0.dp(), 4);
+  const ParallelLayout l5 = l0.at_rank(5);  // pp 0, replicate 1, shard 0, tp 1
+  EXPECT_EQ(l5.pp_rank(), 0);
+  EXPECT_EQ(l5.replicate_rank(), 1);
+  EXPECT_EQ(l5.shard_rank(), 0);
+  EXPECT_EQ(l5.tp_rank(), 1);
+  EXPECT_EQ(l5.dp_rank(), 2);
+  EXPECT_EQ(l5.group(Axis::Tensor), (std::vector<int>{4, 5}));      // consecutive
+  EXPECT_EQ(l5.group(Axis::Shard), (std::vector<int>{5, 7}));       // strided by tp
+  EXPECT_EQ(l5.group(Axis::Replicate), (std::vector<int>{1, 5}));   // strided by shard × tp
+  EXPECT_EQ(l5.group(Axis::Pipeline), (std::vector<int>{5, 13}));   // stages outermost
+  for (int a = 0; a < kAxes; ++a) {
+    std::map<int, std::vector<int>> by_index;
+    for (int r = 0; r < 16; ++r) {
+      const ParallelLayout l = l0.at_rank(r);
+      EXPECT_EQ(l.rank_at(l.coords()), r);
+      by_index[l.group_index(Axis(a))].push_back(r);
+      const std::vector<int> g = l.group(Axis(a));
+      EXPECT_EQ(int(g.size()), l.size(Axis(a)));
+      EXPECT_EQ(g[size_t(l.coord(Axis(a)))], r);
+    }
+    EXPECT_EQ(int(by_index.size()), 16 / l0.size(Axis(a))) << axis_name(Axis(a));
+    for (const auto& [index, ranks] : by_index) EXPECT_EQ(ranks, l0.at_rank(ranks[0]).group(Axis(a)));
+  }
+}
+
+TEST(Layout, TensorParallelSizesMustDivide) {
+  EXPECT_NO_THROW(ParallelLayout::make(8, 0, 4, 2));
+  EXPECT_THROW(ParallelLayout::make(8, 0, 1, 3), UsageError);  // tp does not divide the world
+  EXPECT_THROW(ParallelLayout::make(8, 0, 8, 2), UsageError);  // shard > data-parallel ranks
+  try {
+    ParallelLayout::make(8, 0, 3, 2);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("shard size 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("4 data-parallel ranks"), std::string::npos) << e.what();
+  }
+}
+
+// The parts of a tensor-parallel group tile every split tensor exactly once and hold the
+// replicated ones whole; the parameters per rank are the split tensors / tp plus the norms.
+TEST(Model, TensorParallelPartsTileTheFullModel) {
+  const ModelSpec s = model_preset("t5-small");
+  const auto full = model_units(s);
+  for (int tp : {2, 4}) {
+    std::vector<std::vector<float>> covered;
+    for (const UnitSpec& u : full) covered.emplace_back(u.numel, 0.f);
+    int64_t replicated = 0, split = 0;
+    for (int r = 0; r < tp; ++r) {
+      const auto part = model_units(s, {tp, r});
+      ASSERT_EQ(part.size(), full.size());
+      for (size_t k = 0; k < full.size(); ++k) {
+        std::vector<float> ones(part[k].numel, 1.f), placed(full[k].numel, 0.f);
+        place_in_full_unit(part[k], full[k], ones.data(), placed.data());
+        for (const TensorSpec& t : part[k].tensors)
+          for (int64_t i = 0; i < full[k].tensor(t.name).numel(); ++i)
+            covered[k][full[k].tensor(t.name).offset + i] += t.split() ? placed[full[k].tensor(t.name).offset + i]
+                                                                       : (r == 0 ? 1.f : 0.f);
+        if (r == 0)
+          for (const TensorSpec& t : part[k].tensors) (t.split() ? split : replicated) += t.numel();
+      }
+    }
+    for (size_t k = 0; k < full.size(); ++k)
+      for (float c : covered[k]) ASSERT_EQ(c, 1.f) << "tp " << tp << " unit " << full[k].name;
+    EXPECT_EQ(param_count_per_rank(s, tp), split + replicated);
+    EXPECT_EQ(param_count(s), split * tp + replicated);
+  }
+}
+
+TEST(Model, TensorParallelNamesTheDimensionThatDoesNotDivide) {
+  const ModelSpec s = model_preset("t5-611m");  // 16 heads
+  try {
+    check_tensor_parallel(s, 3);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "--tp 3 is not allowed with heads 16 (the heads, d_ff and vocab must divide by --tp; heads 16 divides "
+              "by 1, 2, 4, 8, 16)");
+  }
+  EXPECT_NO_THROW(check_tensor_parallel(s, 8));
+  ModelSpec odd = s;
+  odd.d_ff = 2817;
+  EXPECT_THROW(check_tensor_parallel(odd, 2), UsageError);
+}
+
+// A rank's FLOPs are the model's / tp: every matmul is split.
+TEST(Model, TensorParallelFlopsAreTheModelsShare) {
+  const ModelSpec s = model_preset("t5-small");
+  const StepShape x{3, 7, 5};
+  for (int tp : {2, 4}) {
+    EXPECT_DOUBLE_EQ(forward_flops(s, x, tp) * tp, forward_flops(s, x));
+    EXPECT_DOUBLE_EQ(hardware_flops_per_step(s, x, true, tp) * tp, hardware_flops_per_step(s, x, true));
+  }
+}
+
+}  // namespace
+}  // namespace sb

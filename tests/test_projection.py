@@ -95,7 +95,7 @@ class ScheduleMatchesTrace(unittest.TestCase):
         c = pm.load_cluster(pc.H100, calibrate=False)
         sched = pc.as_calibrated_code(pc.point_schedule(c, "t5-611m", "ddp", 8, 1, pc.SEQ, False))
         planned = collections.Counter()
-        for op, _ph, _u, nbytes, flops, _r, shape in pm.schedule_ops(sched):
+        for op, _ph, _u, nbytes, flops, _r, shape, _axis, _sent in pm.schedule_ops(sched):
             if op in pm.COMPUTE_OPS:
                 planned[(op, nbytes, shape if op == "gemm" else None)] += 1
         with h5py.File(os.path.join(pc.CALIBRATION, "ddp_perf-bf16-t5-611m.h5"), "r") as f:
@@ -121,8 +121,8 @@ class Collectives(unittest.TestCase):
         self.assertEqual(pm.bus_bandwidth(self.c, 1, 8), intra * 1e9)
 
     def test_ring_latency_grows_with_ranks(self):
-        t8 = pm.collective_time(self.c, "all-gather", 1 << 20, 8, 1)
-        t512 = pm.collective_time(self.c, "all-gather", 1 << 20, 512, 64)
+        t8 = pm.collective_time(self.c, "all-gather", 1 << 20, 8, 1, (1 << 20) * 7 / 8)
+        t512 = pm.collective_time(self.c, "all-gather", 1 << 20, 512, 64, (1 << 20) * 511 / 512)
         intra, inter = self.c["intra"]["latency_us"], self.c["inter"]["latency_us"]
         latency = pm.NCCL_RING_BASE_US + (511 - 63) * intra + 63 * inter  # 63 of 511 steps cross nodes
         expected = latency * 1e-6 + (511 / 512) * (1 << 20) / pm.bus_bandwidth(self.c, 64, 8)
@@ -134,7 +134,7 @@ class Collectives(unittest.TestCase):
         intra, inter = self.c["intra"]["latency_us"], self.c["inter"]["latency_us"]
         ring_lat = (pm.NCCL_RING_BASE_US + (2 * 511 - 126) * intra + 126 * inter) * pm.NCCL_RING_ALLREDUCE_PLATEAU
         ring = ring_lat * 1e-6 + 2 * 511 / 512 * size / pm.bus_bandwidth(self.c, nodes, 8)
-        self.assertLess(pm.collective_time(self.c, "all-reduce", size, n, nodes), ring)
+        self.assertLess(pm.collective_time(self.c, "all-reduce", size, n, nodes, 2 * 511 / 512 * size), ring)
 
 
 class ComputeModel(unittest.TestCase):

@@ -6,7 +6,7 @@
 #include <map>
 
 #include "shardbench/backend/backend.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/strategy/strategy.h"
 
 using namespace sb;

@@ -193,6 +193,62 @@ TEST(T5Step, CountsExactlyTheModelAndHardwareFlops) {
     }
 }
 
+// A tensor-parallel rank counts 1/tp of the model's FLOPs (every matmul is split), and issues
+// Megatron-LM's all-reduces: per block 2 (encoder) or 3 (decoder) each way.
+TEST(T5Step, TensorParallelRankCountsItsShareAndItsAllReduces) {
+  const ModelSpec spec = model_preset("t5-small");
+  const StepShape x{2, 32, 16};
+  struct Count : Recorder {
+    int all_reduces = 0;
+    void on_op(const OpEvent& e) override { all_reduces += e.kind == OpKind::AllReduce; }
+    void on_memory(double, const MemBytes&) override {}
+  };
+  for (int tp : {2, 4}) {
+    auto b = make_counting_backend();
+    Count count;
+    b->set_recorder(&count);
+    auto comm = make_planned_comm(tp, 1);
+    T5Step step(spec, *b, DType::F32, x, false, 1.f, AttentionImpl::Unfused, TensorGroup{tp, 1, comm.get()});
+    std::vector<Buf> p;
+    for (const UnitSpec& u : step.units()) p.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Parameters));
+    const int S = int(step.stages().size());
+    for (int i = 0; i < S; ++i) step.forward(i, p[step.stages()[i].unit]);
+    EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x, tp), 1e-9 * forward_flops(spec, x, tp));
+    EXPECT_EQ(count.all_reduces, 2 * spec.layers + 3 * spec.layers + 4);  // + 2 embeddings, max, sums
+    for (int i = S - 1; i >= 0; --i) step.backward(i, p[step.stages()[i].unit], p[step.stages()[i].unit]);
+    EXPECT_NEAR(counted_gemm_flops(*b) * tp, model_flops_per_step(spec, x), 1e-9 * model_flops_per_step(spec, x));
+    EXPECT_EQ(count.all_reduces, 2 * (5 * spec.layers) + 4 + 2);  // + the head's and the encoder output's
+    for (const Buf& q : p) b->release(q.ptr);
+  }
+}
+
+// A tensor-parallel rank's parameters initialise to its slice of the full model's.
+TEST(T5Step, TensorParallelPartsInitialiseToTheirSliceOfTheFullModel) {
+  const ModelSpec spec = model_preset("t5-tiny");
+  auto b = make_backend("cpu");
+  const auto full = model_units(spec);
+  for (int tp : {2}) {
+    for (size_t k = 0; k < full.size(); ++k) {
+      std::vector<float> whole(full[k].numel), assembled(full[k].numel, -99.f);
+      float* dev = b->alloc_floats(full[k].numel, MemCategory::Workspace);
+      init_unit_params(*b, full[k], int(k), 7, dev, 0, full[k].numel);
+      b->download(whole.data(), dev, whole.size() * 4);
+      for (int r = 0; r < tp; ++r) {
+        const UnitSpec part = model_units(spec, {tp, r})[k];
+        std::vector<float> mine(part.numel);
+        // in two pieces, as FSDP shards initialise their ranges
+        const int64_t half = part.numel / 2;
+        init_unit_params(*b, part, int(k), 7, dev, 0, half);
+        init_unit_params(*b, part, int(k), 7, dev + half, half, part.numel - half);
+        b->download(mine.data(), dev, mine.size() * 4);
+        place_in_full_unit(part, full[k], mine.data(), assembled.data());
+      }
+      EXPECT_EQ(assembled, whole) << full[k].name;
+      b->release(dev);
+    }
+  }
+}
+
 TEST(T5Step, ActivationsAreReleasedAndCountingMatchesCpu) {
   const ModelSpec spec = model_preset("t5-tiny");
   const StepShape x{2, 7, 5};

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <map>
 #include <set>
@@ -88,7 +89,7 @@ void check_completed(const std::string& path, int ranks, int steps) {
   ASSERT_EQ(access((path + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
-  EXPECT_EQ(int_attr(f, "schema_version"), 2);
+  EXPECT_EQ(int_attr(f, "schema_version"), 3);
   EXPECT_EQ(str_attr(f, "status"), "ok");
   EXPECT_EQ(int_attr(f, "world_size"), ranks);
   hid_t prov = H5Gopen2(f, "provenance", H5P_DEFAULT);
@@ -132,6 +133,28 @@ void check_completed(const std::string& path, int ranks, int steps) {
   hid_t plan = H5Gopen2(f, "plan", H5P_DEFAULT);
   EXPECT_EQ(int_attr(plan, "peak_total"), *std::max_element(pt.begin(), pt.end()));
   H5Gclose(plan);
+
+  // The mesh: one row per rank, coordinates in the programs' rank order (tensor innermost,
+  // then shard, replicate, pipeline); every collective names an axis whose group, read from
+  // the mesh, has the event's rank count.
+  const auto mrank = ints(f, "mesh", "rank"), mpp = ints(f, "mesh", "pp"), mrep = ints(f, "mesh", "dp_replicate");
+  const auto mshard = ints(f, "mesh", "dp_shard"), mtp = ints(f, "mesh", "tp");
+  ASSERT_EQ(mrank.size(), size_t(ranks));
+  std::map<int, std::array<int, 4>> coord;
+  for (size_t i = 0; i < mrank.size(); ++i) coord[mrank[i]] = {mpp[i], mrep[i], mshard[i], mtp[i]};
+  std::array<int, 4> extent{};
+  for (const auto& [r, c] : coord)
+    for (int a = 0; a < 4; ++a) extent[a] = std::max(extent[a], c[a] + 1);
+  for (const auto& [r, c] : coord)
+    EXPECT_EQ(((c[0] * extent[1] + c[1]) * extent[2] + c[2]) * extent[3] + c[3], r) << "rank order";
+  {
+    const auto op = ints(f, "events", "op"), axis = ints(f, "events", "axis"), nr = ints(f, "events", "ranks");
+    for (size_t i = 0; i < op.size(); ++i) {
+      if (op[i] != kAllGather && op[i] != kReduceScatter && op[i] != kAllReduce) continue;
+      ASSERT_TRUE(axis[i] >= 0 && axis[i] < 4) << "event " << i << " has no axis";
+      EXPECT_EQ(nr[i], extent[axis[i]]) << "event " << i << ": its group along axis " << axis[i];
+    }
+  }
 
   // Bytes sent per rank: the full buffer × (n−1)/n for all-gather and reduce-scatter,
   // 2(n−1)/n for all-reduce (nccl-tests' bus bandwidth); the steps' sums agree.
@@ -270,6 +293,7 @@ TEST(Trace, EveryStrategyWritesACompleteTrace) {
       {"hybrid", "build/bin/fsdp_perf --sharding hybrid --shard-size 2"},
       {"none", "build/bin/fsdp_perf --sharding none"},
       {"grad-op", "build/bin/fsdp_perf --sharding grad-op"},
+      {"tp2-full", "build/bin/fsdp_perf --sharding full --tp 2"},
   };
   for (const auto& [name, cmd] : runs) {
     const std::string out = kDir + "/" + name + ".h5";

@@ -47,6 +47,16 @@ const char* phase_name(Phase p) {
   }
 }
 
+const char* axis_name(Axis a) {
+  switch (a) {
+    case Axis::Pipeline: return "pp";
+    case Axis::Replicate: return "dp_replicate";
+    case Axis::Shard: return "dp_shard";
+    case Axis::Tensor: return "tp";
+    default: return "?";
+  }
+}
+
 const char* dtype_name(DType t) {
   static const char* names[] = {"float", "double", "int32", "int64", "uint8", "bfloat16", "half"};
   return int(t) >= 0 && t < DType::kCount ? names[int(t)] : "?";
@@ -168,9 +178,9 @@ void Backend::account_free(MemCategory cat, int64_t bytes) {
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after) {
+                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after, int axis) {
   if (!recorder_) return;
-  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after};
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after, axis};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
   recorder_->on_op(e);
 }

@@ -98,6 +98,16 @@ class CountingBackend final : public Backend {
   void cross_entropy(Buf logits, float*, const int*, int n, int vocab, float) override {
     touched(2, logits, int64_t(n) * vocab);
   }
+  void cross_entropy_max(CBuf logits, float*, int n, int vocab) override {
+    record(OpKind::Elementwise, 0, 0.0, 0.0, dtype_size(logits.dtype) * int64_t(n) * vocab, 0.0);
+  }
+  void cross_entropy_sums(CBuf logits, const float*, const int*, float*, int n, int vocab) override {
+    record(OpKind::Elementwise, 0, 0.0, 0.0, dtype_size(logits.dtype) * int64_t(n) * vocab, 0.0);
+  }
+  void cross_entropy_finish(Buf logits, float*, const float*, const float*, const int*, int n, int vocab,
+                            float) override {
+    touched(2, logits, int64_t(n) * vocab);
+  }
   bool all_finite(CBuf x, int64_t n) override {
     record(OpKind::Elementwise, 0, 0.0, 0.0, dtype_size(x.dtype) * n, 0.0);
     return true;
@@ -112,7 +122,7 @@ class CountingBackend final : public Backend {
   // schedule a strategy would run, with the request each is stream-ordered after.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     record(collective_kind(a.op), 1, double(next_request_), double(next_request_), collective_bytes(a, c.size()),
-           0.0, nullptr, next_request_, c.size(), a.after);
+           0.0, nullptr, next_request_, c.size(), a.after, c.axis());
     return next_request_++;
   }
   void wait(Request r) override { record(OpKind::Wait, 0, 0.0, 0.0, 0, 0.0, nullptr, r); }

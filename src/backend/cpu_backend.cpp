@@ -318,6 +318,7 @@ struct Pending {
   CollectiveArgs args;
   MPI_Comm comm = MPI_COMM_NULL;
   int size = 1, rank = 0;
+  int axis = -1;                        // the communicator's mesh axis
   Request id = kNoRequest;
   bool deferred = false;                // waiting for args.after (not started)
   std::vector<void*> free_after;        // release_after(): freed on completion
@@ -421,7 +422,9 @@ class CpuBackend final : public Backend {
     // A row gather moves elements unchanged, whatever their type.
     auto* o = static_cast<char*>(out.ptr);
     auto* t = static_cast<const char*>(table.ptr);
-    for (int i = 0; i < n; ++i) std::memcpy(o + int64_t(i) * d * es, t + int64_t(ids[i]) * d * es, size_t(d) * es);
+    for (int i = 0; i < n; ++i)
+      if (ids[i] >= 0) std::memcpy(o + int64_t(i) * d * es, t + int64_t(ids[i]) * d * es, size_t(d) * es);
+      else std::memset(o + int64_t(i) * d * es, 0, size_t(d) * es);
     done(OpKind::Elementwise, t0, 2 * es * int64_t(n) * d);
   }
   void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) override {
@@ -431,6 +434,7 @@ class CpuBackend final : public Backend {
     F32View table(dtable, int64_t(rows) * d, true);
     const F32View g(dout, int64_t(n) * d);
     for (int i = 0; i < n; ++i) {
+      if (ids[i] < 0) continue;  // another tensor-parallel rank's row
       float* row = table.p + int64_t(ids[i]) * d;
       const float* gi = g.p + int64_t(i) * d;
       for (int j = 0; j < d; ++j) row[j] += gi[j];
@@ -675,6 +679,45 @@ class CpuBackend final : public Backend {
     }
     done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
   }
+  void cross_entropy_max(CBuf logits, float* row_max, int n, int vocab) override {
+    const double t0 = start_compute();
+    const F32View lv(logits, int64_t(n) * vocab);
+    for (int i = 0; i < n; ++i) {
+      const float* row = lv.p + int64_t(i) * vocab;
+      float mx = -INFINITY;
+      for (int j = 0; j < vocab; ++j) mx = std::max(mx, row[j]);
+      row_max[i] = mx;
+    }
+    done(OpKind::Elementwise, t0, dtype_size(logits.dtype) * int64_t(n) * vocab);
+  }
+  void cross_entropy_sums(CBuf logits, const float* row_max, const int* labels, float* sums, int n,
+                          int vocab) override {
+    const double t0 = start_compute();
+    const F32View lv(logits, int64_t(n) * vocab);
+    for (int i = 0; i < n; ++i) {
+      const float* row = lv.p + int64_t(i) * vocab;
+      double sum = 0;
+      for (int j = 0; j < vocab; ++j) sum += std::exp(row[j] - row_max[i]);
+      sums[i] = float(sum);
+      sums[n + i] = labels[i] >= 0 ? row[labels[i]] : 0.f;
+    }
+    done(OpKind::Elementwise, t0, dtype_size(logits.dtype) * int64_t(n) * vocab);
+  }
+  void cross_entropy_finish(Buf logits, float* losses, const float* row_max, const float* sums, const int* labels,
+                            int n, int vocab, float grad_scale) override {
+    const double t0 = start_compute();
+    {
+      F32View lv(logits, int64_t(n) * vocab, true);
+      for (int i = 0; i < n; ++i) {
+        float* row = lv.p + int64_t(i) * vocab;
+        losses[i] = std::log(sums[i]) + row_max[i] - sums[n + i];
+        const float k = grad_scale / sums[i];
+        for (int j = 0; j < vocab; ++j) row[j] = std::exp(row[j] - row_max[i]) * k;
+        if (labels[i] >= 0) row[labels[i]] -= grad_scale;
+      }
+    }
+    done(OpKind::Elementwise, t0, 2 * dtype_size(logits.dtype) * int64_t(n) * vocab);
+  }
   bool all_finite(CBuf x, int64_t n) override {
     const double t0 = start_compute();
     const F32View v(x, n);
@@ -736,6 +779,7 @@ class CpuBackend final : public Backend {
     p.comm = mpi(c);
     p.size = c.size();
     p.rank = c.rank();
+    p.axis = c.axis();
     p.phase = phase();
     p.unit = unit();
     if (pending_.count(a.after) || comm_deferred(p.comm)) {
@@ -932,6 +976,7 @@ class CpuBackend final : public Backend {
       OpEvent e{p.kind, p.phase, p.unit, p.lane, p.start, now(), p.bytes, 0.0, {0, 0, 0, 0, 0}};
       e.request = p.id;
       e.ranks = p.size;
+      e.axis = p.axis;
       recorder_->on_op(e);
     }
     for (void* ptr : p.free_after) std::free(ptr);

@@ -27,7 +27,7 @@
 #include "shardbench/run/environment.h"
 #include "shardbench/run/mpi_main.h"
 #include "shardbench/run/provenance.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/trace/h5.h"
 #include "shardbench/trace/trace.h"
 
@@ -314,9 +314,9 @@ struct Bench {
     char* sbuf = static_cast<char*>(send);
     char* shard = in_place ? sbuf + int64_t(mesh.layout.shard_rank()) * s.arg * dtype_size(c.dtype)
                            : static_cast<char*>(recv);
-    b.wait(b.collective({Collective::ReduceScatter, sbuf, shard, s.arg, c.dtype, c.redop, 0}, *mesh.shard_comm));
+    b.wait(b.collective({Collective::ReduceScatter, sbuf, shard, s.arg, c.dtype, c.redop, 0}, mesh.comm(Axis::Shard)));
     if (mesh.layout.replicate > 1)
-      b.wait(b.collective({Collective::AllReduce, shard, shard, s.arg, c.dtype, c.redop, 0}, *mesh.replicate_comm));
+      b.wait(b.collective({Collective::AllReduce, shard, shard, s.arg, c.dtype, c.redop, 0}, mesh.comm(Axis::Replicate)));
   }
 
   // One iteration: -m operations. Non-blocking, they are all issued, then waited on (as

@@ -34,8 +34,16 @@ void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t se
     if (t.init == InitKind::Ones) {
       b.fill(out, 1.0f, hi - lo);
     } else {
+      // Element e of the full tensor gets u(key, e), so a tensor-parallel rank's block (its
+      // rows, or in each row its columns) initialises to the full tensor's values there.
       const uint64_t key = combine_key(combine_key(seed, uint64_t(unit_index)), ti);
-      b.init_uniform(out, hi - lo, key, lo - t.offset, t.init_scale);
+      for (int64_t e = lo - t.offset; e < hi - t.offset;) {
+        const int64_t r = e / t.cols, c = e % t.cols;
+        const int64_t run = t.cols == t.full_cols ? hi - t.offset - e : std::min(t.cols - c, hi - t.offset - e);
+        b.init_uniform(out, run, key, t.full_index(r, c), t.init_scale);
+        out += run;
+        e += run;
+      }
     }
   }
   if (last > u.numel) {  // padding of the last shard

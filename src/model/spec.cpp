@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -72,13 +73,20 @@ const TensorSpec& UnitSpec::tensor(const std::string& n) const {
 }
 
 namespace {
+enum class Split { None, Rows, Cols };  // which dimension a tensor-parallel rank holds a slice of
+
 struct UnitBuilder {
   UnitSpec u;
-  void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale) {
+  TensorSplit tp;
+  void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale, Split split = Split::None) {
     TensorSpec t;
     t.name = name;
-    t.rows = rows;
-    t.cols = cols;
+    t.full_rows = rows;
+    t.full_cols = cols;
+    t.rows = split == Split::Rows ? rows / tp.size : rows;
+    t.cols = split == Split::Cols ? cols / tp.size : cols;
+    t.row_begin = split == Split::Rows ? t.rows * tp.rank : 0;
+    t.col_begin = split == Split::Cols ? t.cols * tp.rank : 0;
     t.offset = u.numel;
     t.init = init;
     t.init_scale = scale;
@@ -86,26 +94,29 @@ struct UnitBuilder {
     u.tensors.push_back(t);
   }
   // A Linear [out, in]: uniform(±1/sqrt(in)) keeps activations O(1) through the stack.
-  void linear(const std::string& name, int64_t out, int64_t in) {
-    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)));
+  // Column-parallel (Megatron's term: the output split, our rows) or row-parallel (the input).
+  void linear(const std::string& name, int64_t out, int64_t in, Split split) {
+    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)), split);
   }
   void norm(const std::string& name, int64_t d) { add(name, 1, d, InitKind::Ones, 0.f); }
   void attention(const std::string& p, const ModelSpec& s) {
-    linear(p + ".q", s.inner(), s.d_model);
-    linear(p + ".k", s.inner(), s.d_model);
-    linear(p + ".v", s.inner(), s.d_model);
-    linear(p + ".o", s.d_model, s.inner());
+    linear(p + ".q", s.inner(), s.d_model, Split::Rows);
+    linear(p + ".k", s.inner(), s.d_model, Split::Rows);
+    linear(p + ".v", s.inner(), s.d_model, Split::Rows);
+    linear(p + ".o", s.d_model, s.inner(), Split::Cols);
   }
 };
 }  // namespace
 
-std::vector<UnitSpec> model_units(const ModelSpec& s) {
+std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
+  SB_ASSERT(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "bad tensor-parallel rank");
+  if (tp.size > 1) check_tensor_parallel(s, tp.size);
   std::vector<UnitSpec> units;
   {
-    UnitBuilder b;
+    UnitBuilder b{{}, tp};
     b.u.kind = UnitKind::Root;
     b.u.name = "root";
-    b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f);
+    b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f, Split::Rows);  // vocab-parallel
     b.norm("encoder.final_norm", s.d_model);
     b.norm("decoder.final_norm", s.d_model);
     units.push_back(b.u);
@@ -113,11 +124,11 @@ std::vector<UnitSpec> model_units(const ModelSpec& s) {
   for (int stack = 0; stack < 2; ++stack) {
     const bool dec = stack == 1;
     for (int l = 0; l < s.layers; ++l) {
-      UnitBuilder b;
+      UnitBuilder b{{}, tp};
       b.u.kind = dec ? UnitKind::DecoderBlock : UnitKind::EncoderBlock;
       b.u.layer = l;
       b.u.name = std::string(dec ? "decoder." : "encoder.") + std::to_string(l);
-      if (l == 0) b.add("rel_bias", s.num_buckets, s.heads, InitKind::Uniform, 0.5f);
+      if (l == 0) b.add("rel_bias", s.num_buckets, s.heads, InitKind::Uniform, 0.5f, Split::Cols);  // by head
       b.norm("ln1", s.d_model);
       b.attention("self", s);
       b.norm("ln2", s.d_model);
@@ -125,55 +136,83 @@ std::vector<UnitSpec> model_units(const ModelSpec& s) {
         b.attention("cross", s);
         b.norm("ln3", s.d_model);
       }
-      b.linear("wi", s.d_ff, s.d_model);
-      b.linear("wo", s.d_model, s.d_ff);
+      b.linear("wi", s.d_ff, s.d_model, Split::Rows);
+      b.linear("wo", s.d_model, s.d_ff, Split::Cols);
       units.push_back(b.u);
     }
   }
   return units;
 }
 
-int64_t param_count(const ModelSpec& s) {
+void check_tensor_parallel(const ModelSpec& s, int tp) {
+  if (tp < 1) throw UsageError("--tp " + std::to_string(tp) + " is not allowed (must be >= 1)");
+  const std::pair<const char*, int64_t> dims[] = {{"heads", s.heads}, {"d_ff", s.d_ff}, {"vocab", s.vocab}};
+  for (const auto& [what, v] : dims) {
+    if (v % tp == 0) continue;
+    std::string divisors;
+    for (int64_t k = 1; k <= v && divisors.size() < 200; ++k)
+      if (v % k == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(k);
+    throw UsageError("--tp " + std::to_string(tp) + " is not allowed with " + std::string(what) + " " +
+                     std::to_string(v) + " (the heads, d_ff and vocab must divide by --tp; " + what + " " +
+                     std::to_string(v) + " divides by " + divisors + ")");
+  }
+}
+
+void place_in_full_unit(const UnitSpec& local, const UnitSpec& full, const float* src, float* dst) {
+  SB_ASSERT(local.tensors.size() == full.tensors.size(), "units of different models");
+  for (size_t i = 0; i < local.tensors.size(); ++i) {
+    const TensorSpec& t = local.tensors[i];
+    const TensorSpec& f = full.tensors[i];
+    SB_ASSERT(t.name == f.name && t.full_rows == f.rows && t.full_cols == f.cols, "units of different models");
+    for (int64_t r = 0; r < t.rows; ++r)
+      std::copy(src + t.offset + r * t.cols, src + t.offset + (r + 1) * t.cols, dst + f.offset + t.full_index(r, 0));
+  }
+}
+
+int64_t param_count(const ModelSpec& s) { return param_count_per_rank(s, 1); }
+
+int64_t param_count_per_rank(const ModelSpec& s, int tp) {
   int64_t n = 0;
-  for (const auto& u : model_units(s)) n += u.numel;
+  for (const auto& u : model_units(s, {tp, 0})) n += u.numel;
   return n;
 }
 
 namespace {
 double gemm_flops(double m, double n, double k) { return 2.0 * m * n * k; }
-// Q, K, V, O projections plus scores (Q K^T) and context (P V) for every (batch, head).
-double attention_flops(const ModelSpec& s, double batch, double tq, double tk) {
-  const double d = s.d_model, inner = s.inner();
+// Q, K, V, O projections plus scores (Q K^T) and context (P V) for every (batch, head); a
+// tensor-parallel rank holds heads / tp of them.
+double attention_flops(const ModelSpec& s, double batch, double tq, double tk, int tp) {
+  const double d = s.d_model, heads = double(s.heads / tp), inner = heads * s.d_kv;
   return gemm_flops(batch * tq, inner, d)            // Q
          + 2 * gemm_flops(batch * tk, inner, d)      // K, V
          + gemm_flops(batch * tq, d, inner)          // O
-         + 2 * batch * s.heads * gemm_flops(tq, tk, s.d_kv);  // scores, context
+         + 2 * batch * heads * gemm_flops(tq, tk, s.d_kv);  // scores, context
 }
-double ffn_flops(const ModelSpec& s, double tokens) {
-  return 2 * gemm_flops(tokens, s.d_ff, s.d_model);
+double ffn_flops(const ModelSpec& s, double tokens, int tp) {
+  return 2 * gemm_flops(tokens, double(s.d_ff / tp), s.d_model);
 }
 }  // namespace
 
-double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x) {
-  return attention_flops(s, x.batch, x.enc_len, x.enc_len) + ffn_flops(s, double(x.batch) * x.enc_len);
+double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x, int tp) {
+  return attention_flops(s, x.batch, x.enc_len, x.enc_len, tp) + ffn_flops(s, double(x.batch) * x.enc_len, tp);
 }
-double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x) {
-  return attention_flops(s, x.batch, x.dec_len, x.dec_len) +
-         attention_flops(s, x.batch, x.dec_len, x.enc_len) + ffn_flops(s, double(x.batch) * x.dec_len);
+double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x, int tp) {
+  return attention_flops(s, x.batch, x.dec_len, x.dec_len, tp) + attention_flops(s, x.batch, x.dec_len, x.enc_len, tp) +
+         ffn_flops(s, double(x.batch) * x.dec_len, tp);
 }
-double forward_flops_head(const ModelSpec& s, const StepShape& x) {
-  return gemm_flops(double(x.batch) * x.dec_len, s.vocab, s.d_model);
+double forward_flops_head(const ModelSpec& s, const StepShape& x, int tp) {
+  return gemm_flops(double(x.batch) * x.dec_len, double(s.vocab / tp), s.d_model);
 }
-double forward_flops(const ModelSpec& s, const StepShape& x) {
-  return s.layers * (forward_flops_encoder_block(s, x) + forward_flops_decoder_block(s, x)) +
-         forward_flops_head(s, x);
+double forward_flops(const ModelSpec& s, const StepShape& x, int tp) {
+  return s.layers * (forward_flops_encoder_block(s, x, tp) + forward_flops_decoder_block(s, x, tp)) +
+         forward_flops_head(s, x, tp);
 }
-double model_flops_per_step(const ModelSpec& s, const StepShape& x) { return 3 * forward_flops(s, x); }
-double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing) {
-  double recompute = checkpointing ? s.layers * (forward_flops_encoder_block(s, x) +
-                                                 forward_flops_decoder_block(s, x))
+double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp) { return 3 * forward_flops(s, x, tp); }
+double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp) {
+  double recompute = checkpointing ? s.layers * (forward_flops_encoder_block(s, x, tp) +
+                                                 forward_flops_decoder_block(s, x, tp))
                                    : 0.0;
-  return model_flops_per_step(s, x) + recompute;
+  return model_flops_per_step(s, x, tp) + recompute;
 }
 
 }  // namespace sb

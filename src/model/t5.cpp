@@ -101,11 +101,15 @@ struct T5Step::Impl {
   bool checkpointing;
   float grad_scale;
   AttentionImpl attention;
+  TensorGroup tp;
   T5Step::GradReadyHook grad_ready;
   std::vector<UnitSpec> units;
   std::vector<Stage> stages;
 
+  // This rank's part under tensor parallelism: H heads, ff of d_ff, V vocabulary rows from
+  // vocab_begin (the whole model for a group of one).
   int B, Te, Td, d, ff, H, dkv, inner, V, L, Ne, Nd;
+  int vocab_begin = 0;
 
   // Live across the step (Workspace, constructor to destructor).
   int* enc_ids = nullptr;      // [Ne]
@@ -132,16 +136,18 @@ struct T5Step::Impl {
   std::vector<BlockState> block_state;    // per stage (blocks only)
   std::vector<bool> forwarded;            // per stage: saved state is live
 
-  Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at)
-      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at),
-        units(model_units(s)) {
-    validate(s);
+  Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at,
+       TensorGroup g)
+      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at), tp(g),
+        units((validate(s), model_units(s, {g.size, g.rank}))) {
+    SB_ASSERT(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size), "a tensor-parallel group needs its communicator");
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
     SB_ASSERT(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2,
               "relative attention needs num_buckets >= 4 and max_distance > num_buckets / 2");
     B = int(x.batch), Te = int(x.enc_len), Td = int(x.dec_len);
-    d = int(s.d_model), ff = int(s.d_ff), H = int(s.heads), dkv = int(s.d_kv);
-    inner = int(s.inner()), V = int(s.vocab), L = int(s.layers);
+    d = int(s.d_model), ff = int(s.d_ff / tp.size), H = int(s.heads / tp.size), dkv = int(s.d_kv);
+    inner = H * dkv, V = int(s.vocab / tp.size), L = int(s.layers);
+    vocab_begin = V * tp.rank;
     Ne = B * Te, Nd = B * Td;
 
     stages.push_back({Stage::EncoderEmbed, 0, 0});
@@ -239,6 +245,25 @@ struct T5Step::Impl {
     forwarded[si] = false;
   }
 
+  // ---------------------------------------------------------------- tensor parallelism
+  bool split() const { return tp.size > 1; }
+  // Sums x over the tensor-parallel group (in place), on the critical path.
+  void tp_all_reduce(Buf x, int64_t n) {
+    if (split()) b.wait(b.all_reduce(x, n, *tp.comm));
+  }
+  // out [n] += the group's sum of `product` (a row-parallel GEMM that writes its result
+  // into dst with the given beta): one rank adds into out directly.
+  template <class Product>
+  void add_row_parallel(Buf out, int64_t n, Product&& product) {
+    if (!split()) return product(out, 1.f);
+    std::vector<void*> tmp;
+    const Buf part = alloc(tmp, n, MemCategory::Workspace);
+    product(part, 0.f);
+    tp_all_reduce(part, n);
+    b.add(out, part, n);
+    release_all(tmp);
+  }
+
   // ---------------------------------------------------------------- attention
   AttnState alloc_attn(std::vector<void*>& o, MemCategory c, int tq, int tk) {
     AttnState a;
@@ -278,12 +303,16 @@ struct T5Step::Impl {
         b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
                        a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
     }
-    b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, 1.f, out, d);  // out += ctx Wo^T
+    add_row_parallel(out, int64_t(B) * tq * d, [&](Buf dst, float beta) {  // out += ctx Wo^T
+      b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, beta, dst, d);
+    });
   }
 
   // dout [B*tq, d] is d(loss)/d(attention output). Writes dxn [B*tq, d] = d/d(a.xn) and
   // adds d/d(xkv) into dxkv [B*tk, d] (which may be dxn itself for self-attention, since
   // dxn is written first). With bias_stack >= 0, dbias[bias_stack] += d/d(bias).
+  // Tensor-parallel: dxn is summed over the group here; a separate dxkv holds this rank's
+  // part of its sum (d_enc_out, summed once in the Bridge backward).
   void attention_backward(CBuf W, Buf G, const Stage& s, const std::string& p,
                           const AttnState& a, CBuf xkv, int tq, int tk, CBuf dout,
                           Buf dxn, Buf dxkv, int bias_stack, bool causal) {
@@ -339,6 +368,7 @@ struct T5Step::Impl {
     b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
     b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
     b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
+    if (!injected_fault("tp-skip-attention-all-reduce")) tp_all_reduce(dxn, int64_t(B) * tq * d);
     release_all(tmp);
   }
 
@@ -382,7 +412,9 @@ struct T5Step::Impl {
     b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
     b.relu_forward(st.h, int64_t(N) * ff);
     b.copy(out, r, int64_t(N) * d);
-    b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, 1.f, out, d);  // out += h Wo^T
+    add_row_parallel(out, int64_t(N) * d, [&](Buf dst, float beta) {  // out += h Wo^T
+      b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, beta, dst, d);
+    });
   }
 
   // d_hidden[stack] holds d(out) on entry and d(x) on exit.
@@ -407,6 +439,7 @@ struct T5Step::Impl {
       b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
       ready(s, "wi");
       b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
+      tp_all_reduce(dxn, int64_t(N) * d);
       b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
       ready(s, ln_ff);
       release_all(tff);
@@ -468,6 +501,7 @@ struct T5Step::Impl {
   void embed_forward(int si, CBuf W) {
     hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
     b.embedding_forward(hidden[0][0], param(W, stages[si], "shared"), enc_ids, Ne, d);
+    tp_all_reduce(hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
   }
   void embed_backward(int si, Buf G) {
     b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], enc_ids, Ne, d);
@@ -482,12 +516,14 @@ struct T5Step::Impl {
                       kNormEps);
     hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
     b.embedding_forward(hidden[1][0], param(W, s, "shared"), dec_ids, Nd, d);
+    tp_all_reduce(hidden[1][0], int64_t(Nd) * d);
     b.fill(d_enc_out, 0.f, int64_t(Ne) * d);  // the decoder blocks' backward accumulate into it
   }
   void bridge_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     b.embedding_backward(grad(G, s, "shared"), d_hidden[1], dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
+    tp_all_reduce(d_enc_out, int64_t(Ne) * d);  // every decoder block's cross K/V part, summed once
     b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, hidden[0][L],
                        param(W, s, "encoder.final_norm"), bridge_rstd, Ne, d);
     ready(s, "encoder.final_norm");
@@ -503,7 +539,18 @@ struct T5Step::Impl {
     b.rmsnorm_forward(head_hn, head_rstd, hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
     b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, "shared"), d, 0.f, logits, V);
-    b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
+    if (!split()) return b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
+    // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
+    // all-reduced over the group; nobody gathers the logits.
+    std::vector<void*> tmp;
+    float* row_max = alloc_f32(tmp, Nd, MemCategory::Workspace);
+    float* sums = alloc_f32(tmp, 2 * int64_t(Nd), MemCategory::Workspace);
+    b.cross_entropy_max(logits, row_max, Nd, V);
+    b.wait(b.collective({Collective::AllReduce, row_max, row_max, Nd, DType::F32, ReduceOp::Max}, *tp.comm));
+    b.cross_entropy_sums(logits, row_max, labels, sums, Nd, V);
+    tp_all_reduce(sums, 2 * int64_t(Nd));
+    b.cross_entropy_finish(logits, losses, row_max, sums, labels, Nd, V, grad_scale);  // logits := dlogits
+    release_all(tmp);
   }
   void head_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
@@ -513,6 +560,7 @@ struct T5Step::Impl {
     // dshared += r · dlogits^T hn [V, d];  dhn = r · dlogits shared [Nd, d]
     b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, "shared"), d);
     b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, "shared"), d, 0.f, dhn, d);
+    tp_all_reduce(dhn, int64_t(Nd) * d);
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
     b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, hidden[1][L],
                        param(W, s, "decoder.final_norm"), head_rstd, Nd, d);
@@ -554,13 +602,14 @@ struct T5Step::Impl {
 };
 
 T5Step::T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-               bool checkpointing, float grad_scale, AttentionImpl attention)
-    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale, attention)) {}
+               bool checkpointing, float grad_scale, AttentionImpl attention, TensorGroup tp)
+    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale, attention, tp)) {}
 
 T5Step::~T5Step() { delete impl_; }
 
 const ModelSpec& T5Step::spec() const { return impl_->spec; }
 const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
+const TensorGroup& T5Step::tensor_group() const { return impl_->tp; }
 const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
 DType T5Step::dtype() const { return impl_->dtype; }
 AttentionImpl T5Step::attention() const { return impl_->attention; }
@@ -574,10 +623,18 @@ void T5Step::set_tokens(const Tokens& t) {
   SB_ASSERT(int64_t(t.dec_ids.size()) == m.Nd, "dec_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.labels.size()) == m.Nd, "labels size does not match the step shape");
   for (const auto* ids : {&t.enc_ids, &t.dec_ids, &t.labels})
-    for (int id : *ids) SB_ASSERT(id >= 0 && id < m.V, "token id " + std::to_string(id) + " out of vocabulary");
-  m.b.upload(m.enc_ids, t.enc_ids.data(), t.enc_ids.size() * sizeof(int));
-  m.b.upload(m.dec_ids, t.dec_ids.data(), t.dec_ids.size() * sizeof(int));
-  m.b.upload(m.labels, t.labels.data(), t.labels.size() * sizeof(int));
+    for (int id : *ids)
+      SB_ASSERT(id >= 0 && id < m.spec.vocab, "token id " + std::to_string(id) + " out of vocabulary");
+  // Tensor-parallel: ids as rows of this rank's vocabulary slice, -1 where another rank's.
+  auto local = [&](const std::vector<int>& ids) {
+    std::vector<int> out(ids);
+    for (int& id : out) id = id >= m.vocab_begin && id < m.vocab_begin + m.V ? id - m.vocab_begin : -1;
+    return out;
+  };
+  const std::vector<int> enc = local(t.enc_ids), dec = local(t.dec_ids), labels = local(t.labels);
+  m.b.upload(m.enc_ids, enc.data(), enc.size() * sizeof(int));
+  m.b.upload(m.dec_ids, dec.data(), dec.size() * sizeof(int));
+  m.b.upload(m.labels, labels.data(), labels.size() * sizeof(int));
 }
 
 void T5Step::forward(int stage, CBuf params) { impl_->forward(stage, params); }

@@ -120,7 +120,7 @@ class DDP final : public TrainingSchedule {
       Bucket& bk = buckets_[next_bucket_];
       if (reduced_.ptr != grads_.ptr) b_.cast(reduced_ + bk.offset, grads_ + bk.offset, bk.numel);
       ScopedContext target(b_, b_.phase(), bk.unit);
-      bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, *mesh_.replicate_comm);
+      bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, mesh_.comm(Axis::Replicate));
       ++next_bucket_;
     }
   }

@@ -89,7 +89,7 @@ class FSDP final : public TrainingSchedule {
     std::vector<char> mine(bytes), full(size_t(bytes) * mesh_.layout.shard);
     b_.download(mine.data(), shard.ptr, bytes);
     if (sharded())
-      MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, full.data(), bytes, MPI_BYTE, mesh_.shard_mpi));
+      MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, full.data(), bytes, MPI_BYTE, mesh_.mpi(Axis::Shard)));
     else
       full = mine;
     return host_as_f32(full, shard.dtype, s.numel);
@@ -111,7 +111,7 @@ class FSDP final : public TrainingSchedule {
       send = slice;
     }
     ScopedContext target(b_, b_.phase(), u);
-    gather_req_[u] = b_.all_gather(send, gathered_[u], s.size, *mesh_.shard_comm);
+    gather_req_[u] = b_.all_gather(send, gathered_[u], s.size, mesh_.comm(Axis::Shard));
     ++gathers_in_flight_;
   }
   void prefetch(int u) {
@@ -188,7 +188,7 @@ class FSDP final : public TrainingSchedule {
     ScopedContext target(b_, b_.phase(), u);
     Request scatter = kNoRequest;
     if (sharded()) {
-      scatter = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, *mesh_.shard_comm);
+      scatter = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, mesh_.comm(Axis::Shard));
       if (cfg_.fsdp_version == 2) {
         previous_scatter_ = {u, scatter};
       } else {
@@ -202,7 +202,7 @@ class FSDP final : public TrainingSchedule {
       full_grad_[u] = Buf();
     }
     if (mesh_.layout.replicate > 1)
-      reductions_.push_back(b_.all_reduce_after(scatter, grads_ + offset_[u], s.size, *mesh_.replicate_comm));
+      reductions_.push_back(b_.all_reduce_after(scatter, grads_ + offset_[u], s.size, mesh_.comm(Axis::Replicate)));
   }
   // FSDP2: compute waits for the previous reduce-scatter, then frees its input.
   void complete_previous_scatter() {

@@ -38,24 +38,34 @@ Prefetch parse_prefetch(const std::string& s) {
 }
 
 std::string StrategyConfig::label() const {
-  if (kind == StrategyKind::DDP) return "ddp";
+  const std::string tensor = tp > 1 ? "-tp" + std::to_string(tp) : "";
+  if (kind == StrategyKind::DDP) return "ddp" + tensor;
   std::string l = std::string("fsdp-") + sharding_name(sharding);
   if (sharding == Sharding::Hybrid) l += std::to_string(shard_size);
-  return l;
+  return l + tensor;
 }
 
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
+  const int tp = c.tp;
+  if (tp < 1 || world % tp != 0)
+    throw UsageError("--tp " + std::to_string(tp) + " is not allowed with world size " + std::to_string(world) +
+                     " (must divide it: dp x tp = world)");
   int shard = 1;
-  if (c.kind == StrategyKind::FSDP && (c.sharding == Sharding::Full || c.sharding == Sharding::GradOp)) shard = world;
+  if (c.kind == StrategyKind::FSDP && (c.sharding == Sharding::Full || c.sharding == Sharding::GradOp))
+    shard = world / tp;
   if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid) shard = c.shard_size;
-  return ParallelLayout::make(world, rank, shard);
+  return ParallelLayout::make(world, rank, shard, tp);
 }
 
 namespace {
-float grad_scale(const StepShape& shape, int world) {
-  // Mean over every decoder token of the global batch: summing the ranks' gradients
-  // (all-reduce or reduce-scatter with SUM) then gives the global mean.
-  return float(1.0 / (double(world) * shape.batch * shape.dec_len));
+float grad_scale(const StepShape& shape, int data_parallel) {
+  // Mean over every decoder token of the global batch: summing the data-parallel ranks'
+  // gradients (all-reduce or reduce-scatter with SUM) then gives the global mean.
+  return float(1.0 / (double(data_parallel) * shape.batch * shape.dec_len));
+}
+TensorGroup tensor_group(const Mesh& mesh) {
+  const ParallelLayout& l = mesh.layout;
+  return {l.tp, l.tp_rank(), l.tp > 1 ? &mesh.comm(Axis::Tensor) : nullptr};
 }
 }  // namespace
 
@@ -64,11 +74,11 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
     : cfg_(cfg),
       b_(b),
       mesh_(mesh),
-      model_(spec, b, cfg.param_dtype, shape, cfg.checkpointing,
-             grad_scale(shape, mesh.layout.world) * cfg.loss_scale, cfg.attention),
+      model_(spec, b, cfg.param_dtype, shape, cfg.checkpointing, grad_scale(shape, mesh.layout.dp()) * cfg.loss_scale,
+             cfg.attention, tensor_group(mesh)),
       units_(model_.units()),
       unit_stages_(units_.size()),
-      base_grad_scale_(grad_scale(shape, mesh.layout.world)),
+      base_grad_scale_(grad_scale(shape, mesh.layout.dp())),
       scale_(cfg.loss_scale) {
   for (int pos = 0; pos < num_stages(); ++pos) {
     UnitStages& f = unit_stages_[forward_unit(pos)];
@@ -125,14 +135,14 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
   return model_.loss_sum();
 }
 
-// Every rank of the shard group holds a different part of the reduced gradients (replicas
-// hold the same parts), so the group agrees on one answer.
+// The ranks of a shard group, tensor-parallel group and pipeline hold different parts of the
+// reduced gradients (replicas hold the same parts), so the whole world agrees on one answer.
 bool TrainingSchedule::gradients_finite() {
   int64_t n = 0;
   const CBuf g = reduced_gradients(n);
   int finite = b_.all_finite(g, n) ? 1 : 0;
-  if (mesh_.shard_mpi != MPI_COMM_NULL)
-    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finite, 1, MPI_INT, MPI_MIN, mesh_.shard_mpi));
+  if (mesh_.world() != MPI_COMM_NULL)
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &finite, 1, MPI_INT, MPI_MIN, mesh_.world()));
   return finite == 1;
 }
 

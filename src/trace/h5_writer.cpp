@@ -8,7 +8,7 @@
 namespace sb {
 namespace {
 
-constexpr int kSchemaVersion = 2;
+constexpr int kSchemaVersion = 3;  // 3: events' axis, the /mesh table
 
 struct EventRow {
   int32_t rank, step, phase, op, unit, lane;
@@ -19,6 +19,10 @@ struct EventRow {
   int32_t ranks;
   int64_t sent_bytes;
   int64_t request;
+  int32_t axis;
+};
+struct MeshRow {
+  int32_t rank, pp, dp_replicate, dp_shard, tp;
 };
 struct MemoryRow {
   int32_t rank, step;
@@ -57,6 +61,7 @@ const std::vector<Column> kEventColumns = {
     SB_COLUMN(EventRow, flops, F64), SB_COLUMN(EventRow, m, I32),     SB_COLUMN(EventRow, n, I32),
     SB_COLUMN(EventRow, k, I32),     SB_COLUMN(EventRow, batch, I32), SB_COLUMN(EventRow, trans, I32),
     SB_COLUMN(EventRow, ranks, I32), SB_COLUMN(EventRow, sent_bytes, I64), SB_COLUMN(EventRow, request, I64),
+    SB_COLUMN(EventRow, axis, I32),
 };
 
 // Per-category byte columns named after the categories, then `total`.
@@ -115,12 +120,23 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, boo
       const OpEvent& o = e.op;
       events.push_back(EventRow{rank, e.step, int(o.phase), int(o.kind), o.unit, o.lane, o.start, o.end, o.bytes,
                                 o.flops, o.gemm[0], o.gemm[1], o.gemm[2], o.gemm[3], o.gemm[4], o.ranks,
-                                bytes_sent(o), o.request});
+                                bytes_sent(o), o.request, o.axis});
     }
   }
   f.table("events", kEventColumns, events);
   f.names_attribute("events", "phase_names", enum_names(int(Phase::kCount), phase_name));
   f.names_attribute("events", "op_names", enum_names(int(OpKind::kCount), op_kind_name));
+  f.names_attribute("events", "axis_names", enum_names(kAxes, axis_name));
+
+  // Each rank's coordinates on the mesh: the ranks of a collective's group are those that
+  // share every coordinate but its axis's.
+  const std::array<int, kAxes> c = d.layout.coords();
+  const MeshRow mesh{rank, c[size_t(Axis::Pipeline)], c[size_t(Axis::Replicate)], c[size_t(Axis::Shard)],
+                     c[size_t(Axis::Tensor)]};
+  f.table("mesh",
+          {SB_COLUMN(MeshRow, rank, I32), SB_COLUMN(MeshRow, pp, I32), SB_COLUMN(MeshRow, dp_replicate, I32),
+           SB_COLUMN(MeshRow, dp_shard, I32), SB_COLUMN(MeshRow, tp, I32)},
+          std::vector<MeshRow>{mesh});
 
   std::vector<MemoryRow> memory;
   if (d.memory) {

@@ -18,6 +18,18 @@
 //      elementwise kernel: equal up to a few roundings);
 //   4. every replica holds the same weights, bit for bit.
 // A dropped shard, a wrong reduction factor or stale parameters break 2; a wrong optimizer 3.
+//
+// Tensor parallelism (--tp N) reorders the sums of the row-parallel layers, so a micro-batch
+// gradient of the split model is not the full model's bit for bit. Two references then:
+//   the tensor-parallel reference: the ranks of the first tensor-parallel group recompute
+//     every data-parallel rank's micro-batch with the split model, over a duplicate of their
+//     own group's communicator (the same kernels, shapes and collective algorithm as every
+//     group, so the same values): 2, 3 and 4 hold against it exactly as above, with n the
+//     data-parallel degree; 4 also requires the replicated tensors (norms) to be identical
+//     on every rank of a tensor-parallel group;
+//   the split itself: rank 0's full model computes the same micro-batches, and each tensor
+//     of the summed gradient of the split model must agree with the full model's in norm,
+//     within a multiple of the compute type's unit roundoff (docs/reliability.md).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -64,80 +76,183 @@ uint64_t fnv1a(const std::vector<std::vector<float>>& units) {
 
 }  // namespace
 
-// Rank 0's single-rank model: one micro-batch (one rank's shapes) at a time.
-struct StepCheck::Reference {
-  std::unique_ptr<Backend> b;
-  std::unique_ptr<T5Step> model;
-  std::vector<Buf> params, grads;     // per unit, param dtype
-  std::vector<float*> p, m, v;        // per unit: fp32 weights and Adam moments for step 3
-  Buf reduce_buf;                     // one unit in reduce dtype, for the R rounding
-  float* f32 = nullptr;               // one unit in fp32
-  std::vector<int> first_backward;    // per unit: its first position in backward order
+// One model of a reference: the step and its per-unit buffers.
+struct RefModel {
+  std::unique_ptr<T5Step> step;
+  std::vector<Buf> params, grads;  // per unit, in the step's dtype
 };
 
-StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, int rank, int world)
-    : cfg_(cfg), run_(run), rank_(rank), world_(world) {
+// Rank 0's single-rank model: one micro-batch (one data-parallel rank's shapes) at a time.
+// With tensor parallelism, also this rank's part of the split reference (the first group).
+struct StepCheck::Reference {
+  std::unique_ptr<Backend> b;
+  RefModel full;                      // rank 0: the run's dtype, or fp32 under tensor parallelism
+  RefModel split;                     // the first tensor-parallel group: the run's dtype
+  RefModel split32;                   // ... and in fp32 when that is not fp32
+  std::vector<float*> p, m, v;        // rank 0, per unit: fp32 weights and Adam moments for step 3
+  Buf reduce_buf;                     // one unit in reduce dtype, for the R rounding
+  float* f32 = nullptr;               // one unit in fp32
+  MPI_Comm tp_mpi = MPI_COMM_NULL;    // a duplicate of the first tensor-parallel group's
+  std::unique_ptr<Comm> tp_comm;
+
+  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp) {
+    r.step = std::make_unique<T5Step>(cfg.model, *b, dtype, cfg.shape, cfg.strategy.checkpointing, grad_scale,
+                                      cfg.strategy.attention, tp);  // the run's attention path
+    for (const UnitSpec& u : r.step->units()) {
+      r.params.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Parameters));
+      r.grads.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Gradients));
+    }
+  }
+  void release(RefModel& r) {
+    r.step.reset();
+    for (size_t k = 0; k < r.params.size(); ++k) b->release(r.params[k].ptr), b->release(r.grads[k].ptr);
+  }
+};
+
+namespace {
+
+// One micro-batch's forward and backward: grads[k] = unit k's gradient.
+void forward_backward(Backend& b, RefModel& model, const Tokens& tokens) {
+  const auto& stages = model.step->stages();
+  const auto& units = model.step->units();
+  const int S = int(stages.size());
+  model.step->set_tokens(tokens);
+  for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[stages[pos].unit]);
+  std::vector<bool> zeroed(units.size(), false);
+  for (int pos = 0; pos < S; ++pos) {
+    const int k = stages[S - 1 - pos].unit;
+    if (!zeroed[k]) b.fill(model.grads[k], 0.f, units[k].numel), zeroed[k] = true;
+    model.step->backward(S - 1 - pos, model.params[k], model.grads[k]);
+  }
+}
+
+// Unit k's gradient as the run reduces it (rounded into R), as fp32 on the host.
+std::vector<float> reduced_on_host(Backend& b, CBuf grad, int64_t numel, DType R, Buf reduce_buf, float* f32) {
+  CBuf reduced = grad;
+  if (R != grad.dtype) {  // the run rounds each rank's gradient into R before reducing
+    b.cast(reduce_buf, grad, numel);
+    reduced = reduce_buf;
+  }
+  b.cast(f32, reduced, numel);
+  std::vector<float> g(numel);
+  b.download(g.data(), f32, numel * 4);
+  return g;
+}
+
+// The rows of `local`'s blocks taken out of the full unit (the inverse of place_in_full_unit).
+std::vector<float> take_from_full_unit(const UnitSpec& local, const UnitSpec& full, const std::vector<float>& src) {
+  std::vector<float> out(local.numel);
+  for (size_t i = 0; i < local.tensors.size(); ++i) {
+    const TensorSpec& t = local.tensors[i];
+    const TensorSpec& f = full.tensors[i];
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const float* row = src.data() + f.offset + t.full_index(r, 0);
+      std::copy(row, row + t.cols, out.data() + t.offset + r * t.cols);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
+    : cfg_(cfg), run_(run), layout_(mesh.layout), rank_(mesh.layout.rank), world_(mesh.layout.world) {
   const DType P = cfg.strategy.param_dtype, R = cfg.strategy.reduce_dtype;
-  const int n = world;
+  const int n = layout_.dp();  // the gradients summed: one per data-parallel rank
   const double u = unit_roundoff(R);
   gamma_ = (n - 1) * u / (1 - (n - 1) * u);
   eta_ = (n - 1) * half_smallest_subnormal(R);
+  full_units_ = model_units(cfg.model);
+  for (int t = 0; t < layout_.tp; ++t) split_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
+  tp_mpi_ = mesh.mpi(Axis::Tensor);
   weights_ = gather_weights();
-  if (rank_ != 0) return;
+  const bool tensor_parallel = layout_.tp > 1;
+  const bool split_reference = tensor_parallel && layout_.group_index(Axis::Tensor) == 0;
+  if (rank_ != 0 && !split_reference) return;
   ref_ = std::make_unique<Reference>();
   Reference& r = *ref_;
   r.b = make_backend(cfg.backend, cfg.comm);  // the run's library: NCCL refuses ranks sharing a GPU
-  const float base = float(1.0 / (double(world) * cfg.shape.batch * cfg.shape.dec_len));
-  r.model = std::make_unique<T5Step>(cfg.model, *r.b, P, cfg.shape, cfg.strategy.checkpointing,
-                                     base * cfg.strategy.loss_scale, cfg.strategy.attention);  // the run's path
-  const auto& units = r.model->units();
+  const float scale = float(1.0 / (double(n) * cfg.shape.batch * cfg.shape.dec_len)) * cfg.strategy.loss_scale;
   int64_t largest = 1;
-  for (size_t k = 0; k < units.size(); ++k) {
-    const int64_t numel = units[k].numel;
-    largest = std::max(largest, numel);
-    r.params.push_back(r.b->alloc_buf(numel, P, MemCategory::Parameters));
-    r.grads.push_back(r.b->alloc_buf(numel, P, MemCategory::Gradients));
-    r.p.push_back(r.b->alloc_floats(numel, MemCategory::Parameters));
-    r.m.push_back(r.b->alloc_floats(numel, MemCategory::OptimizerState));
-    r.v.push_back(r.b->alloc_floats(numel, MemCategory::OptimizerState));
-    r.b->fill(r.m.back(), 0.f, numel);
-    r.b->fill(r.v.back(), 0.f, numel);
-  }
+  for (const UnitSpec& unit : full_units_) largest = std::max(largest, unit.numel);
   r.reduce_buf = r.b->alloc_buf(largest, R, MemCategory::Workspace);
   r.f32 = r.b->alloc_floats(largest, MemCategory::Workspace);
-  const int stages = int(r.model->stages().size());
-  r.first_backward.assign(units.size(), -1);
-  for (int pos = 0; pos < stages; ++pos) {
-    const int unit = r.model->stages()[stages - 1 - pos].unit;
-    if (r.first_backward[unit] < 0) r.first_backward[unit] = pos;
+  if (split_reference) {  // collective over the first tensor-parallel group
+    MPI_CHECK(MPI_Comm_dup(tp_mpi_, &r.tp_mpi));
+    r.tp_comm = r.b->make_comm(r.tp_mpi);
+    r.tp_comm->set_axis(Axis::Tensor);
+    const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
+    r.make(r.split, cfg, P, scale, group);
+    if (P != DType::F32) r.make(r.split32, cfg, DType::F32, scale, group);
+  }
+  if (rank_ != 0) return;
+  // Without tensor parallelism the full model is the reference (the run's dtype); with it,
+  // the full model checks the split, in fp32 (the split's math does not depend on the type).
+  r.make(r.full, cfg, tensor_parallel ? DType::F32 : P, scale, {});
+  for (const UnitSpec& unit : full_units_) {
+    r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
+    r.m.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
+    r.v.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
+    r.b->fill(r.m.back(), 0.f, unit.numel);
+    r.b->fill(r.v.back(), 0.f, unit.numel);
   }
   // 1. The initial weights.
-  for (size_t k = 0; k < units.size(); ++k) {
-    init_unit_params(*r.b, units[k], int(k), cfg.strategy.seed, r.f32, 0, units[k].numel);
-    std::vector<float> init(units[k].numel);
+  for (size_t k = 0; k < full_units_.size(); ++k) {
+    init_unit_params(*r.b, full_units_[k], int(k), cfg.strategy.seed, r.f32, 0, full_units_[k].numel);
+    std::vector<float> init(full_units_[k].numel);
     r.b->download(init.data(), r.f32, init.size() * 4);
-    if (init != weights_[k]) fail(0, "unit " + units[k].name + ": initial weights differ from the seeded initialisation");
+    if (init != weights_[k])
+      fail(0, "unit " + full_units_[k].name + ": initial weights differ from the seeded initialisation");
   }
 }
 
 StepCheck::~StepCheck() {
   if (!ref_) return;
   Reference& r = *ref_;
-  r.model.reset();
-  for (size_t k = 0; k < r.params.size(); ++k)
-    for (void* q : {r.params[k].ptr, r.grads[k].ptr, (void*)r.p[k], (void*)r.m[k], (void*)r.v[k]}) r.b->release(q);
+  for (RefModel* m : {&r.full, &r.split, &r.split32}) r.release(*m);
+  for (size_t k = 0; k < r.p.size(); ++k)
+    for (void* q : {(void*)r.p[k], (void*)r.m[k], (void*)r.v[k]}) r.b->release(q);
   r.b->release(r.reduce_buf.ptr);
   r.b->release(r.f32);
+  r.tp_comm.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && r.tp_mpi != MPI_COMM_NULL) MPI_Comm_free(&r.tp_mpi);
+}
+
+// Unit u of the full model from every tensor-parallel rank's part (`mine` is this rank's);
+// collective over the tensor-parallel group. `replicas_differ` is set when a replicated
+// tensor (a norm) is not the same on every rank of the group.
+std::vector<float> StepCheck::assemble(int u, const std::vector<float>& mine, bool& replicas_differ) {
+  const int T = layout_.tp;
+  if (T == 1) return mine;
+  const int64_t n = int64_t(mine.size());
+  std::vector<float> all(size_t(n) * T), full(full_units_[u].numel);
+  MPI_CHECK(MPI_Allgather(mine.data(), int(n), MPI_FLOAT, all.data(), int(n), MPI_FLOAT, tp_mpi_));
+  for (int t = 0; t < T; ++t) {
+    const UnitSpec& part = split_units_[t][u];
+    place_in_full_unit(part, full_units_[u], all.data() + t * n, full.data());
+    for (const TensorSpec& ts : part.tensors)
+      if (!ts.split() && t > 0)
+        replicas_differ |= !std::equal(all.data() + ts.offset, all.data() + ts.offset + ts.numel(),
+                                       all.data() + t * n + ts.offset);
+  }
+  return full;
 }
 
 std::vector<std::vector<float>> StepCheck::gather_weights() {
   std::vector<std::vector<float>> w;
-  for (size_t k = 0; k < run_.model().units().size(); ++k) w.push_back(run_.gather_unit(int(k)));
-  // 4. Replicas (and the ranks of a shard group) hold the same weights, bit for bit.
+  bool differ = false;
+  for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(assemble(int(k), run_.gather_unit(int(k)), differ));
+  // 4. Replicas (and the ranks of a shard group) hold the same weights, bit for bit; so do the
+  // ranks of a tensor-parallel group in the tensors none of them splits.
   uint64_t h = fnv1a(w), lo = h, hi = h;
+  int split_differ = differ;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &split_differ, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (lo != hi) fail(steps_, "the ranks' copies of the weights differ (a replica or shard went its own way)");
+  if (split_differ) fail(steps_, "a replicated tensor differs between the ranks of a tensor-parallel group");
   return w;
 }
 
@@ -150,71 +265,145 @@ void StepCheck::before_step(int step) { scale_ = run_.loss_scale(); }
 void StepCheck::after_step(int step, bool skipped) {
   steps_ = step;
   std::vector<std::vector<float>> grads;
-  for (size_t k = 0; k < run_.model().units().size(); ++k) grads.push_back(run_.gather_unit_grad(int(k)));
+  bool differ = false;  // the reduced gradients of the replicated tensors: caught with the weights
+  for (size_t k = 0; k < full_units_.size(); ++k)
+    grads.push_back(assemble(int(k), run_.gather_unit_grad(int(k)), differ));
   std::vector<std::vector<float>> next = gather_weights();
-  if (rank_ == 0) {
-    check_gradients(step, grads, skipped);
-    check_update(step, grads, next, skipped);
+  if (ref_) {
+    const MicroBatchSums sums = reference_gradients(step);
+    if (rank_ == 0) {
+      check_gradients(step, grads, sums, skipped);
+      check_update(step, grads, next, skipped);
+    }
   }
   weights_ = std::move(next);
 }
 
-// 2. The reduced gradients against the exact sum of the micro-batch gradients.
-void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>& grads, bool skipped) {
+// 2. The micro-batch gradients of every data-parallel rank at the run's weights, summed
+// exactly on rank 0: from the split reference when the run is tensor-parallel (collective
+// over the first tensor-parallel group), else from the full model. Under tensor parallelism
+// rank 0 also sums the fp32 split's and the fp32 full model's, and compares them.
+StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   Reference& r = *ref_;
-  const DType P = cfg_.strategy.param_dtype, R = cfg_.strategy.reduce_dtype;
-  const auto& units = r.model->units();
-  const auto& stages = r.model->stages();
-  const int S = int(stages.size());
-  for (size_t k = 0; k < units.size(); ++k) {
-    r.b->upload(r.f32, weights_[k].data(), weights_[k].size() * 4);
-    r.b->cast(r.params[k], r.f32, units[k].numel);
-  }
-  std::vector<std::vector<double>> sum(units.size()), abs_sum(units.size());
-  for (size_t k = 0; k < units.size(); ++k) {
-    sum[k].assign(units[k].numel, 0.0);
-    abs_sum[k].assign(units[k].numel, 0.0);
-  }
-  const float base = float(1.0 / (double(world_) * cfg_.shape.batch * cfg_.shape.dec_len));
-  r.model->set_grad_scale(base * scale_);
-  bool micro_nonfinite = false;
-  std::vector<float> g;
-  for (int rank = 0; rank < world_; ++rank) {
-    r.model->set_tokens(make_tokens(cfg_.strategy.seed, step, int64_t(rank) * cfg_.shape.batch, cfg_.shape,
-                                    cfg_.model.vocab));
-    for (int pos = 0; pos < S; ++pos) r.model->forward(pos, r.params[stages[pos].unit]);
-    for (int pos = 0; pos < S; ++pos) {
-      const int k = stages[S - 1 - pos].unit;
-      if (r.first_backward[k] == pos) r.b->fill(r.grads[k], 0.f, units[k].numel);
-      r.model->backward(S - 1 - pos, r.params[k], r.grads[k]);
-    }
-    for (size_t k = 0; k < units.size(); ++k) {
-      const int64_t numel = units[k].numel;
-      CBuf reduced = r.grads[k];
-      if (R != P) {  // the run rounds each rank's gradient into R before reducing
-        r.b->cast(r.reduce_buf, r.grads[k], numel);
-        reduced = r.reduce_buf;
+  const DType R = cfg_.strategy.reduce_dtype;
+  const size_t U = full_units_.size();
+  const int T = layout_.tp;
+  const float scale = float(1.0 / (double(layout_.dp()) * cfg_.shape.batch * cfg_.shape.dec_len)) * scale_;
+  // Unit k's gradient of `m` summed over its tensor-parallel ranks' parts (rank 0; -R: as
+  // the run reduces it), added into sum (and |.| into abs).
+  auto accumulate = [&](RefModel& m, DType round_to, std::vector<std::vector<double>>& sum,
+                        std::vector<std::vector<double>>* abs, bool& nonfinite) {
+    const bool split = m.step->tensor_group().size > 1;
+    for (size_t k = 0; k < U; ++k) {
+      const int64_t numel = m.step->units()[k].numel;
+      std::vector<float> g = reduced_on_host(*r.b, m.grads[k], numel, round_to, r.reduce_buf, r.f32);
+      if (split) {
+        std::vector<float> all(rank_ == 0 ? size_t(numel) * T : 0);
+        MPI_CHECK(MPI_Gather(g.data(), int(numel), MPI_FLOAT, all.data(), int(numel), MPI_FLOAT, 0, r.tp_mpi));
+        if (rank_ != 0) continue;
+        g.assign(full_units_[k].numel, 0.f);
+        for (int t = 0; t < T; ++t) place_in_full_unit(split_units_[t][k], full_units_[k], all.data() + t * numel, g.data());
       }
-      r.b->cast(r.f32, reduced, numel);
-      g.resize(numel);
-      r.b->download(g.data(), r.f32, numel * 4);
-      for (int64_t i = 0; i < numel; ++i) {
-        micro_nonfinite |= !std::isfinite(g[i]);
+      if (sum[k].empty()) sum[k].assign(g.size(), 0.0);
+      if (abs && (*abs)[k].empty()) (*abs)[k].assign(g.size(), 0.0);
+      for (size_t i = 0; i < g.size(); ++i) {
+        nonfinite |= !std::isfinite(g[i]);
         sum[k][i] += g[i];
-        abs_sum[k][i] += std::fabs(g[i]);
+        if (abs) (*abs)[k][i] += std::fabs(g[i]);
+      }
+    }
+  };
+  std::vector<RefModel*> models;
+  for (RefModel* m : {&r.split, &r.split32, &r.full})
+    if (m->step) {
+      m->step->set_grad_scale(scale);
+      for (size_t k = 0; k < U; ++k) {
+        const UnitSpec& part = m->step->units()[k];
+        const std::vector<float> w =
+            part.numel == full_units_[k].numel ? weights_[k] : take_from_full_unit(part, full_units_[k], weights_[k]);
+        r.b->upload(r.f32, w.data(), w.size() * 4);
+        r.b->cast(m->params[k], r.f32, part.numel);
+      }
+      models.push_back(m);
+    }
+  MicroBatchSums sums;
+  sums.sum.resize(U), sums.abs_sum.resize(U);
+  std::vector<std::vector<double>> split32(U), full32(U);  // the split's own check
+  std::vector<double> split32_loss, full32_loss;
+  bool ignored = false;
+  for (int dp_rank = 0; dp_rank < layout_.dp(); ++dp_rank) {
+    const Tokens tokens =
+        make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
+    for (RefModel* m : models) {
+      forward_backward(*r.b, *m, tokens);
+      if (m == &r.split || (m == &r.full && T == 1)) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+      if (m == &r.split32 || (m == &r.split && !r.split32.step)) {
+        accumulate(*m, DType::F32, split32, nullptr, ignored);
+        split32_loss.push_back(m->step->loss_sum());
+      }
+      if (m == &r.full && T > 1) {
+        accumulate(*m, DType::F32, full32, nullptr, ignored);
+        full32_loss.push_back(m->step->loss_sum());
       }
     }
   }
+  if (rank_ == 0 && T > 1) check_split(step, split32, full32, split32_loss, full32_loss);
+  return sums;
+}
+
+// The split model against the full one, both in fp32: each micro-batch's loss within
+// kSplitLoss (relative), and each tensor of the summed gradient within kSplitGradient of the
+// full model's in norm (relative). docs/reliability.md says why these are not derived bounds.
+void StepCheck::check_split(int step, const std::vector<std::vector<double>>& split,
+                            const std::vector<std::vector<double>>& full, const std::vector<double>& split_loss,
+                            const std::vector<double>& full_loss) {
+  for (size_t i = 0; i < split_loss.size(); ++i) {
+    const double rel = std::fabs(split_loss[i] - full_loss[i]) / std::max(std::fabs(full_loss[i]), 1e-30);
+    worst_split_loss_ = std::max(worst_split_loss_, rel);
+    if (!(rel <= kSplitLoss)) {
+      char text[256];
+      std::snprintf(text, sizeof text,
+                    "data-parallel rank %zu's micro-batch: the tensor-parallel loss %.9g differs from the full "
+                    "model's %.9g by %.3g (relative; allowed %g)",
+                    i, split_loss[i], full_loss[i], rel, kSplitLoss);
+      fail(step, text);
+    }
+  }
+  for (size_t k = 0; k < full_units_.size(); ++k)
+    for (const TensorSpec& t : full_units_[k].tensors) {
+      double diff = 0, norm = 0;
+      for (int64_t i = t.offset; i < t.offset + t.numel(); ++i) {
+        diff += (split[k][i] - full[k][i]) * (split[k][i] - full[k][i]);
+        norm += full[k][i] * full[k][i];
+      }
+      const double rel = norm > 0 ? std::sqrt(diff / norm) : diff > 0 ? HUGE_VAL : 0.0;
+      worst_split_ = std::max(worst_split_, rel);
+      if (!(rel <= kSplitGradient)) {
+        char text[256];
+        std::snprintf(text, sizeof text,
+                      "unit %s tensor %s: the tensor-parallel gradient differs from the full model's by %.3g of "
+                      "its norm (allowed %g)",
+                      full_units_[k].name.c_str(), t.name.c_str(), rel, kSplitGradient);
+        fail(step, text);
+      }
+    }
+}
+
+void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
+                                bool skipped) {
+  const DType R = cfg_.strategy.reduce_dtype;
+  const auto& units = full_units_;
+  const int n = layout_.dp();
   // The loss scaler's verdict: overflow is certain when a micro-batch gradient is not finite
   // or an exact sum exceeds R's range; impossible when even Σ|g| (which bounds every
   // partial sum) fits with room for the rounding; either in between.
   const double top = largest_finite(R);
-  bool must_skip = micro_nonfinite, may_skip = micro_nonfinite, run_nonfinite = false;
+  bool must_skip = ref.micro_nonfinite, may_skip = ref.micro_nonfinite, run_nonfinite = false;
   for (size_t k = 0; k < units.size(); ++k)
     for (size_t i = 0; i < grads[k].size(); ++i) {
       run_nonfinite |= !std::isfinite(grads[k][i]);
-      must_skip |= std::fabs(sum[k][i]) > top * (1 + gamma_);
-      may_skip |= abs_sum[k][i] * (1 + gamma_) >= top;
+      must_skip |= std::fabs(ref.sum[k][i]) > top * (1 + gamma_);
+      may_skip |= ref.abs_sum[k][i] * (1 + gamma_) >= top;
     }
   if (skipped != run_nonfinite) fail(step, skipped ? "the update was skipped although the gradients are finite"
                                                    : "the gradients are not finite but the update was not skipped");
@@ -225,8 +414,8 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
   for (size_t k = 0; k < units.size(); ++k)
     for (size_t i = 0; i < grads[k].size(); ++i) {
       // (+ the double sum's own rounding, n·2^-53·Σ|g|, for rigour)
-      const double bound = (gamma_ + world_ * std::ldexp(1.0, -53)) * abs_sum[k][i] + eta_;
-      const double err = std::fabs(double(grads[k][i]) - sum[k][i]);
+      const double bound = (gamma_ + n * std::ldexp(1.0, -53)) * ref.abs_sum[k][i] + eta_;
+      const double err = std::fabs(double(grads[k][i]) - ref.sum[k][i]);
       const double ratio = err == 0 ? 0.0 : bound == 0 ? std::numeric_limits<double>::infinity() : err / bound;
       if (!(ratio <= worst_ratio_)) {
         worst_ratio_ = std::isnan(ratio) ? std::numeric_limits<double>::infinity() : ratio;
@@ -235,20 +424,19 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
           std::snprintf(text, sizeof text,
                         "unit %s element %zu: reduced gradient %.9g, reference %.9g, allowed difference %.3g "
                         "(error %.3g x the rounding bound)",
-                        units[k].name.c_str(), i, double(grads[k][i]), sum[k][i], bound * tol, ratio);
+                        units[k].name.c_str(), i, double(grads[k][i]), ref.sum[k][i], bound * tol, ratio);
           fail(step, text);
         }
       }
-      undetermined_ += std::fabs(sum[k][i]) <= bound && sum[k][i] != 0;
+      undetermined_ += std::fabs(ref.sum[k][i]) <= bound && ref.sum[k][i] != 0;
       checked_ += 1;
     }
 }
-
 // 3. Adam on the run's gradients at the run's weights gives the run's next weights.
 void StepCheck::check_update(int step, const std::vector<std::vector<float>>& grads,
                              const std::vector<std::vector<float>>& next, bool skipped) {
   Reference& r = *ref_;
-  const auto& units = r.model->units();
+  const auto& units = full_units_;
   AdamConfig adam = cfg_.strategy.adam;
   adam.grad_unscale = 1.f / scale_;
   std::vector<float> expect;
@@ -292,8 +480,13 @@ bool StepCheck::finish(double& worst_ratio) {
         "check: %d steps against a single-rank reference (%d micro-batches per step on 1 rank): gradients "
         "within %.3g x their rounding bound (allowed %.3g; %lld of %lld gradients are below their bound, where "
         "Adam's sign is set by rounding), Adam updates within %.3g, replicas identical -> %s\n",
-        steps_, world_, worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,
+        steps_, layout_.dp(), worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,
         max_update_diff_, ok ? "PASS" : "FAIL");
+    if (layout_.tp > 1)
+      std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in fp32, "
+                  "micro-batch losses within %.3g (allowed %g) and gradients within %.3g of their norm, tensor by "
+                  "tensor (allowed %g), relative\n",
+                  layout_.tp - 1, worst_split_loss_, kSplitLoss, worst_split_, kSplitGradient);
     if (!ok) std::printf("check: first failure: %s\n", failure_.c_str());
     std::fflush(stdout);
   }

@@ -26,7 +26,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
-  int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0;
+  int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1;
   int64_t fsdp_version = cfg.strategy.fsdp_version;
   double lr = cfg.strategy.adam.lr;
   uint64_t seed = 1234;
@@ -43,7 +43,11 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   auto* o_h = num.integer("--heads", heads, 1, kIntMax, "override attention heads");
   auto* o_kv = num.integer("--d-kv", d_kv, 1, kIntMax, "override d_kv (head width)");
   auto* o_v = num.integer("--vocab", vocab, 1, kIntMax, "override vocabulary size");
-  num.integer("--batch", batch, 1, kIntMax, "sequences per rank");
+  num.integer("--tp", tp, 1, kIntMax,
+              "tensor-parallel group size: Megatron-LM splits of every layer over groups of this many "
+              "consecutive ranks; the strategy's data parallelism runs over world / tp ranks (heads, d_ff "
+              "and vocab must divide by it)");
+  num.integer("--batch", batch, 1, kIntMax, "sequences per data-parallel rank (a tensor-parallel group shares them)");
   num.integer("--seq-len", seq_len, 1, kIntMax, "encoder tokens per sequence");
   num.integer("--dec-seq-len", dec_len, 1, kIntMax, "decoder tokens per sequence (default: --seq-len)");
   num.integer("--steps", steps, 1, kIntMax, "timed steps");
@@ -124,6 +128,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
       cfg.model.name = model + "*";  // an overridden preset is another model
     }
   validate(cfg.model);
+  check_tensor_parallel(cfg.model, int(tp));
 
   if (dec_len == 0) dec_len = seq_len;
   // Token counts per rank are GEMM row counts (int): refuse what would wrap.
@@ -156,6 +161,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.warmup = int(warmup);
   cfg.plan_world = int(world);
   cfg.strategy.kind = kind;
+  cfg.strategy.tp = int(tp);
   cfg.strategy.seed = seed;
   cfg.strategy.adam.lr = float(lr);
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");

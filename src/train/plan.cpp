@@ -59,7 +59,7 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
 }
 
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
-  const double psi = double(param_count(cfg.model));
+  const double psi = double(param_count_per_rank(cfg.model, plan.layout.tp));  // a tensor-parallel rank's part
   const int n = plan.layout.shard;  // ZeRO's data-parallel degree for the sharded states
   // Model states per parameter: 4 bytes of fp32 master parameters and 8 of Adam moments,
   // sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
@@ -94,8 +94,8 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                             : ("DOES NOT FIT: short by " + human_bytes(double(plan.peak_total - plan.limit)))
                                   .c_str());
   o << line;
-  const double model = model_flops_per_step(cfg.model, cfg.shape);
-  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing);
+  const double model = model_flops_per_step(cfg.model, cfg.shape, plan.layout.tp);
+  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, plan.layout.tp);
   std::snprintf(line, sizeof line,
                 "FLOPs per rank per step: model %.4g (3 x forward), hardware %.4g, issued by the schedule %.4g\n",
                 model, hw, plan.counted_flops);
@@ -107,18 +107,29 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
   const ModelSpec& m = cfg.model;
-  std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-1\",\n");
+  std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-2\",\n");
   std::fprintf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
                cfg.strategy.label().c_str(), m.name.c_str());
   std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
                "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
                p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
                (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing));
+  // The mesh as rank 0 sees it: each axis's size and the ranks of rank 0's group along it
+  // (the rank order is the programs' own), so readers need not re-derive groups.
+  std::fprintf(f, "  \"tp_size\": %d, \"dp_size\": %d, \"pp_size\": %d, \"replicas\": %d,\n  \"axes\": {",
+               p.layout.tp, p.layout.dp(), p.layout.pp, p.layout.replicate);
+  for (int a = 0; a < kAxes; ++a) {
+    std::fprintf(f, "%s\"%s\": {\"size\": %d, \"ranks\": [", a ? ", " : "", axis_name(Axis(a)), p.layout.size(Axis(a)));
+    const std::vector<int> ranks = p.layout.group(Axis(a));
+    for (size_t i = 0; i < ranks.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", ranks[i]);
+    std::fprintf(f, "]}");
+  }
+  std::fprintf(f, "},\n");
   std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\",\n", precision_name(cfg.strategy.param_dtype),
                precision_name(cfg.strategy.reduce_dtype));
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
-               (long long)param_count(m), model_flops_per_step(m, cfg.shape),
-               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing));
+               (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp),
+               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp));
   std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
@@ -127,15 +138,18 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
   std::fprintf(f, "],\n  \"phase_names\": [");
   for (int k = 0; k < int(Phase::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
-  // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch] (the GEMM shape
-  // costs a GEMM by its shape class in the projection; zeros for other ops).
+  std::fprintf(f, "],\n  \"axis_names\": [");
+  for (int a = 0; a < kAxes; ++a) std::fprintf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
+  // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch, axis, ranks,
+  // sent_bytes] (the GEMM shape costs a GEMM by its shape class in the projection; zeros for
+  // other ops; a collective's axis (-1 for none), ranks and the bytes rank 0 sends in it).
   std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
-               "\"k\", \"batch\"],\n  \"ops\": [\n");
+               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\"],\n  \"ops\": [\n");
   for (size_t i = 0; i < p.schedule.size(); ++i) {
     const OpEvent& e = p.schedule[i];
-    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d]%s\n", int(e.kind), int(e.phase), e.unit,
-                 (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3],
-                 i + 1 < p.schedule.size() ? "," : "");
+    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld]%s\n", int(e.kind), int(e.phase),
+                 e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3],
+                 e.axis, e.ranks, (long long)bytes_sent(e), i + 1 < p.schedule.size() ? "," : "");
   }
   std::fprintf(f, "  ]\n}\n");
   if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");

@@ -31,7 +31,7 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"vocab", std::to_string(m.vocab)},
       {"world / shard group / replicas", std::to_string(world) + " / " + std::to_string(layout.shard) + " / " +
                                              std::to_string(layout.replicate)},
-      {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * world)},
+      {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * layout.dp())},
       {"seq len enc / dec", std::to_string(c.shape.enc_len) + " / " + std::to_string(c.shape.dec_len)},
       {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
       {"backend / dtype / reduce", c.backend + (c.backend == "cuda" ? std::string("+") + comm_library_name(c.comm) : "") +
@@ -42,6 +42,11 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"attention", attention_impl_name(c.strategy.attention)},
       {"seed", std::to_string(c.strategy.seed)},
   };
+  if (layout.tp > 1) {  // after the world's row: the ranks a model copy spans
+    rows.insert(rows.begin() + 8, {"tensor parallel / data parallel", std::to_string(layout.tp) + " / " +
+                                                                          std::to_string(layout.dp())});
+    rows[3].second += " (" + with_commas(param_count_per_rank(m, layout.tp)) + " per rank)";
+  }
   if (c.strategy.kind == StrategyKind::DDP) {
     rows.push_back({"bucket cap", std::to_string(c.strategy.bucket_mb) + " MiB (first 1 MiB)"});
   } else {
@@ -126,6 +131,9 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::str("sharding", c.strategy.kind == StrategyKind::DDP ? "replicate" : sharding_name(c.strategy.sharding)),
       Attr::integer("shard_size", layout.shard),
       Attr::integer("replicas", layout.replicate),
+      Attr::integer("tp_size", layout.tp),
+      Attr::integer("pp_size", layout.pp),
+      Attr::integer("dp_size", layout.dp()),
       Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
       Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
       Attr::integer("fsdp_version", c.strategy.kind == StrategyKind::DDP ? 0 : c.strategy.fsdp_version),
@@ -142,11 +150,12 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("num_buckets", m.num_buckets),
       Attr::integer("max_distance", m.max_distance),
       Attr::integer("param_count", param_count(m)),
+      Attr::integer("param_count_per_rank", param_count_per_rank(m, layout.tp)),
       Attr::integer("world_size", world),
       Attr::integer("ranks_per_node", rpn),
       Attr::integer("nodes", count_nodes()),
       Attr::integer("batch_per_rank", c.shape.batch),
-      Attr::integer("global_batch", c.shape.batch * world),
+      Attr::integer("global_batch", c.shape.batch * layout.dp()),
       Attr::integer("enc_seq_len", c.shape.enc_len),
       Attr::integer("dec_seq_len", c.shape.dec_len),
       Attr::str("dtype", precision_name(c.strategy.param_dtype)),
@@ -160,8 +169,9 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("warmup", c.warmup),
       Attr::integer("seed", int64_t(c.strategy.seed)),
       Attr::num("lr", c.strategy.adam.lr),
-      Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape)),
-      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing)),
+      // One rank's share (1/tp of a data-parallel rank's under tensor parallelism).
+      Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape, layout.tp)),
+      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing, layout.tp)),
       Attr::str("status", status),
       Attr::str("start_time", iso_time(start)),
       Attr::str("end_time", iso_time(end)),
@@ -170,6 +180,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
 
 std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
   std::vector<Attr> a = {Attr::integer("world_size", p.layout.world), Attr::integer("shard_size", p.layout.shard),
+                         Attr::integer("tp_size", p.layout.tp),
                          Attr::integer("peak_total", p.peak_total), Attr::integer("limit", p.limit),
                          Attr::integer("fits", p.fits()), Attr::num("counted_gemm_flops", p.counted_flops)};
   for (int c = 0; c < kMemCategories; ++c) {

@@ -151,6 +151,7 @@ class TrainingRun {
       return plan.fits() ? kExitOk : kExitOutOfMemory;
     }
     trace_.host = hostname();
+    trace_.layout = layout_;
     trace_.provenance = collect_provenance(cfg_.argv);
     trace_.plan = plan_attrs(cfg_, plan);
     if (!plan.fits()) return record_out_of_memory(plan);
@@ -218,23 +219,25 @@ class TrainingRun {
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());
     strategy_ = make_strategy(cfg_.strategy, cfg_.model, *backend_, mesh_, cfg_.shape);
-    if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, rank_, world_);
+    if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, mesh_);
   }
 
   // Warm-up and timed steps: each between barriers, its figures reduced across ranks, one
   // line on rank 0, one row per rank in the result.
   void train_steps() {
     const RunConfig& cfg = cfg_;
-    const double model_flops = model_flops_per_step(cfg.model, cfg.shape);
-    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing);
-    const double global_tokens = double(cfg.shape.batch) * world_ * cfg.shape.dec_len;
-    const double tokens_per_step = double(cfg.shape.batch) * world_ * (cfg.shape.enc_len + cfg.shape.dec_len);
+    const int tp = layout_.tp, dp = layout_.dp();
+    const double model_flops = model_flops_per_step(cfg.model, cfg.shape, tp);  // this rank's share
+    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, tp);
+    const double global_tokens = double(cfg.shape.batch) * dp * cfg.shape.dec_len;
+    const double tokens_per_step = double(cfg.shape.batch) * dp * (cfg.shape.enc_len + cfg.shape.dec_len);
     Backend& backend = *backend_;
     out_("%-6s %-10s %12s %12s %14s %13s %12s\n", "step", "loss", "time ms", "TFLOPS/rank", "tokens/s",
          "exposed ms", "peak mem");
     for (int s = 1; s <= cfg.warmup + cfg.steps; ++s) {
-      const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(rank_) * cfg.shape.batch, cfg.shape,
-                                        cfg.model.vocab);
+      // The data-parallel rank's slice of the global batch (a tensor-parallel group shares it).
+      const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(layout_.dp_rank()) * cfg.shape.batch,
+                                        cfg.shape, cfg.model.vocab);
       if (check_) check_->before_step(s);
       watchdog_->progress(s, "barrier before the step");
       MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
@@ -248,7 +251,8 @@ class TrainingRun {
       backend.synchronize();
       const StepStats st = recorder_->end_step(backend.now(), backend.mem_peak_total());
       watchdog_->progress(s, "reduction of the step's figures across ranks");
-      const GlobalStep g = reduce_step(st, loss_sum, global_tokens, world_);
+      // Every rank of a tensor-parallel group has the group's loss: counted once.
+      const GlobalStep g = reduce_step(st, layout_.tp_rank() == 0 ? loss_sum : 0.0, global_tokens, world_);
       if (!std::isfinite(g.loss) && first_nonfinite_ == 0) first_nonfinite_ = s;
       watchdog_->progress(s, "--check");
       if (check_) check_->after_step(s, skipped);  // outside the timed region
@@ -285,9 +289,9 @@ class TrainingRun {
     Summary s;
     s.steps = cfg_.steps;
     s.step_time = med(&GlobalStep::time);
-    s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape);
-    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing);
-    s.tokens = double(cfg_.shape.batch) * world_ * (cfg_.shape.enc_len + cfg_.shape.dec_len);
+    s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape, layout_.tp);
+    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing, layout_.tp);
+    s.tokens = double(cfg_.shape.batch) * layout_.dp() * (cfg_.shape.enc_len + cfg_.shape.dec_len);
     s.compute = med(&GlobalStep::compute);
     s.gemm = med(&GlobalStep::gemm);
     s.gemm_rate = med(&GlobalStep::gemm_flops) / s.gemm;

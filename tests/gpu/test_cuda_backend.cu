@@ -25,7 +25,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/backend/comm_staging.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/model/model.h"
 #include "shardbench/core/rng.h"
 #include "shardbench/strategy/strategy.h"

@@ -94,6 +94,7 @@ struct OpEvent {
   int64_t request = -1;  // collectives and waits: the request, so a schedule can be replayed
   int32_t ranks = 0;     // collectives: ranks of the communicator
   int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
+  int32_t axis = -1;     // collectives: the mesh axis of the communicator (Axis), -1 for none
 };
 
 // Receives every operation and memory change of the backend, in completion order.
@@ -104,12 +105,24 @@ class Recorder {
   virtual void on_memory(double t, const MemBytes& current) = 0;
 };
 
+// The axes of the parallel layout (backend/layout.h), in rank order from outermost to
+// innermost; a communicator made for one of them knows it, and so does every collective
+// recorded on it. The numbers are the HDF5 files' codes: append only.
+enum class Axis : int { Pipeline, Replicate, Shard, Tensor, kCount };
+constexpr int kAxes = int(Axis::kCount);
+const char* axis_name(Axis a);  // pp, dp_replicate, dp_shard, tp
+
 // A communicator of the backend (an MPI communicator on CPU, an NCCL one on GPU).
 class Comm {
  public:
   virtual ~Comm() = default;
   virtual int size() const = 0;
   virtual int rank() const = 0;
+  int axis() const { return axis_; }  // an Axis, or -1 when the communicator is no mesh axis
+  void set_axis(Axis a) { axis_ = int(a); }
+
+ private:
+  int axis_ = -1;
 };
 
 using Request = int64_t;  // handle of an outstanding collective
@@ -274,8 +287,9 @@ class Backend {
                             int lda, int64_t stride_a, CBuf B, int ldb, int64_t stride_b, float beta,
                             Buf C, int ldc, int64_t stride_c, int batch) = 0;
   // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
+  // An id of -1 (a token another tensor-parallel rank's rows hold) gives a zero row.
   virtual void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) = 0;
-  // dtable[ids[i],:] += dout[i,:]
+  // dtable[ids[i],:] += dout[i,:]; ids of -1 add nothing
   virtual void embedding_backward(Buf dtable, CBuf dout, const int* ids, int n, int d) = 0;
   // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)     x, out [n,d]
   virtual void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) = 0;
@@ -326,6 +340,19 @@ class Backend {
   // overwritten by their gradient (softmax − onehot) · grad_scale.        logits [n,V]
   virtual void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab,
                              float grad_scale) = 0;
+  // Vocabulary-parallel softmax cross-entropy (Megatron-LM's), for a tensor-parallel rank
+  // whose logits [n, vocab] are its `vocab` consecutive columns of the vocabulary; labels[i]
+  // is the label's column among them, or -1 where another rank holds it. Between the calls
+  // the group all-reduces row_max (max) and sums (sum), so no rank gathers the logits.
+  // row_max[i] = max_j logits[i, j]                                          (fp32)
+  virtual void cross_entropy_max(CBuf logits, float* row_max, int n, int vocab) = 0;
+  // sums[i] = Σ_j exp(logits[i, j] − row_max[i]); sums[n + i] = logits[i, labels[i]], 0 at -1
+  virtual void cross_entropy_sums(CBuf logits, const float* row_max, const int* labels, float* sums, int n,
+                                  int vocab) = 0;
+  // losses[i] = log(sums[i]) + row_max[i] − sums[n + i]; logits := (exp(logits − row_max) /
+  // sums − onehot) · grad_scale
+  virtual void cross_entropy_finish(Buf logits, float* losses, const float* row_max, const float* sums,
+                                    const int* labels, int n, int vocab, float grad_scale) = 0;
   // Whether every element is finite (no inf, no NaN). Returns to the host: on a GPU a
   // synchronisation, once per step with dynamic loss scaling (as PyTorch's GradScaler).
   virtual bool all_finite(CBuf x, int64_t n) = 0;
@@ -382,7 +409,7 @@ class Backend {
   std::vector<void*> tracked() const;  // what is still allocated (for destructors)
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
               const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
-              int64_t after = -1);
+              int64_t after = -1, int axis = -1);
   Recorder* recorder_ = nullptr;
   bool blocking_when_waited_ = true;
 

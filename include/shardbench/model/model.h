@@ -35,13 +35,27 @@ const char* unit_kind_name(UnitKind k);
 
 enum class InitKind { Ones, Uniform };
 
+// The part of the model one rank of a tensor-parallel group holds (Shoeybi et al. 2019,
+// Megatron-LM §3): attention q, k, v split by heads (rows) and o by its input (columns);
+// the feed-forward wi split by rows and wo by columns; the relative position bias by heads;
+// the embedding (and the LM head it is tied to) by vocabulary rows; norms replicated.
+struct TensorSplit {
+  int size = 1, rank = 0;
+};
+
 struct TensorSpec {
   std::string name;
-  int64_t rows = 0, cols = 0;  // a Linear weight is [out, in]: y = x W^T
+  int64_t rows = 0, cols = 0;  // a Linear weight is [out, in]: y = x W^T (this rank's block)
   int64_t offset = 0;          // elements from the start of the unit's flat parameter
   InitKind init = InitKind::Uniform;
   float init_scale = 0.f;      // half-width of the uniform init
+  // Where the block sits in the full tensor [full_rows, full_cols]: rows row_begin.. and
+  // columns col_begin.. (the whole tensor when it is not split).
+  int64_t full_rows = 0, full_cols = 0, row_begin = 0, col_begin = 0;
   int64_t numel() const { return rows * cols; }
+  bool split() const { return rows != full_rows || cols != full_cols; }
+  // Element (r, c) of the block as an index of the full tensor.
+  int64_t full_index(int64_t r, int64_t c) const { return (row_begin + r) * full_cols + col_begin + c; }
 };
 
 // One FSDP unit: one flat parameter. Unit 0 is the root (shared embedding, both final
@@ -55,10 +69,22 @@ struct UnitSpec {
   const TensorSpec& tensor(const std::string& name) const;
 };
 
-std::vector<UnitSpec> model_units(const ModelSpec& spec);
+// The units as rank `tp.rank` of a tensor-parallel group of `tp.size` holds them (the whole
+// model by default). Unit and tensor order do not depend on the split.
+std::vector<UnitSpec> model_units(const ModelSpec& spec, TensorSplit tp = {});
 
 // THE parameter count: sum of every unit's numel (agrees with Hugging Face's T5).
 int64_t param_count(const ModelSpec& spec);
+// Parameters one rank of a tensor-parallel group of `tp` holds (the replicated norms whole).
+int64_t param_count_per_rank(const ModelSpec& spec, int tp);
+
+// Throws UsageError unless `tp` >= 1 divides the heads, d_ff and vocab (the split
+// dimensions), naming the first that does not and its divisors.
+void check_tensor_parallel(const ModelSpec& spec, int tp);
+
+// Copies a rank's unit (`local`, laid out as model_units(spec, {tp, r}) describes it) into
+// the full unit's flat layout `full` (model_units(spec)): every element to its place.
+void place_in_full_unit(const UnitSpec& local, const UnitSpec& full, const float* local_flat, float* full_flat);
 
 // Shapes of one training step on one rank.
 struct StepShape {
@@ -68,14 +94,16 @@ struct StepShape {
 };
 
 // Matmul FLOPs (2·m·n·k each) of one forward pass, attention scores/context and LM head
-// included. Per stage kind so the schedule and the tests can check each stage.
-double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x);
-double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x);
-double forward_flops_head(const ModelSpec& s, const StepShape& x);
-double forward_flops(const ModelSpec& s, const StepShape& x);
+// included. Per stage kind so the schedule and the tests can check each stage. With `tp`,
+// one rank's share of a tensor-parallel group of tp: every matmul is split (heads, d_ff
+// or vocabulary), so each rank runs 1/tp of the FLOPs; nothing replicated is a matmul.
+double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x, int tp = 1);
+double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x, int tp = 1);
+double forward_flops_head(const ModelSpec& s, const StepShape& x, int tp = 1);
+double forward_flops(const ModelSpec& s, const StepShape& x, int tp = 1);
 // Model FLOPs of a training step = 3 × forward. Hardware FLOPs add the recomputed block
 // forwards when activation checkpointing is on.
-double model_flops_per_step(const ModelSpec& s, const StepShape& x);
-double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing);
+double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp = 1);
+double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp = 1);
 
 }  // namespace sb

@@ -55,6 +55,17 @@ Tokens make_tokens(uint64_t seed, int step, int64_t first_sequence, const StepSh
 void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t seed, float* dst,
                       int64_t first, int64_t count);
 
+// The tensor-parallel group a step runs in (Megatron-LM, docs/architecture.md): its size,
+// this rank's place in it and its communicator (null for a group of one). The step then
+// holds model_units(spec, {size, rank}) and runs the conjugate collectives itself: an
+// all-reduce after each row-parallel product in forward (attention o, feed-forward wo, the
+// vocabulary-parallel embedding) and of each column-parallel input's gradient in backward,
+// plus the parallel cross-entropy's two small ones. They sit on the critical path.
+struct TensorGroup {
+  int size = 1, rank = 0;
+  Comm* comm = nullptr;
+};
+
 class T5Step {
  public:
   // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
@@ -62,13 +73,15 @@ class T5Step {
   // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
   // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
   T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-         bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused);
+         bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused,
+         TensorGroup tp = {});
   ~T5Step();
   T5Step(const T5Step&) = delete;
   T5Step& operator=(const T5Step&) = delete;
 
   const ModelSpec& spec() const;
-  const std::vector<UnitSpec>& units() const;
+  const std::vector<UnitSpec>& units() const;  // this rank's part of each unit
+  const TensorGroup& tensor_group() const;
   const std::vector<Stage>& stages() const;  // forward order
   DType dtype() const;
   AttentionImpl attention() const;
@@ -93,7 +106,8 @@ class T5Step {
   using GradReadyHook = std::function<void(int unit, int tensor)>;
   void set_grad_ready_hook(GradReadyHook hook);
 
-  // Sum over this rank's tokens of the cross-entropy, valid after the Head forward.
+  // Sum over this rank's tokens of the cross-entropy, valid after the Head forward (every
+  // rank of a tensor-parallel group has the same).
   double loss_sum();
 
  private:

@@ -9,7 +9,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/half.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/model/model.h"
 #include "shardbench/model/t5.h"
 
@@ -27,7 +27,8 @@ Prefetch parse_prefetch(const std::string& s);  // throws UsageError
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
   Sharding sharding = Sharding::Full;
-  int shard_size = 0;          // hybrid only; full = world, none = 1
+  int shard_size = 0;          // hybrid only; full = the data-parallel ranks, none = 1
+  int tp = 1;                  // tensor-parallel group size (--tp): Megatron-LM inside each layer
   double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)
   Prefetch prefetch = Prefetch::BackwardPre;
   bool forward_prefetch = false;
@@ -56,9 +57,10 @@ struct StrategyConfig {
   std::string label() const;  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
 };
 
-// The layout a configuration runs on `world` ranks, seen from `rank`: shard groups of the
-// whole world (full, grad-op), of one rank (DDP, none) or of --shard-size (hybrid). Throws
-// UsageError for a shard size the world does not allow.
+// The layout a configuration runs on `world` ranks, seen from `rank`: tensor-parallel groups
+// of --tp consecutive ranks, and over the world / tp data-parallel ranks shard groups of all
+// of them (full, grad-op), of one rank (DDP, none) or of --shard-size (hybrid). Throws
+// UsageError for sizes the world does not allow.
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
 
 class Strategy {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "shardbench/backend/backend.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/trace/h5.h"
 
 namespace sb {
@@ -81,6 +82,7 @@ struct TraceData {
   std::vector<Attr> provenance;  // /provenance attributes (identical on every rank)
   std::vector<Attr> plan;        // /plan attributes (identical on every rank)
   std::string host, device;      // this rank's
+  ParallelLayout layout;         // seen from this rank: its coordinates go to /mesh
   std::vector<StepRow> steps;
   const std::vector<TraceEvent>* events = nullptr;
   const std::vector<MemorySample>* memory = nullptr;

@@ -1,6 +1,6 @@
-// --check: each step of a run against a single-rank reference on rank 0, with tolerances
-// from an error analysis (docs/reliability.md). Every method is collective over
-// MPI_COMM_WORLD.
+// --check: each step of a run against a single-rank reference on rank 0 (and, under tensor
+// parallelism, a split reference on the first tensor-parallel group), with tolerances from an
+// error analysis (docs/reliability.md). Every method is collective over MPI_COMM_WORLD.
 #pragma once
 #include <memory>
 #include <string>
@@ -13,7 +13,7 @@ namespace sb {
 
 class StepCheck {
  public:
-  StepCheck(const RunConfig& cfg, Strategy& run, int rank, int world);
+  StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh);
   ~StepCheck();
   void before_step(int step);
   void after_step(int step, bool skipped);
@@ -22,20 +22,38 @@ class StepCheck {
 
  private:
   struct Reference;
+  struct MicroBatchSums {  // rank 0: Σ g_r and Σ |g_r| over the data-parallel ranks' micro-batches
+    std::vector<std::vector<double>> sum, abs_sum;
+    bool micro_nonfinite = false;
+  };
+  // How far the split model may be from the full one, both in fp32 (relative): a micro-batch's
+  // loss (reordered sums: a few unit roundoffs), and a tensor's gradient in norm (a ReLU whose
+  // input lies within rounding of zero may take the other branch: percents on small models).
+  // Chosen from measurements, not derived (docs/reliability.md); a broken split is off by O(1).
+  static constexpr double kSplitLoss = 1e-5, kSplitGradient = 0.1;
+  std::vector<float> assemble(int unit, const std::vector<float>& mine, bool& replicas_differ);
   std::vector<std::vector<float>> gather_weights();
-  void check_gradients(int step, const std::vector<std::vector<float>>& grads, bool skipped);
+  MicroBatchSums reference_gradients(int step);
+  void check_split(int step, const std::vector<std::vector<double>>& split, const std::vector<std::vector<double>>& full,
+                   const std::vector<double>& split_loss, const std::vector<double>& full_loss);
+  void check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
+                       bool skipped);
   void check_update(int step, const std::vector<std::vector<float>>& grads,
                     const std::vector<std::vector<float>>& next, bool skipped);
   void fail(int step, const std::string& what);
   const RunConfig& cfg_;
   Strategy& run_;
+  ParallelLayout layout_;
   int rank_, world_, steps_ = 0;
+  std::vector<UnitSpec> full_units_;                 // the full model's units
+  std::vector<std::vector<UnitSpec>> split_units_;   // per tensor-parallel rank, its part
+  MPI_Comm tp_mpi_ = MPI_COMM_NULL;                  // the run's tensor-parallel group
   double gamma_ = 0, eta_ = 0;
   float scale_ = 1;
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step
   std::unique_ptr<Reference> ref_;           // rank 0
   std::string failure_;                      // rank 0: the first failure
-  double worst_ratio_ = 0, max_update_diff_ = 0;
+  double worst_ratio_ = 0, max_update_diff_ = 0, worst_split_ = 0, worst_split_loss_ = 0;
   long long undetermined_ = 0, checked_ = 0;
 };
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "shardbench/backend/backend.h"
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/train/options.h"
 
 namespace sb {

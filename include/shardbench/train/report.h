@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/strategy/layout.h"
+#include "shardbench/backend/layout.h"
 #include "shardbench/trace/h5.h"
 #include "shardbench/train/options.h"
 #include "shardbench/train/plan.h"

@@ -254,10 +254,13 @@ struct TimedOp {
 // Communication lanes, their operations never overlapping within one: NCCL collectives (or
 // the staging copies of MPI) on kCommLane; NCCL collectives stream-ordered after another
 // (CollectiveArgs::after, as FSDP's all-reduce stream) on kOrderedLane, so they overlap the
-// next collectives of kCommLane; MPI calls (timed on the host) from kMpiLane up, first free.
+// next collectives of kCommLane; tensor-parallel NCCL collectives on the compute stream itself
+// (on the critical path, as Megatron-LM issues them) on kTensorLane; MPI calls (timed on the
+// host) from kMpiLane up, first free.
 constexpr int kCommLane = 1;
 constexpr int kOrderedLane = 2;
-constexpr int kMpiLane = 3;
+constexpr int kTensorLane = 3;
+constexpr int kMpiLane = 4;
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -597,6 +600,23 @@ class CudaBackend final : public Backend, private StagingDevice {
       cuda::cross_entropy(compute_, as(e, logits), losses, labels, n, vocab, grad_scale);
     });
   }
+  void cross_entropy_max(CBuf logits, float* row_max, int n, int vocab) override {
+    elementwise(dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
+      cuda::cross_entropy_max(compute_, as(e, logits), row_max, n, vocab);
+    });
+  }
+  void cross_entropy_sums(CBuf logits, const float* row_max, const int* labels, float* sums, int n,
+                          int vocab) override {
+    elementwise(dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
+      cuda::cross_entropy_sums(compute_, as(e, logits), row_max, labels, sums, n, vocab);
+    });
+  }
+  void cross_entropy_finish(Buf logits, float* losses, const float* row_max, const float* sums, const int* labels,
+                            int n, int vocab, float grad_scale) override {
+    elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
+      cuda::cross_entropy_finish(compute_, as(e, logits), losses, row_max, sums, labels, n, vocab, grad_scale);
+    });
+  }
   // A 4-byte flag outside the ledger (the plan has no device-side flag), zeroed, set by the
   // kernel, read back: one host synchronisation.
   bool all_finite(CBuf x, int64_t n) override {
@@ -641,13 +661,16 @@ class CudaBackend final : public Backend, private StagingDevice {
   // Over MPI as well: staging divides averages and runs the 16-bit reductions on the host.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
+    if (recorder_) axis_of_[next_request_] = c.axis();  // recorded with the collective
     if (uses_mpi(comm_library_)) return issue_mpi(a, c);
     const ncclComm_t n = nccl(c);
     const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
     const ncclDataType_t t = nccl_type(a.dtype);
     const ncclRedOp_t op = nccl_op(a.redop);
     const size_t count = size_t(a.count);
-    const cudaStream_t s = a.after == kNoRequest ? comm_ : ordered_;
+    // A tensor-parallel collective runs in the compute stream's order: the next layer needs
+    // its result, and it must not queue behind the data-parallel collectives of comm_.
+    const cudaStream_t s = c.axis() == int(Axis::Tensor) ? compute_ : a.after == kNoRequest ? comm_ : ordered_;
     return issue(collective_kind(a.op), collective_bytes(a, size), size, s, a.after, [&] {
       switch (a.op) {
         case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, s)); break;
@@ -836,7 +859,8 @@ class CudaBackend final : public Backend, private StagingDevice {
     auto prev = requests_.find(after);
     if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
-    timed(kind, s == comm_ ? kCommLane : kOrderedLane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
+    timed(kind, s == comm_ ? kCommLane : s == ordered_ ? kOrderedLane : kTensorLane, s, bytes, nccl_call, 0.0, nullptr,
+          id, ranks);
     const cudaEvent_t done = done_event();
     CUDA_CHECK(cudaEventRecord(done, s));
     requests_[id] = {done, s};
@@ -981,7 +1005,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     for (const Resolved& r : done) {
       const TimedOp& t = timed_[r.index];
       set_context(t.phase, t.unit);
-      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request, t.ranks);
+      int axis = -1;
+      if (t.ranks > 0) {  // a collective: its communicator's axis
+        auto it = axis_of_.find(t.request);
+        if (it != axis_of_.end()) axis = it->second, axis_of_.erase(it);
+      }
+      record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request, t.ranks,
+             -1, axis);
     }
     set_context(phase0, unit0);
     for (const TimedOp& t : timed_)
@@ -1017,6 +1047,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   std::unique_ptr<MpiStager> stager_;
   std::vector<double> mpi_lane_end_;  // end of the last MPI call on each lane from kMpiLane
   std::unordered_map<Request, int> mpi_ranks_;  // MPI collectives in the stager: their ranks
+  std::unordered_map<Request, int> axis_of_;    // collectives not yet recorded: their mesh axis
   std::vector<std::pair<void*, Request>> pending_frees_;  // release_after on a request still staged
 };
 

@@ -73,6 +73,10 @@ __device__ float block_reduce(float v, Op op) {
 template <class T>
 __global__ void embedding_forward_kernel(T* out, const T* table, const int* ids, int d) {
   const int64_t i = blockIdx.x;
+  if (ids[i] < 0) {  // a row another tensor-parallel rank holds
+    for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = st<T>(0.f);
+    return;
+  }
   const T* src = table + int64_t(ids[i]) * d;
   for (int j = threadIdx.x; j < d; j += blockDim.x) out[i * d + j] = src[j];
 }
@@ -90,6 +94,7 @@ __global__ void embedding_backward_kernel(T* dtable, const T* dout, const int* i
   __shared__ int warp_base[kIdThreads / 32];   // exclusive scan of the warps' hit counts
   __shared__ int hit_count;
   const int first = blockIdx.x, v = ids[first];
+  if (v < 0) return;  // another tensor-parallel rank's row: nothing to add
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   for (int base = 0; base < first; base += kIdThreads) {  // an earlier token owns row v?
     const int i = base + threadIdx.x;
@@ -344,6 +349,46 @@ __global__ void cross_entropy_kernel(T* logits, float* losses, const int* labels
   }
 }
 
+// Vocabulary-parallel cross-entropy (Megatron-LM): one block per row of this rank's logits
+// [n, vocab]; the group all-reduces row_max and sums between the three kernels.
+template <class T>
+__global__ void cross_entropy_max_kernel(const T* logits, float* row_max, int vocab) {
+  const int64_t i = blockIdx.x;
+  const T* row = logits + i * vocab;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) mx = fmaxf(mx, ld(row[j]));
+  mx = block_reduce(mx, Max());
+  if (threadIdx.x == 0) row_max[i] = mx;
+}
+template <class T>
+__global__ void cross_entropy_sums_kernel(const T* logits, const float* row_max, const int* labels, float* sums,
+                                          int n, int vocab) {
+  const int64_t i = blockIdx.x;
+  const T* row = logits + i * vocab;
+  const float mx = row_max[i];
+  float sum = 0.f;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) sum += expf(ld(row[j]) - mx);
+  sum = block_reduce(sum, Sum());
+  if (threadIdx.x == 0) {
+    sums[i] = sum;
+    sums[n + i] = labels[i] >= 0 ? ld(row[labels[i]]) : 0.f;
+  }
+}
+template <class T>
+__global__ void cross_entropy_finish_kernel(T* logits, float* losses, const float* row_max, const float* sums,
+                                            const int* labels, int n, int vocab, float grad_scale) {
+  const int64_t i = blockIdx.x;
+  T* row = logits + i * vocab;
+  const float mx = row_max[i], sum = sums[i];
+  const int label = labels[i];
+  if (threadIdx.x == 0) losses[i] = logf(sum) + mx - sums[n + i];
+  const float k = grad_scale / sum;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float gj = expf(ld(row[j]) - mx) * k;
+    row[j] = st<T>(j == label ? gj - grad_scale : gj);
+  }
+}
+
 template <class T>
 __global__ void flag_nonfinite_kernel(const T* x, int64_t n, int* flag) {
   GRID_STRIDE(i, n) if (!isfinite(ld(x[i]))) *flag = 1;  // benign race: every writer stores 1
@@ -466,6 +511,25 @@ void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, 
   CUDA_LAUNCH(cross_entropy_kernel<<<n, row_threads(vocab), 0, s>>>(logits, losses, labels, vocab, grad_scale));
 }
 
+template <class T>
+void cross_entropy_max(cudaStream_t s, const T* logits, float* row_max, int n, int vocab) {
+  if (n <= 0 || vocab <= 0) return;
+  CUDA_LAUNCH(cross_entropy_max_kernel<<<n, row_threads(vocab), 0, s>>>(logits, row_max, vocab));
+}
+template <class T>
+void cross_entropy_sums(cudaStream_t s, const T* logits, const float* row_max, const int* labels, float* sums, int n,
+                        int vocab) {
+  if (n <= 0 || vocab <= 0) return;
+  CUDA_LAUNCH(cross_entropy_sums_kernel<<<n, row_threads(vocab), 0, s>>>(logits, row_max, labels, sums, n, vocab));
+}
+template <class T>
+void cross_entropy_finish(cudaStream_t s, T* logits, float* losses, const float* row_max, const float* sums,
+                          const int* labels, int n, int vocab, float grad_scale) {
+  if (n <= 0 || vocab <= 0) return;
+  CUDA_LAUNCH(cross_entropy_finish_kernel<<<n, row_threads(vocab), 0, s>>>(logits, losses, row_max, sums, labels, n,
+                                                                            vocab, grad_scale));
+}
+
 // Every launcher for every element type the backend dispatches to.
 #define SB_KERNELS_FOR(T)                                                                                  \
   template void embedding_forward<T>(cudaStream_t, T*, const T*, const int*, int, int);                   \
@@ -492,6 +556,10 @@ void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, 
   template void softmax_forward<T>(cudaStream_t, T*, const T*, bool, int, int, int, int);                 \
   template void softmax_backward<T>(cudaStream_t, T*, const T*, T*, int, int, int, int);                  \
   template void cross_entropy<T>(cudaStream_t, T*, float*, const int*, int, int, float);          \
+  template void cross_entropy_max<T>(cudaStream_t, const T*, float*, int, int);                         \
+  template void cross_entropy_sums<T>(cudaStream_t, const T*, const float*, const int*, float*, int, int); \
+  template void cross_entropy_finish<T>(cudaStream_t, T*, float*, const float*, const float*, const int*, int, \
+                                        int, float);                                                       \
   template void flag_nonfinite<T>(cudaStream_t, const T*, int64_t, int*);
 SB_KERNELS_FOR(float)
 SB_KERNELS_FOR(__nv_bfloat16)

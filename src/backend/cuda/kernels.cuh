@@ -14,9 +14,9 @@ namespace sb {
 namespace cuda {
 
 // T is float, __nv_bfloat16 or __half (instantiated in kernels.cu); math is fp32.
-// out[i,:] = table[ids[i],:]                                 out [n,d], table [V,d]
+// out[i,:] = table[ids[i],:], zeros where ids[i] = -1        out [n,d], table [V,d]
 template <class T> void embedding_forward(cudaStream_t s, T* out, const T* table, const int* ids, int n, int d);
-// dtable[ids[i],:] += dout[i,:]  (atomics: ids repeat)
+// dtable[ids[i],:] += dout[i,:], nothing for ids of -1 (ids repeat: summed in token order)
 template <class T> void embedding_backward(cudaStream_t s, T* dtable, const T* dout, const int* ids, int n, int d);
 // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)
 template <class T>
@@ -51,6 +51,14 @@ void softmax_backward(cudaStream_t s, T* dscores, const T* probs, T* dbias, int 
 // losses[i] = -log softmax(logits[i])[labels[i]]; logits := (softmax − onehot) · grad_scale
 template <class T>
 void cross_entropy(cudaStream_t s, T* logits, float* losses, const int* labels, int n, int vocab, float grad_scale);
+// Vocabulary-parallel cross-entropy (Backend::cross_entropy_max/_sums/_finish)
+template <class T> void cross_entropy_max(cudaStream_t s, const T* logits, float* row_max, int n, int vocab);
+template <class T>
+void cross_entropy_sums(cudaStream_t s, const T* logits, const float* row_max, const int* labels, float* sums, int n,
+                        int vocab);
+template <class T>
+void cross_entropy_finish(cudaStream_t s, T* logits, float* losses, const float* row_max, const float* sums,
+                          const int* labels, int n, int vocab, float grad_scale);
 // Adam on fp32 parameters and moments with a gradient of type G (multiplied by `unscale`
 // first), the bias corrections bc1 = 1 − β1^step, bc2 = 1 − β2^step computed by the caller
 // (on the host, exactly as the CPU backend does). copy (may be null) receives the updated

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Tensor parallelism (--tp, Megatron-LM's split) combined with every data-parallel strategy:
+# --check against the split and the full single-rank references, the tensor-parallel
+# all-reduces per block read from the trace against the formula, plan = measured peak, the
+# plan of any world without allocating, and bad values refused in one line (exit 2).
+# Ends with "N passed, N failed".
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+MPI4=(timeout 300 mpirun -np 4 --oversubscribe --bind-to none)
+MPI8=(timeout 300 mpirun -np 8 --oversubscribe --bind-to none)
+TINY=(--model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1)
+check_pattern='check: .* -> PASS'
+split_pattern='check: tensor parallelism: the split reference on ranks 0-[0-9]+; against the full model'
+T=$tmp/traces
+mkdir -p "$T"
+
+# --- tp 2 × dp 2 (4 ranks): every strategy, fp32 and bf16 ---
+for dtype in fp32 bf16; do
+  for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding none" "fsdp_perf --sharding grad-op"; do
+    name="tp 2 x dp 2, $strat, $dtype"
+    out=$T/$(echo "$strat-$dtype" | tr -c 'a-z0-9\n-' '_').h5
+    "${MPI4[@]}" $BIN/$strat "${TINY[@]}" --tp 2 --dtype $dtype --check --out $out >"$tmp/out" 2>&1
+    rc=$?
+    if [ $rc -eq 0 ] && grep -qE "$check_pattern" "$tmp/out" && grep -qE "$split_pattern" "$tmp/out"; then
+      ok "$name --check"
+    else
+      echo "      exit $rc" >>"$tmp/out"; bad "$name --check"
+    fi
+  done
+done
+# hybrid needs replicas of a shard group: tp 2 × (replicate 2 × shard 2) on 8 ranks
+for dtype in fp32 bf16; do
+  expect "tp 2 x dp 4, fsdp hybrid 2, $dtype --check" 0 "$check_pattern" -- \
+    "${MPI8[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --sharding hybrid --shard-size 2 --dtype $dtype --check \
+    --out $T/hybrid-$dtype.h5
+done
+# tp 4 × dp 1: the whole world one tensor-parallel group (t5-tiny has 2 heads: 4 here)
+for dtype in fp32 bf16; do
+  expect "tp 4 x dp 1, fsdp full, $dtype --check" 0 "$check_pattern" -- \
+    "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --heads 4 --tp 4 --dtype $dtype --check --out $T/tp4-$dtype.h5
+done
+expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scale) --check" 0 "$check_pattern" -- \
+  "${MPI4[@]}" $BIN/ddp_perf "${TINY[@]}" --tp 2 --attention fused --activation-checkpointing --dtype fp16 --check \
+  --out $T/ddp-fused-ckpt-fp16.h5
+
+# The trace: documented fields, plan = measured peak per rank, every collective's axis and
+# group, and per block 2 (encoder) / 3 (decoder) all-reduces of batch x seq x d_model each
+# way on the tensor-parallel group (tests/check_trace.py, tensor_parallel_counts).
+expect "tensor-parallel traces: all-reduces per block, axes, plan = peak (python check)" 0 '^ok .*tp4-bf16.h5' -- \
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp_perf-fp32.h5 $T/fsdp_perf_--sharding_full-bf16.h5 \
+  $T/fsdp_perf_--sharding_grad-op-fp32.h5 $T/ddp-fused-ckpt-fp16.h5 $T/tp4-fp32.h5 $T/tp4-bf16.h5
+expect "8-rank hybrid tensor-parallel traces (python check)" 0 '^ok .*hybrid-bf16.h5' -- \
+  $PY $ROOT/tests/check_trace.py --ranks 8 --steps 3 $T/hybrid-fp32.h5 $T/hybrid-bf16.h5
+expect "the trace records the 2-D mesh" 0 '^tp 2 dp 2 shard 2 replicas 1 groups \[0, 1\] \[1, 3\]$' -- $PY -c "
+import sys; sys.path.insert(0, '$ROOT/analysis'); import shardbench_h5
+r = shardbench_h5.load('$T/fsdp_perf_--sharding_full-bf16.h5'); m = r.meta
+print('tp', m['tp_size'], 'dp', m['dp_size'], 'shard', m['shard_size'], 'replicas', m['replicas'], 'groups',
+      r.group(1, 'tp'), r.group(1, 'dp_shard'))"
+
+# A broken split: the attention's input gradient not summed over the group. The split
+# reference runs the same code, so it agrees with the run; the full model does not (and the
+# norms' gradients, no longer the same on every rank of a group, part the replicas).
+expect "injected fault tp-skip-attention-all-reduce: --check fails on the split" 4 \
+  'against the full model in fp32, .* gradients within ([1-9]|0\.[1-9])[0-9.e+]* of their norm' -- \
+  env SHARDBENCH_INJECT_FAULT=tp-skip-attention-all-reduce "${MPI4[@]}" -x SHARDBENCH_INJECT_FAULT \
+  $BIN/fsdp_perf "${TINY[@]}" --tp 2 --check
+
+# --- the plan: any world, nothing allocated; per-rank parameters and FLOPs are the share ---
+expect "--plan --world-size 512 --tp 8 plans t5-11.3b without allocating" 0 \
+  'parameters +\| 11,307,321,344 \(1,41[0-9],[0-9,]+ per rank\)' -- \
+  $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 \
+  --plan --world-size 512 --mem-limit-gib 80
+expect "the plan's FLOPs per rank are the model's / tp, all issued by the schedule" 0 \
+  'FLOPs per rank per step: model 3.845e\+13 \(3 x forward\), hardware 5.123e\+13, issued by the schedule 5.123e\+13' -- \
+  $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 \
+  --plan --world-size 512 --mem-limit-gib 80
+
+# --- bad values: one line, exit 2, nothing written ---
+expect "--tp 3 with 16 heads names the heads and their divisors" 2 \
+  'error: --tp 3 is not allowed with heads 16 \(the heads, d_ff and vocab must divide by --tp; heads 16 divides by 1, 2, 4, 8, 16\)$' -- \
+  $BIN/fsdp_perf --model t5-611m --tp 3 --plan --world-size 6
+expect "--tp not dividing the world" 2 '--tp 8 is not allowed with world size 4 \(must divide it' -- \
+  "${MPI4[@]}" $BIN/ddp_perf "${TINY[@]}" --heads 8 --tp 8 --out $T/bad.h5
+expect "--tp 0" 2 '--tp 0 is not allowed' -- $BIN/ddp_perf --tp 0
+expect "hybrid shard size beyond the data-parallel ranks" 2 \
+  'shard size 4 is not allowed with world size 4 and 2 data-parallel ranks' -- \
+  "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --sharding hybrid --shard-size 4 --out $T/bad.h5
+if [ -e $T/bad.h5 ] || ls $T/bad.h5.*tmp >/dev/null 2>&1; then
+  echo "file left" >"$tmp/out"; bad "no file after bad --tp input"
+else ok "no file after bad --tp input"; fi
+
+summary
