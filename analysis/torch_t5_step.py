@@ -11,9 +11,11 @@ unless SB_CUDA_TF32=1); --dtype bf16 runs forward and loss under bf16 autocast.
 
 Prints one line per step (LOSS step=.. loss=.. ms=..) and a summary for machines:
   TORCH step_ms=412.345 tflops=12.3456 dtype=fp32 ... (median over the timed steps)
-TFLOPS use shardbench's formula (include/shardbench/model/model.h): 3 × forward matmul FLOPs,
-attention scores/context and LM head included; with --activation-checkpointing the hardware figure
-(hw_tflops) adds the recomputed block forwards.
+TFLOPS use shardbench's one FLOP formula (src/model/spec.cpp), read from the program's own
+plan of the same shapes (`ddp_perf --plan --schedule-json` from --bin, nothing allocated;
+without it TFLOPS are not printed): 3 × forward matmul FLOPs, attention scores/context and LM
+head included; with --activation-checkpointing the hardware figure (hw_tflops) adds the
+recomputed block forwards.
 
 --init shardbench reproduces shardbench's initial weights and tokens exactly (the same
 counter-based hash, src/model/data.cpp), so on the CPU
@@ -22,10 +24,13 @@ counter-based hash, src/model/data.cpp), so on the CPU
 prints the losses that `ddp_perf --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8`
 prints on one rank (to about 1e-6).
 """
+import json
 import math
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -72,6 +77,8 @@ def parse_args(argv):
                    help="random, or shardbench: bit-identical initial weights and tokens to shardbench's "
                         "(default: random)")
     p.add_argument("--device", default="cuda", help="cuda, or cpu (a smoke test) (default: cuda)")
+    p.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin"),
+                   help="folder of ddp_perf, whose plan gives the FLOP count (default: build/bin of this checkout)")
     a = p.parse_args(argv)
     d, ff, layers, heads, dkv, vocab = PRESETS[a.model]
     a.d_model = a.d_model or d
@@ -89,23 +96,30 @@ def parse_args(argv):
     return a
 
 
-# ---------------------------------------------------------------- FLOPs (model.h, spec.cpp)
-def gemm_flops(m, n, k):
-    return 2.0 * m * n * k
-
-
-def attention_flops(a, batch, tq, tk):
-    inner = a.heads * a.d_kv
-    return (gemm_flops(batch * tq, inner, a.d_model) + 2 * gemm_flops(batch * tk, inner, a.d_model)
-            + gemm_flops(batch * tq, a.d_model, inner) + 2 * batch * a.heads * gemm_flops(tq, tk, a.d_kv))
-
-
-def forward_flops(a):
-    B, Te, Td = a.batch, a.seq_len, a.dec_seq_len
-    ffn = lambda tokens: 2 * gemm_flops(tokens, a.d_ff, a.d_model)
-    enc = attention_flops(a, B, Te, Te) + ffn(B * Te)
-    dec = attention_flops(a, B, Td, Td) + attention_flops(a, B, Td, Te) + ffn(B * Td)
-    return a.layers * (enc + dec) + gemm_flops(B * Td, a.vocab, a.d_model), a.layers * (enc + dec)
+# ---------------------------------------------------------------- FLOPs (the program's plan)
+def plan_flops(a):
+    """(model, hardware) FLOPs of one step at these shapes, from the program's own plan (the
+    one formula, src/model/spec.cpp); (None, None) with the reason printed when the program
+    cannot run here."""
+    binary = os.path.join(a.bin, "ddp_perf")
+    shape = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("d_model", "d_ff", "layers", "heads", "d_kv", "vocab")]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.json")
+        cmd = [binary, "--model", a.model, *shape, f"--batch={a.batch}", f"--seq-len={a.seq_len}",
+               f"--dec-seq-len={a.dec_seq_len}", "--plan", "--world-size", "1", "--mem-limit-gib", "1e6",
+               "--schedule-json", path] + (["--activation-checkpointing"] if a.activation_checkpointing else [])
+        env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmp)  # an MPI singleton's own session folder
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        except OSError as e:
+            print(f"# no FLOP count: cannot run {binary} ({e}); build it with make", flush=True)
+            return None, None
+        if p.returncode != 0 or not os.path.exists(path):
+            print(f"# no FLOP count: {' '.join(cmd)} failed: {(p.stderr or p.stdout).strip()[-300:]}", flush=True)
+            return None, None
+        with open(path) as f:
+            s = json.load(f)
+    return s["model_flops_per_step"], s["hardware_flops_per_step"]
 
 
 # ---------------------------------------------------------------- shardbench's hash (rng.h)
@@ -301,9 +315,7 @@ def main(argv):
     model = T5(torch, a, params, device)
     adam_kw = {"fused": True} if cuda and "fused" in torch.optim.Adam.__init__.__code__.co_varnames else {}
     opt = torch.optim.Adam(params.values(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, **adam_kw)
-    model_flops, block_flops = forward_flops(a)
-    model_flops *= 3
-    hw_flops = model_flops + (block_flops if a.activation_checkpointing else 0)
+    model_flops, hw_flops = plan_flops(a)
     n_params = sum(p.numel() for p in params.values())
     print(f"# torch {torch.__version__} device {torch.cuda.get_device_name(device) if cuda else 'cpu'} "
           f"params {n_params:,} dtype {a.dtype} tf32 {a.tf32} activation checkpointing "
@@ -330,7 +342,8 @@ def main(argv):
 
     t = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
-    print(f"TORCH step_ms={t * 1e3:.3f} tflops={model_flops / t / 1e12:.4f} hw_tflops={hw_flops / t / 1e12:.4f} "
+    tflops = lambda flops: f"{flops / t / 1e12:.4f}" if flops else "nan"  # noqa: E731
+    print(f"TORCH step_ms={t * 1e3:.3f} tflops={tflops(model_flops)} hw_tflops={tflops(hw_flops)} "
           f"dtype={a.dtype} tf32={int(a.tf32)} activation_checkpointing={int(a.activation_checkpointing)} "
           f"sdpa={int(a.sdpa)} "
           f"d_model={a.d_model} d_ff={a.d_ff} layers={a.layers} heads={a.heads} d_kv={a.d_kv} vocab={a.vocab} "
