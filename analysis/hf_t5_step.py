@@ -12,8 +12,9 @@ the performance baseline.
 
 Prints one line per step (STEP step=.. loss=.. ms=..) and a summary for machines:
   HF step_ms=228.3 tflops=279.1 mode=compile checkpointing=0 ... (median over timed steps)
-TFLOPS use shardbench's model-FLOP formula (3 x forward matmul FLOPs; the same function as
-torch_t5_step.py), so the figures compare with ddp_perf/fsdp_perf's.
+TFLOPS use shardbench's model-FLOP formula (3 x forward matmul FLOPs), read from the program's
+own plan of the same shapes as torch_t5_step.py reads it (--bin), so the figures compare with
+ddp_perf/fsdp_perf's.
 
 Exit status: 0 measured; 1 failed (out of memory included, with the reason); 3 not available
 here (no transformers, no PyTorch, or no CUDA device): gpu-check prints the reason and skips
@@ -26,7 +27,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-import torch_t5_step  # noqa: E402  (PRESETS and the FLOP formula: one place for each)
+import torch_t5_step  # noqa: E402  (PRESETS and the plan's FLOP count: one place for each)
 
 NOT_AVAILABLE = 3
 
@@ -49,6 +50,8 @@ def parse_args(argv):
                    help="bf16: fp32 weights under bf16 autocast (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="torch device (default: %(default)s)")
+    p.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin"),
+                   help="folder of ddp_perf, whose plan gives the FLOP count (default: build/bin of this checkout)")
     a = p.parse_args(argv)
     d, ff, layers, heads, dkv, vocab = torch_t5_step.PRESETS[a.model]
     a.d_model, a.d_ff, a.heads, a.d_kv, a.vocab = d, ff, heads, dkv, vocab
@@ -103,7 +106,7 @@ def main(argv):
         if a.compile:
             step_fn = torch.compile(model)
         gen = torch.Generator(device="cpu").manual_seed(1234)
-        model_flops = 3 * torch_t5_step.forward_flops(a)[0]
+        model_flops = torch_t5_step.plan_flops(a)[0]
         print(f"# torch {torch.__version__} transformers {transformers.__version__} "
               f"device {torch.cuda.get_device_name(device) if cuda else 'cpu'} params {n_params:,} "
               f"mode {'compile' if a.compile else 'eager'} checkpointing {int(a.activation_checkpointing)}",
@@ -133,7 +136,7 @@ def main(argv):
         return 1
     t = statistics.median(times)
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
-    print(f"HF step_ms={t * 1e3:.3f} tflops={model_flops / t / 1e12:.4f} mode={'compile' if a.compile else 'eager'} "
+    print(f"HF step_ms={t * 1e3:.3f} tflops={model_flops / t / 1e12 if model_flops else float('nan'):.4f} mode={'compile' if a.compile else 'eager'} "
           f"checkpointing={int(a.activation_checkpointing)} dtype={a.dtype} model={a.model} layers={a.layers} "
           f"batch={a.batch} seq={a.seq_len} dec_seq={a.dec_seq_len} params={n_params} peak_mem_gib={peak:.2f}",
           flush=True)
