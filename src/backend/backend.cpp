@@ -126,6 +126,18 @@ Request Backend::all_reduce_after(Request after, Buf buf, int64_t count, Comm& c
   return collective(a, comm);
 }
 
+Request Backend::send(CBuf buf, int64_t count, int peer, int tag, Comm& comm) {
+  CollectiveArgs a{Collective::Send, buf.ptr, nullptr, count, buf.dtype};
+  a.peer = peer, a.tag = tag;
+  return collective(a, comm);
+}
+
+Request Backend::recv(Buf buf, int64_t count, int peer, int tag, Comm& comm) {
+  CollectiveArgs a{Collective::Recv, nullptr, buf.ptr, count, buf.dtype};
+  a.peer = peer, a.tag = tag;
+  return collective(a, comm);
+}
+
 Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
   SB_ASSERT(send.dtype == recv.dtype, "all-gather between different element types");
   return collective({Collective::AllGather, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
@@ -178,9 +190,9 @@ void Backend::account_free(MemCategory cat, int64_t bytes) {
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
-                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after, int axis) {
+                     const int32_t* gemm_shape, int64_t request, int ranks, int64_t after, int axis, int peer) {
   if (!recorder_) return;
-  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after, axis};
+  OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after, axis, peer};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
   recorder_->on_op(e);
 }

@@ -1,7 +1,7 @@
 // The collective table: every per-collective fact the code relies on, in one place.
 // Bus-bandwidth factors as nccl-tests defines them (docs/references.md, "nccl-tests"):
 //   all-reduce 2(n−1)/n; all-gather, reduce-scatter, all-to-all (n−1)/n;
-//   broadcast, reduce, send/recv 1.
+//   broadcast, reduce, send/recv 1; a point-to-point send 1, its receive 0 (it sends nothing).
 #include <cmath>
 
 #include "shardbench/backend/backend.h"
@@ -13,17 +13,20 @@ namespace {
 double twice_all_but_one(int n) { return 2.0 * (n - 1) / n; }  // each element out and back in a ring
 double all_but_one(int n) { return double(n - 1) / n; }         // every rank's part to every other
 double one(int) { return 1.0; }                                 // the whole buffer once
+double none(int) { return 0.0; }                                // a receive sends nothing
 
 constexpr int kRows = int(Collective::kCount);
 const CollectiveInfo kTable[kRows] = {
-    // op                     name              nccl-tests          recorded as            count                reduces rooted in_place bus factor
-    {Collective::AllReduce,     "all-reduce",     "all_reduce_perf",     OpKind::AllReduce,     CountIs::Whole,      true,   false, true,  twice_all_but_one},
-    {Collective::AllGather,     "all-gather",     "all_gather_perf",     OpKind::AllGather,     CountIs::RankSend,   false,  false, true,  all_but_one},
-    {Collective::ReduceScatter, "reduce-scatter", "reduce_scatter_perf", OpKind::ReduceScatter, CountIs::RankRecv,   true,   false, true,  all_but_one},
-    {Collective::Broadcast,     "broadcast",      "broadcast_perf",      OpKind::Broadcast,     CountIs::Whole,      false,  true,  true,  one},
-    {Collective::Reduce,        "reduce",         "reduce_perf",         OpKind::Reduce,        CountIs::Whole,      true,   true,  true,  one},
-    {Collective::AllToAll,      "all-to-all",     "alltoall_perf",       OpKind::AllToAll,      CountIs::WholeSplit, false,  false, false, all_but_one},
-    {Collective::SendRecv,      "send-recv",      "sendrecv_perf",       OpKind::SendRecv,      CountIs::Whole,      false,  false, false, one},
+    // op                     name              nccl-tests          recorded as            count                reduces rooted in_place p2p    bus factor
+    {Collective::AllReduce,     "all-reduce",     "all_reduce_perf",     OpKind::AllReduce,     CountIs::Whole,      true,   false, true, false,  twice_all_but_one},
+    {Collective::AllGather,     "all-gather",     "all_gather_perf",     OpKind::AllGather,     CountIs::RankSend,   false,  false, true, false,  all_but_one},
+    {Collective::ReduceScatter, "reduce-scatter", "reduce_scatter_perf", OpKind::ReduceScatter, CountIs::RankRecv,   true,   false, true, false,  all_but_one},
+    {Collective::Broadcast,     "broadcast",      "broadcast_perf",      OpKind::Broadcast,     CountIs::Whole,      false,  true,  true, false,  one},
+    {Collective::Reduce,        "reduce",         "reduce_perf",         OpKind::Reduce,        CountIs::Whole,      true,   true,  true, false,  one},
+    {Collective::AllToAll,      "all-to-all",     "alltoall_perf",       OpKind::AllToAll,      CountIs::WholeSplit, false,  false, false, false, all_but_one},
+    {Collective::SendRecv,      "send-recv",      "sendrecv_perf",       OpKind::SendRecv,      CountIs::Whole,      false,  false, false, false, one},
+    {Collective::Send,          "send",           nullptr,               OpKind::Send,          CountIs::Whole,      false,  false, false, true,  one},
+    {Collective::Recv,          "recv",           nullptr,               OpKind::Recv,          CountIs::Whole,      false,  false, false, true,  none},
 };
 
 // The table is indexed by the enum: a row out of place would name the wrong collective.

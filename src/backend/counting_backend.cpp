@@ -122,7 +122,7 @@ class CountingBackend final : public Backend {
   // schedule a strategy would run, with the request each is stream-ordered after.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     record(collective_kind(a.op), 1, double(next_request_), double(next_request_), collective_bytes(a, c.size()),
-           0.0, nullptr, next_request_, c.size(), a.after, c.axis());
+           0.0, nullptr, next_request_, c.size(), a.after, c.axis(), a.peer);
     return next_request_++;
   }
   void wait(Request r) override { record(OpKind::Wait, 0, 0.0, 0.0, 0, 0.0, nullptr, r); }

@@ -769,6 +769,8 @@ class CpuBackend final : public Backend {
   // A collective stream-ordered after one still outstanding (CollectiveArgs::after) waits in
   // `deferred_` and starts in the poll that sees it complete; collectives on a communicator
   // start in issue order (MPI requires the same order on every rank).
+  // A point-to-point send or receive starts at once, non-blocking: its two ranks issue it at
+  // different points of different schedules, so no order across ranks can be assumed.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
     issue_lazy();
@@ -782,7 +784,9 @@ class CpuBackend final : public Backend {
     p.axis = c.axis();
     p.phase = phase();
     p.unit = unit();
-    if (pending_.count(a.after) || comm_deferred(p.comm)) {
+    if (collective_info(a.op).point_to_point) {
+      start(p, false);
+    } else if (pending_.count(a.after) || comm_deferred(p.comm)) {
       p.deferred = true;
       deferred_.push_back(id);
     } else if (blocking_when_waited_) {
@@ -885,6 +889,8 @@ class CpuBackend final : public Backend {
         }
         break;
       }
+      case Collective::Send: MPI_CHECK(MPI_Isend(send, cnt, t, a.peer, a.tag, comm, req)); break;
+      case Collective::Recv: MPI_CHECK(MPI_Irecv(recv, cnt, t, a.peer, a.tag, comm, req)); break;
       default: SB_FATAL("unknown collective");
     }
     lane_busy_[p.lane - 1] = true;
@@ -977,6 +983,7 @@ class CpuBackend final : public Backend {
       e.request = p.id;
       e.ranks = p.size;
       e.axis = p.axis;
+      e.peer = p.args.peer;
       recorder_->on_op(e);
     }
     for (void* ptr : p.free_after) std::free(ptr);

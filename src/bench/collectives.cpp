@@ -9,7 +9,8 @@ namespace sb {
 const std::vector<BenchOp>& bench_ops() {
   static const std::vector<BenchOp> ops = [] {
     std::vector<BenchOp> v;
-    for (int i = 0; i < int(Collective::kCount); ++i) v.push_back({Collective(i), false});
+    for (int i = 0; i < int(Collective::kCount); ++i)  // the collectives nccl-tests measures
+      if (collective_info(Collective(i)).nccl_tests) v.push_back({Collective(i), false});
     v.push_back({Collective::AllReduce, true});
     return v;
   }();

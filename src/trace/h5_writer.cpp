@@ -1,4 +1,5 @@
 // The training programs' result file (docs/trace-format.md) over ResultFile.
+#include <array>
 #include <cstdio>
 #include <vector>
 
@@ -8,7 +9,7 @@
 namespace sb {
 namespace {
 
-constexpr int kSchemaVersion = 3;  // 3: events' axis, the /mesh table
+constexpr int kSchemaVersion = 3;  // 3: events' axis and peer, the /mesh table
 
 struct EventRow {
   int32_t rank, step, phase, op, unit, lane;
@@ -20,6 +21,7 @@ struct EventRow {
   int64_t sent_bytes;
   int64_t request;
   int32_t axis;
+  int32_t peer;
 };
 struct MeshRow {
   int32_t rank, pp, dp_replicate, dp_shard, tp;
@@ -61,7 +63,7 @@ const std::vector<Column> kEventColumns = {
     SB_COLUMN(EventRow, flops, F64), SB_COLUMN(EventRow, m, I32),     SB_COLUMN(EventRow, n, I32),
     SB_COLUMN(EventRow, k, I32),     SB_COLUMN(EventRow, batch, I32), SB_COLUMN(EventRow, trans, I32),
     SB_COLUMN(EventRow, ranks, I32), SB_COLUMN(EventRow, sent_bytes, I64), SB_COLUMN(EventRow, request, I64),
-    SB_COLUMN(EventRow, axis, I32),
+    SB_COLUMN(EventRow, axis, I32),  SB_COLUMN(EventRow, peer, I32),
 };
 
 // Per-category byte columns named after the categories, then `total`.
@@ -115,12 +117,16 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, boo
 
   std::vector<EventRow> events;
   if (d.events) {
+    // A send's or receive's peer as a world rank (the backend knows its communicator's numbering).
+    std::array<std::vector<int>, kAxes> groups;
+    for (int a = 0; a < kAxes; ++a) groups[size_t(a)] = d.layout.group(Axis(a));
     events.reserve(d.events->size());
     for (const TraceEvent& e : *d.events) {
       const OpEvent& o = e.op;
+      const bool known = o.peer >= 0 && o.axis >= 0 && o.peer < int(groups[size_t(o.axis)].size());
       events.push_back(EventRow{rank, e.step, int(o.phase), int(o.kind), o.unit, o.lane, o.start, o.end, o.bytes,
                                 o.flops, o.gemm[0], o.gemm[1], o.gemm[2], o.gemm[3], o.gemm[4], o.ranks,
-                                bytes_sent(o), o.request, o.axis});
+                                bytes_sent(o), o.request, o.axis, known ? groups[size_t(o.axis)][size_t(o.peer)] : -1});
     }
   }
   f.table("events", kEventColumns, events);

@@ -73,6 +73,7 @@ enum class OpKind : int {
   Wait,                                        // compute lane blocked on communication
   Progress,                                    // compute lane driving MPI collectives (CPU)
   Broadcast, Reduce, AllToAll, SendRecv,       // communication lanes (collective_perf)
+  Send, Recv,                                  // point to point (pipeline stages)
   kCount
 };
 const char* op_kind_name(OpKind k);  // a collective's kind is named as the collective
@@ -95,6 +96,7 @@ struct OpEvent {
   int32_t ranks = 0;     // collectives: ranks of the communicator
   int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
   int32_t axis = -1;     // collectives: the mesh axis of the communicator (Axis), -1 for none
+  int32_t peer = -1;     // send, receive: the other rank, in the communicator's numbering
 };
 
 // Receives every operation and memory change of the backend, in completion order.
@@ -133,7 +135,7 @@ enum class ReduceOp : int { Sum, Prod, Min, Max, Avg, kCount };
 const char* reduce_op_name(ReduceOp o);  // sum, prod, min, max, avg
 // The numbers are the HDF5 files' codes (collective_perf's op column): append only.
 enum class Collective : int {
-  AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv, kCount
+  AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, AllToAll, SendRecv, Send, Recv, kCount
 };
 
 // Buffers follow NCCL's conventions: `count` is elements per rank's send buffer for
@@ -142,6 +144,9 @@ enum class Collective : int {
 // recv == send for all-reduce, broadcast, reduce, and the rank's slice of the larger
 // buffer for all-gather (send = recv + rank*count) and reduce-scatter (recv = send +
 // rank*count). Send/recv sends `send` to rank+1 and receives `recv` from rank-1.
+// Send and Recv are point to point: `count` elements of `send` to rank `peer`, or into
+// `recv` from `peer`, matched by `tag` (on NCCL, by issue order per communicator); only the
+// two ranks take part, so they start at once, in whatever order the ranks issue them.
 // `after`: stream order. The collective starts once collective `after` has finished,
 // without the compute lane waiting for either (a CUDA stream waiting on an event; on CPU
 // the backend issues it as soon as it sees `after` complete). Collectives on one
@@ -155,6 +160,8 @@ struct CollectiveArgs {
   ReduceOp redop = ReduceOp::Sum;
   int root = 0;
   Request after = kNoRequest;
+  int peer = -1;  // Send, Recv
+  int tag = 0;    // Send, Recv
 };
 
 // How the `count` of a backend call sizes its buffers (the conventions above).
@@ -178,6 +185,7 @@ struct CollectiveInfo {
   bool reduces;            // takes a ReduceOp
   bool rooted;             // takes a root rank
   bool in_place;           // has an in-place form
+  bool point_to_point;     // Send, Recv: two ranks, a peer and a tag, started at issue
   // nccl-tests' bus bandwidth = algorithm bandwidth × this factor over `ranks`
   // (docs/references.md, "nccl-tests"): the bytes each rank sends over the buffer's size.
   double (*bus_factor)(int ranks);
@@ -379,6 +387,9 @@ class Backend {
   Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
   // all_reduce stream-ordered after collective `after` (see CollectiveArgs::after).
   Request all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm);
+  // Point to point: `count` elements to or from rank `peer` of `comm`, matched by `tag`.
+  Request send(CBuf buf, int64_t count, int peer, int tag, Comm& comm);
+  Request recv(Buf buf, int64_t count, int peer, int tag, Comm& comm);
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
   // A collective waited on before any other backend call runs as one blocking call where
@@ -409,7 +420,7 @@ class Backend {
   std::vector<void*> tracked() const;  // what is still allocated (for destructors)
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
               const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
-              int64_t after = -1, int axis = -1);
+              int64_t after = -1, int axis = -1, int peer = -1);
   Recorder* recorder_ = nullptr;
   bool blocking_when_waited_ = true;
 

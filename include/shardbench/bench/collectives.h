@@ -22,7 +22,8 @@ struct BenchOp {
   bool is(Collective c) const { return !hybrid && collective == c; }
   bool operator==(const BenchOp& o) const { return hybrid == o.hybrid && (hybrid || collective == o.collective); }
 };
-// Every operation: the table's collectives in its order, then hybrid. An operation's index
+// Every operation: the table's collectives that nccl-tests measures (not the point-to-point
+// send and receive), in its order, then hybrid. An operation's index
 // here is its code in the result files (op columns, op_names).
 const std::vector<BenchOp>& bench_ops();
 int bench_op_code(BenchOp op);

@@ -255,12 +255,15 @@ struct TimedOp {
 // the staging copies of MPI) on kCommLane; NCCL collectives stream-ordered after another
 // (CollectiveArgs::after, as FSDP's all-reduce stream) on kOrderedLane, so they overlap the
 // next collectives of kCommLane; tensor-parallel NCCL collectives on the compute stream itself
-// (on the critical path, as Megatron-LM issues them) on kTensorLane; MPI calls (timed on the
-// host) from kMpiLane up, first free.
+// (on the critical path, as Megatron-LM issues them) on kTensorLane; pipeline sends and
+// receives of activations and of gradients on their own streams (kActivationLane,
+// kGradientLane); MPI calls (timed on the host) from kMpiLane up, first free.
 constexpr int kCommLane = 1;
 constexpr int kOrderedLane = 2;
 constexpr int kTensorLane = 3;
-constexpr int kMpiLane = 4;
+constexpr int kActivationLane = 4;
+constexpr int kGradientLane = 5;
+constexpr int kMpiLane = 6;
 
 cublasOperation_t op(bool transposed) { return transposed ? CUBLAS_OP_T : CUBLAS_OP_N; }
 
@@ -343,6 +346,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     cudaStreamSynchronize(ordered_);
+    for (cudaStream_t p2p : p2p_) cudaStreamSynchronize(p2p);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
     cudaStreamSynchronize(compute_);
     stager_.reset();  // hands its events back to the pool
@@ -359,6 +363,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     cublasDestroy(cublas_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(ordered_);
+    for (cudaStream_t p2p : p2p_) cudaStreamDestroy(p2p);
     cudaStreamDestroy(compute_);
   }
 
@@ -661,7 +666,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   // Over MPI as well: staging divides averages and runs the 16-bit reductions on the host.
   Request collective(const CollectiveArgs& a, Comm& c) override {
     require_supported(a);
-    if (recorder_) axis_of_[next_request_] = c.axis();  // recorded with the collective
+    if (recorder_) axis_of_[next_request_] = {c.axis(), a.peer};  // recorded with the collective
     if (uses_mpi(comm_library_)) return issue_mpi(a, c);
     const ncclComm_t n = nccl(c);
     const int size = c.size(), rank = c.rank(), es = dtype_size(a.dtype);
@@ -670,7 +675,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     const size_t count = size_t(a.count);
     // A tensor-parallel collective runs in the compute stream's order: the next layer needs
     // its result, and it must not queue behind the data-parallel collectives of comm_.
-    const cudaStream_t s = c.axis() == int(Axis::Tensor) ? compute_ : a.after == kNoRequest ? comm_ : ordered_;
+    // A point-to-point send or receive runs on one of two streams by its tag's lowest bit (the
+    // pipeline's activations and gradients), so a blocked send of one direction never holds
+    // up the other (one NCCL communicator per direction: docs/architecture.md).
+    const cudaStream_t s = collective_info(a.op).point_to_point ? p2p_[a.tag & 1]
+                           : c.axis() == int(Axis::Tensor)      ? compute_
+                           : a.after == kNoRequest              ? comm_
+                                                                : ordered_;
     return issue(collective_kind(a.op), collective_bytes(a, size), size, s, a.after, [&] {
       switch (a.op) {
         case Collective::AllReduce: NCCL_CHECK(ncclAllReduce(a.send, a.recv, count, t, op, n, s)); break;
@@ -688,6 +699,8 @@ class CudaBackend final : public Backend, private StagingDevice {
           NCCL_CHECK(ncclGroupEnd());
           break;
         }
+        case Collective::Send: NCCL_CHECK(ncclSend(a.send, count, t, a.peer, n, s)); break;
+        case Collective::Recv: NCCL_CHECK(ncclRecv(a.recv, count, t, a.peer, n, s)); break;
         default: SB_FATAL("unknown collective");
       }
     });
@@ -725,6 +738,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
     CUDA_CHECK(cudaStreamSynchronize(ordered_));
+    for (cudaStream_t p2p : p2p_) CUDA_CHECK(cudaStreamSynchronize(p2p));
     for (auto& [r, o] : requests_) free_done_.push_back(o.done);  // all complete now
     requests_.clear();
     resolve_timed_ops();
@@ -746,6 +760,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaStreamCreateWithPriority(&compute_, cudaStreamNonBlocking, least));
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&ordered_, cudaStreamNonBlocking, greatest));
+    for (cudaStream_t& p2p : p2p_) CUDA_CHECK(cudaStreamCreateWithPriority(&p2p, cudaStreamNonBlocking, greatest));
   }
 
   void make_cublas() {
@@ -859,8 +874,9 @@ class CudaBackend final : public Backend, private StagingDevice {
     auto prev = requests_.find(after);
     if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
-    timed(kind, s == comm_ ? kCommLane : s == ordered_ ? kOrderedLane : kTensorLane, s, bytes, nccl_call, 0.0, nullptr,
-          id, ranks);
+    const int lane = s == comm_ ? kCommLane : s == ordered_ ? kOrderedLane : s == compute_ ? kTensorLane
+                     : s == p2p_[0] ? kActivationLane : kGradientLane;
+    timed(kind, lane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
     const cudaEvent_t done = done_event();
     CUDA_CHECK(cudaEventRecord(done, s));
     requests_[id] = {done, s};
@@ -930,6 +946,8 @@ class CudaBackend final : public Backend, private StagingDevice {
   // ordered after another (CollectiveArgs::after) starts once that one has enqueued its last
   // copy on the communication stream, which then orders the two.
   Request issue_mpi(const CollectiveArgs& a, Comm& c) {
+    if (collective_info(a.op).point_to_point)
+      throw UsageError("pipeline sends and receives (--pp) run on NCCL here: --comm mpi stages collectives only");
     auto* m = dynamic_cast<CudaMpiComm*>(&c);
     SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
     while (a.after != kNoRequest && mpi_pending(a.after)) progress_mpi();
@@ -1005,13 +1023,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     for (const Resolved& r : done) {
       const TimedOp& t = timed_[r.index];
       set_context(t.phase, t.unit);
-      int axis = -1;
-      if (t.ranks > 0) {  // a collective: its communicator's axis
+      std::pair<int, int> axis_peer{-1, -1};
+      if (t.ranks > 0) {  // a collective: its communicator's axis (and a send's or receive's peer)
         auto it = axis_of_.find(t.request);
-        if (it != axis_of_.end()) axis = it->second, axis_of_.erase(it);
+        if (it != axis_of_.end()) axis_peer = it->second, axis_of_.erase(it);
       }
       record(t.kind, t.lane, r.start, r.end, t.bytes, t.flops, t.has_shape ? t.gemm : nullptr, t.request, t.ranks,
-             -1, axis);
+             -1, axis_peer.first, axis_peer.second);
     }
     set_context(phase0, unit0);
     for (const TimedOp& t : timed_)
@@ -1024,6 +1042,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   cudaDeviceProp prop_{};
   bool tf32_ = false;
   cudaStream_t compute_ = nullptr, comm_ = nullptr, ordered_ = nullptr;
+  cudaStream_t p2p_[2] = {nullptr, nullptr};  // pipeline sends and receives: activations, gradients
   cublasHandle_t cublas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
   cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after
@@ -1047,7 +1066,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   std::unique_ptr<MpiStager> stager_;
   std::vector<double> mpi_lane_end_;  // end of the last MPI call on each lane from kMpiLane
   std::unordered_map<Request, int> mpi_ranks_;  // MPI collectives in the stager: their ranks
-  std::unordered_map<Request, int> axis_of_;    // collectives not yet recorded: their mesh axis
+  std::unordered_map<Request, std::pair<int, int>> axis_of_;  // collectives not yet recorded: axis, peer
   std::vector<std::pair<void*, Request>> pending_frees_;  // release_after on a request still staged
 };
 
