@@ -8,9 +8,11 @@
 namespace sb {
 
 namespace {
-ModelSpec make(const char* name, int64_t d, int64_t ff, int64_t layers, int64_t heads, int64_t dkv,
-               int64_t vocab) {
+ModelSpec make(const std::string& name, int64_t d, int64_t ff, int64_t layers, int64_t heads, int64_t dkv,
+               int64_t vocab, FfnKind ffn = FfnKind::Relu, bool tie = true) {
   ModelSpec s;
+  s.ffn = ffn;
+  s.tie_embeddings = tie;
   s.name = name;
   s.d_model = d;
   s.d_ff = ff;
@@ -30,7 +32,21 @@ const std::vector<ModelSpec>& presets() {
       make("t5-small", 256, 1024, 4, 4, 64, 8192),
       make("t5-tiny", 32, 64, 2, 2, 8, 96),
   };
-  return p;
+  // T5 v1.1 and its instruction-tuned twin Flan-T5 (one shape each): Hugging Face's
+  // configurations (docs/references.md §13): feed_forward_proj "gated-gelu",
+  // tie_word_embeddings false, d_kv 64, vocab 32128, 32 buckets, max distance 128.
+  static const std::vector<ModelSpec> all = [] {
+    std::vector<ModelSpec> v = p;
+    const struct { const char* size; int64_t d, ff, layers, heads; } v11[] = {
+        {"small", 512, 1024, 8, 6}, {"base", 768, 2048, 12, 12}, {"large", 1024, 2816, 24, 16},
+        {"xl", 2048, 5120, 24, 32}, {"xxl", 4096, 10240, 24, 64}};
+    for (const char* family : {"t5-v1_1-", "flan-t5-"})
+      for (const auto& m : v11)
+        v.push_back(make(std::string(family) + m.size, m.d, m.ff, m.layers, m.heads, 64, 32128, FfnKind::GatedGelu,
+                         false));
+    return v;
+  }();
+  return all;
 }
 }  // namespace
 
@@ -46,6 +62,14 @@ ModelSpec model_preset(const std::string& name) {
   std::string allowed;
   for (const auto& n : model_preset_names()) allowed += (allowed.empty() ? "" : ", ") + n;
   throw UsageError("unknown model '" + name + "' (allowed: " + allowed + ")");
+}
+
+const char* ffn_kind_name(FfnKind f) { return f == FfnKind::GatedGelu ? "gated-gelu" : "relu"; }
+
+FfnKind parse_ffn_kind(const std::string& s) {
+  for (FfnKind f : {FfnKind::Relu, FfnKind::GatedGelu})
+    if (s == ffn_kind_name(f)) return f;
+  throw UsageError("--ffn '" + s + "' is not allowed (allowed: relu, gated-gelu)");
 }
 
 void validate(const ModelSpec& s) {
@@ -108,6 +132,7 @@ std::vector<UnitSpec> model_units(const ModelSpec& s) {
     b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f);
     b.norm("encoder.final_norm", s.d_model);
     b.norm("decoder.final_norm", s.d_model);
+    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model);
     units.push_back(b.u);
   }
   for (int stack = 0; stack < 2; ++stack) {
@@ -125,7 +150,12 @@ std::vector<UnitSpec> model_units(const ModelSpec& s) {
         b.attention("cross", s);
         b.norm("ln3", s.d_model);
       }
-      b.linear("wi", s.d_ff, s.d_model);
+      if (s.ffn == FfnKind::GatedGelu) {
+        b.linear("wi_0", s.d_ff, s.d_model);
+        b.linear("wi_1", s.d_ff, s.d_model);
+      } else {
+        b.linear("wi", s.d_ff, s.d_model);
+      }
       b.linear("wo", s.d_model, s.d_ff);
       units.push_back(b.u);
     }
@@ -149,8 +179,9 @@ double attention_flops(const ModelSpec& s, double batch, double tq, double tk) {
          + gemm_flops(batch * tq, d, inner)          // O
          + 2 * batch * s.heads * gemm_flops(tq, tk, s.d_kv);  // scores, context
 }
+// wi (or wi_0 and wi_1) and wo.
 double ffn_flops(const ModelSpec& s, double tokens) {
-  return 2 * gemm_flops(tokens, s.d_ff, s.d_model);
+  return (s.ffn == FfnKind::GatedGelu ? 3 : 2) * gemm_flops(tokens, s.d_ff, s.d_model);
 }
 }  // namespace
 
