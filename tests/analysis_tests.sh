@@ -29,8 +29,45 @@ t = lambda n: h5py.File(os.path.join(d, n))["/"].attrs["median_step_time_s"]
 assert t("t5-611m-fsdp-hybrid8-g512-b8-s512.h5") < t("t5-611m-fsdp-full-g512-b8-s512.h5")
 print("ok")
 PYEOF
+# A shape no preset has, measured and projected (the programs' shape flags): labelled by its
+# shape, never by a bare 'preset*'; a bad shape value is refused in one line, exit 2.
+"${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --layers 1 --ffn gated-gelu --tie-embeddings no --out $R/gated.h5 \
+  >"$tmp/out" 2>&1 || bad "fsdp run of a gated shape"
+expect "projection with shape overrides (--layers --ffn --tie-embeddings)" 0 \
+  '^t5-11.3b-layers4-ffn-gated-gelu-tie-no +fsdp-full +8 +8 .* ok$' -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b --layers 4 \
+  --ffn gated-gelu --tie-embeddings no --strategies fsdp-full --gpus 8 --batch 8 --seq-len 512 --out $R/projected
+expect "the projected point records its shape" 0 '^t5-11.3b\* 4 gated-gelu 0 [0-9]+$' -- $PY -c "
+import h5py; a = h5py.File('$R/projected/t5-11.3b-layers4-ffn-gated-gelu-tie-no-fsdp-full-g8-b8-s512.h5')['/'].attrs
+print(a['model'], a['layers'], a['ffn'], a['tie_embeddings'], a['param_count'])"
+for bad in "--d-ff 0|--d-ff 0 is not allowed \(an integer from 1 to 2147483647\)" \
+  "--heads abc|--heads abc is not allowed \(an integer from 1 to 2147483647\)" \
+  "--ffn swiglu|--ffn 'swiglu' is not allowed \(allowed: relu, gated-gelu\)" \
+  "--tie-embeddings maybe|--tie-embeddings 'maybe' is not allowed \(allowed: yes, no\)"; do
+  expect "projection refuses ${bad%%|*} in one line, exit 2" 2 "^project: error: ${bad#*|}\$" -- \
+    $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} \
+    --strategies fsdp-full --gpus 8 --out $tmp/pbad
+  check "... nothing else on stderr, nothing written" bash -c "[ \$($PY $ROOT/analysis/project.py --cluster \
+    $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} --gpus 8 --out $tmp/pbad 2>&1 >/dev/null | wc -l) = 1 ] \
+    && [ ! -e $tmp/pbad ]"
+done
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
+check "report: overridden shapes are labelled by their shape, never as preset*" bash -c "\
+  grep -q '<td>T5 1+1 layers, d_model 32, d_ff 64, 2x8 heads, vocab 96, gated-GELU, untied head</td>' $tmp/report/index.html \
+  && grep -q '<td>T5 4+4 layers, d_model 1024, d_ff 65536, 128x128 heads, vocab 32128, gated-GELU, untied head</td>' \
+  $tmp/report/index.html && ! grep -q 't5-tiny\*\|t5-11.3b\*' $tmp/report/index.html"
+# No title, axis label or legend of any figure reaches past the image's edge: this folder
+# (several panels) and one model measured alone (one narrow panel, as make demo's report).
+mkdir -p $tmp/alone && cp $R/ddp.h5 $R/full.h5 $tmp/alone/
+for folder in $R $tmp/alone; do
+  expect "report: no figure's text is cut at its edge ($(basename $folder))" 0 '^uncut [0-9]+$' -- $PY -c "
+import sys; sys.path.insert(0, '$ROOT/analysis')
+import plots, report
+assert report.main(['$folder', '--out', '$tmp/cutcheck']) == 0
+cut = {name: texts for name, texts in plots.CUT.items() if texts}
+print(cut if cut else f'uncut {len(plots.CUT)}')"
+done
 for f in tflops_vs_model tflops_vs_gpus memory comparison timeline-ddp timeline-full; do
   check "report: $f.png is a PNG and $f.svg exists" \
     bash -c "head -c 8 $tmp/report/$f.png | od -An -c | grep -q 'P   N   G' && test -s $tmp/report/$f.svg"
