@@ -83,6 +83,33 @@ check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
 
+# --- the PyTorch scripts' preset table (analysis/torch_t5_step.py, used by hf_t5_step.py) is
+# the programs' own: shapes, feed-forward, head, parameter count and model FLOPs, every preset ---
+expect "torch_t5_step.PRESETS = the programs' presets (shape, ffn, head, parameters, FLOPs)" 0 '^ok 15 presets$' -- \
+  $PY - "$BIN" "$ROOT" <<'PYEOF'
+import json, os, subprocess, sys, tempfile, types
+sys.path.insert(0, os.path.join(sys.argv[2], "analysis"))
+import torch_t5_step as t
+binary = os.path.join(sys.argv[1], "fsdp_perf")
+names = subprocess.run([binary, "--list-models"], capture_output=True, text=True).stdout.split()
+assert sorted(names) == sorted(t.PRESETS), (names, sorted(t.PRESETS))
+for name, (d, ff, layers, heads, dkv, vocab, ffn, tie) in t.PRESETS.items():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.json")
+        r = subprocess.run([binary, "--model", name, "--batch", "2", "--seq-len", "16", "--dec-seq-len", "8", "--plan",
+                            "--world-size", "1", "--schedule-json", path], capture_output=True, text=True)
+        assert r.returncode in (0, 3), r.stderr  # 3: does not fit this host; the schedule is written
+        s = json.load(open(path))
+    assert (s["d_model"], s["d_ff"], s["layers"], s["heads"], s["d_kv"], s["vocab"], s["ffn"], s["tie_embeddings"]) == \
+        (d, ff, layers, heads, dkv, vocab, ffn, int(tie)), name
+    a = types.SimpleNamespace(d_model=d, d_ff=ff, layers=layers, heads=heads, d_kv=dkv, vocab=vocab, ffn=ffn, tie=tie,
+                              num_buckets=32, batch=2, seq_len=16, dec_seq_len=8)
+    count = sum(int(__import__("numpy").prod(shape)) for _, ts in t.unit_layout(a) for _, shape, _ in ts)
+    assert count == s["param_count"], (name, count, s["param_count"])
+    assert abs(3 * t.forward_flops(a)[0] - s["model_flops_per_step"]) <= 1e-9 * s["model_flops_per_step"], name
+print(f"ok {len(t.PRESETS)} presets")
+PYEOF
+
 # --- one command-line convention: every analysis script's --help documents every argument ---
 expect "analysis scripts: --help exits 0, whole descriptions, every argument documented" 0 \
   'analysis scripts follow the convention' -- $PY $ROOT/tests/check_cli.py
