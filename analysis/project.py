@@ -9,6 +9,13 @@ Example: the published study's T5-11B scaling on the A100 cluster:
         --strategies fsdp-full,fsdp-hybrid --gpus 8,16,32,64,128,256,512 --batch 8,16 \\
         --seq-len 512 --activation-checkpointing --out results/projection
 
+A run matrix's points, or a shape no preset has:
+
+    analysis/project.py --cluster runs/clusters/a100-80gb.toml --matrix runs/t5_v1_1.toml \\
+        --out results/figures-t5-v1_1
+    analysis/project.py --cluster runs/clusters/a100-80gb.toml --model t5-v1_1-xxl --layers 12 \\
+        --d-ff 16384 --strategies fsdp-full --gpus 64 --batch 16 --out results/mine
+
 For every point the program's own memory plan is run (ddp_perf/fsdp_perf --plan
 --world-size N --schedule-json, nothing allocated): it gives the memory verdict and one
 step's GEMMs (with shapes), elementwise kernels and copies (with bytes), collectives, waits
@@ -138,10 +145,15 @@ def parse_args(argv):
     ap = cli.parser(__doc__, __file__)
     ap.add_argument("--cluster", required=True,
                     help="cluster description (TOML), e.g. runs/clusters/a100-80gb.toml (docs/projection.md)")
-    ap.add_argument("--model", action="append", required=True,
+    ap.add_argument("--matrix", metavar="RUNS.toml",
+                    help="a run matrix as slurm/sweep reads it (e.g. runs/t5_v1_1.toml): project its points (models "
+                         "with their shapes, strategies, GPU counts, batches, sequence lengths, checkpointing, "
+                         "dtype), named as the sweep names its results, instead of --model and the flags of the sweep "
+                         "below; memory per GPU is the cluster description's (default: none)")
+    ap.add_argument("--model", action="append",
                     help="model preset as the programs name it (t5-611m, t5-2.28b, t5-11.3b, t5-small, t5-tiny, "
                          "t5-v1_1-small ... t5-v1_1-xxl, flan-t5-small ... flan-t5-xxl; `fsdp_perf --list-models`); "
-                         "repeat for several")
+                         "repeat for several (default: none; required without --matrix)")
     ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none",
                     help="comma-separated strategy labels as the programs print them: ddp, fsdp-full, "
                          "fsdp-hybridG (shard groups of G ranks; fsdp-hybrid: G = GPUs per node), fsdp-none, "
@@ -195,6 +207,9 @@ def positive_list(text, flag):
 
 def setup(a):
     """The cluster with its calibration applied, and the GPU counts and batches."""
+    if bool(a.matrix) == bool(a.model):
+        raise ProjectionError("give --model (one or more) or --matrix, not both" if a.matrix else
+                              "give --model (one or more), or --matrix RUNS.toml")
     cluster = load_cluster(a.cluster, calibrate=not a.calibrate_run)
     for p in a.calibrate_run:
         cluster["compute_model"].add_run(p, cluster)
@@ -211,7 +226,7 @@ def setup(a):
         except strategy_labels.StrategyError as e:
             raise ProjectionError(f"--strategies: {e}")
     gpus, batches = positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
-    for model in a.model:  # the program judges the model and its shape flags before anything is printed
+    for model in a.model or []:  # the program judges the model and its shape flags before anything is printed
         plan_schedule(["fsdp_perf"] + model_shapes.flags(shape_of(a, model)) + ["--batch", "1", "--seq-len", "1"], 1,
                       cluster["gpu_memory_gib"], a.bin or os.path.join(ROOT, "build", "bin"))
     return cluster, gpus, batches
@@ -243,43 +258,79 @@ def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False
     return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
 
 
-def project_point(cluster, a, model, label, batch, n):
-    """(schedule, replay) of one point of the command line's sweep."""
-    sched = point_schedule(cluster, shape_of(a, model), label, batch, n, a.seq_len, a.activation_checkpointing, a.bin,
-                           None, a.dec_seq_len, a.reduce_dtype)
-    return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and label != "ddp")
+def load_matrix(path):
+    """A run matrix as slurm/sweep reads and checks it (its loader, one schema for both)."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("sweep", os.path.join(ROOT, "slurm", "sweep"))
+    sweep = importlib.util.module_from_spec(importlib.util.spec_from_loader("sweep", loader))
+    loader.exec_module(sweep)
+    try:
+        return sweep, sweep.load_matrix(path, {})
+    except (sweep.InputError, sweep.CommandError) as e:
+        raise ProjectionError(str(e))
+
+
+def points_to_project(a, cluster, gpus, batches):
+    """[(model tag, result name, strategy label, batch, GPUs, program and flags)] of the command
+    line's sweep, or of the run matrix's points (--matrix: named as slurm/sweep names their
+    results). A name's {label} is the label the program prints."""
+    if a.matrix:
+        sweep, cfg = load_matrix(a.matrix)
+        m = cfg["matrix"]
+        if m["dtype"] != cluster["dtype"]:
+            raise ProjectionError(f"{a.matrix}: [matrix] dtype {m['dtype']} is not the cluster description's "
+                                  f"{cluster['dtype']} (its rates are for {cluster['dtype']})")
+        return [(p.model, p.name, p.strategy, p.batch, p.gpus, [p.program] + list(p.args)) for p in sweep.points(cfg)]
+    out = []
+    for model in a.model:
+        entry = shape_of(a, model)
+        for label in a.strategies.split(","):
+            for batch in batches:
+                for n in gpus:
+                    args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + [
+                        "--batch", str(batch), "--seq-len", str(a.seq_len)]
+                    if a.dec_seq_len is not None:
+                        args += ["--dec-seq-len", str(a.dec_seq_len)]
+                    if a.activation_checkpointing:
+                        args.append("--activation-checkpointing")
+                    args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
+                    # the preset, or the preset and its overrides, then the label the program prints
+                    tag = model_shapes.tag(entry)
+                    out.append((tag, f"{tag}-{{label}}-g{n}-b{batch}-s{a.seq_len}", label, batch, n, args))
+    return out
 
 
 def main(argv=None):
     a = parse_args(argv)
     try:
         cluster, gpus, batches = setup(a)
+        todo = points_to_project(a, cluster, gpus, batches)
     except (ProjectionError, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
-    width = max(10, *(len(model_shapes.tag(shape_of(a, m))) for m in a.model))
+    width = max(10, *(len(tag) for tag, *_ in todo))
     print(f"{'model':<{width}} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'peak GiB':>9}  status")
-    for model in a.model:
-        for label in a.strategies.split(","):
-            for batch in batches:
-                for n in gpus:
-                    try:
-                        sched, sim = project_point(cluster, a, model, label, batch, n)
-                    except ProjectionError as e:
-                        print(f"project: error: {e}", file=sys.stderr)
-                        return 2
-                    fits = sched["memory"]["fits"]
-                    tag = model_shapes.tag(shape_of(a, model))  # the preset, or the preset and its overrides
-                    name = f"{tag}-{sched['label']}-g{n}-b{batch}-s{a.seq_len}.h5"
-                    write_result(os.path.join(a.out, name), sched, sim, cluster, a, label)
-                    tf = sched["model_flops_per_step"] / sim["time"] / 1e12
-                    print(f"{tag:<{width}} {sched['label']:<13} {n:>5} {batch:>5} "
-                          f"{sim['time'] * 1e3 if fits else float('nan'):>10.2f} {tf if fits else float('nan'):>11.2f} "
-                          f"{sim['exposed'] * 1e3 if fits else float('nan'):>10.2f} "
-                          f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
+    bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
+    for model, name, label, batch, n, args in todo:
+        try:
+            sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir)
+            fits = sched["memory"]["fits"]  # a point that does not fit is recorded, not replayed
+            sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and label != "ddp") if fits else None
+        except ProjectionError as e:
+            print(f"project: error: {e}", file=sys.stderr)
+            return 2
+        name = name.replace("{label}", sched["label"])
+        write_result(os.path.join(a.out, name + ".h5"), sched, sim, cluster, a, label)
+        nan = float("nan")
+        print(f"{model:<{width}} {sched['label']:<13} {n:>5} {batch:>5} "
+              f"{sim['time'] * 1e3 if fits else nan:>10.2f} "
+              f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fits else nan:>11.2f} "
+              f"{sim['exposed'] * 1e3 if fits else nan:>10.2f} "
+              f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
     print(f"project: wrote {a.out}/")
     return 0
 

@@ -51,6 +51,21 @@ for bad in "--d-ff 0|--d-ff 0 is not allowed \(an integer from 1 to 2147483647\)
     $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} --gpus 8 --out $tmp/pbad 2>&1 >/dev/null | wc -l) = 1 ] \
     && [ ! -e $tmp/pbad ]"
 done
+# --matrix: a run matrix's points (per-entry shapes included), named as slurm/sweep names them.
+sed 's/^models = .*/models = ["t5-tiny", {model = "t5-tiny", layers = 1, ffn = "gated-gelu"}]/' \
+  $ROOT/runs/local.toml >$tmp/matrix.toml
+expect "projection of a run matrix (--matrix)" 0 '^t5-tiny-layers1-ffn-gated-gelu +fsdp-hybrid2 +4 +2 .* ok$' -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/local-cpu.toml --matrix $tmp/matrix.toml --out $tmp/pm
+expect "... one result per point of the sweep, under the sweep's names" 0 '^ok 8$' -- $PY -c "
+import importlib.machinery, importlib.util, os
+loader = importlib.machinery.SourceFileLoader('sweep', '$ROOT/slurm/sweep')
+sweep = importlib.util.module_from_spec(importlib.util.spec_from_loader('sweep', loader)); loader.exec_module(sweep)
+want = {p.name + '.h5' for p in sweep.points(sweep.load_matrix('$tmp/matrix.toml', {}))}
+assert sorted(os.listdir('$tmp/pm')) == sorted(want), (sorted(os.listdir('$tmp/pm')), sorted(want))
+print('ok', len(want))"
+expect "--matrix of another precision than the cluster's rates is refused" 2 \
+  "^project: error: .*\[matrix\] dtype fp32 is not the cluster description's bf16" -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --matrix $tmp/matrix.toml --out $tmp/pm2
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
 check "report: overridden shapes are labelled by their shape, never as preset*" bash -c "\
