@@ -72,8 +72,8 @@ def load_results(paths, inputs):
 
 def wrap(text, width_in, fontsize):
     """text broken into lines that fit width_in inches at fontsize points (about 0.55 em per
-    character in DejaVu Sans), each existing line on its own."""
-    per_line = max(10, int(width_in * 72 / (0.55 * fontsize)))
+    character in DejaVu Sans, 0.62 to be safe), each existing line on its own."""
+    per_line = max(10, int(width_in * 72 / (0.62 * fontsize)))
     return "\n".join(textwrap.fill(line, per_line) for line in text.split("\n"))
 
 
@@ -316,10 +316,12 @@ def plot_memory(runs, out):
             ax.bar(x + dx, vals, 0.38, bottom=bottom, color=cmap(i), hatch="" if side == "measured" else "//",
                    edgecolor="white", label=cat if side == "measured" else None)
             bottom += vals
-    ax.set_xticks(x, [wrap(f"{r.meta['label']}\n{model_label(r.meta)} w{r.meta['world_size']}", 1.0, 7)
+    per_bar = fig.get_figwidth() * 0.85 / len(measured)  # inches of axis per bar pair
+    ax.set_xticks(x, [wrap(f"{r.meta['label']}\n{model_label(r.meta)} w{r.meta['world_size']}", per_bar, 7)
                       for r in measured], fontsize=7)
     ax.set_ylabel("MiB per rank at the peak")
-    ax.set_title("Memory by category: measured (left) beside planned (right, hatched)")
+    ax.set_title(wrap("Memory by category: measured (left) beside planned (right, hatched)", fig.get_figwidth() - 1.2,
+                      12))
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, out, "memory")

@@ -33,7 +33,7 @@ const std::vector<ModelSpec>& presets() {
       make("t5-tiny", 32, 64, 2, 2, 8, 96),
   };
   // T5 v1.1 and its instruction-tuned twin Flan-T5 (one shape each): Hugging Face's
-  // configurations (docs/references.md §13): feed_forward_proj "gated-gelu",
+  // configurations (docs/references.md §11): feed_forward_proj "gated-gelu",
   // tie_word_embeddings false, d_kv 64, vocab 32128, 32 buckets, max distance 128.
   static const std::vector<ModelSpec> all = [] {
     std::vector<ModelSpec> v = p;
