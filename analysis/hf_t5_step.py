@@ -99,11 +99,12 @@ def build(torch, transformers, a, device):
     model.train()
     if a.activation_checkpointing:
         model.gradient_checkpointing_enable()
-    # As built (after .to() and checkpointing, which must not re-tie anything):
+    # As built (after .to() and checkpointing, which must not re-tie anything); a tied model's
+    # layout is transformers' own (the parameter count, checked by the caller, says if it is one matrix).
     shared = model.shared.weight
     layout = (model.encoder.embed_tokens.weight is shared, model.decoder.embed_tokens.weight is shared,
-              (model.lm_head.weight is shared) == a.tie, bool(model.config.tie_word_embeddings) == a.tie)
-    if not all(layout):
+              model.lm_head.weight is not shared, not model.config.tie_word_embeddings)
+    if not a.tie and not all(layout):
         raise RuntimeError(f"the model is not the checkpoints' layout (encoder, decoder embeddings = shared, head "
                            f"{'tied' if a.tie else 'untied'}, config tie_word_embeddings {a.tie}): {layout}")
     return model
