@@ -3,15 +3,25 @@
 shardbench preset: the baseline a user would reach for, eager and under torch.compile, timed on
 the same GPU as shardbench's CUDA backend (scripts/gpu-check.sh runs both in one job).
 
-The model is built from a T5Config of the preset (random initialisation, dropout 0, ReLU
-feed-forward, tied embeddings, 32 buckets / max distance 128), fp32 weights under bf16
-autocast, and a fused AdamW (weight decay 0, so the update is shardbench's Adam). Its
-parameter count equals shardbench's for every preset (checked: 611,838,976 for t5-611m).
-analysis/torch_t5_step.py stays the bit-exact reference of shardbench's math; this script is
-the performance baseline.
+The model is built from a T5Config of the preset (random initialisation, dropout 0, 32
+buckets / max distance 128), fp32 weights under bf16 autocast, and a fused AdamW (weight
+decay 0, so the update is shardbench's Adam). The study's presets: ReLU feed-forward, tied
+embeddings. T5 v1.1 and Flan-T5 presets (t5-v1_1-xl, flan-t5-xxl, ...): feed_forward_proj
+"gated-gelu" and the released checkpoints' layout, one input embedding `shared` for encoder
+and decoder and a separate lm_head (two vocab x d_model matrices). transformers 5.17 builds
+neither from T5Config(tie_word_embeddings=False): the config comes back tied (one matrix),
+and set to False after construction the encoder's and decoder's input embeddings are untied
+too (four). So the script ties both input embeddings to `shared` itself and keeps the head
+separate (no d_model^-0.5 rescale: T5ForConditionalGeneration rescales only a tied head).
+
+Both parameter counts are printed, Hugging Face's (unique parameters of the module) and
+shardbench's (`fsdp_perf --plan`'s param_count, where the programs are built under --bin),
+and the script fails when they differ: e.g. t5-v1_1-xl 2,849,757,184, flan-t5-xxl
+11,135,332,352, t5-611m 611,838,976. analysis/torch_t5_step.py stays the bit-exact reference
+of shardbench's math; this script is the performance baseline.
 
 Prints one line per step (STEP step=.. loss=.. ms=..) and a summary for machines:
-  HF step_ms=228.3 tflops=279.1 mode=compile checkpointing=0 ... (median over timed steps)
+  HF step_ms=228.3 tflops=279.1 mode=compile checkpointing=0 ... params=... sb_params=...
 TFLOPS use shardbench's model-FLOP formula (3 x forward matmul FLOPs), read from the program's
 own plan of the same shapes as torch_t5_step.py reads it (--bin), so the figures compare with
 ddp_perf/fsdp_perf's.
@@ -20,9 +30,12 @@ Exit status: 0 measured; 1 failed (out of memory included, with the reason); 3 n
 here (no transformers, no PyTorch, or no CUDA device): gpu-check prints the reason and skips
 the row.
 """
+import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -30,6 +43,7 @@ import cli  # noqa: E402
 import torch_t5_step  # noqa: E402  (PRESETS and the plan's FLOP count: one place for each)
 
 NOT_AVAILABLE = 3
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse_args(argv):
@@ -50,11 +64,12 @@ def parse_args(argv):
                    help="bf16: fp32 weights under bf16 autocast (default: %(default)s)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default: %(default)s)")
     p.add_argument("--device", default="cuda", help="torch device (default: %(default)s)")
-    p.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin"),
-                   help="folder of ddp_perf, whose plan gives the FLOP count (default: build/bin of this checkout)")
+    p.add_argument("--bin", default=os.path.join(ROOT, "build", "bin"),
+                   help="folder of ddp_perf and fsdp_perf: the plan's FLOP count and shardbench's parameter count "
+                        "(default: build/bin of this checkout)")
     a = p.parse_args(argv)
-    d, ff, layers, heads, dkv, vocab = torch_t5_step.PRESETS[a.model]
-    a.d_model, a.d_ff, a.heads, a.d_kv, a.vocab = d, ff, heads, dkv, vocab
+    d, ff, layers, heads, dkv, vocab, ffn, tie = torch_t5_step.PRESETS[a.model]
+    a.d_model, a.d_ff, a.heads, a.d_kv, a.vocab, a.ffn, a.tie = d, ff, heads, dkv, vocab, ffn, tie
     a.layers = a.layers or layers
     a.dec_seq_len = a.dec_seq_len or a.seq_len
     for name in ("layers", "batch", "seq_len", "dec_seq_len", "steps"):
@@ -65,18 +80,51 @@ def parse_args(argv):
     return a
 
 
+def unique_parameters(model):
+    """Elements of the module's distinct parameters (a tied matrix counted once)."""
+    return sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+
+
 def build(torch, transformers, a, device):
     cfg = transformers.T5Config(
         vocab_size=a.vocab, d_model=a.d_model, d_kv=a.d_kv, d_ff=a.d_ff, num_layers=a.layers,
         num_decoder_layers=a.layers, num_heads=a.heads, relative_attention_num_buckets=32,
         relative_attention_max_distance=128, dropout_rate=0.0, layer_norm_epsilon=1e-6,
-        feed_forward_proj="relu", tie_word_embeddings=True, use_cache=False,
+        feed_forward_proj=a.ffn, tie_word_embeddings=a.tie, use_cache=False,
         decoder_start_token_id=0, pad_token_id=0)
-    model = transformers.T5ForConditionalGeneration(cfg).to(device)
+    cfg.tie_word_embeddings = a.tie  # transformers 5.17 returns True whatever was passed
+    model = transformers.T5ForConditionalGeneration(cfg)
+    if not a.tie:  # the checkpoints' layout: both stacks read `shared`, the head is its own
+        model.encoder.embed_tokens = model.shared
+        model.decoder.embed_tokens = model.shared
+    model = model.to(device)
     model.train()
     if a.activation_checkpointing:
         model.gradient_checkpointing_enable()
+    # As built (after .to() and checkpointing, which must not re-tie anything); a tied model's
+    # layout is transformers' own (the parameter count, checked by the caller, says if it is one matrix).
+    shared = model.shared.weight
+    layout = (model.encoder.embed_tokens.weight is shared, model.decoder.embed_tokens.weight is shared,
+              model.lm_head.weight is not shared, not model.config.tie_word_embeddings)
+    if not a.tie and not all(layout):
+        raise RuntimeError(f"the model is not the checkpoints' layout (encoder, decoder embeddings = shared, head "
+                           f"{'tied' if a.tie else 'untied'}, config tie_word_embeddings {a.tie}): {layout}")
     return model
+
+
+def shardbench_parameters(a):
+    """param_count of fsdp_perf --plan for the same shape, or None where it is not built."""
+    binary = os.path.join(a.bin, "fsdp_perf")
+    if not os.access(binary, os.X_OK):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.json")
+        r = subprocess.run([binary, "--model", a.model, "--layers", str(a.layers), "--batch", "1", "--seq-len", "1",
+                            "--plan", "--world-size", "1", "--schedule-json", path], capture_output=True, text=True)
+        if r.returncode not in (0, 3) or not os.path.exists(path):
+            raise RuntimeError(f"{binary} --plan failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
+        with open(path) as f:
+            return json.load(f)["param_count"]
 
 
 def main(argv):
@@ -99,7 +147,15 @@ def main(argv):
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     try:
         model = build(torch, transformers, a, device)
-        n_params = sum(p.numel() for p in model.parameters())
+        n_params = unique_parameters(model)
+        sb_params = shardbench_parameters(a)
+        print(f"# parameters: Hugging Face {n_params:,}, shardbench "
+              f"{'(not built)' if sb_params is None else f'{sb_params:,}'} ({a.model}, {a.layers}+{a.layers} layers, "
+              f"{a.ffn}, {'tied' if a.tie else 'untied'} head)", flush=True)
+        if sb_params is not None and sb_params != n_params:
+            print(f"hf_t5_step: error: parameter counts differ: Hugging Face {n_params:,}, shardbench {sb_params:,}",
+                  file=sys.stderr)
+            return 1
         opt = torch.optim.AdamW(model.parameters(), lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
                                 **({"fused": True} if cuda else {}))
         step_fn = model
@@ -138,7 +194,8 @@ def main(argv):
     peak = torch.cuda.max_memory_allocated(device) / 2**30 if cuda else 0.0
     print(f"HF step_ms={t * 1e3:.3f} tflops={model_flops / t / 1e12 if model_flops else float('nan'):.4f} mode={'compile' if a.compile else 'eager'} "
           f"checkpointing={int(a.activation_checkpointing)} dtype={a.dtype} model={a.model} layers={a.layers} "
-          f"batch={a.batch} seq={a.seq_len} dec_seq={a.dec_seq_len} params={n_params} peak_mem_gib={peak:.2f}",
+          f"batch={a.batch} seq={a.seq_len} dec_seq={a.dec_seq_len} params={n_params} "
+          f"sb_params={'-' if sb_params is None else sb_params} peak_mem_gib={peak:.2f}",
           flush=True)
     return 0
 

@@ -18,6 +18,7 @@ were unreadable and skipped (one line each).
 import glob
 import os
 import sys
+import textwrap
 
 import matplotlib
 matplotlib.use("Agg")
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import CATEGORIES, Inputs, load_training  # noqa: E402
+from shardbench_h5 import CATEGORIES, Inputs, load_training, model_label  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple"}
 
@@ -69,7 +70,43 @@ def load_results(paths, inputs):
     return training
 
 
+def wrap(text, width_in, fontsize):
+    """text broken into lines that fit width_in inches at fontsize points (about 0.55 em per
+    character in DejaVu Sans, 0.62 to be safe), each existing line on its own."""
+    per_line = max(10, int(width_in * 72 / (0.62 * fontsize)))
+    return "\n".join(textwrap.fill(line, per_line) for line in text.split("\n"))
+
+
+def cut_texts(fig):
+    """The titles, axis labels and legends of fig that reach past the figure's edge, as 'kind:
+    text' strings (empty when nothing is cut): what tests/analysis_tests.sh checks."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    items = [("suptitle", fig._suptitle)] if fig._suptitle is not None else []
+    items += [("legend", leg) for leg in fig.legends]
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        items += [("title", ax.title), ("xlabel", ax.xaxis.label), ("ylabel", ax.yaxis.label)]
+        if ax.get_legend() is not None:
+            items.append(("legend", ax.get_legend()))
+    cut = []
+    for kind, artist in items:
+        if not artist.get_visible() or (hasattr(artist, "get_text") and not artist.get_text()):
+            continue
+        e = artist.get_window_extent(renderer)
+        if e.x0 < box.x0 - 0.5 or e.x1 > box.x1 + 0.5 or e.y0 < box.y0 - 0.5 or e.y1 > box.y1 + 0.5:
+            text = artist.get_text() if hasattr(artist, "get_text") else kind
+            cut.append(f"{kind}: {text!r}")
+    return cut
+
+
+CUT = {}  # figure name -> its texts cut at the image's edge (cut_texts), as last saved
+
+
 def save(fig, out, name):
+    CUT[name] = cut_texts(fig)
     paths = [os.path.join(out, f"{name}.{ext}") for ext in ("png", "svg")]
     for p in paths:
         fig.savefig(p, dpi=110)
@@ -161,9 +198,16 @@ def finish_panels(fig, axes, out, name, xlabel, handles, title, devices):
                   default=0)
         ax.set_ylim(0, top * 1.15 if top > 0 else 1)
         ax.grid(alpha=0.3)
-    fig.suptitle(title, fontsize=10)
-    fig.legend(handles=handles, loc="lower center", ncol=min(6, len(handles)), fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 0.96))
+    width, height = fig.get_size_inches()
+    fig.suptitle(wrap(title, width - 0.2, 10), fontsize=10)
+    # As many legend columns as fit the figure's width (the longest entry sets the column).
+    longest = max((len(h.get_label()) for h in handles), default=1)
+    per_col = (longest * 0.55 * 7 + 40) / 72  # inches: text at 7 pt plus the handle and padding
+    ncol = max(1, min(6, len(handles), int((width - 0.2) / per_col)))
+    rows = (len(handles) + ncol - 1) // ncol
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
+    bottom = min(0.45, (0.15 + 0.16 * rows) / height)  # room for the legend's rows
+    fig.tight_layout(rect=(0, bottom, 1, 1))  # tight_layout keeps the suptitle clear itself
     return save(fig, out, name)
 
 
@@ -210,7 +254,7 @@ def plot_vs_model(runs, out):
         ax.set_xscale("log")
         more = f" (GPU counts {', '.join(str(w) for w in sorted(here & set(shown)))} of {len(here)})" \
             if not here <= set(shown) else ""
-        ax.set_title(f"{src}\nbatch {batch}{more}", fontsize=8)
+        ax.set_title(wrap(f"{src}\nbatch {batch}{more}", ax.get_position().width * fig.get_figwidth(), 8), fontsize=8)
     handles = legend_handles(sorted(labels), gpu_styles, "GPUs", any(r.meta.get("projected") for r in runs),
                              any(not r.meta.get("projected") for r in runs))
     devices = [device_word([r for r in runs if source(r) == src and r.meta["batch_per_rank"] == b]) for src, b in panels]
@@ -221,14 +265,14 @@ def plot_vs_model(runs, out):
 def plot_vs_gpus(runs, out):
     """Small multiples, one panel per model and source: TFLOPS per GPU against GPU count,
     colour = strategy, line style = batch; measured and projected never share a panel."""
-    size = {r.meta["model"]: r.meta["param_count"] for r in runs}
-    panels = sorted({(r.meta["model"], source(r)) for r in runs},
+    size = {model_label(r.meta): r.meta["param_count"] for r in runs}
+    panels = sorted({(model_label(r.meta), source(r)) for r in runs},
                     key=lambda p: (p[1].startswith("measured"), p[1], size[p[0]]))
     fig, axes = small_multiples(panels)
     batch_styles = styles_for({r.meta["batch_per_rank"] for r in runs}, BATCH_STYLES)
     labels = set()
     for ax, (model, src) in zip(axes, panels):
-        rs = [r for r in runs if r.meta["model"] == model and source(r) == src]
+        rs = [r for r in runs if model_label(r.meta) == model and source(r) == src]
         proj = src.startswith("projected")
         for (label, batch), g in sorted(series(rs, lambda r: (r.meta["label"], r.meta["batch_per_rank"])).items()):
             g = sorted(g, key=lambda r: r.meta["world_size"])
@@ -241,10 +285,10 @@ def plot_vs_gpus(runs, out):
             labels.add(label)
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-        ax.set_title(f"{model}\n{src}", fontsize=8)
+        ax.set_title(wrap(f"{model}\n{src}", ax.get_position().width * fig.get_figwidth(), 8), fontsize=8)
     handles = legend_handles(sorted(labels), batch_styles, "batch", any(r.meta.get("projected") for r in runs),
                              any(not r.meta.get("projected") for r in runs))
-    devices = [device_word([r for r in runs if r.meta["model"] == m and source(r) == src]) for m, src in panels]
+    devices = [device_word([r for r in runs if model_label(r.meta) == m and source(r) == src]) for m, src in panels]
     return finish_panels(fig, axes, out, "tflops_vs_gpus", "GPUs (ranks)", handles,
                          "Scaling: TFLOPS per rank against GPU count (x on the axis: out of memory)", devices)
 
@@ -260,7 +304,7 @@ def plot_memory(runs, out):
     measured = [r for r in runs if r.meta["status"] == "ok" and not r.meta.get("projected") and len(r.memory)]
     if not measured:
         return None
-    measured = sorted(measured, key=lambda r: (r.meta["model"], r.meta["world_size"], r.meta["label"]))[:12]
+    measured = sorted(measured, key=lambda r: (model_label(r.meta), r.meta["world_size"], r.meta["label"]))[:12]
     fig, ax = plt.subplots(figsize=(max(6.4, 1.1 * len(measured)), 4.4))
     x = np.arange(len(measured))
     cmap = plt.get_cmap("tab10")
@@ -272,9 +316,12 @@ def plot_memory(runs, out):
             ax.bar(x + dx, vals, 0.38, bottom=bottom, color=cmap(i), hatch="" if side == "measured" else "//",
                    edgecolor="white", label=cat if side == "measured" else None)
             bottom += vals
-    ax.set_xticks(x, [f"{r.meta['label']}\n{r.meta['model']} w{r.meta['world_size']}" for r in measured], fontsize=7)
+    per_bar = fig.get_figwidth() * 0.85 / len(measured)  # inches of axis per bar pair
+    ax.set_xticks(x, [wrap(f"{r.meta['label']}\n{model_label(r.meta)} w{r.meta['world_size']}", per_bar, 7)
+                      for r in measured], fontsize=7)
     ax.set_ylabel("MiB per rank at the peak")
-    ax.set_title("Memory by category: measured (left) beside planned (right, hatched)")
+    ax.set_title(wrap("Memory by category: measured (left) beside planned (right, hatched)", fig.get_figwidth() - 1.2,
+                      12))
     ax.legend(fontsize=7)
     fig.tight_layout()
     return save(fig, out, "memory")
@@ -312,7 +359,7 @@ def plot_timeline(run, out, name="timeline"):
     ax.set_yticks(yticks, ylabels, fontsize=8)
     ax.set_ylim(-0.2, y)
     ax.set_xlabel("ms since the step began")
-    ax.set_title(f"{run.meta['label']} {run.meta['model']} on {run.meta['world_size']} ranks: step {step}", pad=22)
+    ax.set_title(f"{run.meta['label']} {model_label(run.meta)} on {run.meta['world_size']} ranks: step {step}", pad=22)
     fig.tight_layout()
     return save(fig, out, name)
 

@@ -9,6 +9,13 @@ Example: the published study's T5-11B scaling on the A100 cluster:
         --strategies fsdp-full,fsdp-hybrid --gpus 8,16,32,64,128,256,512 --batch 8,16 \\
         --seq-len 512 --activation-checkpointing --out results/projection
 
+A run matrix's points, or a shape no preset has:
+
+    analysis/project.py --cluster runs/clusters/a100-80gb.toml --matrix runs/t5_v1_1.toml \\
+        --out results/figures-t5-v1_1
+    analysis/project.py --cluster runs/clusters/a100-80gb.toml --model t5-v1_1-xxl --layers 12 \\
+        --d-ff 16384 --strategies fsdp-full --gpus 64 --batch 16 --out results/mine
+
 For every point the program's own memory plan is run (ddp_perf/fsdp_perf --plan
 --world-size N --schedule-json, nothing allocated): it gives the memory verdict and one
 step's GEMMs (with shapes), elementwise kernels and copies (with bytes), collectives, waits
@@ -31,6 +38,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import model_shapes  # noqa: E402
 import strategy_labels  # noqa: E402
 from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
                               load_cluster, simulate)
@@ -44,6 +52,9 @@ def plan_schedule(program_args, world, limit_gib, binary_dir):
             p = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:
             raise ProjectionError(f"cannot run {cmd[0]}: {e} (build it with make)")
+        if p.returncode == 2:  # a value the program refuses: its one line, without the program's path
+            line = next((x for x in reversed(p.stderr.splitlines()) if ": error: " in x), p.stderr.strip())
+            raise ProjectionError(line.split(": error: ", 1)[-1])
         if p.returncode not in (0, 3) or not os.path.exists(path):
             raise ProjectionError(f"plan failed ({' '.join(cmd)}): {p.stderr.strip() or p.stdout[-300:]}")
         with open(path) as f:
@@ -91,6 +102,8 @@ def write_result(path, sched, sim, cluster, args, label):
         a["strategy"] = "ddp" if a["program"] == "ddp_perf" else "fsdp"
         a["label"] = sched["label"]
         a["model"] = sched["model"]
+        for key in model_shapes.KEYS:  # the shape, so that a run of a shape no preset has is labelled by it
+            a[key] = sched[key]
         a["param_count"] = sched["param_count"]
         a["world_size"] = sched["world_size"]
         a["shard_size"] = sched["shard_size"]
@@ -140,17 +153,31 @@ def parse_args(argv):
     ap = cli.parser(__doc__, __file__)
     ap.add_argument("--cluster", required=True,
                     help="cluster description (TOML), e.g. runs/clusters/a100-80gb.toml (docs/projection.md)")
-    ap.add_argument("--model", action="append", required=True,
-                    help="model preset as the programs name it (t5-611m, t5-2.28b, t5-11.3b, t5-small, t5-tiny); "
-                         "repeat for several")
+    ap.add_argument("--matrix", metavar="RUNS.toml",
+                    help="a run matrix as slurm/sweep reads it (e.g. runs/t5_v1_1.toml): project its points (models "
+                         "with their shapes, strategies, GPU counts, batches, sequence lengths, checkpointing, "
+                         "dtype), named as the sweep names its results, instead of --model and the flags of the sweep "
+                         "below; memory per GPU is the cluster description's (default: none)")
+    ap.add_argument("--model", action="append",
+                    help="model preset as the programs name it (t5-611m, t5-2.28b, t5-11.3b, t5-small, t5-tiny, "
+                         "t5-v1_1-small ... t5-v1_1-xxl, flan-t5-small ... flan-t5-xxl; `fsdp_perf --list-models`); "
+                         "repeat for several (default: none; required without --matrix)")
     ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none",
                     help="comma-separated strategy labels as the programs print them: ddp, fsdp-full, "
                          "fsdp-hybridG (shard groups of G ranks; fsdp-hybrid: G = GPUs per node), fsdp-none, "
                          "fsdp-grad-op (default: %(default)s)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512", help="comma-separated GPU counts (world sizes) (default: %(default)s)")
-    ap.add_argument("--layers", type=int, default=None,
+    # The programs' shape flags, passed to every --model's plan as they are (the program checks
+    # them: a bad value is its one line, exit 2).
+    ap.add_argument("--layers", default=None,
                     help="override the preset's layers per stack (as the programs' --layers), e.g. 4 for the "
                          "t5-11.3b 4+4 calibration run (default: the preset's)")
+    for key, flag, kind in model_shapes.SHAPE_KEYS:
+        if key == "layers":
+            continue
+        what = {"ffn": "feed-forward block: relu | gated-gelu", "tie_embeddings": "yes | no: the LM head is the "
+                "shared embedding, or a matrix of its own"}.get(key, f"override the preset's {key} (an integer)")
+        ap.add_argument(flag, dest=key, default=None, help=f"{what}, as the programs' {flag} (default: the preset's)")
     ap.add_argument("--batch", default="8", help="comma-separated per-GPU batch sizes (sequences per rank) (default: %(default)s)")
     ap.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default: %(default)s)")
     ap.add_argument("--dec-seq-len", type=int, default=None, help="decoder tokens per sequence (default: --seq-len)")
@@ -188,6 +215,9 @@ def positive_list(text, flag):
 
 def setup(a):
     """The cluster with its calibration applied, and the GPU counts and batches."""
+    if bool(a.matrix) == bool(a.model):
+        raise ProjectionError("give --model (one or more) or --matrix, not both" if a.matrix else
+                              "give --model (one or more), or --matrix RUNS.toml")
     cluster = load_cluster(a.cluster, calibrate=not a.calibrate_run)
     for p in a.calibrate_run:
         cluster["compute_model"].add_run(p, cluster)
@@ -196,66 +226,120 @@ def setup(a):
     if a.require_calibration and not cluster["calibration"]:
         raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
                               "description with calibration_runs")
-    if a.seq_len <= 0 or any(v is not None and v <= 0 for v in (a.dec_seq_len, a.layers)):
-        raise ProjectionError("--seq-len, --dec-seq-len and --layers must be positive")
+    if a.seq_len <= 0 or (a.dec_seq_len is not None and a.dec_seq_len <= 0):
+        raise ProjectionError("--seq-len and --dec-seq-len must be positive")
     for label in a.strategies.split(","):
         try:
             strategy_labels.check(label)
         except strategy_labels.StrategyError as e:
             raise ProjectionError(f"--strategies: {e}")
-    return cluster, positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
+    gpus, batches = positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
+    for model in a.model or []:  # the program judges the model and its shape flags before anything is printed
+        plan_schedule(["fsdp_perf"] + model_shapes.flags(shape_of(a, model)) + ["--batch", "1", "--seq-len", "1"], 1,
+                      cluster["gpu_memory_gib"], a.bin or os.path.join(ROOT, "build", "bin"))
+    return cluster, gpus, batches
+
+
+def shape_of(a, model):
+    """The model entry of --model `model` with the command line's shape flags (model_shapes)."""
+    entry = {"model": model}
+    for key in model_shapes.KEYS:
+        if getattr(a, key, None) is not None:
+            entry[key] = getattr(a, key)
+    return entry
 
 
 def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False, binary_dir=None, layers=None,
                    dec_seq_len=None, reduce_dtype=None):
-    """The program's plan and schedule of one point (its --plan --schedule-json)."""
-    args = strategy_args(label, cluster, n) + ["--model", model, "--batch", str(batch), "--seq-len", str(seq_len)]
+    """The program's plan and schedule of one point (its --plan --schedule-json). model: a
+    preset name or a model entry {"model": preset, shape key: value, ...} (model_shapes)."""
+    entry = dict(model) if isinstance(model, dict) else {"model": model}
+    if layers is not None:
+        entry["layers"] = layers
+    args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + ["--batch", str(batch), "--seq-len",
+                                                                             str(seq_len)]
     if dec_seq_len is not None:
         args += ["--dec-seq-len", str(dec_seq_len)]
-    if layers is not None:
-        args += ["--layers", str(layers)]
     if checkpointing:
         args.append("--activation-checkpointing")
     args += ["--dtype", cluster["dtype"], "--reduce-dtype", reduce_dtype or cluster["dtype"]]
     return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
 
 
-def project_point(cluster, a, model, label, batch, n):
-    """(schedule, replay) of one point of the command line's sweep."""
-    sched = point_schedule(cluster, model, label, batch, n, a.seq_len, a.activation_checkpointing, a.bin, a.layers,
-                           a.dec_seq_len, a.reduce_dtype)
-    return sched, simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and
-                           strategy_labels.program(label) == "fsdp_perf")
+def load_matrix(path):
+    """A run matrix as slurm/sweep reads and checks it (its loader, one schema for both)."""
+    import importlib.machinery
+    import importlib.util
+    loader = importlib.machinery.SourceFileLoader("sweep", os.path.join(ROOT, "slurm", "sweep"))
+    sweep = importlib.util.module_from_spec(importlib.util.spec_from_loader("sweep", loader))
+    loader.exec_module(sweep)
+    try:
+        return sweep, sweep.load_matrix(path, {})
+    except (sweep.InputError, sweep.CommandError) as e:
+        raise ProjectionError(str(e))
+
+
+def points_to_project(a, cluster, gpus, batches):
+    """[(model tag, result name, strategy label, batch, GPUs, program and flags)] of the command
+    line's sweep, or of the run matrix's points (--matrix: named as slurm/sweep names their
+    results). A name's {label} is the label the program prints."""
+    if a.matrix:
+        sweep, cfg = load_matrix(a.matrix)
+        m = cfg["matrix"]
+        if m["dtype"] != cluster["dtype"]:
+            raise ProjectionError(f"{a.matrix}: [matrix] dtype {m['dtype']} is not the cluster description's "
+                                  f"{cluster['dtype']} (its rates are for {cluster['dtype']})")
+        return [(p.model, p.name, p.strategy, p.batch, p.gpus, [p.program] + list(p.args)) for p in sweep.points(cfg)]
+    out = []
+    for model in a.model:
+        entry = shape_of(a, model)
+        for label in a.strategies.split(","):
+            for batch in batches:
+                for n in gpus:
+                    args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + [
+                        "--batch", str(batch), "--seq-len", str(a.seq_len)]
+                    if a.dec_seq_len is not None:
+                        args += ["--dec-seq-len", str(a.dec_seq_len)]
+                    if a.activation_checkpointing:
+                        args.append("--activation-checkpointing")
+                    args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
+                    # the preset, or the preset and its overrides, then the label the program prints
+                    tag = model_shapes.tag(entry)
+                    out.append((tag, f"{tag}-{{label}}-g{n}-b{batch}-s{a.seq_len}", label, batch, n, args))
+    return out
 
 
 def main(argv=None):
     a = parse_args(argv)
     try:
         cluster, gpus, batches = setup(a)
+        todo = points_to_project(a, cluster, gpus, batches)
     except (ProjectionError, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
-    print(f"{'model':<10} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
+    width = max(10, *(len(tag) for tag, *_ in todo))
+    print(f"{'model':<{width}} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'peak GiB':>9}  status")
-    for model in a.model:
-        for label in a.strategies.split(","):
-            for batch in batches:
-                for n in gpus:
-                    try:
-                        sched, sim = project_point(cluster, a, model, label, batch, n)
-                    except ProjectionError as e:
-                        print(f"project: error: {e}", file=sys.stderr)
-                        return 2
-                    fits = sched["memory"]["fits"]
-                    name = f"{model}-{sched['label']}-g{n}-b{batch}-s{a.seq_len}.h5"
-                    write_result(os.path.join(a.out, name), sched, sim, cluster, a, label)
-                    tf = sched["model_flops_per_step"] / sim["time"] / 1e12
-                    print(f"{model:<10} {sched['label']:<13} {n:>5} {batch:>5} "
-                          f"{sim['time'] * 1e3 if fits else float('nan'):>10.2f} {tf if fits else float('nan'):>11.2f} "
-                          f"{sim['exposed'] * 1e3 if fits else float('nan'):>10.2f} "
-                          f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
+    bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
+    for model, name, label, batch, n, args in todo:
+        try:
+            sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir)
+            fits = sched["memory"]["fits"]  # a point that does not fit is recorded, not replayed
+            fsdp = strategy_labels.program(label) == "fsdp_perf"
+            sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fits else None
+        except ProjectionError as e:
+            print(f"project: error: {e}", file=sys.stderr)
+            return 2
+        name = name.replace("{label}", sched["label"])
+        write_result(os.path.join(a.out, name + ".h5"), sched, sim, cluster, a, label)
+        nan = float("nan")
+        print(f"{model:<{width}} {sched['label']:<13} {n:>5} {batch:>5} "
+              f"{sim['time'] * 1e3 if fits else nan:>10.2f} "
+              f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fits else nan:>11.2f} "
+              f"{sim['exposed'] * 1e3 if fits else nan:>10.2f} "
+              f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
     print(f"project: wrote {a.out}/")
     return 0
 

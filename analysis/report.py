@@ -30,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import plots  # noqa: E402
 import to_perfetto  # noqa: E402
+from shardbench_h5 import model_label  # noqa: E402
 
 SPREAD_WARN = 0.10  # step-to-step spread (max − min over median) worth a warning
 FEW_STEPS = 3
@@ -52,7 +53,7 @@ def measured(runs):
 
 def config_key(r):
     m = r.meta
-    return (m["model"], m["world_size"], m["batch_per_rank"], m["enc_seq_len"], m.get("backend"), m.get("dtype"))
+    return (model_label(m), m["world_size"], m["batch_per_rank"], m["enc_seq_len"], m.get("backend"), m.get("dtype"))
 
 
 def warnings_of(r, folder):
@@ -107,7 +108,8 @@ def plot_comparison(runs, out):
         model, world, batch, seq, backend, dtype = key
         ax_t.set_ylabel("step time (ms), slowest rank")
         ax_f.set_ylabel(f"TFLOPS per {device} (model FLOPs)")
-        ax_t.set_title(f"{model}, {world} ranks, batch {batch}, seq {seq}, {backend} {dtype}", fontsize=9)
+        ax_t.set_title(plots.wrap(f"{model}, {world} ranks, batch {batch}, seq {seq}, {backend} {dtype}", 4.8, 9),
+                       fontsize=9)
         ax_f.set_title("bars: median; whiskers: fastest–slowest step; dots: each run", fontsize=9)
     fig.tight_layout()
     return plots.save(fig, out, "comparison"), notes
@@ -130,13 +132,13 @@ def timelines(runs, out, limit):
 
 def run_rows(runs, folder):
     rows = []
-    for r in sorted(runs, key=lambda r: (r.meta["model"], r.meta["label"], r.meta["world_size"],
+    for r in sorted(runs, key=lambda r: (model_label(r.meta), r.meta["label"], r.meta["world_size"],
                                          bool(r.meta.get("projected")))):
         m = r.meta
         t = plots.slowest_step_times(r) * 1e3
         spread = f"{t.min():.2f}–{t.max():.2f}" if len(t) else "–"
         rows.append("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in [
-            os.path.relpath(r.path, folder), m["label"], m["model"], m["world_size"], m["batch_per_rank"],
+            os.path.relpath(r.path, folder), m["label"], model_label(m), m["world_size"], m["batch_per_rank"],
             m["enc_seq_len"], plots.device_word([r]), fmt(m.get("median_step_time_s", float("nan")) * 1e3, ".2f"),
             spread, fmt(m.get("median_model_tflops_per_rank"), ".4g"),
             fmt((m.get("max_peak_memory_bytes") or r.plan.get("peak_total", 0)) / 2**20, ".1f"),
@@ -200,7 +202,7 @@ def main(argv=None):
     grid = "".join(figure(p, n) for n, p in figs.items() if n != "timeline")
     tl_html = "".join(
         f'<figure class="wide"><img src="{os.path.basename(png)}" alt="timeline"><figcaption>{esc(r.meta["label"])} '
-        f'{esc(r.meta["model"])} on {r.meta["world_size"]} ranks: the last step (<a href="{os.path.basename(png)[:-4]}'
+        f'{esc(model_label(r.meta))} on {r.meta["world_size"]} ranks: the last step (<a href="{os.path.basename(png)[:-4]}'
         f'.svg">SVG</a>); every step of every rank and lane: <a href="{esc(trace)}">{esc(trace)}</a> '
         f'(open in ui.perfetto.dev or chrome://tracing)</figcaption></figure>' for r, png, trace in traces)
     if with_events > len(traces):

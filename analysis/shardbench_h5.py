@@ -39,6 +39,25 @@ TRAINING_KEYS = ("program", "label", "strategy", "model", "world_size", "batch_p
 CATEGORIES = ["parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "workspace"]
 
 
+def model_label(meta):
+    """How figures and reports name a run's model: its preset (t5-611m, t5-v1_1-xl), or its
+    shape when the shape was overridden (the programs then append '*' to the preset's name,
+    docs/trace-format.md), never a bare 't5-11.3b*': 'T5 4+4 layers, d_model 1024, d_ff 65536,
+    128x128 heads, vocab 32128', plus ', gated-GELU' and ', untied head' where they apply."""
+    name = str(meta.get("model", "?"))
+    keys = ("layers", "d_model", "d_ff", "heads", "d_kv", "vocab")
+    if not name.endswith("*") or any(k not in meta for k in keys):
+        return name
+    m = {k: meta[k] for k in keys}
+    text = (f"T5 {m['layers']}+{m['layers']} layers, d_model {m['d_model']}, d_ff {m['d_ff']}, "
+            f"{m['heads']}x{m['d_kv']} heads, vocab {m['vocab']}")
+    if meta.get("ffn", "relu") != "relu":
+        text += ", gated-GELU"
+    if not int(meta.get("tie_embeddings", 1)):
+        text += ", untied head"
+    return text
+
+
 def names(dataset, key="op_names"):
     """The names a table's codes stand for (op_names, phase_names, dtype_names, ...), as the
     file gives them: the one decoding of those attributes for every reader."""

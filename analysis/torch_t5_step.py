@@ -5,7 +5,9 @@ that scripts/gpu-check.sh times our CUDA backend against, on the same shapes and
 Same model as src/model/t5.cpp (Hugging Face T5 semantics, no `transformers` needed): RMS
 norm without bias (T5LayerNorm), attention without 1/sqrt(d_kv) scaling, relative position
 bias (HF bucketing; one table per stack, used by every block of it; none in cross-attention),
-ReLU feed-forward, tied LM head with the d_model^-0.5 rescale, mean token cross-entropy,
+ReLU feed-forward or T5 v1.1's gated GELU (--ffn gated-gelu: wo(gelu_tanh(wi_0 x) * wi_1 x)),
+LM head tied to the shared embedding with the d_model^-0.5 rescale or a separate lm_head
+without it (--tie-embeddings no; the v1.1 and Flan-T5 presets), mean token cross-entropy,
 Adam (bias-corrected, no weight decay). fp32 by default (TF32 off, as in the CUDA backend
 unless SB_CUDA_TF32=1); --dtype bf16 runs forward and loss under bf16 autocast.
 
@@ -41,14 +43,21 @@ try:
 except ImportError as e:  # PyTorch installs bring numpy; a bare interpreter may not have it
     sys.exit(f"torch_t5_step: error: numpy is not installed ({e}); run with the python that has PyTorch")
 
-# The presets of src/model/spec.cpp: d_model, d_ff, layers, heads, d_kv, vocab.
+# The presets of src/model/spec.cpp: d_model, d_ff, layers, heads, d_kv, vocab, ffn, tied LM
+# head (tests/analysis_tests.sh checks them against the programs' own, fsdp_perf --plan).
 PRESETS = {
-    "t5-611m": (1024, 2816, 24, 16, 64, 32128),
-    "t5-2.28b": (2048, 5120, 24, 32, 64, 32128),
-    "t5-11.3b": (1024, 65536, 24, 128, 128, 32128),
-    "t5-small": (256, 1024, 4, 4, 64, 8192),
-    "t5-tiny": (32, 64, 2, 2, 8, 96),
+    "t5-611m": (1024, 2816, 24, 16, 64, 32128, "relu", True),
+    "t5-2.28b": (2048, 5120, 24, 32, 64, 32128, "relu", True),
+    "t5-11.3b": (1024, 65536, 24, 128, 128, 32128, "relu", True),
+    "t5-small": (256, 1024, 4, 4, 64, 8192, "relu", True),
+    "t5-tiny": (32, 64, 2, 2, 8, 96, "relu", True),
 }
+# T5 v1.1 and Flan-T5 (Hugging Face's configurations): gated GELU, untied head.
+for _family in ("t5-v1_1-", "flan-t5-"):
+    for _size, (_d, _ff, _layers, _heads) in {"small": (512, 1024, 8, 6), "base": (768, 2048, 12, 12),
+                                               "large": (1024, 2816, 24, 16), "xl": (2048, 5120, 24, 32),
+                                               "xxl": (4096, 10240, 24, 64)}.items():
+        PRESETS[_family + _size] = (_d, _ff, _layers, _heads, 64, 32128, "gated-gelu", False)
 NORM_EPS = 1e-6  # T5LayerNorm variance_epsilon
 
 
@@ -58,6 +67,9 @@ def parse_args(argv):
     for flag in ("d-model", "d-ff", "layers", "heads", "d-kv", "vocab"):
         p.add_argument("--" + flag, type=int,
                        help=f"override the preset's {flag.replace('-', '_')} (default: the preset's)")
+    p.add_argument("--ffn", choices=["relu", "gated-gelu"], help="feed-forward block (default: the preset's)")
+    p.add_argument("--tie-embeddings", choices=["yes", "no"],
+                   help="LM head: the shared embedding (yes) or a matrix of its own (no) (default: the preset's)")
     p.add_argument("--num-buckets", type=int, default=32, help="relative-attention buckets (default: 32)")
     p.add_argument("--max-distance", type=int, default=128, help="relative-attention max distance (default: 128)")
     p.add_argument("--batch", type=int, default=8, help="sequences per step (default: 8)")
@@ -80,7 +92,9 @@ def parse_args(argv):
     p.add_argument("--bin", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "bin"),
                    help="folder of ddp_perf, whose plan gives the FLOP count (default: build/bin of this checkout)")
     a = p.parse_args(argv)
-    d, ff, layers, heads, dkv, vocab = PRESETS[a.model]
+    d, ff, layers, heads, dkv, vocab, ffn, tie = PRESETS[a.model]
+    a.ffn = a.ffn or ffn
+    a.tie = tie if a.tie_embeddings is None else a.tie_embeddings == "yes"
     a.d_model = a.d_model or d
     a.d_ff = a.d_ff or ff
     a.layers = a.layers or layers
@@ -103,6 +117,7 @@ def plan_flops(a):
     cannot run here."""
     binary = os.path.join(a.bin, "ddp_perf")
     shape = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("d_model", "d_ff", "layers", "heads", "d_kv", "vocab")]
+    shape += [f"--ffn={a.ffn}", f"--tie-embeddings={'yes' if a.tie else 'no'}"]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "s.json")
         cmd = [binary, "--model", a.model, *shape, f"--batch={a.batch}", f"--seq-len={a.seq_len}",
@@ -164,13 +179,19 @@ def unit_layout(a):
 
     units = [("root", [("shared", (a.vocab, a.d_model), 1.0), ("encoder.final_norm", (a.d_model,), None),
                        ("decoder.final_norm", (a.d_model,), None)])]
+    if not a.tie:
+        units[0][1].append(linear("lm_head", a.vocab, a.d_model))
     for stack in ("encoder", "decoder"):
         for l in range(a.layers):
             t = [("rel_bias", (a.num_buckets, a.heads), 0.5)] if l == 0 else []
             t += [("ln1", (a.d_model,), None)] + attention("self") + [("ln2", (a.d_model,), None)]
             if stack == "decoder":
                 t += attention("cross") + [("ln3", (a.d_model,), None)]
-            t += [linear("wi", a.d_ff, a.d_model), linear("wo", a.d_model, a.d_ff)]
+            if a.ffn == "gated-gelu":
+                t += [linear("wi_0", a.d_ff, a.d_model), linear("wi_1", a.d_ff, a.d_model)]
+            else:
+                t += [linear("wi", a.d_ff, a.d_model)]
+            t += [linear("wo", a.d_model, a.d_ff)]
             units.append((f"{stack}.{l}", t))
     return units
 
@@ -266,7 +287,12 @@ class T5:
         if stack == "decoder":
             x = x + self.attention(p + "cross", self.norm(x, self.p[p + "ln2"]), enc_out, None, False)
             ln = p + "ln3"
-        h = self.F.relu(self.F.linear(self.norm(x, self.p[ln]), self.p[p + "wi"]))
+        xn = self.norm(x, self.p[ln])
+        if self.a.ffn == "gated-gelu":  # HF's "gelu_new" is the tanh form
+            h = self.F.gelu(self.F.linear(xn, self.p[p + "wi_0"]), approximate="tanh") * \
+                self.F.linear(xn, self.p[p + "wi_1"])
+        else:
+            h = self.F.relu(self.F.linear(xn, self.p[p + "wi"]))
         return x + self.F.linear(h, self.p[p + "wo"])
 
     def run_stack(self, stack, x, enc_out=None):
@@ -284,8 +310,11 @@ class T5:
         shared = self.p["root.shared"]
         enc = self.norm(self.run_stack("encoder", shared[enc_ids]), self.p["root.encoder.final_norm"])
         dec = self.run_stack("decoder", shared[dec_ids], enc)
-        hn = self.norm(dec, self.p["root.decoder.final_norm"]) * (self.a.d_model ** -0.5)
-        logits = self.F.linear(hn, shared)
+        hn = self.norm(dec, self.p["root.decoder.final_norm"])
+        if self.a.tie:  # HF rescales only a tied head
+            logits = self.F.linear(hn * (self.a.d_model ** -0.5), shared)
+        else:
+            logits = self.F.linear(hn, self.p["root.lm_head"])
         return self.F.cross_entropy(logits.float().view(-1, self.a.vocab), labels.view(-1))
 
 
@@ -347,6 +376,7 @@ def main(argv):
           f"dtype={a.dtype} tf32={int(a.tf32)} activation_checkpointing={int(a.activation_checkpointing)} "
           f"sdpa={int(a.sdpa)} "
           f"d_model={a.d_model} d_ff={a.d_ff} layers={a.layers} heads={a.heads} d_kv={a.d_kv} vocab={a.vocab} "
+          f"ffn={a.ffn} tie_embeddings={int(a.tie)} "
           f"batch={a.batch} seq={a.seq_len} dec_seq={a.dec_seq_len} params={n_params} "
           f"peak_mem_gib={peak:.2f} loss={losses[-1]:.6f}", flush=True)
     return 0

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # shardbench's CUDA step against Hugging Face transformers' T5 on the same GPU, in one job:
-# t5-611m, t5-2.28b and t5-11.3b layers, bf16, batch 8, seq 512, one rank, with and without
-# activation checkpointing; Hugging Face eager and under torch.compile (analysis/hf_t5_step.py).
-# For t5-11.3b both sides run the same layer count: the largest, from LAYERS down, that
-# Hugging Face eager fits (ours fits wherever its plan does; gpu-check chose LAYERS by it).
+# by default t5-611m, t5-2.28b and t5-11.3b layers, bf16, batch 8, seq 512, one rank, with and
+# without activation checkpointing; Hugging Face eager and under torch.compile
+# (analysis/hf_t5_step.py). Each row prints both parameter counts and both step times side by
+# side. MODELS picks the presets, e.g. MODELS="t5-v1_1-xl flan-t5-xxl" for T5 v1.1 / Flan-T5
+# (gated GELU, untied head, built as the released checkpoints). Models that do not fit one
+# GPU whole (t5-11.3b, t5-v1_1-xxl, flan-t5-xxl) run on both sides with the same layer count:
+# the largest, from LAYERS down, that Hugging Face eager fits (ours fits wherever its plan
+# does; gpu-check chose LAYERS by it).
 #
 #   scripts/hf-compare.sh OUTDIR [LAYERS]       (scripts/gpu-check.sh calls it)
 # Environment: PYTHON (default python3), STEPS (default 5), WARMUP (default 3; compile happens
-# in the first), SB_BIN (default build/bin). Rows where transformers, PyTorch or CUDA is
-# missing are skipped with the reason. Prints a table (also OUTDIR/hf-compare.txt); exit 1 if
-# any run failed, 0 otherwise. Target (docs/performance.md): ours / compiled <= 0.85.
+# in the first), SB_BIN (default build/bin), MODELS (default "t5-611m t5-2.28b t5-11.3b").
+# Rows where transformers, PyTorch or CUDA is missing are skipped with the reason. Prints a
+# table (also OUTDIR/hf-compare.txt); exit 1 if any run failed or the two parameter counts
+# differ, 0 otherwise. Target (docs/performance.md): ours / compiled <= 0.85.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh  # as root: mpirun's permission; the same MPI settings as gpu-check
@@ -19,6 +24,7 @@ PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-3}
 BIN=${SB_BIN:-build/bin}
+MODELS=${MODELS:-t5-611m t5-2.28b t5-11.3b}
 SHAPE=(--batch 8 --seq-len 512)
 mkdir -p "$OUT"
 failed=0
@@ -29,7 +35,7 @@ field() { grep -E "^$3" "$2" 2>/dev/null | tail -n 1 | tr ' ' '\n' | sed -n "s/^
 hf() {
   local log=$1
   shift
-  "$PYTHON" analysis/hf_t5_step.py "$@" --steps "$STEPS" --warmup "$WARMUP" > "$log" 2>&1
+  "$PYTHON" analysis/hf_t5_step.py "$@" --bin "$BIN" --steps "$STEPS" --warmup "$WARMUP" > "$log" 2>&1
   case $? in
     0) field step_ms "$log" HF ;;
     3) echo skip ;;
@@ -42,23 +48,31 @@ if ! "$PYTHON" -c "import torch, transformers; assert torch.cuda.is_available()"
   exit 0
 fi
 
-# The t5-11.3b layer count both sides fit: Hugging Face eager is the larger of the two.
-N=$LAYERS
-while [ "$N" -ge 1 ]; do
-  r=$(STEPS=1 WARMUP=1 hf "$OUT/hf-fit-$N.log" --model t5-11.3b --layers "$N" "${SHAPE[@]}")
-  [ "$r" != fail ] && break
-  say "t5-11.3b with $N+$N layers does not fit Hugging Face eager ($(tail -n 1 "$OUT/hf-fit-$N.log")); trying fewer"
-  N=$((N - 1))
-done
-[ "$N" -ge 1 ] || { say "t5-11.3b: Hugging Face fits no layer count here"; N=0; }
+# fit MODEL: the layer count both sides fit (Hugging Face eager is the larger of the two).
+fit() {
+  local n=$LAYERS r
+  while [ "$n" -ge 1 ]; do
+    r=$(STEPS=1 WARMUP=1 hf "$OUT/hf-fit-$1-$n.log" --model "$1" --layers "$n" "${SHAPE[@]}")
+    [ "$r" != fail ] && { echo "$n"; return; }
+    say "$1 with $n+$n layers does not fit Hugging Face eager ($(tail -n 1 "$OUT/hf-fit-$1-$n.log")); trying fewer" >&2
+    n=$((n - 1))
+  done
+  say "$1: Hugging Face fits no layer count here" >&2
+  echo 0
+}
+# params LOG: the parameter count a run printed (ours: the configuration table; HF: params=)
+params() { grep -m1 -E '^\| parameters ' "$1" 2>/dev/null | tr -dc '0-9' || true; }
 
 rows=()
-for model in t5-611m t5-2.28b t5-11.3b; do
+for model in $MODELS; do
   extra=()
-  if [ "$model" = t5-11.3b ]; then
-    [ "$N" -ge 1 ] || continue
-    extra=(--layers "$N")
-  fi
+  N=
+  case $model in
+    t5-11.3b | t5-v1_1-xxl | flan-t5-xxl)
+      N=$(fit "$model")
+      [ "$N" -ge 1 ] || continue
+      extra=(--layers "$N") ;;
+  esac
   for ckpt in "" --activation-checkpointing; do
     tag="$model${extra[*]:+-${N}layers}${ckpt:+-ckpt}"
     say "$tag: ours (fsdp_perf --backend cuda), Hugging Face eager, torch.compile"
@@ -73,14 +87,17 @@ for model in t5-611m t5-2.28b t5-11.3b; do
     ratio=$(awk -v a="$ours" -v b="$compiled" 'BEGIN { if (a+0 > 0 && b+0 > 0) printf "%.2f", a / b; else print "-" }')
     ck=no
     [ -n "$ckpt" ] && ck=yes
-    rows+=("| $model${extra[*]:+ ($N+$N layers)} | $ck | $ours | $eager | $compiled | $ratio |")
+    p_ours=$(params "$OUT/ours-$tag.log")
+    p_hf=$(field params "$OUT/hf-eager-$tag.log" HF)
+    [ -n "$p_ours" ] && [ -n "$p_hf" ] && [ "$p_ours" != "$p_hf" ] && { say "$tag: parameter counts differ"; failed=1; }
+    rows+=("| $model${extra[*]:+ ($N+$N layers)} | $ck | ${p_ours:--} | ${p_hf:--} | $ours | $eager | $compiled | $ratio |")
   done
 done
 
 {
   echo "shardbench vs Hugging Face T5 (transformers), bf16, batch 8, seq 512, one GPU, step ms (median)"
-  echo "| model | act. ckpt | ours | HF eager | HF torch.compile | ours / compiled (target <= 0.85) |"
-  echo "|---|---|---|---|---|---|"
+  echo "| model | act. ckpt | parameters, ours | parameters, HF | ours | HF eager | HF torch.compile | ours / compiled (target <= 0.85) |"
+  echo "|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
 } | tee "$OUT/hf-compare.txt"
 exit $failed

@@ -29,8 +29,60 @@ t = lambda n: h5py.File(os.path.join(d, n))["/"].attrs["median_step_time_s"]
 assert t("t5-611m-fsdp-hybrid8-g512-b8-s512.h5") < t("t5-611m-fsdp-full-g512-b8-s512.h5")
 print("ok")
 PYEOF
+# A shape no preset has, measured and projected (the programs' shape flags): labelled by its
+# shape, never by a bare 'preset*'; a bad shape value is refused in one line, exit 2.
+"${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --layers 1 --ffn gated-gelu --tie-embeddings no --out $R/gated.h5 \
+  >"$tmp/out" 2>&1 || bad "fsdp run of a gated shape"
+expect "projection with shape overrides (--layers --ffn --tie-embeddings)" 0 \
+  '^t5-11.3b-layers4-ffn-gated-gelu-tie-no +fsdp-full +8 +8 .* ok$' -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b --layers 4 \
+  --ffn gated-gelu --tie-embeddings no --strategies fsdp-full --gpus 8 --batch 8 --seq-len 512 --out $R/projected
+expect "the projected point records its shape" 0 '^t5-11.3b\* 4 gated-gelu 0 [0-9]+$' -- $PY -c "
+import h5py; a = h5py.File('$R/projected/t5-11.3b-layers4-ffn-gated-gelu-tie-no-fsdp-full-g8-b8-s512.h5')['/'].attrs
+print(a['model'], a['layers'], a['ffn'], a['tie_embeddings'], a['param_count'])"
+for bad in "--d-ff 0|--d-ff 0 is not allowed \(an integer from 1 to 2147483647\)" \
+  "--heads abc|--heads abc is not allowed \(an integer from 1 to 2147483647\)" \
+  "--ffn swiglu|--ffn 'swiglu' is not allowed \(allowed: relu, gated-gelu\)" \
+  "--tie-embeddings maybe|--tie-embeddings 'maybe' is not allowed \(allowed: yes, no\)"; do
+  expect "projection refuses ${bad%%|*} in one line, exit 2" 2 "^project: error: ${bad#*|}\$" -- \
+    $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} \
+    --strategies fsdp-full --gpus 8 --out $tmp/pbad
+  check "... nothing else on stderr, nothing written" bash -c "[ \$($PY $ROOT/analysis/project.py --cluster \
+    $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} --gpus 8 --out $tmp/pbad 2>&1 >/dev/null | wc -l) = 1 ] \
+    && [ ! -e $tmp/pbad ]"
+done
+# --matrix: a run matrix's points (per-entry shapes included), named as slurm/sweep names them.
+sed 's/^models = .*/models = ["t5-tiny", {model = "t5-tiny", layers = 1, ffn = "gated-gelu"}]/' \
+  $ROOT/runs/local.toml >$tmp/matrix.toml
+expect "projection of a run matrix (--matrix)" 0 '^t5-tiny-layers1-ffn-gated-gelu +fsdp-hybrid2 +4 +2 .* ok$' -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/local-cpu.toml --matrix $tmp/matrix.toml --out $tmp/pm
+expect "... one result per point of the sweep, under the sweep's names" 0 '^ok 8$' -- $PY -c "
+import importlib.machinery, importlib.util, os
+loader = importlib.machinery.SourceFileLoader('sweep', '$ROOT/slurm/sweep')
+sweep = importlib.util.module_from_spec(importlib.util.spec_from_loader('sweep', loader)); loader.exec_module(sweep)
+want = {p.name + '.h5' for p in sweep.points(sweep.load_matrix('$tmp/matrix.toml', {}))}
+assert sorted(os.listdir('$tmp/pm')) == sorted(want), (sorted(os.listdir('$tmp/pm')), sorted(want))
+print('ok', len(want))"
+expect "--matrix of another precision than the cluster's rates is refused" 2 \
+  "^project: error: .*\[matrix\] dtype fp32 is not the cluster description's bf16" -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --matrix $tmp/matrix.toml --out $tmp/pm2
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
+check "report: overridden shapes are labelled by their shape, never as preset*" bash -c "\
+  grep -q '<td>T5 1+1 layers, d_model 32, d_ff 64, 2x8 heads, vocab 96, gated-GELU, untied head</td>' $tmp/report/index.html \
+  && grep -q '<td>T5 4+4 layers, d_model 1024, d_ff 65536, 128x128 heads, vocab 32128, gated-GELU, untied head</td>' \
+  $tmp/report/index.html && ! grep -q 't5-tiny\*\|t5-11.3b\*' $tmp/report/index.html"
+# No title, axis label or legend of any figure reaches past the image's edge: this folder
+# (several panels) and one model measured alone (one narrow panel, as make demo's report).
+mkdir -p $tmp/alone && cp $R/ddp.h5 $R/full.h5 $tmp/alone/
+for folder in $R $tmp/alone; do
+  expect "report: no figure's text is cut at its edge ($(basename $folder))" 0 '^uncut [0-9]+$' -- $PY -c "
+import sys; sys.path.insert(0, '$ROOT/analysis')
+import plots, report
+assert report.main(['$folder', '--out', '$tmp/cutcheck']) == 0
+cut = {name: texts for name, texts in plots.CUT.items() if texts}
+print(cut if cut else f'uncut {len(plots.CUT)}')"
+done
 for f in tflops_vs_model tflops_vs_gpus memory comparison timeline-ddp timeline-full; do
   check "report: $f.png is a PNG and $f.svg exists" \
     bash -c "head -c 8 $tmp/report/$f.png | od -An -c | grep -q 'P   N   G' && test -s $tmp/report/$f.svg"
@@ -45,6 +97,33 @@ check "report: labels say CPU rank, never GPU, for CPU runs" \
 check "report: the run table lists measured, projected and out-of-memory runs" \
   bash -c "grep -q 'measured' $tmp/report/index.html && grep -q 'projected' $tmp/report/index.html && grep -q 'out-of-memory' $tmp/report/index.html"
 check "report: provenance of the measured runs" grep -q 'shardbench' $tmp/report/index.html
+
+# --- the PyTorch scripts' preset table (analysis/torch_t5_step.py, used by hf_t5_step.py) is
+# the programs' own: shapes, feed-forward, head, parameter count and model FLOPs, every preset ---
+expect "torch_t5_step.PRESETS = the programs' presets (shape, ffn, head, parameters, FLOPs)" 0 '^ok 15 presets$' -- \
+  $PY - "$BIN" "$ROOT" <<'PYEOF'
+import json, os, subprocess, sys, tempfile, types
+sys.path.insert(0, os.path.join(sys.argv[2], "analysis"))
+import torch_t5_step as t
+binary = os.path.join(sys.argv[1], "fsdp_perf")
+names = subprocess.run([binary, "--list-models"], capture_output=True, text=True).stdout.split()
+assert sorted(names) == sorted(t.PRESETS), (names, sorted(t.PRESETS))
+for name, (d, ff, layers, heads, dkv, vocab, ffn, tie) in t.PRESETS.items():
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "s.json")
+        r = subprocess.run([binary, "--model", name, "--batch", "2", "--seq-len", "16", "--dec-seq-len", "8", "--plan",
+                            "--world-size", "1", "--schedule-json", path], capture_output=True, text=True)
+        assert r.returncode in (0, 3), r.stderr  # 3: does not fit this host; the schedule is written
+        s = json.load(open(path))
+    assert (s["d_model"], s["d_ff"], s["layers"], s["heads"], s["d_kv"], s["vocab"], s["ffn"], s["tie_embeddings"]) == \
+        (d, ff, layers, heads, dkv, vocab, ffn, int(tie)), name
+    a = types.SimpleNamespace(d_model=d, d_ff=ff, layers=layers, heads=heads, d_kv=dkv, vocab=vocab, ffn=ffn, tie=tie,
+                              num_buckets=32, batch=2, seq_len=16, dec_seq_len=8)
+    count = sum(int(__import__("numpy").prod(shape)) for _, ts in t.unit_layout(a) for _, shape, _ in ts)
+    assert count == s["param_count"], (name, count, s["param_count"])
+    assert abs(3 * t.forward_flops(a)[0] - s["model_flops_per_step"]) <= 1e-9 * s["model_flops_per_step"], name
+print(f"ok {len(t.PRESETS)} presets")
+PYEOF
 
 # --- one command-line convention: every analysis script's --help documents every argument ---
 expect "analysis scripts: --help exits 0, whole descriptions, every argument documented" 0 \

@@ -29,6 +29,22 @@ expect "fsdp full, fused attention --check" 0 "$check_pattern" -- \
 expect "ddp bf16, fused attention, checkpointing --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --attention fused --dtype bf16 --activation-checkpointing --check \
   --out $T/ddp-fused-bf16.h5
+# T5 v1.1's block (gated GELU, untied LM head) under every strategy; its traces' peaks equal
+# the plan (check_trace.py below).
+GATED=(--ffn gated-gelu --tie-embeddings no)
+expect "ddp gated-gelu --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" "${GATED[@]}" \
+  --bucket-mb 0.002 --check --out $T/ddp-gated.h5
+for strat in "full" "hybrid --shard-size 2" "none" "grad-op"; do
+  expect "fsdp $strat gated-gelu --check" 0 "$check_pattern" -- \
+    "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" "${GATED[@]}" --sharding $strat --check
+done
+expect "fsdp full gated-gelu bf16, fused attention, checkpointing --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" "${GATED[@]}" --dtype bf16 --attention fused --activation-checkpointing \
+  --check --out $T/full-gated-bf16.h5
+expect "--ffn names what it allows" 2 "^[^ ]*fsdp_perf: error: --ffn 'swiglu' is not allowed \(allowed: relu, gated-gelu\)\$" -- \
+  $BIN/fsdp_perf --ffn swiglu
+expect "--tie-embeddings names what it allows" 2 "error: --tie-embeddings 'maybe' is not allowed \(allowed: yes, no\)\$" -- \
+  $BIN/ddp_perf --tie-embeddings maybe
 expect "--attention takes fused or unfused" 2 "attention 'flash' is not allowed .allowed: fused, unfused." -- \
   $BIN/ddp_perf --attention flash
 expect "ddp checkpointing --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --activation-checkpointing --check
@@ -95,7 +111,7 @@ done
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5 \
-  $T/full-fused.h5 $T/ddp-fused-bf16.h5
+  $T/full-fused.h5 $T/ddp-fused-bf16.h5 $T/ddp-gated.h5 $T/full-gated-bf16.h5
 expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
 expect "the python check fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
 expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \
@@ -116,7 +132,7 @@ pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/
 
 # Two runs with the same --out: both pass the start-up check, both hold their result under
 # a temporary of their own until publishing (delayed here so they overlap); exactly one
-# takes the name, the other exits 2 naming the suffixed file that keeps its result.
+# takes the name, the other exits 6 naming the suffixed file that keeps its result.
 MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S)
 for w in 1 2; do
   SHARDBENCH_TEST_PUBLISH_DELAY_S=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
@@ -126,10 +142,10 @@ wait %1 || rc1=$?
 wait %2 || rc2=$?
 cat "$tmp/race1" "$tmp/race2" >"$tmp/out"
 codes=$(echo $rc1 $rc2 | tr ' ' '\n' | sort | tr '\n' ' ')
-if [ "$codes" = "0 2 " ] && grep -q "was written by another run while this one ran: this result is kept as '$T/race-2.h5'" "$tmp/out"; then
-  ok "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+if [ "$codes" = "0 6 " ] && grep -q "was written by another run while this one ran: this result is kept as '$T/race-2.h5'" "$tmp/out"; then
+  ok "two writers racing for one --out: one publishes, the other exits 6 and keeps race-2.h5"
 else
-  echo "exit codes: $codes" >>"$tmp/out"; bad "two writers racing for one --out: one publishes, the other exits 2 and keeps race-2.h5"
+  echo "exit codes: $codes" >>"$tmp/out"; bad "two writers racing for one --out: one publishes, the other exits 6 and keeps race-2.h5"
 fi
 expect "both racing results are complete" 0 'ok ok' -- $PY -c "
 import h5py
@@ -233,11 +249,17 @@ for bad in "--steps 4294967298|--steps 4294967298 is not allowed \(an integer fr
   "--mem-limit-gib 1e10|--mem-limit-gib 1e10 is not allowed" "--mem-limit-gib nan|--mem-limit-gib nan is not allowed" \
   "--lr inf|--lr inf is not allowed \(a finite number > 0" "--lr nan|--lr nan is not allowed" \
   "--seed -1|--seed -1 is not allowed" "--bucket-mb inf|--bucket-mb inf is not allowed" \
-  "--steps 2.5|--steps 2.5 is not allowed" "--loss-scale-init inf --loss-scale dynamic|--loss-scale-init inf is not allowed"; do
+  "--steps 2.5|--steps 2.5 is not allowed" "--loss-scale-init inf --loss-scale dynamic|--loss-scale-init inf is not allowed" \
+  "--d-ff abc|--d-ff abc is not allowed \(an integer from 1 to 2147483647\)\$"; do
   expect "numeric flag: ${bad%%|*}" 2 "^[^ ]*ddp_perf: error: ${bad#*|}" -- "${MPIRUN[@]}" $BIN/ddp_perf ${bad%%|*}
 done
+expect "numeric flag: --fsdp-version abc" 2 "^[^ ]*fsdp_perf: error: --fsdp-version abc is not allowed \(an integer from 1 to 2\)\$" -- \
+  $BIN/fsdp_perf --fsdp-version abc
 for bad in "--min-busbw nan|--min-busbw nan is not allowed \(a finite number >= 0" "-n 99999999999|-n 99999999999 is not allowed" \
-  "-f inf|-f inf is not allowed" "-a 4|-a 4 is not allowed \(an integer from 0 to 3\)"; do
+  "-f inf|-f inf is not allowed" "-a 4|-a 4 is not allowed \(an integer from 0 to 3\)" \
+  "-f 1|-f 1 is not allowed \(a finite number > 1 and <= 1000000\)\$" "-f 1.0|-f 1.0 is not allowed \(a finite number > 1" \
+  "-g abc|-g abc is not allowed \(an integer from 1 to 2147483647\)\$" "-t x|-t x is not allowed \(an integer from 1" \
+  "-x y|-x y is not allowed \(an integer from -1" "-V 1.5|-V 1.5 is not allowed \(an integer from 1"; do
   expect "collective_perf numeric flag: ${bad%%|*}" 2 "${bad#*|}" -- "${MPIRUN[@]}" $BIN/collective_perf ${bad%%|*}
 done
 # A sweep in which no size holds an element measures nothing: refused, not recorded as ok.

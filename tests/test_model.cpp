@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardbench/core/check.h"
@@ -22,6 +23,108 @@ TEST(Model, ParameterCountsMatchHuggingFace) {
   large.d_ff = 4096;  // t5-large
   EXPECT_EQ(param_count(large), 737668096);
   EXPECT_EQ(with_commas(param_count(model_preset("t5-611m"))), "611,838,976");
+}
+
+// Hugging Face's T5ForConditionalGeneration, module by module (modeling_t5.py), written
+// independently of model_units: shared Embedding(vocab, d_model); each stack a list of
+// T5Block, block i holding T5LayerSelfAttention (T5Attention q, k, v [inner, d], o [d, inner],
+// no biases; relative_attention_bias Embedding(32, heads) in block 0 only; a T5LayerNorm
+// [d]), in the decoder T5LayerCrossAttention (q, k, v, o, norm), then T5LayerFF
+// (T5DenseActDense wi, wo or T5DenseGatedActDense wi_0, wi_1, wo; a norm); each stack's
+// final_layer_norm; lm_head Linear(d, vocab, bias=False), its own matrix only when untied.
+// Each stack's embed_tokens is `shared` (the checkpoints' layout), so counted once.
+int64_t hf_t5_parameters(const ModelSpec& s) {
+  const int64_t d = s.d_model, inner = s.heads * s.d_kv;
+  auto linear = [](int64_t in, int64_t out) { return in * out; };
+  auto layer_norm = [&] { return d; };
+  auto attention = [&](bool relative_bias) {
+    return linear(d, inner) * 3 + linear(inner, d) + (relative_bias ? s.num_buckets * s.heads : 0);
+  };
+  auto dense = [&] {
+    return s.ffn == FfnKind::GatedGelu ? linear(d, s.d_ff) * 2 + linear(s.d_ff, d)
+                                       : linear(d, s.d_ff) + linear(s.d_ff, d);
+  };
+  auto block = [&](int i, bool decoder) {
+    int64_t n = attention(i == 0) + layer_norm();     // layer[0]: self-attention
+    if (decoder) n += attention(false) + layer_norm();  // layer[1]: cross-attention
+    return n + dense() + layer_norm();                  // the feed-forward layer
+  };
+  int64_t n = s.vocab * d;  // shared
+  for (bool decoder : {false, true}) {
+    for (int i = 0; i < s.layers; ++i) n += block(i, decoder);
+    n += layer_norm();  // final_layer_norm
+  }
+  if (!s.tie_embeddings) n += linear(d, s.vocab);  // lm_head
+  return n;
+}
+
+TEST(Model, EveryPresetCountsAsHuggingFaceModules) {
+  for (const std::string& name : model_preset_names())
+    EXPECT_EQ(param_count(model_preset(name)), hf_t5_parameters(model_preset(name))) << name;
+  // The same formula fails a model it was not written for (it can tell them apart).
+  ModelSpec s = model_preset("t5-v1_1-small");
+  s.tie_embeddings = true;
+  EXPECT_EQ(param_count(s), hf_t5_parameters(model_preset("t5-v1_1-small")) - s.vocab * s.d_model);
+}
+
+// T5 v1.1 and Flan-T5: Hugging Face's configurations (d_model, d_ff, layers, heads; d_kv 64,
+// vocab 32128, gated GELU, untied head), and the released checkpoints' counts: two vocab x
+// d_model matrices (shared, lm_head), e.g. t5-v1_1-xl 2,849,757,184 and flan-t5-xxl
+// 11,135,332,352. With the head tied they are the counts transformers 5.17 gives
+// T5Config(..., tie_word_embeddings=False), which comes back tied (measured on a GPU host,
+// small 60,511,616 ... xxl 11,003,736,064); untying the input embeddings too gives four
+// matrices (xxl 11,398,524,928). Neither is the checkpoint.
+TEST(Model, T5V11AndFlanT5PresetsAreTheReleasedCheckpoints) {
+  struct P { const char* size; int64_t d, ff, layers, heads, params, tied_hf; };
+  const P want[] = {{"small", 512, 1024, 8, 6, 76961152, 60511616},
+                    {"base", 768, 2048, 12, 12, 247577856, 222903552},
+                    {"large", 1024, 2816, 24, 16, 783150080, 750251008},
+                    {"xl", 2048, 5120, 24, 32, 2849757184, 2783959040},
+                    {"xxl", 4096, 10240, 24, 64, 11135332352, 11003736064}};
+  for (const char* family : {"t5-v1_1-", "flan-t5-"})
+    for (const P& p : want) {
+      const std::string name = std::string(family) + p.size;
+      const ModelSpec s = model_preset(name);
+      EXPECT_EQ(s.name, name);
+      EXPECT_EQ(std::make_tuple(s.d_model, s.d_ff, s.layers, s.heads, s.d_kv, s.vocab),
+                std::make_tuple(p.d, p.ff, p.layers, p.heads, int64_t(64), int64_t(32128)))
+          << name;
+      EXPECT_EQ(s.ffn, FfnKind::GatedGelu) << name;
+      EXPECT_FALSE(s.tie_embeddings) << name;
+      EXPECT_EQ(param_count(s), p.params) << name;
+      EXPECT_EQ(param_count(s) - s.vocab * s.d_model, p.tied_hf) << name;
+    }
+  EXPECT_EQ(param_count(model_preset("flan-t5-xxl")) + 2 * 32128 * 4096, 11398524928);
+  EXPECT_EQ(with_commas(param_count(model_preset("t5-v1_1-xl"))), "2,849,757,184");
+  // The study's models keep the original block.
+  EXPECT_EQ(model_preset("t5-11.3b").ffn, FfnKind::Relu);
+  EXPECT_TRUE(model_preset("t5-11.3b").tie_embeddings);
+}
+
+TEST(Model, GatedUnitsHoldWi0Wi1AndTheUntiedHeadSitsInTheRoot) {
+  const ModelSpec s = model_preset("t5-v1_1-small");
+  const auto units = model_units(s);
+  std::vector<std::string> root;
+  for (const auto& t : units[0].tensors) root.push_back(t.name);
+  // PyTorch's registration order: shared, the two final norms, lm_head (last).
+  EXPECT_EQ(root, (std::vector<std::string>{"shared", "encoder.final_norm", "decoder.final_norm", "lm_head"}));
+  EXPECT_EQ(units[0].tensor("lm_head").numel(), s.vocab * s.d_model);
+  for (size_t u = 1; u < units.size(); ++u) {
+    const auto& t = units[u].tensors;
+    ASSERT_GE(t.size(), 3u);
+    EXPECT_EQ(t[t.size() - 3].name, "wi_0");
+    EXPECT_EQ(t[t.size() - 2].name, "wi_1");
+    EXPECT_EQ(t.back().name, "wo");
+    EXPECT_EQ(t[t.size() - 3].rows, s.d_ff);
+    EXPECT_EQ(t[t.size() - 3].cols, s.d_model);
+  }
+  EXPECT_EQ(ffn_kind_name(parse_ffn_kind("gated-gelu")), std::string("gated-gelu"));
+  try {
+    parse_ffn_kind("swiglu");
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_STREQ(e.what(), "--ffn 'swiglu' is not allowed (allowed: relu, gated-gelu)");
+  }
 }
 
 TEST(Model, UnknownPresetNamesAllowedOnes) {
@@ -72,6 +175,21 @@ TEST(Model, FlopsFormula) {
   EXPECT_DOUBLE_EQ(forward_flops(s, x), s.layers * (enc + dec) + 2 * Nd * d * s.vocab);
   EXPECT_DOUBLE_EQ(model_flops_per_step(s, x), 3 * forward_flops(s, x));
   EXPECT_DOUBLE_EQ(hardware_flops_per_step(s, x, true), 3 * forward_flops(s, x) + s.layers * (enc + dec));
+}
+
+// The gated feed-forward has three GEMMs of d_model x d_ff per token where ReLU's has two;
+// the head is the same GEMM tied or untied.
+TEST(Model, GatedFlopsHaveThreeFeedForwardGemms) {
+  ModelSpec relu = model_preset("t5-tiny"), gated = relu;
+  gated.ffn = FfnKind::GatedGelu;
+  gated.tie_embeddings = false;
+  const StepShape x{3, 7, 5};
+  const double ff = 2.0 * relu.d_model * relu.d_ff;  // one GEMM's FLOPs per token
+  EXPECT_DOUBLE_EQ(forward_flops_encoder_block(gated, x) - forward_flops_encoder_block(relu, x), ff * 21);
+  EXPECT_DOUBLE_EQ(forward_flops_decoder_block(gated, x) - forward_flops_decoder_block(relu, x), ff * 15);
+  EXPECT_DOUBLE_EQ(forward_flops_head(gated, x), forward_flops_head(relu, x));
+  EXPECT_DOUBLE_EQ(hardware_flops_per_step(gated, x, true) - model_flops_per_step(gated, x),
+                   gated.layers * (forward_flops_encoder_block(gated, x) + forward_flops_decoder_block(gated, x)));
 }
 
 TEST(Layout, ShardArithmetic) {

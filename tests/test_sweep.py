@@ -246,6 +246,37 @@ class Validation(SweepCase):
                 self.assert_refused(self.matrix(strategies=f'["ddp", "{bad}"]'),
                                     f"[matrix] strategies must be a non-empty list of distinct strategies {allowed}")
 
+    def test_model_entries_take_the_programs_shape_flags(self):
+        """A models entry is a preset or a table of a preset and the programs' shape flags;
+        its runs carry the flags and a name that says the shape (analysis/model_shapes.py)."""
+        models = '["t5-tiny", {model = "t5-tiny", layers = 1, ffn = "gated-gelu", tie_embeddings = false}]'
+        r = self.run_sweep(self.matrix(models=models, strategies='["ddp"]'), "--dry-run")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        runs = re.findall(r"^run_point (\S+) \S+ (.*)$", r.stdout, re.M)
+        self.assertEqual([n for n, _ in runs], ["t5-tiny-ddp-g4-b2-s32", "t5-tiny-layers1-ffn-gated-gelu-tie-no-ddp-g4-b2-s32"])
+        self.assertTrue(runs[1][1].startswith("--model t5-tiny --layers 1 --ffn gated-gelu --tie-embeddings no --batch 2"),
+                        runs[1][1])
+        self.assertNotIn("--layers", runs[0][1])
+        # The plan ran with those flags: it fits (t5-tiny), so both are runs, none a record.
+        self.assertIn("dry run: 1 jobs + 1 summary job, 2 runs, 0 out-of-memory records", r.stdout)
+
+    def test_bad_model_entries(self):
+        keys = "model, d_model, d_ff, layers, heads, d_kv, vocab, ffn, tie_embeddings"
+        cases = [
+            ('[{model = "t5-tiny", depth = 3}]', f"[matrix] models[0]: unknown key 'depth' (allowed: {keys})"),
+            ('[{model = "t5-tiny", layers = 0}]', "[matrix] models[0]: layers must be an integer in [1, 2147483647], got 0"),
+            ('["t5-tiny", {model = "t5-tiny", ffn = "swiglu"}]',
+             "[matrix] models[1]: ffn must be one of \"relu\", \"gated-gelu\", got 'swiglu'"),
+            ('[{model = "t5-tiny", tie_embeddings = "no"}]',
+             "[matrix] models[0]: tie_embeddings must be true or false, got 'no'"),
+            ('[{layers = 2}]', "[matrix] models[0]: {'layers': 2} has no model = \"PRESET\""),
+            ('["t5-tiny", {model = "t5-tiny"}]', "[matrix] models: two entries are the same model (t5-tiny): keep one"),
+            ('[{model = "t5-3b", layers = 2}]', "[matrix] models: 't5-3b' is not a model preset of ddp_perf"),
+        ]
+        for models, fragment in cases:
+            with self.subTest(models=models):
+                self.assert_refused(self.matrix(models=models), fragment)
+
     def test_count_not_multiple_of_gpus_per_node(self):
         self.assert_refused(self.matrix(gpus="[4, 6]"), "gpus: 6 is not a multiple of [cluster] gpus_per_node = 4")
 

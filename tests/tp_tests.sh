@@ -39,6 +39,9 @@ for dtype in fp32 bf16; do
   expect "tp 4 x dp 1, fsdp full, $dtype --check" 0 "$check_pattern" -- \
     "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --heads 4 --tp 4 --dtype $dtype --check --out $T/tp4-$dtype.h5
 done
+expect "tp 2, gated-GELU feed-forward (wi_0, wi_1 split), untied LM head (vocabulary-parallel), bf16 --check" 0 \
+  "$check_pattern" -- "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --ffn gated-gelu --tie-embeddings no --dtype bf16 \
+  --check --out $T/gated-untied-bf16.h5
 expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scale) --check" 0 "$check_pattern" -- \
   "${MPI4[@]}" $BIN/ddp_perf "${TINY[@]}" --tp 2 --attention fused --activation-checkpointing --dtype fp16 --check \
   --out $T/ddp-fused-ckpt-fp16.h5
@@ -48,7 +51,8 @@ expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scal
 # way on the tensor-parallel group (tests/check_trace.py, tensor_parallel_counts).
 expect "tensor-parallel traces: all-reduces per block, axes, plan = peak (python check)" 0 '^ok .*tp4-bf16.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp_perf-fp32.h5 $T/fsdp_perf_--sharding_full-bf16.h5 \
-  $T/fsdp_perf_--sharding_grad-op-fp32.h5 $T/ddp-fused-ckpt-fp16.h5 $T/tp4-fp32.h5 $T/tp4-bf16.h5
+  $T/fsdp_perf_--sharding_grad-op-fp32.h5 $T/ddp-fused-ckpt-fp16.h5 $T/gated-untied-bf16.h5 $T/tp4-fp32.h5 \
+  $T/tp4-bf16.h5
 expect "8-rank hybrid tensor-parallel traces (python check)" 0 '^ok .*hybrid-bf16.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 8 --steps 3 $T/hybrid-fp32.h5 $T/hybrid-bf16.h5
 expect "the trace records the 2-D mesh" 0 '^tp 2 dp 2 shard 2 replicas 1 groups \[0, 1\] \[1, 3\]$' -- $PY -c "

@@ -64,6 +64,8 @@ class CountingBackend final : public Backend {
   }
   void relu_forward(Buf x, int64_t n) override { touched(2, x, n); }
   void relu_backward(Buf dy, CBuf, int64_t n) override { touched(3, dy, n); }
+  void gated_gelu_forward(Buf h, CBuf, CBuf, int64_t n) override { touched(3, h, n); }
+  void gated_gelu_backward(Buf du, Buf, CBuf, CBuf, CBuf, int64_t n) override { touched(5, du, n); }
   void add(Buf y, CBuf, int64_t n) override { touched(3, y, n); }
   void scale(Buf x, float, int64_t n) override { touched(2, x, n); }
   void copy(Buf dst, CBuf, int64_t n) override {

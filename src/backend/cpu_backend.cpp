@@ -91,6 +91,16 @@ void store_f32(Buf dst, const float* src, int64_t n) {
   }
 }
 
+// gelu_tanh (Hugging Face's "gelu_new") and its derivative at x, in fp32 as the CUDA kernel
+// computes them: t = tanh(k (x + a x^3)), g = x (1 + t) / 2, g' = (1 + t) / 2 + x (1 - t^2) k (1 + 3 a x^2) / 2.
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+inline void gelu_tanh(float x, float& g, float& dg) {
+  const float t = std::tanh(kGeluK * (x + kGeluA * x * x * x));
+  g = 0.5f * x * (1.f + t);
+  dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluA * x * x);
+}
+
 // An fp32 view of n elements of a tensor: the tensor itself when it is fp32; otherwise a
 // host copy converted to fp32 (when read) and, for an output, stored back rounded at
 // store() or the end of the view. The copies are the CPU's emulation of 16-bit storage and
@@ -501,6 +511,37 @@ class CpuBackend final : public Backend {
       for (int64_t i = 0; i < n; ++i) g.p[i] = yv.p[i] > 0.f ? g.p[i] : 0.f;
     }
     done(OpKind::Elementwise, t0, 3 * es * n);
+  }
+  void gated_gelu_forward(Buf h, CBuf u, CBuf v, int64_t n) override {
+    const double t0 = start_compute();
+    const int es = dtype_size(common_dtype("gated_gelu_forward", {h, u, v}));
+    {
+      F32View hv(h, n, false);
+      const F32View uv(u, n), vv(v, n);
+      for (int64_t i = 0; i < n; ++i) {
+        float g, dg;
+        gelu_tanh(uv.p[i], g, dg);
+        hv.p[i] = g * vv.p[i];
+      }
+    }
+    done(OpKind::Elementwise, t0, 3 * es * n);
+  }
+  void gated_gelu_backward(Buf du, Buf dv, CBuf dh, CBuf u, CBuf v, int64_t n) override {
+    const double t0 = start_compute();
+    const int es = dtype_size(common_dtype("gated_gelu_backward", {du, dv, dh, u, v}));
+    {
+      // dh is read into its own view first, so du may be dh (each element is read, then written).
+      const F32View dhv(dh, n), uv(u, n), vv(v, n);
+      F32View duv(du, n, false), dvv(dv, n, false);
+      for (int64_t i = 0; i < n; ++i) {
+        float g, dg;
+        gelu_tanh(uv.p[i], g, dg);
+        const float d = dhv.p[i];
+        dvv.p[i] = d * g;
+        duv.p[i] = d * vv.p[i] * dg;
+      }
+    }
+    done(OpKind::Elementwise, t0, 5 * es * n);
   }
   void add(Buf y, CBuf x, int64_t n) override {
     const double t0 = start_compute();

@@ -133,15 +133,16 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
       device_impl = 0, device_ctas = 16;
   const char* floor_env = std::getenv("SHARDBENCH_MIN_BUSBW");
   app.add_option("--ops", ops, ops_help())->capture_default_str();
-  // nccl-tests' flags, with their meanings.
-  app.add_option("-t,--nthreads", threads, "threads per process: 1 (one rank per device; start more ranks "
-                                            "with mpirun)")->capture_default_str();
-  app.add_option("-g,--ngpus", gpus, "devices per thread: 1 (one rank per device)")->capture_default_str();
+  NumericFlags num(app);  // every numeric flag: range-checked, no wrapping, no inf/nan
+  // nccl-tests' flags, with their meanings. Those that cannot apply here still take any
+  // integer nccl-tests takes, then say why their value does not apply (require_applicable).
+  num.integer("-t,--nthreads", threads, 1, kIntMax, "threads per process: 1 (one rank per device; start more ranks "
+                                                    "with mpirun)");
+  num.integer("-g,--ngpus", gpus, 1, kIntMax, "devices per thread: 1 (one rank per device)");
   app.add_option("-b,--minbytes", minb, "smallest size (64, 1K, 16M, 1G)")->capture_default_str();
   app.add_option("-e,--maxbytes", maxb, "largest size")->capture_default_str();
-  NumericFlags num(app);  // every numeric flag: range-checked, no wrapping, no inf/nan
   app.add_option("-i,--stepbytes", stepb, "add this many bytes between sizes (used when -f is not given)");
-  auto* factor = num.real("-f,--stepfactor", o.factor, 0, 1e6, true, "multiply the size by this between sizes");
+  auto* factor = num.real("-f,--stepfactor", o.factor, 1, 1e6, true, "multiply the size by this between sizes");
   num.integer("-n,--iters", o.iters, 1, kIntMax, "timed iterations per size");
   num.integer("-m,--agg_iters", o.agg, 1, kIntMax, "operations per iteration, issued together; the time is per "
                                                    "operation");
@@ -158,19 +159,19 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   app.add_option("-r,--root", root, "root rank of broadcast and reduce, or all")->capture_default_str();
   num.integer("-z,--blocking", o.blocking, 0, 3, "barriers between iterations, never timed: 0 none, 1 after each "
                                                  "operation (of -m), 2 none, 3 after each iteration (of -n)");
-  app.add_option("-y,--stream_null", stream_null, "0 (CUDA's null stream is not used)")->capture_default_str();
+  num.integer("-y,--stream_null", stream_null, 0, 1, "0 (CUDA's null stream is not used)");
   num.integer("-T,--timeout", o.timeout_s, 0, kIntMax, "fail (exit 1) when one size of one test runs longer than "
                                                         "this many seconds (0: no limit)");
-  app.add_option("-G,--cudagraph", graphs, "0 (no CUDA graphs)")->capture_default_str();
+  num.integer("-G,--cudagraph", graphs, 0, kIntMax, "0 (no CUDA graphs)");
   num.integer("-C,--report_cputime", o.cputime, 0, 1, "1: report the host time until each call returns instead "
                                                       "of its completion (the same for blocking MPI)");
   num.integer("-S,--report_timestamps", o.timestamps, 0, 1, "1: end every table row with the time it was printed");
   app.add_option("-J,--output_file", o.json, "also write the table as JSON to this file");
   num.integer("-a,--average", o.average, 0, 3, "time reported across ranks: 0 rank 0, 1 avg, 2 min, 3 max");
-  app.add_option("-R,--local_register", reg, "0 (no NCCL buffer registration)")->capture_default_str();
-  app.add_option("-x,--cta_policy", cta_policy, "unset (no NCCL CTA policy)");
-  app.add_option("-D,--device_implementation", device_impl, "0 (NCCL's own implementation)")->capture_default_str();
-  app.add_option("-V,--device_cta_count", device_ctas, "16 (only with -D > 0)")->capture_default_str();
+  num.integer("-R,--local_register", reg, 0, 2, "0 (no NCCL buffer registration)");
+  num.integer("-x,--cta_policy", cta_policy, -1, kIntMax, "-1: unset (no NCCL CTA policy)");
+  num.integer("-D,--device_implementation", device_impl, 0, kIntMax, "0 (NCCL's own implementation)");
+  num.integer("-V,--device_cta_count", device_ctas, 1, kIntMax, "16 (only with -D > 0)");
   num.integer("-M,--memory", o.memory, 0, 1, "1: report the memory of every rank at the end");
   num.integer("-u,--unalign", o.unalign, 0, 1 << 20, "misalign the buffers by this many elements");
   num.integer("-I,--per_iter_timing", o.per_iter, 0, 1, "1: add the min, median, p99 and max of the iterations "
@@ -221,8 +222,6 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   if (!stepb.empty() && factor->count() == 0) o.step_bytes = parse_size("-i", stepb), o.factor = 1;
   if (o.min_bytes > o.max_bytes)
     throw UsageError("-b " + minb + " is larger than -e " + maxb + " (the smallest size must not exceed the largest)");
-  if (!o.step_bytes && !(o.factor > 1) && o.min_bytes != o.max_bytes)
-    throw UsageError("-f " + std::to_string(o.factor) + " is not allowed (must be > 1)");
   o.dtypes = parse_dtypes(dtype);
   o.redops = parse_redops(redop);
   o.roots = parse_roots(root, world);

@@ -9,9 +9,11 @@
 namespace sb {
 
 namespace {
-ModelSpec make(const char* name, int64_t d, int64_t ff, int64_t layers, int64_t heads, int64_t dkv,
-               int64_t vocab) {
+ModelSpec make(const std::string& name, int64_t d, int64_t ff, int64_t layers, int64_t heads, int64_t dkv,
+               int64_t vocab, FfnKind ffn = FfnKind::Relu, bool tie = true) {
   ModelSpec s;
+  s.ffn = ffn;
+  s.tie_embeddings = tie;
   s.name = name;
   s.d_model = d;
   s.d_ff = ff;
@@ -31,7 +33,21 @@ const std::vector<ModelSpec>& presets() {
       make("t5-small", 256, 1024, 4, 4, 64, 8192),
       make("t5-tiny", 32, 64, 2, 2, 8, 96),
   };
-  return p;
+  // T5 v1.1 and its instruction-tuned twin Flan-T5 (one shape each): Hugging Face's
+  // configurations (docs/references.md §11): feed_forward_proj "gated-gelu",
+  // tie_word_embeddings false, d_kv 64, vocab 32128, 32 buckets, max distance 128.
+  static const std::vector<ModelSpec> all = [] {
+    std::vector<ModelSpec> v = p;
+    const struct { const char* size; int64_t d, ff, layers, heads; } v11[] = {
+        {"small", 512, 1024, 8, 6}, {"base", 768, 2048, 12, 12}, {"large", 1024, 2816, 24, 16},
+        {"xl", 2048, 5120, 24, 32}, {"xxl", 4096, 10240, 24, 64}};
+    for (const char* family : {"t5-v1_1-", "flan-t5-"})
+      for (const auto& m : v11)
+        v.push_back(make(std::string(family) + m.size, m.d, m.ff, m.layers, m.heads, 64, 32128, FfnKind::GatedGelu,
+                         false));
+    return v;
+  }();
+  return all;
 }
 }  // namespace
 
@@ -47,6 +63,14 @@ ModelSpec model_preset(const std::string& name) {
   std::string allowed;
   for (const auto& n : model_preset_names()) allowed += (allowed.empty() ? "" : ", ") + n;
   throw UsageError("unknown model '" + name + "' (allowed: " + allowed + ")");
+}
+
+const char* ffn_kind_name(FfnKind f) { return f == FfnKind::GatedGelu ? "gated-gelu" : "relu"; }
+
+FfnKind parse_ffn_kind(const std::string& s) {
+  for (FfnKind f : {FfnKind::Relu, FfnKind::GatedGelu})
+    if (s == ffn_kind_name(f)) return f;
+  throw UsageError("--ffn '" + s + "' is not allowed (allowed: relu, gated-gelu)");
 }
 
 void validate(const ModelSpec& s) {
@@ -119,6 +143,7 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
     b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f, Split::Rows);  // vocab-parallel
     b.norm("encoder.final_norm", s.d_model);
     b.norm("decoder.final_norm", s.d_model);
+    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model, Split::Rows);  // vocab-parallel
     units.push_back(b.u);
   }
   for (int stack = 0; stack < 2; ++stack) {
@@ -136,7 +161,12 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
         b.attention("cross", s);
         b.norm("ln3", s.d_model);
       }
-      b.linear("wi", s.d_ff, s.d_model, Split::Rows);
+      if (s.ffn == FfnKind::GatedGelu) {
+        b.linear("wi_0", s.d_ff, s.d_model, Split::Rows);
+        b.linear("wi_1", s.d_ff, s.d_model, Split::Rows);
+      } else {
+        b.linear("wi", s.d_ff, s.d_model, Split::Rows);
+      }
       b.linear("wo", s.d_model, s.d_ff, Split::Cols);
       units.push_back(b.u);
     }
@@ -188,8 +218,9 @@ double attention_flops(const ModelSpec& s, double batch, double tq, double tk, i
          + gemm_flops(batch * tq, d, inner)          // O
          + 2 * batch * heads * gemm_flops(tq, tk, s.d_kv);  // scores, context
 }
+// wi (or wi_0 and wi_1) and wo; a tensor-parallel rank holds d_ff / tp of each.
 double ffn_flops(const ModelSpec& s, double tokens, int tp) {
-  return 2 * gemm_flops(tokens, double(s.d_ff / tp), s.d_model);
+  return (s.ffn == FfnKind::GatedGelu ? 3 : 2) * gemm_flops(tokens, double(s.d_ff / tp), s.d_model);
 }
 }  // namespace
 

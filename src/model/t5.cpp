@@ -88,7 +88,8 @@ struct BlockState {
   Buf x2;                  // [N, d] after cross-attention residual (decoder)
   float* rstd_ff = nullptr;  // [N] (fp32)
   Buf xn_ff;                 // [N, d]
-  Buf h;                     // [N, d_ff] after ReLU
+  Buf u, v;                  // [N, d_ff] gated GELU: wi_0 and wi_1 outputs
+  Buf h;                     // [N, d_ff] after ReLU, or gelu_tanh(u) * v
 };
 
 }  // namespace
@@ -203,6 +204,10 @@ struct T5Step::Impl {
 
   int seq(int stack) const { return stack == 0 ? Te : Td; }
   bool fused() const { return attention == AttentionImpl::Fused; }
+  bool gated() const { return spec.ffn == FfnKind::GatedGelu; }
+  // The LM head: `shared` after a d_model^-0.5 rescale (tied), or `lm_head` as it is.
+  const char* head_weight() const { return spec.tie_embeddings ? "shared" : "lm_head"; }
+  float head_rescale() const { return spec.tie_embeddings ? 1.f / std::sqrt(float(d)) : 1.f; }
   int64_t table_numel() const { return spec.num_buckets * H; }
   AttentionShape attn_shape(int tq, int tk, bool causal) const {
     return AttentionShape{B, H, tq, tk, dkv, int(spec.num_buckets), causal};
@@ -385,13 +390,18 @@ struct T5Step::Impl {
     }
     st.rstd_ff = alloc_f32(o, N, c);
     st.xn_ff = alloc(o, N * d, c);
+    if (gated()) {  // the gate's two inputs, read again by its backward
+      st.u = alloc(o, N * ff, c);
+      st.v = alloc(o, N * ff, c);
+    }
     st.h = alloc(o, N * ff, c);
     return st;
   }
 
   // The block's forward from hidden[stack][layer] into out [N, d], saving into st.
   // Pre-norm residual sub-layers: x1 = x + SelfAttn(ln1 x); [x2 = x1 + CrossAttn(ln2 x1,
-  // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream.
+  // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream (gated GELU:
+  // out = r + wo (gelu_tanh(wi_0 ln_ff r) * wi_1 ln_ff r)).
   void block_compute(int si, CBuf W, BlockState& st, Buf out) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
@@ -409,8 +419,14 @@ struct T5Step::Impl {
       ln_ff = "ln3";
     }
     b.rmsnorm_forward(st.xn_ff, st.rstd_ff, r, param(W, s, ln_ff), N, d, kNormEps);
-    b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
-    b.relu_forward(st.h, int64_t(N) * ff);
+    if (gated()) {
+      b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi_0"), d, 0.f, st.u, ff);  // u [N, ff]
+      b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi_1"), d, 0.f, st.v, ff);  // v [N, ff]
+      b.gated_gelu_forward(st.h, st.u, st.v, int64_t(N) * ff);
+    } else {
+      b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
+      b.relu_forward(st.h, int64_t(N) * ff);
+    }
     b.copy(out, r, int64_t(N) * d);
     add_row_parallel(out, int64_t(N) * d, [&](Buf dst, float beta) {  // out += h Wo^T
       b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, beta, dst, d);
@@ -426,7 +442,7 @@ struct T5Step::Impl {
     std::vector<void*> tmp;
     const Buf dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
 
-    // FFN: out = r + h Wo^T, h = relu(xn_ff Wi^T)
+    // FFN: out = r + h Wo^T, h = relu(xn_ff Wi^T) or gelu_tanh(xn_ff Wi_0^T) * xn_ff Wi_1^T
     {
       const CBuf r = stack == 1 ? st.x2 : st.x1;
       const std::string ln_ff = stack == 1 ? "ln3" : "ln2";
@@ -435,10 +451,21 @@ struct T5Step::Impl {
       b.gemm(true, false, d, ff, N, 1.f, dy, d, st.h, ff, 1.f, grad(G, s, "wo"), ff);  // dWo += dy^T h
       ready(s, "wo");
       b.gemm(false, false, N, ff, d, 1.f, dy, d, param(W, s, "wo"), ff, 0.f, dh, ff);  // dh = dy Wo
-      b.relu_backward(dh, st.h, int64_t(N) * ff);
-      b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
-      ready(s, "wi");
-      b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
+      if (gated()) {  // du (in dh's place) and dv; wi_1's gradient first, as the flat buffer reversed
+        const Buf du = dh, dv = alloc(tff, int64_t(N) * ff, MemCategory::Workspace);
+        b.gated_gelu_backward(du, dv, dh, st.u, st.v, int64_t(N) * ff);
+        b.gemm(true, false, ff, d, N, 1.f, dv, ff, st.xn_ff, d, 1.f, grad(G, s, "wi_1"), d);  // dWi_1 += dv^T xn
+        ready(s, "wi_1");
+        b.gemm(true, false, ff, d, N, 1.f, du, ff, st.xn_ff, d, 1.f, grad(G, s, "wi_0"), d);  // dWi_0 += du^T xn
+        ready(s, "wi_0");
+        b.gemm(false, false, N, d, ff, 1.f, du, ff, param(W, s, "wi_0"), d, 0.f, dxn, d);     // dxn = du Wi_0
+        b.gemm(false, false, N, d, ff, 1.f, dv, ff, param(W, s, "wi_1"), d, 1.f, dxn, d);     // dxn += dv Wi_1
+      } else {
+        b.relu_backward(dh, st.h, int64_t(N) * ff);
+        b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
+        ready(s, "wi");
+        b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
+      }
       tp_all_reduce(dxn, int64_t(N) * d);
       b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
       ready(s, ln_ff);
@@ -529,16 +556,17 @@ struct T5Step::Impl {
     ready(s, "encoder.final_norm");
   }
 
-  // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha.
+  // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha;
+  // untied: logits = hn lm_head^T (T5ForConditionalGeneration rescales only a tied head).
   void head_forward(int si, CBuf W) {
     const Stage& s = stages[si];
-    const float rescale = 1.f / std::sqrt(float(d));
+    const float rescale = head_rescale();
     head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
     head_rstd = alloc_f32(saved[si], Nd, MemCategory::Activations);
     logits = act(si, int64_t(Nd) * V);   // [Nd, V]
     b.rmsnorm_forward(head_hn, head_rstd, hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
-    b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, "shared"), d, 0.f, logits, V);
+    b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, head_weight()), d, 0.f, logits, V);
     if (!split()) return b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
@@ -554,12 +582,13 @@ struct T5Step::Impl {
   }
   void head_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
-    const float rescale = 1.f / std::sqrt(float(d));
+    const float rescale = head_rescale();
     std::vector<void*> tmp;
     const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
-    // dshared += r · dlogits^T hn [V, d];  dhn = r · dlogits shared [Nd, d]
-    b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, "shared"), d);
-    b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, "shared"), d, 0.f, dhn, d);
+    // dhead += r · dlogits^T hn [V, d];  dhn = r · dlogits head [Nd, d]  (head: shared or lm_head)
+    b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, head_weight()), d);
+    if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
+    b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
     tp_all_reduce(dhn, int64_t(Nd) * d);
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
     b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, hidden[1][L],

@@ -20,6 +20,9 @@ int mpi_main(int argc, char** argv, const ProgramBody& body) {
   } catch (const UsageError& e) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
     code = kExitUsage;
+  } catch (const ResultKeptAside& e) {
+    if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    code = kExitKeptAside;
   } catch (const RunFailure& e) {
     if (rank == 0) std::fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
     code = kExitFailure;

@@ -234,7 +234,7 @@ void ResultFile::write_rows(const std::string& name, const std::vector<Column>& 
 
 // Publishes the temporary under the final name. Without --overwrite the name is taken only
 // if free at this moment: a run that lost the race to another with the same --out keeps its
-// result under a suffixed name and ends with a usage error (exit 2) on every rank.
+// result under a suffixed name and ends with ResultKeptAside (exit 6) on every rank.
 void ResultFile::commit() {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
@@ -275,7 +275,7 @@ void ResultFile::commit() {
   MPI_CHECK(MPI_Bcast(kept, sizeof kept, MPI_CHAR, 0, comm_));
   committed_ = true;
   if (kept[0])
-    throw UsageError("--out '" + path_ + "' was written by another run while this one ran: this result is kept as '" +
+    throw ResultKeptAside("--out '" + path_ + "' was written by another run while this one ran: this result is kept as '" +
                      kept + "'");
 }
 

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <tuple>
 
 #include "shardbench/core/check.h"
 #include "shardbench/core/cli.h"
@@ -47,6 +48,13 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
               "tensor-parallel group size: Megatron-LM splits of every layer over groups of this many "
               "consecutive ranks; the strategy's data parallelism runs over world / tp ranks (heads, d_ff "
               "and vocab must divide by it)");
+  std::string ffn, tie;
+  app.add_option("--ffn", ffn,
+                 "feed-forward block: relu (T5: wo(relu(wi x))) | gated-gelu (T5 v1.1, Flan-T5: "
+                 "wo(gelu_tanh(wi_0 x) * wi_1 x)) (default: the preset's)");
+  app.add_option("--tie-embeddings", tie,
+                 "yes (the LM head is the shared embedding, output scaled by d_model^-0.5) | no (an lm_head of "
+                 "its own, no rescale) (default: the preset's)");
   num.integer("--batch", batch, 1, kIntMax, "sequences per data-parallel rank (a tensor-parallel group shares them)");
   num.integer("--seq-len", seq_len, 1, kIntMax, "encoder tokens per sequence");
   num.integer("--dec-seq-len", dec_len, 1, kIntMax, "decoder tokens per sequence (default: --seq-len)");
@@ -105,10 +113,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
         ->capture_default_str();
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
                  "issue the next unit's all-gather during the current forward");
-    app.add_option("--fsdp-version", fsdp_version,
-                   "gradient reduction schedule: 1 (reduce-scatters waited on at the end of backward) | "
-                   "2 (each waits for the previous one)")
-        ->capture_default_str();
+    num.integer("--fsdp-version", fsdp_version, 1, 2,
+                "gradient reduction schedule: 1 (reduce-scatters waited on at the end of backward) | "
+                "2 (each waits for the previous one)");
   }
   if (!parse_command_line(app, argc, argv)) return false;
   if (list_models) {  // what slurm/sweep checks a matrix's models against
@@ -118,15 +125,24 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   num.apply();
 
   cfg.model = model_preset(model);
+  const ModelSpec preset = cfg.model;
   const std::pair<CLI::Option*, int64_t*> overrides[] = {
       {o_dm, &cfg.model.d_model}, {o_ff, &cfg.model.d_ff}, {o_l, &cfg.model.layers},
       {o_h, &cfg.model.heads},    {o_kv, &cfg.model.d_kv}, {o_v, &cfg.model.vocab}};
   const int64_t values[] = {d_model, d_ff, layers, heads, d_kv, vocab};
   for (size_t i = 0; i < 6; ++i)
-    if (overrides[i].first->count()) {
-      *overrides[i].second = values[i];
-      cfg.model.name = model + "*";  // an overridden preset is another model
-    }
+    if (overrides[i].first->count()) *overrides[i].second = values[i];
+  if (!ffn.empty()) cfg.model.ffn = parse_ffn_kind(ffn);
+  if (!tie.empty()) {
+    if (tie != "yes" && tie != "no")
+      throw UsageError("--tie-embeddings '" + tie + "' is not allowed (allowed: yes, no)");
+    cfg.model.tie_embeddings = tie == "yes";
+  }
+  const ModelSpec& m = cfg.model;  // a preset with another shape is another model: its name says so
+  if (std::make_tuple(m.d_model, m.d_ff, m.layers, m.heads, m.d_kv, m.vocab, m.ffn, m.tie_embeddings) !=
+      std::make_tuple(preset.d_model, preset.d_ff, preset.layers, preset.heads, preset.d_kv, preset.vocab, preset.ffn,
+                      preset.tie_embeddings))
+    cfg.model.name = model + "*";
   validate(cfg.model);
   check_tensor_parallel(cfg.model, int(tp));
 
@@ -186,8 +202,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);
-    if (fsdp_version != 1 && fsdp_version != 2)
-      throw UsageError("--fsdp-version " + std::to_string(fsdp_version) + " is not allowed (allowed: 1, 2)");
     cfg.strategy.fsdp_version = int(fsdp_version);
     if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid)
       throw UsageError("--shard-size is only allowed with --sharding hybrid");

@@ -110,6 +110,10 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-2\",\n");
   std::fprintf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
                cfg.strategy.label().c_str(), m.name.c_str());
+  std::fprintf(f, "  \"d_model\": %lld, \"d_ff\": %lld, \"layers\": %lld, \"heads\": %lld, \"d_kv\": %lld, "
+               "\"vocab\": %lld, \"ffn\": \"%s\", \"tie_embeddings\": %d,\n",
+               (long long)m.d_model, (long long)m.d_ff, (long long)m.layers, (long long)m.heads, (long long)m.d_kv,
+               (long long)m.vocab, ffn_kind_name(m.ffn), int(m.tie_embeddings));
   std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
                "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
                p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,

@@ -29,6 +29,7 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"d_model / d_ff / d_kv", std::to_string(m.d_model) + " / " + std::to_string(m.d_ff) + " / " + std::to_string(m.d_kv)},
       {"layers (enc+dec) / heads", std::to_string(m.layers) + "+" + std::to_string(m.layers) + " / " + std::to_string(m.heads)},
       {"vocab", std::to_string(m.vocab)},
+      {"feed-forward / LM head", std::string(ffn_kind_name(m.ffn)) + " / " + (m.tie_embeddings ? "tied" : "untied")},
       {"world / shard group / replicas", std::to_string(world) + " / " + std::to_string(layout.shard) + " / " +
                                              std::to_string(layout.replicate)},
       {"batch per rank / global", std::to_string(c.shape.batch) + " / " + std::to_string(c.shape.batch * layout.dp())},
@@ -149,6 +150,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("vocab", m.vocab),
       Attr::integer("num_buckets", m.num_buckets),
       Attr::integer("max_distance", m.max_distance),
+      Attr::str("ffn", ffn_kind_name(m.ffn)),
+      Attr::integer("tie_embeddings", m.tie_embeddings),
       Attr::integer("param_count", param_count(m)),
       Attr::integer("param_count_per_rank", param_count_per_rank(m, layout.tp)),
       Attr::integer("world_size", world),

@@ -990,6 +990,60 @@ TEST_F(CudaVsCpu, FusedT5StepMatchesCpu) {
   }
 }
 
+// ---------------------------------------------------------------- gated GELU (T5 v1.1)
+
+// The fused gate kernels against the CPU backend, both ways, du written over dh as the model
+// does, in every training precision; u spans both tails of the curve. fp32: tanhf against
+// std::tanh, within 1e-6 normwise; bf16/fp16: one rounding of nearly equal fp32 values,
+// 1 ulp normwise.
+TEST_F(CudaVsCpu, GatedGeluKernelsMatchCpu) {
+  const int64_t n = 100003;
+  const auto u = random(n, 70, 8.f), v = random(n, 71, 2.f), dh = random(n, 72, 1.5f);
+  Backend* bs[2] = {&cpu(), &gpu()};
+  for (DType t : {DType::F32, DType::BF16, DType::F16}) {
+    std::vector<float> h[2], du[2], dv[2];
+    for (int i = 0; i < 2; ++i) {
+      Backend& b = *bs[i];
+      const Buf bu = put(b, u, t), bv = put(b, v, t), bh = put(b, std::vector<float>(n), t);
+      const Buf bdh = put(b, dh, t), bdv = put(b, std::vector<float>(n), t);
+      b.gated_gelu_forward(bh, bu, bv, n);
+      b.gated_gelu_backward(bdh, bdv, bdh, bu, bv, n);
+      h[i] = get(b, bh, n), du[i] = get(b, bdh, n), dv[i] = get(b, bdv, n);
+    }
+    const double tol = t == DType::F32 ? 1e-6 : ulps(t, 1);
+    const std::string tn = dtype_name(t);
+    EXPECT_CLOSE(h[1], h[0], tol) << tn << " h";
+    EXPECT_CLOSE(du[1], du[0], tol) << tn << " du";
+    EXPECT_CLOSE(dv[1], dv[0], tol) << tn << " dv";
+  }
+}
+
+// A T5 v1.1 block (gated GELU, untied head) in a whole step on the GPU against the CPU:
+// fp32 within step_tol(), bf16 with the other bf16 steps' bounds; and the memory plan
+// (counting backend) equals what the GPU allocates.
+TEST_F(CudaVsCpu, GatedT5StepMatchesCpuAndThePlan) {
+  ModelSpec spec = model_preset("t5-tiny");
+  spec.ffn = FfnKind::GatedGelu;
+  spec.tie_embeddings = false;
+  const StepShape shape{2, 12, 8};
+  for (DType t : {DType::F32, DType::BF16}) {
+    Model on_cpu(cpu(), spec, shape, false, t), on_gpu(gpu(), spec, shape, false, t);
+    const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
+    const bool f32 = t == DType::F32;
+    EXPECT_NEAR(l_gpu, l_cpu, (f32 ? step_tol() : 1e-2) * std::fabs(l_cpu)) << dtype_name(t);
+    for (size_t u = 0; u < on_cpu.grads.size(); ++u)
+      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), f32 ? step_tol() : 1e-1)
+          << dtype_name(t) << " unit " << on_cpu.step->units()[u].name;
+  }
+  auto fresh = make_backend("cuda"), counting = make_counting_backend();  // peaks of this model alone
+  for (Backend* b : {fresh.get(), counting.get()}) {
+    Model m(*b, spec, shape, true, DType::BF16, 1.f, AttentionImpl::Fused);
+    m.forward_backward();
+  }
+  EXPECT_EQ(fresh->mem_peak(), counting->mem_peak());
+  EXPECT_EQ(fresh->mem_peak_total(), counting->mem_peak_total());
+}
+
 // The memory plan (the counting backend) equals what the GPU allocates with fused attention.
 TEST_F(CudaVsCpu, FusedStepPeakEqualsThePlan) {
   const ModelSpec spec = model_preset("t5-tiny");

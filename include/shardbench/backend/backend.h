@@ -306,6 +306,12 @@ class Backend {
                                 int d) = 0;
   virtual void relu_forward(Buf x, int64_t n) = 0;                    // in place
   virtual void relu_backward(Buf dy, CBuf y, int64_t n) = 0;          // dy *= (y > 0)
+  // T5 v1.1's gated-GELU feed-forward gate (Hugging Face T5DenseGatedActDense with
+  // "gelu_new"): h = gelu_tanh(u) * v, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+  // One pass each way; u and v are the outputs of wi_0 and wi_1.              h, u, v [n]
+  virtual void gated_gelu_forward(Buf h, CBuf u, CBuf v, int64_t n) = 0;
+  // du = dh * v * gelu_tanh'(u), dv = dh * gelu_tanh(u) (overwritten); du may be dh itself.
+  virtual void gated_gelu_backward(Buf du, Buf dv, CBuf dh, CBuf u, CBuf v, int64_t n) = 0;
   virtual void add(Buf y, CBuf x, int64_t n) = 0;                     // y += x
   virtual void scale(Buf x, float a, int64_t n) = 0;                  // x *= a
   virtual void copy(Buf dst, CBuf src, int64_t n) = 0;

@@ -21,6 +21,13 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// The run finished and wrote its result, but another run took its --out meanwhile: the
+// result is kept under a suffixed name (the message names it). Exit code kExitKeptAside on
+// every rank.
+struct ResultKeptAside : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 // Exit codes of every shardbench program (documented in README.md).
 enum ExitCode : int {
   kExitOk = 0,
@@ -31,6 +38,8 @@ enum ExitCode : int {
                         // single-rank reference, or the loss became inf/NaN;
                         // collective_perf: wrong elements in a result
   kExitBelowFloor = 5,  // collective_perf: average bus bandwidth under --min-busbw
+  kExitKeptAside = 6,   // the result is complete but kept as <out>-2.h5 (...): another run
+                        // published --out while this one ran
 };
 
 // Prints "shardbench: fatal: <host> rank <r>: <msg> (<file>:<line>)" and aborts the job.

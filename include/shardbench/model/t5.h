@@ -11,7 +11,8 @@
 //   DecoderBlock × L (cross-attends to       decoder.l
 //                  the encoder output)
 //   Head           decoder final norm,       root
-//                  × d_model^-0.5, tied LM head, softmax cross-entropy
+//                  LM head (tied: shared after × d_model^-0.5;
+//                  untied: lm_head), softmax cross-entropy
 // Backward runs the same stages in reverse. The root unit appears three times; its
 // gradients are complete after the backward of EncoderEmbed (the last one).
 #pragma once

@@ -515,6 +515,17 @@ class CudaBackend final : public Backend, private StagingDevice {
     const DType t = common_dtype("relu_backward", {dy, y});
     elementwise(3 * dtype_size(t) * n, t, [&](auto e) { cuda::relu_backward(compute_, as(e, dy), as(e, y), n); });
   }
+  void gated_gelu_forward(Buf h, CBuf u, CBuf v, int64_t n) override {
+    const DType t = common_dtype("gated_gelu_forward", {h, u, v});
+    elementwise(3 * dtype_size(t) * n, t,
+                [&](auto e) { cuda::gated_gelu_forward(compute_, as(e, h), as(e, u), as(e, v), n); });
+  }
+  void gated_gelu_backward(Buf du, Buf dv, CBuf dh, CBuf u, CBuf v, int64_t n) override {
+    const DType t = common_dtype("gated_gelu_backward", {du, dv, dh, u, v});
+    elementwise(5 * dtype_size(t) * n, t, [&](auto e) {
+      cuda::gated_gelu_backward(compute_, as(e, du), as(e, dv), as(e, dh), as(e, u), as(e, v), n);
+    });
+  }
   void add(Buf y, CBuf x, int64_t n) override {
     const DType t = common_dtype("add", {y, x});
     elementwise(3 * dtype_size(t) * n, t, [&](auto e) { cuda::add(compute_, as(e, y), as(e, x), n); });

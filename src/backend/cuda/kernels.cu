@@ -572,5 +572,57 @@ cudaError_t probe_kernel_image(cudaStream_t s) {
   return rc == cudaSuccess ? cudaStreamSynchronize(s) : rc;
 }
 
+// ---------------------------------------------------------------- gated-GELU gate (T5 v1.1)
+// grid-stride, blockDim 256. The CPU backend's arithmetic (cpu_backend.cpp, gelu_tanh): fp32,
+// tanhf, the same order of operations; each thread reads its element of every input before
+// it writes, so du may alias dh.
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+
+__device__ __forceinline__ void gelu_tanh(float x, float& g, float& dg) {
+  const float t = tanhf(kGeluK * (x + kGeluA * x * x * x));
+  g = 0.5f * x * (1.f + t);
+  dg = 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * kGeluK * (1.f + 3.f * kGeluA * x * x);
+}
+
+template <class T>
+__global__ void gated_gelu_forward_kernel(T* h, const T* u, const T* v, int64_t n) {
+  GRID_STRIDE(i, n) {
+    float g, dg;
+    gelu_tanh(ld(u[i]), g, dg);
+    h[i] = st<T>(g * ld(v[i]));
+  }
+}
+
+template <class T>
+__global__ void gated_gelu_backward_kernel(T* du, T* dv, const T* dh, const T* u, const T* v, int64_t n) {
+  GRID_STRIDE(i, n) {
+    float g, dg;
+    gelu_tanh(ld(u[i]), g, dg);
+    const float d = ld(dh[i]), vi = ld(v[i]);
+    dv[i] = st<T>(d * g);
+    du[i] = st<T>(d * vi * dg);
+  }
+}
+}  // namespace
+
+template <class T>
+void gated_gelu_forward(cudaStream_t s, T* h, const T* u, const T* v, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(gated_gelu_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(h, u, v, n));
+}
+template <class T>
+void gated_gelu_backward(cudaStream_t s, T* du, T* dv, const T* dh, const T* u, const T* v, int64_t n) {
+  if (n > 0) CUDA_LAUNCH(gated_gelu_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(du, dv, dh, u, v, n));
+}
+
+#define SB_GATED_GELU_FOR(T)                                                                       \
+  template void gated_gelu_forward<T>(cudaStream_t, T*, const T*, const T*, int64_t);            \
+  template void gated_gelu_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, int64_t);
+SB_GATED_GELU_FOR(float)
+SB_GATED_GELU_FOR(__nv_bfloat16)
+SB_GATED_GELU_FOR(__half)
+#undef SB_GATED_GELU_FOR
+
 }  // namespace cuda
 }  // namespace sb

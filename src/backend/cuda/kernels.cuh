@@ -73,5 +73,12 @@ template <class T> void flag_nonfinite(cudaStream_t s, const T* x, int64_t n, in
 // A one-thread kernel: launching it tells whether this build has code for the device.
 cudaError_t probe_kernel_image(cudaStream_t s);
 
+// ---- gated-GELU feed-forward gate (T5 v1.1), one fused kernel each way ----
+// h = gelu_tanh(u) * v, gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+template <class T> void gated_gelu_forward(cudaStream_t s, T* h, const T* u, const T* v, int64_t n);
+// du = dh * v * gelu_tanh'(u), dv = dh * gelu_tanh(u); du may be dh
+template <class T>
+void gated_gelu_backward(cudaStream_t s, T* du, T* dv, const T* dh, const T* u, const T* v, int64_t n);
+
 }  // namespace cuda
 }  // namespace sb
