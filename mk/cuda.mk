@@ -46,19 +46,24 @@ $(OBJ)/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
+# Host code of the GPU tests (the SIMT emulation they compare the hardware with).
+$(OBJ)/gpu/%.o: tests/gpu/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
 $(OBJ)/programs/%.o: src/programs/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 # Named test_* so tests/run_tests.sh runs it: it skips cleanly where no GPU is visible.
 # Its own main() initialises MPI (NCCL communicators are made from MPI ones).
-$(BIN)/test_cuda_backend: $(OBJ)/gpu/test_cuda_backend.o $(LIB)
+$(BIN)/test_cuda_backend: $(OBJ)/gpu/test_cuda_backend.o $(OBJ)/gpu/attention_emulation.o $(LIB)
 	@mkdir -p $(@D)
-	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lgtest -pthread
+	$(CXX) $(filter %.o,$^) -o $@ $(LIB) $(LDLIBS) -lgtest -pthread
 
 $(BIN)/gemm_peak: $(OBJ)/programs/gemm_peak.o
 	@mkdir -p $(@D)
 	$(CXX) $< -o $@ $(CUDA_LDLIBS)
 
--include $(OBJ)/gpu/test_cuda_backend.d $(OBJ)/programs/gemm_peak.d
+-include $(OBJ)/gpu/test_cuda_backend.d $(OBJ)/gpu/attention_emulation.d $(OBJ)/programs/gemm_peak.d
 endif

@@ -34,6 +34,9 @@
 #include "../t5_model.h"
 
 namespace sb {
+// tests/gpu/attention_emulation.cpp (host code): the tensor-core kernels in the SIMT emulation.
+AttnResult emulated_attention_on_host(const AttnProblem& p, DType t);
+
 namespace {
 
 // Why the CUDA backend cannot run here, or "" when a GPU is visible.
@@ -942,6 +945,12 @@ const FusedCase kFusedCases[] = {
     {1, 70, 128, true, true},    {70, 70, 64, true, true, 1}, {1, 1, 64, false, false, 1},
 };
 
+// The kernels a dtype can run: FMA always; tensor cores for bf16 and fp16.
+std::vector<AttentionKernel> kernels_for(DType t) {
+  if (t == DType::F32) return {AttentionKernel::Fma};
+  return {AttentionKernel::Fma, AttentionKernel::Mma};
+}
+
 TEST_F(CudaVsCpu, FusedAttentionMatchesCpu) {
   for (DType t : {DType::F32, DType::BF16, DType::F16})
     for (const FusedCase& c : kFusedCases) {
@@ -953,25 +962,72 @@ TEST_F(CudaVsCpu, FusedAttentionMatchesCpu) {
       const std::string what = std::string(dtype_name(t)) + " tq " + std::to_string(c.tq) + " tk " +
                                std::to_string(c.tk) + " d_kv " + std::to_string(c.d_kv) + " heads " +
                                std::to_string(c.heads) + (c.causal ? " causal" : "") + (c.bias ? " bias" : "");
-      expect_attention_within(p.run(gpu(), t), ref, scale, AttnTolerance::of(t, false), one_visible_key(s), what);
+      for (AttentionKernel k : kernels_for(t)) {
+        ComputeOptions o;
+        o.attention_kernel = k;
+        gpu().set_compute_options(o);
+        expect_attention_within(p.run(gpu(), t), ref, scale, AttnTolerance::of(t, k == AttentionKernel::Mma),
+                                one_visible_key(s), what + " " + attention_kernel_name(k));
+      }
+      gpu().set_compute_options(ComputeOptions{});
       expect_attention_within(p.run(cpu(), t), ref, scale, AttnTolerance::of(t, false), one_visible_key(s),
                               what + " (cpu)");
     }
 }
 
-// No atomics: two runs give the same bits (the bias-table gradient included), and fp32
-// agrees with the double-precision reference.
+// The tensor cores against the SIMT emulation of the same kernel source
+// (tests/attention_emulation.h), which the CPU tests check in detail: within the tensor-core
+// bound of each other, and the share of output elements with identical bits printed (they
+// differ only where __expf and the tensor cores' accumulation order move a rounding).
+TEST_F(CudaVsCpu, TensorCoreAttentionMatchesItsEmulation) {
+  ComputeOptions o;
+  o.attention_kernel = AttentionKernel::Mma;
+  gpu().set_compute_options(o);
+  for (DType t : {DType::BF16, DType::F16})
+    for (const FusedCase& c : {FusedCase{130, 130, 64, false, true}, FusedCase{97, 97, 128, true, true},
+                               FusedCase{70, 130, 64, false, false}, FusedCase{20, 90, 8, true, true}}) {
+      const AttentionShape s{1, 2, c.tq, c.tk, c.d_kv, 32, c.causal};
+      AttnProblem p(s, c.bias, 900 + c.tq);
+      p.round_to(t);
+      AttnResult scale;
+      const AttnResult ref = p.reference(&scale), hw = p.run(gpu(), t), em = emulated_attention_on_host(p, t);
+      const std::string what = std::string(dtype_name(t)) + " tq " + std::to_string(c.tq) + " tk " +
+                               std::to_string(c.tk) + " d_kv " + std::to_string(c.d_kv);
+      expect_attention_within(hw, em, scale, AttnTolerance::of(t, true), one_visible_key(s), what + " vs emulation");
+      const auto h = attention_outputs(hw), e = attention_outputs(em);
+      for (size_t x = 0; x < h.size(); ++x) {
+        size_t same = 0;
+        for (size_t i = 0; i < h[x].second->size(); ++i) same += (*h[x].second)[i] == (*e[x].second)[i];
+        std::printf("mma vs emulation %-32s %-6s %6.2f %% identical\n", what.c_str(), h[x].first,
+                    h[x].second->empty() ? 100.0 : 100.0 * double(same) / double(h[x].second->size()));
+      }
+    }
+  gpu().set_compute_options(ComputeOptions{});
+}
+
+// No atomics: two runs give the same bits (the bias-table gradient included), with each
+// kernel, and agree with the double-precision reference.
 TEST_F(CudaVsCpu, FusedAttentionIsDeterministic) {
   const AttentionShape s{4, 4, 300, 300, 64, 32, true};
-  AttnProblem p(s, true, 11);
-  const AttnResult a = p.run(gpu(), DType::F32), b = p.run(gpu(), DType::F32);
-  EXPECT_EQ(a.dtable, b.dtable);
-  EXPECT_EQ(a.dq, b.dq);
-  EXPECT_EQ(a.dk, b.dk);
-  EXPECT_EQ(a.dv, b.dv);
-  AttnResult scale;
-  const AttnResult ref = p.reference(&scale);
-  expect_attention_within(a, ref, scale, AttnTolerance::of(DType::F32, false), false, "fp32 vs double reference");
+  for (DType t : {DType::F32, DType::BF16})
+    for (AttentionKernel k : kernels_for(t)) {
+      AttnProblem p(s, true, 11);
+      p.round_to(t);
+      ComputeOptions o;
+      o.attention_kernel = k;
+      gpu().set_compute_options(o);
+      const AttnResult a = p.run(gpu(), t), b = p.run(gpu(), t);
+      const std::string what = std::string(dtype_name(t)) + " " + attention_kernel_name(k);
+      EXPECT_EQ(a.dtable, b.dtable) << what;
+      EXPECT_EQ(a.dq, b.dq) << what;
+      EXPECT_EQ(a.dk, b.dk) << what;
+      EXPECT_EQ(a.dv, b.dv) << what;
+      AttnResult scale;
+      const AttnResult ref = p.reference(&scale);
+      expect_attention_within(a, ref, scale, AttnTolerance::of(t, k == AttentionKernel::Mma), false,
+                              what + " vs double reference");
+    }
+  gpu().set_compute_options(ComputeOptions{});
 }
 
 // A T5 step with fused attention on the GPU against the CPU, on shapes past one tile: in

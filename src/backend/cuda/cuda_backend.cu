@@ -25,6 +25,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -565,8 +566,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     require_attention_head_dim(s);
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     const auto shape = attention_gemm_shape(s, false);
+    const bool mma = tensor_core_attention(t);
     timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (2 * nq + 2 * nk), [&] {
       with_type(t, [&](auto e) {
+        if constexpr (!std::is_same_v<decltype(e), float>)
+          if (mma)
+            return cuda::attention_forward_mma(compute_, as(e, o), lse, as(e, q), as(e, k), as(e, v), as(e, table),
+                                               rel, s);
         cuda::attention_forward(compute_, as(e, o), lse, as(e, q), as(e, k), as(e, v), as(e, table), rel, s);
       });
     }, attention_flops(s, false), shape.data());
@@ -579,8 +585,14 @@ class CudaBackend final : public Backend, private StagingDevice {
     require_attention_head_dim(s);
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     const auto shape = attention_gemm_shape(s, true);
+    const bool mma = tensor_core_attention(t);
     timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (4 * nq + 4 * nk), [&] {
       with_type(t, [&](auto e) {
+        if constexpr (!std::is_same_v<decltype(e), float>)
+          if (mma)
+            return cuda::attention_backward_mma(compute_, as(e, dq), as(e, dk), as(e, dv), as(e, dtable),
+                                                as(e, dout), as(e, q), as(e, k), as(e, v), as(e, o), lse,
+                                                as(e, table), rel, workspace, s);
         cuda::attention_backward(compute_, as(e, dq), as(e, dk), as(e, dv), as(e, dtable), as(e, dout), as(e, q),
                                  as(e, k), as(e, v), as(e, o), lse, as(e, table), rel, workspace, s);
       });
@@ -591,6 +603,18 @@ class CudaBackend final : public Backend, private StagingDevice {
       throw UsageError("--attention fused on cuda supports d_kv up to " +
                        std::to_string(cuda::kAttentionMaxHeadDim) + " (got " + std::to_string(s.d_kv) +
                        "); use --attention unfused");
+  }
+  // Whether the fused op runs on tensor cores (ComputeOptions::attention_kernel): auto and
+  // mma for bf16/fp16 on sm_80 and later; fp32 always runs the FMA kernels.
+  bool tensor_core_attention(DType t) const {
+    const AttentionKernel k = options_.attention_kernel;
+    if (k == AttentionKernel::Fma) return false;
+    const bool can = t != DType::F32 && prop_.major >= 8;
+    if (!can && k == AttentionKernel::Mma)
+      throw UsageError(std::string("--attention-kernel mma needs bf16 or fp16 tensors on sm_80 or later (got ") +
+                       precision_name(t) + " on sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) +
+                       "); use --attention-kernel fma or auto");
+    return can;
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab, float grad_scale) override {
     elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
