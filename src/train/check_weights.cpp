@@ -87,6 +87,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, int rank, int world)
   ref_ = std::make_unique<Reference>();
   Reference& r = *ref_;
   r.b = make_backend(cfg.backend, cfg.comm);  // the run's library: NCCL refuses ranks sharing a GPU
+  r.b->set_compute_options(cfg.compute);       // and the run's kernels
   const float base = float(1.0 / (double(world) * cfg.shape.batch * cfg.shape.dec_len));
   r.model = std::make_unique<T5Step>(cfg.model, *r.b, P, cfg.shape, cfg.strategy.checkpointing,
                                      base * cfg.strategy.loss_scale, cfg.strategy.attention);  // the run's path
