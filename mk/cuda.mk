@@ -29,7 +29,7 @@ NVCCFLAGS += -std=c++17 -Iinclude -I$(NCCL_INC) $(shell $(CXX) --showme:compile 
              -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
 # One rpath per library directory: the toolkit is not on the loader path of a typical host.
 CUDA_LDLIBS := $(foreach d,$(sort $(CUDA_LIBDIR) $(CUDART_DIR) $(NCCL_LIBDIR)),-L$(d) -Wl,-rpath,$(d)) \
-               -lcublas -lnccl -lcudart
+               -lcublasLt -lcublas -lnccl -lcudart
 
 CUDA_SRC := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJ := $(patsubst src/%.cu,$(OBJ)/%.o,$(CUDA_SRC))
