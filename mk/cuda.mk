@@ -17,8 +17,8 @@ NCCL_INC    := $(call first_with,nccl.h,$(CUDA_HOME)/include /usr/include)
 HAVE_CUDA   := $(and $(NVCC),$(CUDA_LIBDIR),$(CUDART_DIR),$(CUBLAS_INC),$(NCCL_LIBDIR),$(NCCL_INC))
 
 .PHONY: gpu-check
-gpu-check:  # on a machine with a GPU: build, GPU tests, cuBLAS peak, step vs PyTorch
-	@bash scripts/gpu-check.sh
+gpu-check:  # on a machine with a GPU: every part of scripts/gpu-check.sh, or PARTS="tests perf"
+	@bash scripts/gpu-check.sh $(PARTS)
 
 ifneq ($(HAVE_CUDA),)
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \

@@ -316,6 +316,14 @@ expect "--attention-kernel mma not in fp32" 2 '--attention-kernel mma is not all
   $BIN/fsdp_perf --backend cuda --attention fused --attention-kernel mma --plan
 expect "--cuda-graphs only with --backend cuda" 2 '--cuda-graphs is only allowed with --backend cuda' -- \
   $BIN/ddp_perf --cuda-graphs --plan
+# gpu-check in parts: --help needs no GPU; a bad part is a usage error; without a GPU a part
+# stops at once with the reason.
+expect "gpu-check --help lists the parts" 0 'hf +scripts/hf-compare.sh' -- bash $ROOT/scripts/gpu-check.sh --help
+expect "gpu-check refuses an unknown part" 2 "unknown part 'gemm' .allowed: tests correctness mpi sanitize perf attention hf." -- \
+  bash $ROOT/scripts/gpu-check.sh tests gemm
+if ! command -v nvidia-smi >/dev/null; then
+  expect "gpu-check without a GPU says so" 1 'no GPU visible' -- bash $ROOT/scripts/gpu-check.sh tests
+fi
 expect "--comm only with --backend cuda" 2 'only allowed with --backend cuda' -- $BIN/fsdp_perf --model t5-tiny --comm mpi --plan
 expect "--comm names its values" 2 "allowed: nccl, mpi, mpi-staged, mpi-direct" -- \
   $BIN/fsdp_perf --model t5-tiny --backend cuda --comm gloo --plan
