@@ -789,7 +789,10 @@ class CudaBackend final : public Backend, private StagingDevice {
   // cuBLAS's own default on Hopper) is library memory outside the ledger, like cuBLAS's.
   void set_compute_options(const ComputeOptions& o) override {
     boundary();
-    if (graphs_ && !o.graphs) graphs_.reset();
+    if (graphs_ && !o.graphs) {  // its executable graphs may still run: wait, then destroy them
+      CUDA_CHECK(cudaStreamSynchronize(compute_));
+      graphs_.reset();
+    }
     Backend::set_compute_options(o);
     if ((o.fused_epilogues || o.graphs) && !library_workspace_) {
       CUDA_CHECK(cudaMalloc(&library_workspace_, kLibraryWorkspace));
