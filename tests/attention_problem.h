@@ -44,18 +44,30 @@ struct AttnProblem {
     return x;
   }
 
-  // Every input rounded through t (what a t-typed run computes on).
+  // Every input rounded through t (what a t-typed run computes on); the backward's
+  // reference then reads the forward's output as a t-typed run stores it (below).
+  DType stored = DType::F32;
   void round_to(DType t) {
+    stored = t;
     if (t == DType::F32) return;
     for (auto* x : {&q, &k, &v, &dout, &table})
       for (float& e : *x) e = t == DType::BF16 ? float(bf16(e)) : float(f16(e));
+  }
+
+  // x as an output of the stored type holds it (an fp32 output: rounded to float).
+  double as_stored(double x) const {
+    const float f = float(x);
+    return stored == DType::BF16 ? float(bf16(f)) : stored == DType::F16 ? float(f16(f)) : f;
   }
 
   int64_t at(int b, int rows, int row, int h, int c) const {
     return (int64_t(b) * rows + row) * s.ld() + int64_t(h) * s.d_kv + c;
   }
 
-  // The textbook formulas in double over a whole [tq, tk] score matrix per (b, h). With
+  // The textbook formulas in double over a whole [tq, tk] score matrix per (b, h); the
+  // backward's row sum D = Σ dO⊙O reads O rounded to the stored type, as the op does (its
+  // backward takes the forward's stored output), so the rounding of O is not charged to
+  // dq, dk and the table gradient. With
   // `scale`, also the magnitudes each output is formed from (the same sums over absolute
   // values: Σ_j P|v| for o, Σ_j P(|dP| + |D|)|k| for dq, ...): the scale a rounding error is
   // relative to. An output that is a cancellation (dq and dk with one key, where P = 1 and
@@ -88,14 +100,19 @@ struct AttnProblem {
           const int64_t row = (int64_t(b) * s.heads + h) * s.tq + i;
           r.lse[row] = float(mx + std::log(sum));
           m.lse[row] = float(amx + std::log(sum));
-          double rowdot = 0, arowdot = 0;  // Σ_j dP_j P_j and Σ_j |dP|_j P_j
+          double rowdot = 0, arowdot = 0;  // Σ_c dO_c·stored(O_c) and Σ_j |dP|_j P_j
+          for (int c = 0; c < s.d_kv; ++c) {
+            double oc = 0;
+            for (int j = 0; j < s.tk; ++j) oc += P[size_t(j)] * v[at(b, s.tk, j, h, c)];
+            rowdot += double(dout[at(b, s.tq, i, h, c)]) * as_stored(oc);
+          }
           for (int j = 0; j < s.tk; ++j) {
             double dp = 0, adp = 0;
             for (int c = 0; c < s.d_kv; ++c) {
               const double x = double(dout[at(b, s.tq, i, h, c)]) * v[at(b, s.tk, j, h, c)];
               dp += x, adp += std::fabs(x);
             }
-            dS[size_t(j)] = dp, adP[size_t(j)] = adp, rowdot += dp * P[size_t(j)], arowdot += adp * P[size_t(j)];
+            dS[size_t(j)] = dp, adP[size_t(j)] = adp, arowdot += adp * P[size_t(j)];
           }
           for (int j = 0; j < s.tk; ++j) {
             const double p = P[size_t(j)], ds = p * (dS[size_t(j)] - rowdot), ads = p * (adP[size_t(j)] + arowdot);
