@@ -97,9 +97,11 @@ void bench_gemm(benchmark::State& st, Shape s) {
   b.init_uniform(A, a_n, 1, 0, 1.f);
   b.init_uniform(B, b_n, 2, 0, 1.f);
   b.fill(C, 0.f, c_n);
-  for (auto _ : st)
+  for (auto _ : st) {  // synchronised: on a GPU the work, not its launch (a no-op on the CPU)
     b.gemm_batched(ta, tb, s.m, s.n, s.k, 1.f, A, ta ? s.m : s.k, int64_t(s.m) * s.k, B, tb ? s.k : s.n,
                    int64_t(s.k) * s.n, 1.f, C, s.n, int64_t(s.m) * s.n, s.batch);
+    b.synchronize();
+  }
   const double flops = 2.0 * s.m * s.n * s.k * s.batch;
   st.counters["FLOP/s"] = benchmark::Counter(flops, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["bytes/s"] = benchmark::Counter(4.0 * (a_n + b_n + 2 * c_n), benchmark::Counter::kIsIterationInvariantRate);
@@ -112,7 +114,10 @@ void bench_pack(benchmark::State& st, int64_t numel) {
   float* src = b.alloc_floats(numel, sb::MemCategory::Workspace);
   float* dst = b.alloc_floats(numel, sb::MemCategory::Workspace);
   b.fill(src, 1.f, numel);
-  for (auto _ : st) b.copy(dst, src, numel);
+  for (auto _ : st) {
+    b.copy(dst, src, numel);
+    b.synchronize();
+  }
   st.counters["bytes/s"] = benchmark::Counter(8.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
   b.release(src);
   b.release(dst);
@@ -124,7 +129,10 @@ void bench_adam(benchmark::State& st, int64_t numel) {
   for (auto& x : p) b.fill(x = b.alloc_floats(numel, sb::MemCategory::Workspace), 0.5f, numel);
   sb::AdamConfig cfg;
   int step = 0;
-  for (auto _ : st) b.adam(p[0], p[1], p[2], p[3], numel, cfg, ++step);
+  for (auto _ : st) {
+    b.adam(p[0], p[1], p[2], p[3], numel, cfg, ++step);
+    b.synchronize();
+  }
   // Per element: read p, g, m, v, write p, m, v; about 12 floating-point operations.
   st.counters["bytes/s"] = benchmark::Counter(28.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["FLOP/s"] = benchmark::Counter(12.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
