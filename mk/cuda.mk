@@ -17,8 +17,8 @@ NCCL_INC    := $(call first_with,nccl.h,$(CUDA_HOME)/include /usr/include)
 HAVE_CUDA   := $(and $(NVCC),$(CUDA_LIBDIR),$(CUDART_DIR),$(CUBLAS_INC),$(NCCL_LIBDIR),$(NCCL_INC))
 
 .PHONY: gpu-check
-gpu-check:  # on a machine with a GPU: build, GPU tests, cuBLAS peak, step vs PyTorch
-	@bash scripts/gpu-check.sh
+gpu-check:  # on a machine with a GPU: every part of scripts/gpu-check.sh, or PARTS="tests perf"
+	@bash scripts/gpu-check.sh $(PARTS)
 
 ifneq ($(HAVE_CUDA),)
 CUDA_GENCODE := $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
@@ -29,7 +29,7 @@ NVCCFLAGS += -std=c++17 -Iinclude -I$(NCCL_INC) $(shell $(CXX) --showme:compile 
              -Xcompiler=-Wall,-Wextra,-Wno-unused-parameter
 # One rpath per library directory: the toolkit is not on the loader path of a typical host.
 CUDA_LDLIBS := $(foreach d,$(sort $(CUDA_LIBDIR) $(CUDART_DIR) $(NCCL_LIBDIR)),-L$(d) -Wl,-rpath,$(d)) \
-               -lcublas -lnccl -lcudart
+               -lcublasLt -lcublas -lnccl -lcudart
 
 CUDA_SRC := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJ := $(patsubst src/%.cu,$(OBJ)/%.o,$(CUDA_SRC))
@@ -46,19 +46,24 @@ $(OBJ)/gpu/%.o: tests/gpu/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
+# Host code of the GPU tests (the SIMT emulation they compare the hardware with).
+$(OBJ)/gpu/%.o: tests/gpu/%.cpp
+	@mkdir -p $(@D)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
 $(OBJ)/programs/%.o: src/programs/%.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 # Named test_* so tests/run_tests.sh runs it: it skips cleanly where no GPU is visible.
 # Its own main() initialises MPI (NCCL communicators are made from MPI ones).
-$(BIN)/test_cuda_backend: $(OBJ)/gpu/test_cuda_backend.o $(LIB)
+$(BIN)/test_cuda_backend: $(OBJ)/gpu/test_cuda_backend.o $(OBJ)/gpu/attention_emulation.o $(LIB)
 	@mkdir -p $(@D)
-	$(CXX) $< -o $@ $(LIB) $(LDLIBS) -lgtest -pthread
+	$(CXX) $(filter %.o,$^) -o $@ $(LIB) $(LDLIBS) -lgtest -pthread
 
 $(BIN)/gemm_peak: $(OBJ)/programs/gemm_peak.o
 	@mkdir -p $(@D)
 	$(CXX) $< -o $@ $(CUDA_LDLIBS)
 
--include $(OBJ)/gpu/test_cuda_backend.d $(OBJ)/programs/gemm_peak.d
+-include $(OBJ)/gpu/test_cuda_backend.d $(OBJ)/gpu/attention_emulation.d $(OBJ)/programs/gemm_peak.d
 endif

@@ -1,54 +1,93 @@
 #!/usr/bin/env bash
-# make gpu-check: the CUDA backend on a machine WITH a GPU, in one job.
-#   1. prerequisites (a visible GPU, mpirun, nvcc, make), said clearly when missing
-#   2. build (make -j), then the GPU tests (build/bin/test_cuda_backend, no skips allowed)
-#   3. cuBLAS peak of this GPU (build/bin/gemm_peak: bf16, tf32, fp32)
-#   4. correctness runs: --check on one rank (and on every GPU with NCCL when there are
-#      several), the multi-rank --check matrix over MPI with 2 and 4 ranks sharing the GPU(s)
-#      (--comm mpi: DDP; FSDP full, hybrid 2, grad-op, none; fp32 and bf16), each also under
-#      compute-sanitizer memcheck; memcheck, racecheck, synccheck and initcheck on the GPU
-#      tests and on a t5-tiny run of each strategy; fp32 --check CHECK_REPEAT (50) times in a
-#      row; NCCL vs MPI collective_perf rows in one table; and an out-of-memory run that must
-#      fail with one clear "out-of-memory" line
-#   5. t5-11.3b layer shapes on ONE rank: the largest --layers N whose bf16 memory plan fits
-#      the GPU (seq 512, batch 8 or what fits, activation checkpointing if needed), timed
-#      with ddp_perf and fsdp_perf --backend cuda in bf16 (the target) and fp32 (where its
-#      plan fits), and with analysis/torch_t5_step.py (PyTorch, same shapes, same GPU, same
-#      job, fp32 and bf16 autocast)
-#      and with Hugging Face transformers' T5, eager and torch.compile, on three models
-#      (scripts/hf-compare.sh; skipped with the reason where transformers is absent)
-#   6. a table: step TFLOPS, measured peaks, MFU against them, PyTorch step time and ratio
-#      (each of ours against PyTorch in the same precision), then the Hugging Face table
-# Raw outputs go to results/gpu-check/. Exit 0 when every step passed, 1 otherwise.
-# Environment: GPU_CHECK_HEADROOM (fraction of GPU memory the plan may use, default 0.90),
-# LAYERS / BATCH / CKPT=1 (skip the plan search), STEPS (default 5), WARMUP (default 2),
-# SKIP_BUILD=1, PYTHON (default python3), SB_CUDA_TF32=1 (TF32 GEMMs in ours and PyTorch's),
-# MPI_COMMS (the --comm values of the MPI matrix, default "mpi"; e.g. "mpi mpi-staged" to run
-# the staged path too on a CUDA-aware MPI), MEMCHECK=0 (skip the memcheck runs), SANITIZE=0
-# (skip the four sanitizer tools), CHECK_REPEAT (default 50).
+# gpu-check: the CUDA backend on a machine WITH a GPU, in parts that a GPU lent for minutes
+# can run one at a time. Each part ends with one verdict line; every part's outputs go to
+# results/gpu-check/<part>/, the verdicts to results/gpu-check/summary.txt, and the whole
+# of results/gpu-check/ to results/gpu-check.tar.gz after every invocation.
+#
+#   scripts/gpu-check.sh [PART...]     the parts in the order given (none: all of them)
+#   scripts/gpu-check.sh --help        the parts, what each runs, about how long (no GPU needed)
+#   make gpu-check                     all parts
+#
+# Exit 0 when every part run passed, 1 otherwise, 2 for an unknown part.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
-OUT=$ROOT/results/gpu-check
-BIN=$ROOT/build/bin
+RESULTS=$ROOT/results
+OUT=$RESULTS/gpu-check
+BIN=${SB_BIN:-$ROOT/build/bin}
+PARTS=(tests correctness mpi sanitize perf attention hf)
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu-check.sh [PART...]      (no PART: all, in this order)
+
+Parts (times: estimates for one H100 80GB, each part within 10 minutes; a build first,
+make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh checkout):
+  tests        build/bin/test_cuda_backend (every GPU test, a skip counts as a failure:
+               the kernels against the CPU and the double-precision reference, tensor-core
+               attention against its SIMT emulation, the opt-in paths, collectives) and
+               build/bin/gemm_peak (cuBLAS bf16/tf32/fp32 peaks).                ~2 min
+  correctness  --check on one GPU: DDP/FSDP in fp32, bf16, fp16; fused attention (tensor
+               cores and FMA), --fused-epilogues, --cuda-graphs and all three together;
+               NCCL across GPUs when there are several; fp32 --check CHECK_REPEAT (20)
+               times in a row; an out-of-memory run must fail with one clear line. ~5 min
+  mpi          --comm mpi on 2 and 4 ranks sharing the GPU(s): DDP, FSDP full, hybrid 2,
+               grad-op, none x fp32, bf16 (--check); compute-sanitizer memcheck of three
+               2-rank runs; collective_perf NCCL and MPI rows in one table.      ~6 min
+  sanitize     compute-sanitizer on the GPU tests (filtered lists) and a t5-tiny run with
+               every opt-in path: memcheck (--report-api-errors no: NCCL's own probe of
+               kernel images is an API error it handles), racecheck, synccheck, initcheck;
+               errors in kernels that cuBLAS or NCCL launched are counted apart (the
+               launch's first host frame below the driver is in libcublas* or libnccl*);
+               the verdict is on shardbench's own.                 ~8 min (SANITIZE_TIMEOUT)
+  perf         fsdp_perf --backend cuda, one rank, bf16, batch 8, seq 512: t5-611m,
+               t5-2.28b, t5-11.3b LAYERS (4)+LAYERS layers; unfused (the default) against
+               each opt-in path (--attention fused, --fused-epilogues, --cuda-graphs, all
+               three): step ms, TFLOPS, MFU of the measured bf16 peak; which opt-in is
+               faster at all three shapes (the rule for CUDA defaults, docs/gpu.md). ~6 min
+  attention    kernel_bench --backend cuda: one attention forward + backward per path
+               (unfused, fused, fused-fma, fused-mma) at the three study models' head
+               shapes, bf16 and fp32, ms and TFLOPS; against the targets 0.47 / 0.88 /
+               5.10 ms (bf16).                                                   ~2 min
+  hf           scripts/hf-compare.sh: ours against Hugging Face T5 eager and under
+               torch.compile (HF_MODELS, default "t5-611m t5-11.3b"; t5-2.28b's compile
+               took over 240 s: run HF_MODELS=t5-2.28b as a part of its own), no
+               activation checkpointing (HF_CKPT="no yes" for both), HF_TIMEOUT (200 s)
+               per Hugging Face run; target ours / compiled <= 0.85.            ~8 min
+
+Environment: SKIP_BUILD=1, STEPS (5), WARMUP (2), LAYERS (4), CHECK_REPEAT (20),
+SANITIZE_TIMEOUT (80 s per sanitizer run), MPI_COMMS ("mpi"; "mpi mpi-staged" on a
+CUDA-aware MPI), PYTHON (python3), GPU_CHECK_HEADROOM (0.90 of GPU memory for plans).
+Outputs: results/gpu-check/<part>/*.log, .h5; results/gpu-check/summary.txt (one verdict
+line per part); results/gpu-check.tar.gz (all of it).
+EOF
+}
+
+for a in "$@"; do
+  case $a in
+    -h | --help) usage; exit 0 ;;
+  esac
+done
+selected=("$@")
+[ ${#selected[@]} -gt 0 ] || selected=("${PARTS[@]}")
+for p in "${selected[@]}"; do
+  [[ " ${PARTS[*]} " == *" $p "* ]] || { echo "gpu-check: error: unknown part '$p' (allowed: ${PARTS[*]})" >&2; exit 2; }
+done
+
 PYTHON=${PYTHON:-python3}
 STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-2}
+LAYERS=${LAYERS:-4}
 HEADROOM=${GPU_CHECK_HEADROOM:-0.90}
-SEQ=512
-failed=()
-
 say() { echo "gpu-check: $*"; }
-fail() { failed+=("$1"); say "FAILED: $1"; }
 die() { echo "gpu-check: error: $*" >&2; exit 1; }
 # field NAME FILE PREFIX: value of NAME=... on the last line of FILE starting with PREFIX
 field() { grep -E "^$3" "$2" 2>/dev/null | tail -n 1 | tr ' ' '\n' | sed -n "s/^$1=//p"; }
 
-# ---------------------------------------------------------------- 1. prerequisites
+# ---------------------------------------------------------------- prerequisites, build
 command -v nvidia-smi >/dev/null ||
-  die "no GPU visible: nvidia-smi not found (no NVIDIA driver on this host). Run make gpu-check on a GPU node."
-nvidia-smi -L >/dev/null 2>&1 ||
-  die "no GPU visible: nvidia-smi -L failed: $(nvidia-smi -L 2>&1 | head -n 1)"
+  die "no GPU visible: nvidia-smi not found (no NVIDIA driver on this host). Run scripts/gpu-check.sh on a GPU node."
+nvidia-smi -L >/dev/null 2>&1 || die "no GPU visible: nvidia-smi -L failed: $(nvidia-smi -L 2>&1 | head -n 1)"
 NGPU=$(nvidia-smi -L | grep -c '^GPU ')
 [ "$NGPU" -ge 1 ] || die "no GPU visible: nvidia-smi lists no GPU (check CUDA_VISIBLE_DEVICES)"
 missing=()
@@ -64,251 +103,304 @@ nvidia-smi > "$OUT/nvidia-smi.txt" 2>&1
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)
 GPU_MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1 | tr -d ' ')
 LIMIT_GIB=$(awk -v m="$GPU_MIB" -v h="$HEADROOM" 'BEGIN { printf "%.1f", m / 1024 * h }')
-say "$NGPU GPU(s), GPU 0: $GPU_NAME, $GPU_MIB MiB; plans may use $LIMIT_GIB GiB (headroom $HEADROOM)"
-
-# ---------------------------------------------------------------- 2. build and GPU tests
+say "$NGPU GPU(s), GPU 0: $GPU_NAME, $GPU_MIB MiB; plans may use $LIMIT_GIB GiB; parts: ${selected[*]}"
 if [ -z "${SKIP_BUILD:-}" ]; then
   say "building (log: $OUT/build.log)"
   make -j"$(nproc)" > "$OUT/build.log" 2>&1 || die "build failed: see $OUT/build.log"
+  grep -i "warning" "$OUT/build.log" | head -n 5 | sed 's/^/gpu-check: build warning: /'
 fi
-for b in test_cuda_backend gemm_peak ddp_perf fsdp_perf collective_perf; do
+for b in test_cuda_backend gemm_peak ddp_perf fsdp_perf collective_perf kernel_bench; do
   [ -x "$BIN/$b" ] || die "$BIN/$b was not built: the CUDA parts need nvcc, cuBLAS and NCCL (make probe)"
 done
-say "GPU tests (log: $OUT/test_cuda_backend.log)"
-"${MPIRUN[@]}" -np 1 "$BIN/test_cuda_backend" > "$OUT/test_cuda_backend.log" 2>&1 || fail "test_cuda_backend"
-grep -q "SKIPPED" "$OUT/test_cuda_backend.log" && fail "test_cuda_backend skipped tests on a GPU machine"
-tail -n 3 "$OUT/test_cuda_backend.log"
-
-# ---------------------------------------------------------------- 3. cuBLAS peak
-say "cuBLAS peak (log: $OUT/gemm_peak.log)"
-"$BIN/gemm_peak" > "$OUT/gemm_peak.log" 2>&1 || fail "gemm_peak"
-cat "$OUT/gemm_peak.log"
-PEAK_BF16=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=bf16")
-PEAK_TF32=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=tf32")
-PEAK_FP32=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=fp32")
-
-# ---------------------------------------------------------------- 4. correctness runs
-SMALL=(--backend cuda --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 --check)
-check_run() {  # check_run NAME NP PROGRAM ARGS...: --check must PASS
-  local name=$1 np=$2 prog=$3
-  shift 3
-  if "${MPIRUN[@]}" -np "$np" "$BIN/$prog" "$@" --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 &&
-    grep -q -- "-> PASS" "$OUT/$name.log"; then
-    say "ok $name"
-  else
-    fail "$name (see $OUT/$name.log)"
-  fi
-}
-check_run check-ddp-1gpu 1 ddp_perf "${SMALL[@]}"
-check_run check-fsdp-1gpu 1 fsdp_perf "${SMALL[@]}"
-check_run check-ddp-bf16-1gpu 1 ddp_perf "${SMALL[@]}" --dtype bf16 --reduce-dtype fp32
-check_run check-fsdp-bf16-1gpu 1 fsdp_perf "${SMALL[@]}" --dtype bf16
-check_run check-fsdp-fp16-1gpu 1 fsdp_perf "${SMALL[@]}" --dtype fp16
-if [ "$NGPU" -ge 2 ]; then  # NCCL between real ranks: one rank per GPU
-  NP=$((NGPU < 8 ? NGPU : 8))
-  check_run "check-ddp-${NP}gpu" "$NP" ddp_perf "${SMALL[@]}" --bucket-mb 1
-  check_run "check-fsdp-full-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding full
-  check_run "check-fsdp-full-bf16-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding full --dtype bf16
-  [ $((NP % 2)) -eq 0 ] &&
-    check_run "check-fsdp-hybrid-${NP}gpu" "$NP" fsdp_perf "${SMALL[@]}" --sharding hybrid --shard-size 2
-fi
-# Over MPI ranks may share a GPU (NCCL refuses): the multi-rank paths run on one GPU too.
-TINY=(--backend cuda --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1 --check)
-MPI_MATRIX=("ddp ddp_perf --bucket-mb 0.002" "full fsdp_perf --sharding full" "hybrid2 fsdp_perf --sharding hybrid --shard-size 2"
-            "grad-op fsdp_perf --sharding grad-op" "none fsdp_perf --sharding none")
 SANITIZER=${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer
 [ -x "$SANITIZER" ] || SANITIZER=$(command -v compute-sanitizer || true)
-memcheck_run() {  # memcheck_run NAME NP PROGRAM ARGS...: --check PASS and no memcheck error on any rank
+
+# The part being run: its folder, its failures, its verdict.
+P= D= part_failed=()
+begin() {
+  P=$1 D=$OUT/$1 part_failed=() part_start=$(date +%s)
+  mkdir -p "$D"
+  say "== part $P (logs: $D)"
+}
+fail() { part_failed+=("$1"); say "FAILED: $1"; }
+# verdict TEXT: the part's one line, PASS unless something failed.
+verdict() {
+  local secs=$(($(date +%s) - part_start)) line
+  if [ ${#part_failed[@]} -eq 0 ]; then line="$P: PASS: $1 [${secs} s]"
+  else line="$P: FAIL: ${#part_failed[@]} failed (first: ${part_failed[0]}); $1 [${secs} s]"; fi
+  echo "$line" > "$OUT/$P.verdict"
+  echo "gpu-check: $line"
+  [ ${#part_failed[@]} -eq 0 ] || any_failed=1
+}
+any_failed=0
+
+# check_run NAME NP PROGRAM ARGS...: --check must PASS
+check_run() {
   local name=$1 np=$2 prog=$3
   shift 3
-  if [ -z "$SANITIZER" ]; then fail "$name: compute-sanitizer not found (CUDA toolkit)"; return; fi
-  if "${MPIRUN[@]}" -np "$np" "$SANITIZER" --tool memcheck --error-exitcode 9 --print-limit 20 "$BIN/$prog" "$@" \
-      --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 &&
-    grep -q -- "-> PASS" "$OUT/$name.log" &&
-    [ "$(grep -c "ERROR SUMMARY: 0 errors" "$OUT/$name.log")" -ge "$np" ]; then
+  if "${MPIRUN[@]}" -np "$np" "$BIN/$prog" "$@" --out "$D/$name.h5" --overwrite > "$D/$name.log" 2>&1 &&
+    grep -q -- "-> PASS" "$D/$name.log"; then
     say "ok $name"
+    checks=$((checks + 1))
   else
-    fail "$name (see $OUT/$name.log)"
+    fail "$name (see $D/$name.log)"
   fi
 }
-for comm in ${MPI_COMMS:-mpi}; do
-  for np in 2 4; do
-    for dt in fp32 bf16; do
-      for entry in "${MPI_MATRIX[@]}"; do
-        read -r label prog args <<< "$entry"
-        # shellcheck disable=SC2086  # args are words
-        check_run "check-$comm-$label-$dt-np$np" "$np" "$prog" "${TINY[@]}" --comm "$comm" --dtype "$dt" $args
-        # shellcheck disable=SC2086
-        [ "${MEMCHECK:-1}" = 0 ] ||
-          memcheck_run "memcheck-$comm-$label-$dt-np$np" "$np" "$prog" "${TINY[@]}" --comm "$comm" --dtype "$dt" $args
+
+# sanitizer_errors LOG: "ours library" error counts of a compute-sanitizer log. A report is
+# the library's when the first host frame below the driver (libcuda) of its backtrace is in
+# cuBLAS, cuBLASLt or NCCL: a kernel or API call those libraries made, not shardbench. Ours
+# is the tool's own total (ERROR SUMMARY, or racecheck's errors) less the library's, so a
+# report the log does not print (beyond --print-limit) counts as ours.
+sanitizer_errors() {
+  awk '
+    function close_block() { if (open) { if (first ~ /libcublas|libnccl/) lib++; else parsed++ } open = 0; first = "" }
+    /^========= ERROR SUMMARY: [0-9]+ errors?$/ { close_block(); total += $4; summary = 1; next }
+    /^========= RACECHECK SUMMARY/ { close_block(); e = $0; sub(/.*\(/, "", e); total += e + 0; summary = 1; next }
+    /^=========$/ { close_block(); next }
+    /^========= (COMPUTE-SANITIZER|Target application|ERROR SUMMARY|LEAK SUMMARY)/ { close_block(); next }
+    /^========= [^ ]/ { close_block(); open = 1; next }
+    /^=========  +Host Frame:/ { if (open && first == "" && $0 !~ /libcuda\.so/) first = $0; next }
+    END { close_block(); ours = summary ? total - lib : parsed; if (ours < 0) ours = 0; printf "%d %d\n", ours, lib }' "$1"
+}
+# sanitize_run NAME TOOL ARGS... -- PROGRAM ARGS...: the program under the tool on one rank,
+# within SANITIZE_TIMEOUT; passes when it finished, the program passed, and no error is
+# shardbench's own.
+sanitize_run() {
+  local name=$1 tool=$2 args=() rc
+  shift 2
+  while [ "$1" != -- ]; do args+=("$1"); shift; done
+  shift
+  if [ -z "$SANITIZER" ]; then fail "$name: compute-sanitizer not found (CUDA toolkit)"; return; fi
+  timeout "${SANITIZE_TIMEOUT:-80}" "${MPIRUN[@]}" -np 1 "$SANITIZER" --tool "$tool" --print-limit 10000 "${args[@]}" "$@" \
+    > "$D/$name.log" 2>&1
+  rc=$?
+  read -r ours lib <<< "$(sanitizer_errors "$D/$name.log")"
+  sanitized+=("$name: ${ours} ours, ${lib} cuBLAS/NCCL")
+  if [ "$rc" -eq 124 ]; then fail "$name did not finish in ${SANITIZE_TIMEOUT:-80} s (see $D/$name.log)"
+  elif [ "$rc" -ne 0 ]; then fail "$name exit $rc (see $D/$name.log)"
+  elif [ "$ours" -ne 0 ]; then fail "$name: $ours errors of ours (see $D/$name.log)"
+  else say "ok $name ($lib in cuBLAS/NCCL kernels or calls)"; fi
+}
+
+# ---------------------------------------------------------------- parts
+part_tests() {
+  begin tests
+  "${MPIRUN[@]}" -np 1 "$BIN/test_cuda_backend" > "$D/test_cuda_backend.log" 2>&1 || fail "test_cuda_backend"
+  grep -q "SKIPPED" "$D/test_cuda_backend.log" && fail "tests skipped on a GPU machine"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)  \]" "$D/test_cuda_backend.log" | sed 's/^/gpu-check: /'
+  local passed
+  passed=$(sed -n 's/^\[  PASSED  \] \([0-9]*\) test.*/\1/p' "$D/test_cuda_backend.log" | tail -n 1)
+  "$BIN/gemm_peak" > "$OUT/gemm_peak.log" 2>&1 || fail "gemm_peak"
+  cat "$OUT/gemm_peak.log"
+  verdict "${passed:-0} GPU tests passed; cuBLAS peak bf16 $(field tflops "$OUT/gemm_peak.log" "PEAK dtype=bf16") tf32 $(field tflops "$OUT/gemm_peak.log" "PEAK dtype=tf32") fp32 $(field tflops "$OUT/gemm_peak.log" "PEAK dtype=fp32") TFLOPS"
+}
+
+part_correctness() {
+  begin correctness
+  checks=0
+  local small=(--backend cuda --model t5-small --batch 2 --seq-len 64 --steps 2 --warmup 1 --check)
+  check_run ddp-fp32 1 ddp_perf "${small[@]}"
+  check_run fsdp-fp32 1 fsdp_perf "${small[@]}"
+  check_run ddp-bf16-reduce-fp32 1 ddp_perf "${small[@]}" --dtype bf16 --reduce-dtype fp32
+  check_run fsdp-bf16 1 fsdp_perf "${small[@]}" --dtype bf16
+  check_run fsdp-fp16 1 fsdp_perf "${small[@]}" --dtype fp16
+  # the opt-in paths (docs/gpu.md): each trains to the single-rank reference
+  check_run fsdp-bf16-fused-mma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused
+  check_run fsdp-bf16-fused-fma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused --attention-kernel fma
+  check_run ddp-fp32-fused 1 ddp_perf "${small[@]}" --attention fused
+  check_run fsdp-fp16-fused-mma 1 fsdp_perf "${small[@]}" --dtype fp16 --attention fused --attention-kernel mma
+  check_run fsdp-bf16-epilogues 1 fsdp_perf "${small[@]}" --dtype bf16 --fused-epilogues
+  check_run fsdp-bf16-graphs 1 fsdp_perf "${small[@]}" --dtype bf16 --cuda-graphs
+  check_run ddp-bf16-all-opt-in 1 ddp_perf "${small[@]}" --dtype bf16 --attention fused --fused-epilogues --cuda-graphs \
+    --activation-checkpointing
+  if [ "$NGPU" -ge 2 ]; then  # NCCL between real ranks: one rank per GPU
+    local np=$((NGPU < 8 ? NGPU : 8))
+    check_run "ddp-${np}gpu" "$np" ddp_perf "${small[@]}" --bucket-mb 1
+    check_run "fsdp-full-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full
+    check_run "fsdp-full-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full --dtype bf16
+    [ $((np % 2)) -eq 0 ] && check_run "fsdp-hybrid-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding hybrid --shard-size 2
+  fi
+  # fp32 --check must hold run after run (a discrete failure once showed in 2 of 18 runs).
+  local repeat=${CHECK_REPEAT:-20} passed=0 i
+  for i in $(seq 1 "$repeat"); do
+    "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" "${small[@]}" --out "$D/repeat.h5" --overwrite > "$D/repeat.log" 2>&1 &&
+      grep -q -- "-> PASS" "$D/repeat.log" || { cp "$D/repeat.log" "$D/repeat-failed-$i.log"; break; }
+    passed=$((passed + 1))
+  done
+  [ "$passed" -eq "$repeat" ] || fail "fp32 --check failed at run $((passed + 1)) of $repeat"
+  # The whole t5-11.3b under DDP needs ~180 GB: allocation must fail with one clear line.
+  "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" --backend cuda --model t5-11.3b --batch 1 --seq-len 64 --steps 1 --warmup 0 \
+    --mem-limit-gib 100000 --out "$D/oom.h5" --overwrite > "$D/oom.log" 2>&1
+  local oom_rc=$?
+  if [ "$oom_rc" -ne 0 ] && grep -q "fatal: .*out-of-memory" "$D/oom.log"; then
+    say "ok out-of-memory: $(grep -o 'out-of-memory: [^;]*' "$D/oom.log" | head -n 1)"
+  else
+    fail "out-of-memory run (exit $oom_rc, see $D/oom.log)"
+  fi
+  verdict "$checks --check runs passed; fp32 --check $passed of $repeat in a row; out-of-memory in one line"
+}
+
+part_mpi() {
+  begin mpi
+  checks=0
+  local tiny=(--backend cuda --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1 --check)
+  local matrix=("ddp ddp_perf --bucket-mb 0.002" "full fsdp_perf --sharding full"
+                "hybrid2 fsdp_perf --sharding hybrid --shard-size 2" "grad-op fsdp_perf --sharding grad-op"
+                "none fsdp_perf --sharding none")
+  local comm np dt entry label prog args
+  for comm in ${MPI_COMMS:-mpi}; do
+    for np in 2 4; do
+      for dt in fp32 bf16; do
+        for entry in "${matrix[@]}"; do
+          read -r label prog args <<< "$entry"
+          # shellcheck disable=SC2086  # args are words
+          check_run "check-$comm-$label-$dt-np$np" "$np" "$prog" "${tiny[@]}" --comm "$comm" --dtype "$dt" $args
+        done
       done
     done
   done
-done
-grep -h "^collectives:" "$OUT"/check-mpi-*.log 2>/dev/null | sort -u | sed 's/^/gpu-check: /'
-
-# NCCL vs MPI, rows of one table: one rank per GPU where there are several; on one GPU NCCL
-# has a single rank (nothing crosses a link) and MPI 2 ranks sharing it.
-COLL=(--ops all-reduce,all-gather,reduce-scatter -b 1K -e 256M -f 4 -n 10 -w 3)
-if [ "$NGPU" -ge 2 ]; then
-  coll_runs=("$NP nccl,mpi")
-else
-  coll_runs=("1 nccl,mpi" "2 mpi")
-fi
-for run in "${coll_runs[@]}"; do
-  read -r np comms <<< "$run"
-  name="collective_perf-np$np-${comms/,/-}"
-  say "collective_perf --backend cuda --comm $comms on $np rank(s) (log: $OUT/$name.log)"
-  "${MPIRUN[@]}" -np "$np" "$BIN/collective_perf" --backend cuda --comm "$comms" "${COLL[@]}" \
-    --out "$OUT/$name.h5" --overwrite > "$OUT/$name.log" 2>&1 || fail "$name (see $OUT/$name.log)"
-  sed -n '/^# collective_perf/,/^# Avg bus/p' "$OUT/$name.log"
-done
-
-# compute-sanitizer's four tools on the GPU tests and on a t5-tiny --check of each strategy
-# (one rank, NCCL): no error may be reported.
-sanitize_run() {  # sanitize_run NAME TOOL COMMAND...: exit 0 and "ERROR SUMMARY: 0 errors"
-  local name=$1 tool=$2
-  shift 2
-  if [ -z "$SANITIZER" ]; then fail "$name: compute-sanitizer not found (CUDA toolkit)"; return; fi
-  if "${MPIRUN[@]}" -np 1 "$SANITIZER" --tool "$tool" --error-exitcode 9 --print-limit 20 "$@" \
-      > "$OUT/$name.log" 2>&1 && grep -q "ERROR SUMMARY: 0 errors" "$OUT/$name.log"; then
-    say "ok $name"
-  else
-    fail "$name (see $OUT/$name.log)"
-  fi
+  grep -h "^collectives:" "$D"/check-mpi-*.log 2>/dev/null | sort -u | sed 's/^/gpu-check: /'
+  # memcheck of 2-rank runs: no error on any rank (NCCL is not initialised with --comm mpi)
+  local memchecked=0
+  for entry in "${matrix[@]:0:3}"; do
+    read -r label prog args <<< "$entry"
+    if [ -z "$SANITIZER" ]; then fail "memcheck: compute-sanitizer not found"; break; fi
+    # shellcheck disable=SC2086
+    if "${MPIRUN[@]}" -np 2 "$SANITIZER" --tool memcheck --error-exitcode 9 --print-limit 20 "$BIN/$prog" "${tiny[@]}" \
+        --comm mpi $args --out "$D/memcheck-$label.h5" --overwrite > "$D/memcheck-$label.log" 2>&1 &&
+      grep -q -- "-> PASS" "$D/memcheck-$label.log" &&
+      [ "$(grep -c "ERROR SUMMARY: 0 errors" "$D/memcheck-$label.log")" -ge 2 ]; then
+      say "ok memcheck-$label (2 ranks)"
+      memchecked=$((memchecked + 1))
+    else
+      fail "memcheck-$label (see $D/memcheck-$label.log)"
+    fi
+  done
+  # NCCL vs MPI, rows of one table
+  local coll=(--ops all-reduce,all-gather,reduce-scatter -b 1K -e 256M -f 4 -n 10 -w 3) runs run comms name
+  if [ "$NGPU" -ge 2 ]; then runs=("$((NGPU < 8 ? NGPU : 8)) nccl,mpi"); else runs=("1 nccl,mpi" "2 mpi"); fi
+  for run in "${runs[@]}"; do
+    read -r np comms <<< "$run"
+    name="collective_perf-np$np-${comms/,/-}"
+    "${MPIRUN[@]}" -np "$np" "$BIN/collective_perf" --backend cuda --comm "$comms" "${coll[@]}" \
+      --out "$D/$name.h5" --overwrite > "$D/$name.log" 2>&1 || fail "$name (see $D/$name.log)"
+    sed -n '/^# collective_perf/,/^# Avg bus/p' "$D/$name.log" | tail -n 4
+  done
+  verdict "$checks --check runs over --comm ${MPI_COMMS:-mpi} passed (2 and 4 ranks); memcheck $memchecked of 3 clean"
 }
-if [ "${SANITIZE:-1}" != 0 ]; then
-  for tool in memcheck racecheck synccheck initcheck; do
-    sanitize_run "$tool-test_cuda_backend" "$tool" "$BIN/test_cuda_backend"
-    for entry in "${MPI_MATRIX[@]}"; do
-      read -r label prog args <<< "$entry"
-      # shellcheck disable=SC2086  # args are words
-      sanitize_run "$tool-$label-1gpu" "$tool" "$BIN/$prog" "${TINY[@]}" $args --out "$OUT/$tool-$label.h5" --overwrite
+
+part_sanitize() {
+  begin sanitize
+  sanitized=()
+  local t="$BIN/test_cuda_backend"
+  local opt_in=("$BIN/fsdp_perf" --backend cuda --model t5-tiny --batch 2 --seq-len 70 --dec-seq-len 67 --steps 2
+                --warmup 1 --dtype bf16 --attention fused --fused-epilogues --cuda-graphs --check --out "$D/opt-in.h5"
+                --overwrite)
+  local kernels='*FusedAttentionMatchesCpu*:*TensorCore*:*FusedEpilogues*:*SummedGradients*:*Softmax*:*RmsNorm*'
+  sanitize_run memcheck-tests memcheck --report-api-errors no -- "$t"
+  sanitize_run memcheck-opt-in memcheck --report-api-errors no -- "${opt_in[@]}"
+  sanitize_run racecheck-kernels racecheck -- "$t" --gtest_filter="$kernels"
+  sanitize_run synccheck-kernels synccheck -- "$t" --gtest_filter="$kernels"
+  sanitize_run initcheck-steps initcheck -- "$t" \
+    --gtest_filter='*FusedAttentionMatchesCpu*:*OptInPaths*:*LowPrecisionT5StepMatchesCpu*'
+  # The finding at eca8ffe: an uninitialised read inside a cuBLAS bf16 batched GEMM. This
+  # test writes the same GEMM with beta = 0 into a fresh buffer and into one full of NaN:
+  # a report here with the test passing is cuBLAS reading memory whose value it does not use.
+  sanitize_run initcheck-beta-zero initcheck -- "$t" --gtest_filter='*GemmWithBetaZeroIgnoresC*'
+  printf '%s\n' "${sanitized[@]}" | sed 's/^/gpu-check:   /'
+  verdict "$(IFS=';'; echo "${sanitized[*]}")"
+}
+
+part_perf() {
+  begin perf
+  [ -s "$OUT/gemm_peak.log" ] || "$BIN/gemm_peak" > "$OUT/gemm_peak.log" 2>&1 || fail "gemm_peak"
+  local peak
+  peak=$(field tflops "$OUT/gemm_peak.log" "PEAK dtype=bf16")
+  local variants=("unfused" "fused-attention --attention fused" "fused-epilogues --fused-epilogues"
+                  "cuda-graphs --cuda-graphs" "all-three --attention fused --fused-epilogues --cuda-graphs")
+  local models=("t5-611m" "t5-2.28b" "t5-11.3b --layers $LAYERS") m v tag label args ms
+  : > "$D/table.txt"
+  for m in "${models[@]}"; do
+    for v in "${variants[@]}"; do
+      read -r label args <<< "$v"
+      tag="${m// --layers /-}-$label"
+      # shellcheck disable=SC2086  # m and args are words
+      if "${MPIRUN[@]}" -np 1 "$BIN/fsdp_perf" --backend cuda --model $m --batch 8 --seq-len 512 --dtype bf16 \
+          --steps "$STEPS" --warmup "$WARMUP" --mem-limit-gib "$LIMIT_GIB" $args --out "$D/$tag.h5" --overwrite \
+          > "$D/$tag.log" 2>&1; then
+        echo "$m|$label|$(field step_ms "$D/$tag.log" RESULT)|$(field tflops_per_rank "$D/$tag.log" RESULT)" >> "$D/table.txt"
+      else
+        fail "$tag (see $D/$tag.log)"
+        echo "$m|$label|-|-" >> "$D/table.txt"
+      fi
     done
   done
-fi
-
-# fp32 --check must hold run after run (a discrete failure once showed in 2 of 18 runs).
-REPEAT=${CHECK_REPEAT:-50}
-passed=0
-for i in $(seq 1 "$REPEAT"); do
-  "${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" "${SMALL[@]}" --out "$OUT/repeat.h5" --overwrite > "$OUT/repeat.log" 2>&1 &&
-    grep -q -- "-> PASS" "$OUT/repeat.log" || { cp "$OUT/repeat.log" "$OUT/repeat-failed-$i.log"; break; }
-  passed=$((passed + 1))
-done
-if [ "$passed" -eq "$REPEAT" ]; then say "ok fp32 --check passed $REPEAT runs in a row"
-else fail "fp32 --check failed at run $((passed + 1)) of $REPEAT (see $OUT/repeat-failed-$((passed + 1)).log)"; fi
-
-# The whole t5-11.3b under DDP needs ~180 GB: allocation must fail with one clear line.
-"${MPIRUN[@]}" -np 1 "$BIN/ddp_perf" --backend cuda --model t5-11.3b --batch 1 --seq-len 64 --steps 1 --warmup 0 \
-  --mem-limit-gib 100000 --out "$OUT/oom.h5" --overwrite > "$OUT/oom.log" 2>&1
-oom_rc=$?
-if [ "$oom_rc" -ne 0 ] && grep -q "fatal: .*out-of-memory" "$OUT/oom.log"; then
-  say "ok out-of-memory is reported: $(grep -o 'out-of-memory: [^;]*' "$OUT/oom.log" | head -n 1)"
-else
-  fail "out-of-memory run (exit $oom_rc, see $OUT/oom.log)"
-fi
-
-# ---------------------------------------------------------------- 5. t5-11.3b layers on one rank
-plan_fits() {  # plan_fits LAYERS BATCH CKPT_FLAG [DTYPE]: both programs' plans fit the GPU
-  local p
-  for p in ddp_perf fsdp_perf; do
-    "${MPIRUN[@]}" -np 1 "$BIN/$p" --plan --model t5-11.3b --layers "$1" --batch "$2" --seq-len $SEQ $3 \
-      --dtype "${4:-bf16}" --mem-limit-gib "$LIMIT_GIB" >> "$OUT/plan.log" 2>&1 || return 1
-  done
+  awk -F'|' -v peak="$peak" '
+    { key = $1; ms[key, $2] = $3; tf[key, $2] = $4; if (!(key in seen)) { seen[key] = 1; order[++n] = key } ; labels[$2] = 1 }
+    END {
+      printf "fsdp_perf --backend cuda, bf16, batch 8, seq 512, one rank; MFU of the measured bf16 peak (%s TFLOPS)\n", peak
+      printf "| model | path | step ms | TFLOPS | MFU | / unfused |\n|---|---|---|---|---|---|\n"
+      split("unfused fused-attention fused-epilogues cuda-graphs all-three", L, " ")
+      for (i = 1; i <= n; ++i) for (j = 1; j <= 5; ++j) {
+        m = order[i]; l = L[j]; a = ms[m, l]; b = ms[m, "unfused"]
+        mfu = (tf[m, l] != "" && tf[m, l] != "-" && peak > 0) ? sprintf("%.1f %%", 100 * tf[m, l] / peak) : "-"
+        r = (a != "-" && a != "" && b != "-" && b > 0) ? sprintf("%.2fx", a / b) : "-"
+        printf "| %s | %s | %s | %s | %s | %s |\n", m, l, a, tf[m, l], mfu, r
+        if (j > 1 && r != "-" && a + 0 < b + 0) faster[l]++
+      }
+      printf "opt-in paths faster than unfused at all %d shapes (docs/gpu.md: may become the CUDA default):", n
+      none = 1
+      for (j = 2; j <= 5; ++j) if (faster[L[j]] == n) { printf "%s %s", (none ? "" : ","), L[j]; none = 0 }
+      if (none) printf " none"
+      printf "\n"
+    }' "$D/table.txt" | tee "$D/perf.txt"
+  local unf mfu11
+  unf=$(awk -F'|' '$2 == "unfused" { printf "%s%s", sep, $3; sep = " / " }' "$D/table.txt")
+  mfu11=$(awk -F'|' -v peak="$peak" '$1 ~ /t5-11.3b/ && $4 != "-" && peak > 0 { v = 100 * $4 / peak; if (v > best) best = v }
+    END { printf "%.1f", best }' "$D/table.txt")
+  verdict "unfused ${unf} ms (611m / 2.28b / 11.3b ${LAYERS}+${LAYERS}); best MFU on t5-11.3b layers ${mfu11} % (target >= 60 %); $(tail -n 1 "$D/perf.txt")"
 }
-largest_fit() {  # largest_fit BATCH CKPT_FLAG: the largest layer count in 1..24 that fits, else 0
-  local lo=0 hi=24 mid  # memory grows with the layer count: bisect
-  while [ "$lo" -lt "$hi" ]; do
-    mid=$(((lo + hi + 1) / 2))
-    if plan_fits "$mid" "$1" "$2"; then lo=$mid; else hi=$((mid - 1)); fi
-  done
-  echo "$lo"
-}
-: > "$OUT/plan.log"
-if [ -n "${LAYERS:-}" ]; then
-  N=$LAYERS B=${BATCH:-8} CKPT=${CKPT:+--activation-checkpointing}
-else
-  N=0
-  for CKPT in "" --activation-checkpointing; do
-    for B in 8 4 2 1; do
-      N=$(largest_fit "$B" "$CKPT")
-      [ "$N" -gt 0 ] && break
-    done
-    [ "$N" -gt 0 ] && break
-  done
-  [ "$N" -gt 0 ] || die "not even one t5-11.3b layer fits $LIMIT_GIB GiB at batch 1 (see $OUT/plan.log)"
-fi
-SHAPE=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ)
-say "shapes: t5-11.3b layers $N+$N, batch $B, seq $SEQ ${CKPT:-(no checkpointing)}"
-FP32_FITS=1
-plan_fits "$N" "$B" "$CKPT" fp32 || FP32_FITS=
-for dt in bf16 fp32; do
-  if [ "$dt" = fp32 ] && [ -z "$FP32_FITS" ]; then
-    say "fp32 does not fit these shapes (plan: $OUT/plan.log): fp32 rows left out"
-    continue
-  fi
-  for p in ddp_perf fsdp_perf; do
-    say "$p --backend cuda --dtype $dt (log: $OUT/${p}_$dt.log)"
-    "${MPIRUN[@]}" -np 1 "$BIN/$p" --backend cuda "${SHAPE[@]}" $CKPT --dtype "$dt" --steps "$STEPS" \
-      --warmup "$WARMUP" --mem-limit-gib "$LIMIT_GIB" --out "$OUT/${p}_$dt.h5" --overwrite > "$OUT/${p}_$dt.log" 2>&1 ||
-      fail "$p --dtype $dt"
-    grep -E "^(RESULT|  step time|  TFLOPS|  compute|  GEMM rate|  peak memory)" "$OUT/${p}_$dt.log"
-  done
-done
-TORCH_ARGS=(--model t5-11.3b --layers "$N" --batch "$B" --seq-len $SEQ --steps "$STEPS" --warmup "$WARMUP")
-[ -n "$CKPT" ] && TORCH_ARGS+=(--activation-checkpointing)
-[ "${SB_CUDA_TF32:-}" = 1 ] && TORCH_ARGS+=(--tf32)
-if "$PYTHON" -c "import torch, numpy; assert torch.cuda.is_available()" > "$OUT/torch-probe.log" 2>&1; then
-  for dt in fp32 bf16; do
-    say "PyTorch $dt (log: $OUT/torch_$dt.log)"
-    "$PYTHON" analysis/torch_t5_step.py "${TORCH_ARGS[@]}" --dtype "$dt" > "$OUT/torch_$dt.log" 2>&1 ||
-      fail "torch_t5_step --dtype $dt (see $OUT/torch_$dt.log; out of memory at these shapes?)"
-    grep "^TORCH" "$OUT/torch_$dt.log"
-  done
-else
-  fail "PyTorch with CUDA is not available to $PYTHON (see $OUT/torch-probe.log): no PyTorch comparison"
-fi
 
-# Hugging Face transformers' T5, eager and torch.compile, against ours on the same GPU.
-bash scripts/hf-compare.sh "$OUT/hf" "$N" || fail "hf-compare (see $OUT/hf/)"
-
-# ---------------------------------------------------------------- 6. the table
-OWN_FP32_PEAK=$PEAK_FP32 OWN_FP32_NAME=fp32  # fp32 GEMMs run on TF32 tensor cores with SB_CUDA_TF32=1
-[ "${SB_CUDA_TF32:-}" = 1 ] && OWN_FP32_PEAK=$PEAK_TF32 OWN_FP32_NAME=tf32
-row() {  # row NAME LOG PREFIX MS_FIELD TF_FIELD DTYPE TORCH_LOG|torch
-  local ms tf base=-
-  ms=$(field "$4" "$2" "$3")
-  tf=$(field "$5" "$2" "$3")
-  [ "$7" = torch ] || base=$(field step_ms "$7" TORCH)
-  echo "$1 ${ms:--} ${tf:--} $6 ${base:--} $7"
+part_attention() {
+  begin attention
+  "$BIN/kernel_bench" --backend cuda --benchmark_filter='^attention/t5-(611m|2\.28b|11\.3b)/' \
+    --benchmark_out="$D/kernel_bench.json" --benchmark_out_format=json > "$D/kernel_bench.log" 2>&1 ||
+    fail "kernel_bench (see $D/kernel_bench.log)"
+  grep "^attention/" "$D/kernel_bench.log"
+  local line
+  line=$(awk '/^attention\// {
+      split($1, f, "/"); if (f[4] != "bf16") next
+      for (i = 2; i <= NF; ++i) if ($i ~ /^ms=/) { sub("ms=", "", $i); t[f[2], f[3]] = $i }
+      models[f[2]] = 1 }
+    END {
+      target["t5-611m"] = 0.47; target["t5-2.28b"] = 0.88; target["t5-11.3b"] = 5.10
+      split("t5-611m t5-2.28b t5-11.3b", M, " ")
+      for (i = 1; i <= 3; ++i) { m = M[i]; best = ""; bp = ""
+        split("fused fused-mma fused-fma", P, " ")
+        for (j = 1; j <= 3; ++j) if ((m, P[j]) in t && (best == "" || t[m, P[j]] + 0 < best + 0)) { best = t[m, P[j]]; bp = P[j] }
+        printf "%s%s: unfused %s ms, %s %s ms (target %.2f)", (i > 1 ? "; " : ""), m, t[m, "unfused"], bp, best, target[m] }
+    }' "$D/kernel_bench.log")
+  verdict "bf16 forward + backward, batch 8, seq 512: $line"
 }
+
+part_hf() {
+  begin hf
+  MODELS=${HF_MODELS:-t5-611m t5-11.3b} CKPT_MODES=${HF_CKPT:-no} HF_TIMEOUT=${HF_TIMEOUT:-200} \
+    OURS_ARGS=${OURS_ARGS:-} STEPS=$STEPS PYTHON=$PYTHON bash scripts/hf-compare.sh "$D" "$LAYERS" || fail "hf-compare"
+  local ratios
+  ratios=$(awk -F'|' '/^\| t5-/ { gsub(/ /, "", $2); gsub(/ /, "", $7); printf "%s%s %s", sep, $2, $7; sep = ", " }' \
+    "$D/hf-compare.txt" 2>/dev/null)
+  [ -f "$D/hf-compare.txt" ] || fail "no Hugging Face rows: PyTorch with CUDA and transformers are needed (see $D/hf-probe.log)"
+  verdict "ours / torch.compile: ${ratios:-none measured} (target <= 0.85)"
+}
+
+for p in "${selected[@]}"; do "part_$p"; done
+
 {
   echo "gpu-check $(date -u +%Y-%m-%dT%H:%M:%SZ) on $GPU_NAME ($(hostname)), $(git describe --always --dirty 2>/dev/null)"
-  echo "shapes: t5-11.3b, layers $N+$N, batch $B, seq $SEQ/$SEQ, ${CKPT:-no activation checkpointing}, 1 rank"
-  echo "measured cuBLAS peak (gemm_peak, 8192^3): bf16 ${PEAK_BF16:-?}  tf32 ${PEAK_TF32:-?}  fp32 ${PEAK_FP32:-?} TFLOPS"
-  echo "TFLOPS are model FLOPs (3 x forward) per second; MFU = TFLOPS / the measured peak of the run's precision"
-  echo "(fp32 rows: $OWN_FP32_NAME). Ours: fp32 master weights and Adam, gathers, compute and gradients in the"
-  echo "dtype; PyTorch bf16: fp32 weights under bf16 autocast. Targets (bf16): MFU >= 60%, time / PyTorch <= 0.90x."
-  awk -v f32="$OWN_FP32_PEAK" -v bf16="$PEAK_BF16" '
-    function missing(a) { return a == "" || a == "-" }
-    function pct(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.1f%%", 100 * a / b) }
-    function num(a, f) { return missing(a) ? "-" : sprintf(f, a) }
-    function ratio(a, b) { return (missing(a) || missing(b) || b == 0) ? "-" : sprintf("%.2fx", a / b) }
-    BEGIN {
-      printf "| %-22s | %10s | %8s | %8s | %21s |\n", "run", "step ms", "TFLOPS", "MFU", "time / PyTorch (same)"
-      printf "|%s|%s|%s|%s|%s|\n", "------------------------", "------------", "----------", "----------", "-----------------------"
-    }
-    { printf "| %-22s | %10s | %8s | %8s | %21s |\n", $1, num($2, "%.1f"), num($3, "%.2f"),
-        pct($3, $4 == "bf16" ? bf16 : f32), ratio($2, $5) }' <<EOF
-$(row "ddp_perf(cuda,bf16)" "$OUT/ddp_perf_bf16.log" RESULT step_ms tflops_per_rank bf16 "$OUT/torch_bf16.log")
-$(row "fsdp_perf(cuda,bf16)" "$OUT/fsdp_perf_bf16.log" RESULT step_ms tflops_per_rank bf16 "$OUT/torch_bf16.log")
-$(row "ddp_perf(cuda,fp32)" "$OUT/ddp_perf_fp32.log" RESULT step_ms tflops_per_rank fp32 "$OUT/torch_fp32.log")
-$(row "fsdp_perf(cuda,fp32)" "$OUT/fsdp_perf_fp32.log" RESULT step_ms tflops_per_rank fp32 "$OUT/torch_fp32.log")
-$(row PyTorch-bf16 "$OUT/torch_bf16.log" TORCH step_ms tflops bf16 torch)
-$(row PyTorch-fp32 "$OUT/torch_fp32.log" TORCH step_ms tflops fp32 torch)
-EOF
-  [ -f "$OUT/hf/hf-compare.txt" ] && cat "$OUT/hf/hf-compare.txt"
-  if [ ${#failed[@]} -eq 0 ]; then echo "gpu-check: all steps passed"; else printf 'gpu-check: FAILED: %s\n' "${failed[@]}"; fi
-} | tee "$OUT/summary.txt"
-[ ${#failed[@]} -eq 0 ]
+  for p in "${PARTS[@]}"; do [ -f "$OUT/$p.verdict" ] && cat "$OUT/$p.verdict"; done
+} > "$OUT/summary.txt"
+tar czf "$RESULTS/gpu-check.tar.gz" -C "$RESULTS" gpu-check
+say "summary: $OUT/summary.txt; everything: $RESULTS/gpu-check.tar.gz"
+[ "$any_failed" -eq 0 ]

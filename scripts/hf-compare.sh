@@ -11,10 +11,13 @@
 #
 #   scripts/hf-compare.sh OUTDIR [LAYERS]       (scripts/gpu-check.sh calls it)
 # Environment: PYTHON (default python3), STEPS (default 5), WARMUP (default 3; compile happens
-# in the first), SB_BIN (default build/bin), MODELS (default "t5-611m t5-2.28b t5-11.3b").
-# Rows where transformers, PyTorch or CUDA is missing are skipped with the reason. Prints a
-# table (also OUTDIR/hf-compare.txt); exit 1 if any run failed or the two parameter counts
-# differ, 0 otherwise. Target (docs/performance.md): ours / compiled <= 0.85.
+# in the first), SB_BIN (default build/bin), MODELS (default "t5-611m t5-2.28b t5-11.3b"),
+# CKPT_MODES (default "no yes": without and with activation checkpointing), HF_TIMEOUT
+# (seconds per Hugging Face run, default none; a run past it counts as failed), OURS_ARGS
+# (more flags for ours, e.g. the opt-in paths). Rows where transformers, PyTorch or CUDA is
+# missing are skipped with the reason. Prints a table (also OUTDIR/hf-compare.txt); exit 1 if
+# any run failed or the two parameter counts differ, 0 otherwise. Target
+# (docs/performance.md): ours / compiled <= 0.85.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh  # as root: mpirun's permission; the same MPI settings as gpu-check
@@ -25,6 +28,10 @@ STEPS=${STEPS:-5}
 WARMUP=${WARMUP:-3}
 BIN=${SB_BIN:-build/bin}
 MODELS=${MODELS:-t5-611m t5-2.28b t5-11.3b}
+CKPT_MODES=${CKPT_MODES:-no yes}
+read -r -a OURS_EXTRA <<< "${OURS_ARGS:-}"
+HF_RUN=("$PYTHON")
+[ -n "${HF_TIMEOUT:-}" ] && HF_RUN=(timeout "$HF_TIMEOUT" "$PYTHON")
 SHAPE=(--batch 8 --seq-len 512)
 mkdir -p "$OUT"
 failed=0
@@ -35,7 +42,7 @@ field() { grep -E "^$3" "$2" 2>/dev/null | tail -n 1 | tr ' ' '\n' | sed -n "s/^
 hf() {
   local log=$1
   shift
-  "$PYTHON" analysis/hf_t5_step.py "$@" --bin "$BIN" --steps "$STEPS" --warmup "$WARMUP" > "$log" 2>&1
+  "${HF_RUN[@]}" analysis/hf_t5_step.py "$@" --bin "$BIN" --steps "$STEPS" --warmup "$WARMUP" > "$log" 2>&1
   case $? in
     0) field step_ms "$log" HF ;;
     3) echo skip ;;
@@ -73,11 +80,14 @@ for model in $MODELS; do
       [ "$N" -ge 1 ] || continue
       extra=(--layers "$N") ;;
   esac
-  for ckpt in "" --activation-checkpointing; do
+  for mode in $CKPT_MODES; do
+    ckpt=
+    [ "$mode" = yes ] && ckpt=--activation-checkpointing
     tag="$model${extra[*]:+-${N}layers}${ckpt:+-ckpt}"
     say "$tag: ours (fsdp_perf --backend cuda), Hugging Face eager, torch.compile"
     ours=fail
     if mpirun -np 1 "$BIN/fsdp_perf" --backend cuda --model "$model" "${extra[@]}" "${SHAPE[@]}" $ckpt --dtype bf16 \
+      "${OURS_EXTRA[@]}" \
       --steps "$STEPS" --warmup 2 --out "$OUT/ours-$tag.h5" --overwrite > "$OUT/ours-$tag.log" 2>&1; then
       ours=$(field step_ms "$OUT/ours-$tag.log" RESULT)
     fi

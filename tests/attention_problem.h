@@ -6,6 +6,7 @@
 #pragma once
 #include <cmath>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "shardbench/backend/backend.h"
@@ -43,62 +44,103 @@ struct AttnProblem {
     return x;
   }
 
-  // Every input rounded through t (what a t-typed run computes on).
+  // Every input rounded through t (what a t-typed run computes on); the backward's
+  // reference then reads the forward's output as a t-typed run stores it (below).
+  DType stored = DType::F32;
   void round_to(DType t) {
+    stored = t;
     if (t == DType::F32) return;
     for (auto* x : {&q, &k, &v, &dout, &table})
       for (float& e : *x) e = t == DType::BF16 ? float(bf16(e)) : float(f16(e));
+  }
+
+  // x as an output of the stored type holds it (an fp32 output: rounded to float).
+  double as_stored(double x) const {
+    const float f = float(x);
+    return stored == DType::BF16 ? float(bf16(f)) : stored == DType::F16 ? float(f16(f)) : f;
   }
 
   int64_t at(int b, int rows, int row, int h, int c) const {
     return (int64_t(b) * rows + row) * s.ld() + int64_t(h) * s.d_kv + c;
   }
 
-  // The textbook formulas in double over a whole [tq, tk] score matrix per (b, h).
-  AttnResult reference() const {
-    AttnResult r;
+  // The textbook formulas in double over a whole [tq, tk] score matrix per (b, h); the
+  // backward's row sum D = Σ dO⊙O reads O rounded to the stored type, as the op does (its
+  // backward takes the forward's stored output), so the rounding of O is not charged to
+  // dq, dk and the table gradient. With
+  // `scale`, also the magnitudes each output is formed from (the same sums over absolute
+  // values: Σ_j P|v| for o, Σ_j P(|dP| + |D|)|k| for dq, ...): the scale a rounding error is
+  // relative to. An output that is a cancellation (dq and dk with one key, where P = 1 and
+  // dS = P(dP − D) = 0 up to rounding) has a tiny value but not a tiny scale.
+  AttnResult reference(AttnResult* scale = nullptr) const {
+    AttnResult r, m;
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     r.o.assign(nq, 0.f), r.dq.assign(nq, 0.f), r.dk.assign(nk, 0.f), r.dv.assign(nk, 0.f);
     r.lse.assign(int64_t(s.batch) * s.heads * s.tq, 0.f);
-    std::vector<double> dtab(table.size(), 0.0), P(size_t(s.tk)), dS(size_t(s.tk));
-    std::vector<double> dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0);
+    m = r;
+    std::vector<double> dtab(table.size(), 0.0), P(size_t(s.tk)), dS(size_t(s.tk)), adP(size_t(s.tk));
+    std::vector<double> dq(nq, 0.0), dk(nk, 0.0), dv(nk, 0.0), mdtab(table.size(), 0.0);
+    std::vector<double> mo(nq, 0.0), mdq(nq, 0.0), mdk(nk, 0.0), mdv(nk, 0.0);
     for (int b = 0; b < s.batch; ++b)
       for (int h = 0; h < s.heads; ++h)
         for (int i = 0; i < s.tq; ++i) {
-          double mx = -INFINITY;
+          double mx = -INFINITY, amx = 0;  // amx: the largest |score| (lse's scale)
           for (int j = 0; j < s.tk; ++j) {
             double x = -INFINITY;
             if (!(s.causal && j > i)) {
               x = bias ? table[size_t(rel[size_t(j - i + s.tq - 1)]) * s.heads + h] : 0.0;
               for (int c = 0; c < s.d_kv; ++c) x += double(q[at(b, s.tq, i, h, c)]) * k[at(b, s.tk, j, h, c)];
+              amx = std::max(amx, std::fabs(x));
             }
             P[size_t(j)] = x, mx = std::max(mx, x);
           }
           double sum = 0;
           for (double& p : P) sum += (p = std::exp(p - mx));
           for (double& p : P) p /= sum;
-          r.lse[(int64_t(b) * s.heads + h) * s.tq + i] = float(mx + std::log(sum));
-          double rowdot = 0;  // Σ_j dP_j P_j
-          for (int j = 0; j < s.tk; ++j) {
-            double dp = 0;
-            for (int c = 0; c < s.d_kv; ++c) dp += double(dout[at(b, s.tq, i, h, c)]) * v[at(b, s.tk, j, h, c)];
-            dS[size_t(j)] = dp, rowdot += dp * P[size_t(j)];
+          const int64_t row = (int64_t(b) * s.heads + h) * s.tq + i;
+          r.lse[row] = float(mx + std::log(sum));
+          m.lse[row] = float(amx + std::log(sum));
+          double rowdot = 0, arowdot = 0;  // Σ_c dO_c·stored(O_c) and Σ_j |dP|_j P_j
+          for (int c = 0; c < s.d_kv; ++c) {
+            double oc = 0;
+            for (int j = 0; j < s.tk; ++j) oc += P[size_t(j)] * v[at(b, s.tk, j, h, c)];
+            rowdot += double(dout[at(b, s.tq, i, h, c)]) * as_stored(oc);
           }
           for (int j = 0; j < s.tk; ++j) {
-            const double p = P[size_t(j)], ds = p * (dS[size_t(j)] - rowdot);
-            if (bias && !(s.causal && j > i)) dtab[size_t(rel[size_t(j - i + s.tq - 1)]) * s.heads + h] += ds;
+            double dp = 0, adp = 0;
+            for (int c = 0; c < s.d_kv; ++c) {
+              const double x = double(dout[at(b, s.tq, i, h, c)]) * v[at(b, s.tk, j, h, c)];
+              dp += x, adp += std::fabs(x);
+            }
+            dS[size_t(j)] = dp, adP[size_t(j)] = adp, arowdot += adp * P[size_t(j)];
+          }
+          for (int j = 0; j < s.tk; ++j) {
+            const double p = P[size_t(j)], ds = p * (dS[size_t(j)] - rowdot), ads = p * (adP[size_t(j)] + arowdot);
+            if (bias && !(s.causal && j > i)) {
+              const size_t t = size_t(rel[size_t(j - i + s.tq - 1)]) * s.heads + h;
+              dtab[t] += ds, mdtab[t] += ads;
+            }
             for (int c = 0; c < s.d_kv; ++c) {
               const int64_t qi = at(b, s.tq, i, h, c), kj = at(b, s.tk, j, h, c);
               r.o[qi] += float(p * v[kj]);
               dq[qi] += ds * k[kj];
               dk[kj] += ds * q[qi];
               dv[kj] += p * dout[qi];
+              mo[qi] += p * std::fabs(v[kj]);
+              mdq[qi] += ads * std::fabs(k[kj]);
+              mdk[kj] += ads * std::fabs(q[qi]);
+              mdv[kj] += p * std::fabs(dout[qi]);
             }
           }
         }
-    for (int64_t x = 0; x < nq; ++x) r.dq[x] = float(dq[x]);
-    for (int64_t x = 0; x < nk; ++x) r.dk[x] = float(dk[x]), r.dv[x] = float(dv[x]);
-    for (double d : dtab) r.dtable.push_back(float(kTableStart + d));
+    for (int64_t x = 0; x < nq; ++x) r.dq[x] = float(dq[x]), m.o[x] = float(mo[x]), m.dq[x] = float(mdq[x]);
+    for (int64_t x = 0; x < nk; ++x)
+      r.dk[x] = float(dk[x]), r.dv[x] = float(dv[x]), m.dk[x] = float(mdk[x]), m.dv[x] = float(mdv[x]);
+    for (size_t t = 0; t < dtab.size(); ++t) {
+      r.dtable.push_back(float(kTableStart + dtab[t]));
+      m.dtable.push_back(float(kTableStart + mdtab[t]));
+    }
+    if (scale) *scale = m;
     return r;
   }
 
@@ -147,6 +189,7 @@ struct AttnProblem {
 };
 
 // Normwise relative error ‖got − ref‖₂ / ‖ref‖₂ (0 for two empty vectors).
+// Meaningless where ref is a cancellation (almost zero): use scaled_error there.
 inline double norm_error(const std::vector<float>& got, const std::vector<float>& ref) {
   double d = 0, n = 0;
   for (size_t i = 0; i < ref.size() && i < got.size(); ++i) {
@@ -155,6 +198,55 @@ inline double norm_error(const std::vector<float>& got, const std::vector<float>
   }
   if (got.size() != ref.size()) return INFINITY;
   return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+// ‖got − ref‖₂ / ‖scale‖₂, scale the magnitudes ref was formed from (reference(&scale)):
+// rounding errors are relative to these, whatever cancellation made of ref.
+inline double scaled_error(const std::vector<float>& got, const std::vector<float>& ref,
+                           const std::vector<float>& scale) {
+  if (got.size() != ref.size() || scale.size() != ref.size()) return INFINITY;
+  double d = 0, n = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    d += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    n += double(scale[i]) * scale[i];
+  }
+  return n > 0 ? std::sqrt(d / n) : std::sqrt(d);
+}
+
+// The six outputs of the op by name, in this order (o, lse, dq, dk, dv, dtable).
+inline std::vector<std::pair<const char*, const std::vector<float>*>> attention_outputs(const AttnResult& r) {
+  return {{"o", &r.o}, {"lse", &r.lse}, {"dq", &r.dq}, {"dk", &r.dk}, {"dv", &r.dv}, {"dtable", &r.dtable}};
+}
+
+// Unit roundoffs (half an ulp at 1, round to nearest): 8 significant bits in bf16, 11 in fp16.
+constexpr double kRoundBf16 = 1.0 / 256, kRoundF16 = 1.0 / 2048;
+inline double unit_roundoff(DType t) { return t == DType::BF16 ? kRoundBf16 : t == DType::F16 ? kRoundF16 : 0.0; }
+
+// What an implementation may differ from the exact result on the same (rounded) inputs, per
+// output: ‖got − ref‖ ≤ out·‖ref‖ + (math, or mma for o, dq, dk, dv)·‖scale‖.
+//   out:  the one rounding of the stored output (relative to its own value; lse and the
+//         fp32 parts of the table gradient are not rounded, the 0 of fp32 tensors)
+//   math: fp32 arithmetic (relative to the magnitudes summed)
+//   mma:  a kernel that rounds P (for o and dv) or dS (for dq and dk) to the 16-bit type of
+//         a tensor-core operand: each term of those sums moves by at most u·|term|.
+struct AttnTolerance {
+  double out = 0, math = 1e-5, mma = 1e-5;
+  static AttnTolerance of(DType t, bool tensor_cores) {
+    AttnTolerance x;
+    x.out = unit_roundoff(t);
+    if (tensor_cores) x.mma = x.math + unit_roundoff(t);
+    return x;
+  }
+};
+// Output x's error over its bound (≤ 1: within). lse is fp32 whatever the tensors' type.
+inline double attention_error_ratio(const std::vector<float>& got, const std::vector<float>& ref,
+                                    const std::vector<float>& scale, const AttnTolerance& tol, int x) {
+  double nr = 0, ns = 0;
+  for (size_t i = 0; i < ref.size() && i < scale.size(); ++i) nr += double(ref[i]) * ref[i], ns += double(scale[i]) * scale[i];
+  const bool through_mma = x == 0 || (x >= 2 && x <= 4);
+  const double bound = (x == 1 ? 0.0 : tol.out) * std::sqrt(nr) + (through_mma ? tol.mma : tol.math) * std::sqrt(ns);
+  const double e = scaled_error(got, ref, scale) * std::sqrt(ns);  // ‖got − ref‖
+  return bound > 0 ? e / bound : (e > 0 ? INFINITY : 0.0);
 }
 
 }  // namespace sb

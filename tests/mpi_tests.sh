@@ -22,8 +22,8 @@ expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
 expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --prefetch none --activation-checkpointing --check
-# Fused attention (flash-attention style, the CUDA default): trains to the reference, and
-# its trace's measured peak equals the plan (check_trace.py below).
+# Fused attention (flash-attention style, opt-in): trains to the reference, and its trace's
+# measured peak equals the plan (check_trace.py below).
 expect "fsdp full, fused attention --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --attention fused --check --out $T/full-fused.h5
 expect "ddp bf16, fused attention, checkpointing --check" 0 "$check_pattern" -- \
@@ -321,6 +321,31 @@ for np in 3 4; do
   expect "MPI staging pipeline on $np ranks (test_mpi_stager)" 0 'PASSED' -- \
     timeout 300 mpirun -np $np --oversubscribe --bind-to none $BIN/test_mpi_stager --gtest_brief=1
 done
+# --- the opt-in compute paths (docs/gpu.md): fused epilogues train to the reference; the
+# CUDA default is unfused attention; the kernel and graph flags refuse what they cannot do ---
+expect "fsdp full, fused epilogues, fused attention bf16 --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --fused-epilogues --attention fused --dtype bf16 --check
+expect "ddp fused epilogues, checkpointing --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --fused-epilogues --activation-checkpointing --check
+expect "--backend cuda plans unfused attention by default" 0 '\| attention +\| unfused ' -- \
+  $BIN/fsdp_perf --backend cuda --model t5-tiny --plan
+expect "--attention-kernel names its values" 2 "--attention-kernel 'wgmma' is not allowed .allowed: auto, fma, mma." -- \
+  $BIN/fsdp_perf --backend cuda --attention fused --attention-kernel wgmma --plan
+expect "--attention-kernel only with fused attention on cuda" 2 \
+  '--attention-kernel is only allowed with --backend cuda --attention fused' -- \
+  $BIN/fsdp_perf --backend cuda --attention-kernel fma --plan
+expect "--attention-kernel mma not in fp32" 2 '--attention-kernel mma is not allowed with --dtype fp32' -- \
+  $BIN/fsdp_perf --backend cuda --attention fused --attention-kernel mma --plan
+expect "--cuda-graphs only with --backend cuda" 2 '--cuda-graphs is only allowed with --backend cuda' -- \
+  $BIN/ddp_perf --cuda-graphs --plan
+# gpu-check in parts: --help needs no GPU; a bad part is a usage error; without a GPU a part
+# stops at once with the reason.
+expect "gpu-check --help lists the parts" 0 'hf +scripts/hf-compare.sh' -- bash $ROOT/scripts/gpu-check.sh --help
+expect "gpu-check refuses an unknown part" 2 "unknown part 'gemm' .allowed: tests correctness mpi sanitize perf attention hf." -- \
+  bash $ROOT/scripts/gpu-check.sh tests gemm
+if ! command -v nvidia-smi >/dev/null; then
+  expect "gpu-check without a GPU says so" 1 'no GPU visible' -- bash $ROOT/scripts/gpu-check.sh tests
+fi
 expect "--comm only with --backend cuda" 2 'only allowed with --backend cuda' -- $BIN/fsdp_perf --model t5-tiny --comm mpi --plan
 expect "--comm names its values" 2 "allowed: nccl, mpi, mpi-staged, mpi-direct" -- \
   $BIN/fsdp_perf --model t5-tiny --backend cuda --comm gloo --plan

@@ -12,15 +12,19 @@ for t in build/bin/test_*; do
   echo "=== $t"
   if ! "$t" --gtest_brief=1; then failed=$((failed + 1)); echo "FAILED: $t"; fi
 done
-echo "=== kernel_bench (smoke: t5-tiny shapes, JSON with FLOP/s and bytes/s counters)"
+echo "=== kernel_bench (smoke: t5-tiny shapes, JSON with FLOP/s and bytes/s counters, attention ms and TFLOPS)"
 if build/bin/kernel_bench --benchmark_filter='t5-tiny/' --benchmark_min_time=0.01 --benchmark_format=json \
     2>/dev/null | /usr/bin/python3 -c '
 import json, sys
 runs = json.load(sys.stdin)["benchmarks"]
 kinds = {r["name"].split("/")[0] for r in runs}
-assert kinds == {"gemm", "pack", "adam"}, kinds
+assert kinds == {"gemm", "pack", "adam", "attention"}, kinds
 assert all(r["FLOP/s"] > 0 for r in runs if "gemm" in r["name"]), "GEMM FLOP/s"
-assert all(r["bytes/s"] > 0 for r in runs), "bytes/s"
+assert all(r["bytes/s"] > 0 for r in runs if "attention" not in r["name"]), "bytes/s"
+att = [r for r in runs if r["name"].startswith("attention/")]
+paths = {r["name"].split("/")[2] + "/" + r["name"].split("/")[3] for r in att}
+assert paths == {"unfused/bf16", "fused/bf16", "unfused/fp32", "fused/fp32"}, paths
+assert all(r["ms"] > 0 and r["TFLOPS"] > 0 for r in att), "attention ms, TFLOPS"
 print(len(runs), "benchmarks, counters present")'; then echo "kernel_bench: ok"; else echo "FAILED: kernel_bench"; failed=$((failed + 1)); fi
 echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))

@@ -87,6 +87,35 @@ DType parse_precision(const std::string& s, const std::string& flag) {
   throw UsageError(flag + " '" + s + "' is not allowed (allowed: fp32, bf16, fp16)");
 }
 
+const char* attention_kernel_name(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::Auto: return "auto";
+    case AttentionKernel::Fma: return "fma";
+    case AttentionKernel::Mma: return "mma";
+    default: return "?";
+  }
+}
+
+AttentionKernel parse_attention_kernel(const std::string& s, const std::string& flag) {
+  for (AttentionKernel k : {AttentionKernel::Auto, AttentionKernel::Fma, AttentionKernel::Mma})
+    if (s == attention_kernel_name(k)) return k;
+  throw UsageError(flag + " '" + s + "' is not allowed (allowed: auto, fma, mma)");
+}
+
+// The fused operations' default: the operations they stand for, in order.
+void Backend::gemm_relu(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B, int ldb,
+                        float beta, Buf C, int ldc) {
+  SB_ASSERT(ldc == N, "gemm_relu needs a dense C (ldc == N)");
+  gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  relu_forward(C, int64_t(M) * N);
+}
+
+void Backend::rmsnorm_forward_residual(Buf out, float* rstd, Buf residual, CBuf x, CBuf w, int n, int d,
+                                       float eps) {
+  rmsnorm_forward(out, rstd, x, w, n, d, eps);
+  copy(residual, x, int64_t(n) * d);
+}
+
 DType common_dtype(const char* op, std::initializer_list<CBuf> tensors) {
   DType t = DType::kCount;
   for (const CBuf& b : tensors) {

@@ -408,6 +408,18 @@ class CpuBackend final : public Backend {
   void gemm_batched(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa,
                     CBuf B, int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc,
                     int batch) override {
+    gemm_impl(ta, tb, M, N, K, alpha, A, lda, sa, B, ldb, sb, beta, C, ldc, sc, batch, false);
+  }
+  // Fused (--fused-epilogues): the ReLU on the fp32 result before it is stored, one
+  // recorded GEMM; otherwise the default's gemm then relu_forward. The same values.
+  void gemm_relu(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B, int ldb,
+                 float beta, Buf C, int ldc) override {
+    if (!options_.fused_epilogues) return Backend::gemm_relu(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    SB_ASSERT(ldc == N, "gemm_relu needs a dense C (ldc == N)");
+    gemm_impl(ta, tb, M, N, K, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, true);
+  }
+  void gemm_impl(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, int64_t sa,
+                 CBuf B, int ldb, int64_t sb, float beta, Buf C, int ldc, int64_t sc, int batch, bool relu) {
     const double t0 = start_compute();
     const int es = dtype_size(common_dtype("gemm", {A, B, C}));
     {
@@ -421,6 +433,8 @@ class CpuBackend final : public Backend {
       for (int i = 0; i < batch; ++i)
         cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta,
                     c.p + i * sc, ldc);
+      if (relu)  // dense and one matrix: gemm_relu's contract
+        for (int64_t i = 0; i < int64_t(M) * N; ++i) c.p[i] = c.p[i] > 0.f ? c.p[i] : 0.f;
     }
     const int32_t shape[5] = {M, N, K, batch, int(ta) | int(tb) << 1};
     done(OpKind::Gemm, t0, es * int64_t(batch) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
@@ -455,6 +469,10 @@ class CpuBackend final : public Backend {
   void rmsnorm_forward(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) override {
     const double t0 = start_compute();
     const int es = dtype_size(common_dtype("rmsnorm_forward", {out, x, w}));
+    rmsnorm_rows(out, rstd, x, w, n, d, eps);
+    done(OpKind::Elementwise, t0, 2 * es * int64_t(n) * d);
+  }
+  void rmsnorm_rows(Buf out, float* rstd, CBuf x, CBuf w, int n, int d, float eps) {
     const int64_t nd = int64_t(n) * d;
     F32View o(out, nd, false);
     const F32View xv(x, nd), wv(w, d);
@@ -468,7 +486,18 @@ class CpuBackend final : public Backend {
       for (int j = 0; j < d; ++j) oi[j] = xi[j] * r * wv.p[j];
     }
     o.store();
-    done(OpKind::Elementwise, t0, 2 * es * nd);
+  }
+  // Fused (--fused-epilogues): the rows of x copied into residual in the same pass, as
+  // stored (bit-identical to copy()); otherwise the default's rmsnorm_forward then copy.
+  void rmsnorm_forward_residual(Buf out, float* rstd, Buf residual, CBuf x, CBuf w, int n, int d,
+                                float eps) override {
+    if (!options_.fused_epilogues) return Backend::rmsnorm_forward_residual(out, rstd, residual, x, w, n, d, eps);
+    const double t0 = start_compute();
+    const int es = dtype_size(common_dtype("rmsnorm_forward_residual", {out, residual, x, w}));
+    const int64_t nd = int64_t(n) * d;
+    std::memcpy(residual.ptr, x.ptr, size_t(nd) * es);
+    rmsnorm_rows(out, rstd, x, w, n, d, eps);
+    done(OpKind::Elementwise, t0, 3 * es * nd);
   }
   void rmsnorm_backward(Buf dx, Buf dw, CBuf dout, CBuf x, CBuf w, const float* rstd, int n,
                         int d) override {

@@ -406,28 +406,24 @@ struct T5Step::Impl {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
     const CBuf x = hidden[stack][s.layer];
-    b.rmsnorm_forward(st.self.xn, st.self.rstd, x, param(W, s, "ln1"), N, d, kNormEps);
-    b.copy(st.x1, x, int64_t(N) * d);
+    b.rmsnorm_forward_residual(st.self.xn, st.self.rstd, st.x1, x, param(W, s, "ln1"), N, d, kNormEps);
     attention_forward(W, s, "self", st.self, st.self.xn, T, T, stack, /*causal=*/stack == 1, st.x1);
     CBuf r = st.x1;
     std::string ln_ff = "ln2";
     if (stack == 1) {
-      b.rmsnorm_forward(st.cross.xn, st.cross.rstd, st.x1, param(W, s, "ln2"), N, d, kNormEps);
-      b.copy(st.x2, st.x1, int64_t(N) * d);
+      b.rmsnorm_forward_residual(st.cross.xn, st.cross.rstd, st.x2, st.x1, param(W, s, "ln2"), N, d, kNormEps);
       attention_forward(W, s, "cross", st.cross, enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
       r = st.x2;
       ln_ff = "ln3";
     }
-    b.rmsnorm_forward(st.xn_ff, st.rstd_ff, r, param(W, s, ln_ff), N, d, kNormEps);
+    b.rmsnorm_forward_residual(st.xn_ff, st.rstd_ff, out, r, param(W, s, ln_ff), N, d, kNormEps);  // out = r
     if (gated()) {
       b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi_0"), d, 0.f, st.u, ff);  // u [N, ff]
       b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi_1"), d, 0.f, st.v, ff);  // v [N, ff]
       b.gated_gelu_forward(st.h, st.u, st.v, int64_t(N) * ff);
     } else {
-      b.gemm(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
-      b.relu_forward(st.h, int64_t(N) * ff);
+      b.gemm_relu(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
     }
-    b.copy(out, r, int64_t(N) * d);
     add_row_parallel(out, int64_t(N) * d, [&](Buf dst, float beta) {  // out += h Wo^T
       b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, beta, dst, d);
     });

@@ -172,6 +172,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   ref_ = std::make_unique<Reference>();
   Reference& r = *ref_;
   r.b = make_backend(cfg.backend, cfg.comm);  // the run's library: NCCL refuses ranks sharing a GPU
+  r.b->set_compute_options(cfg.compute);       // and the run's kernels
   const float scale = float(1.0 / (double(n) * cfg.shape.batch * cfg.shape.dec_len)) * cfg.strategy.loss_scale;
   int64_t largest = 1;
   for (const UnitSpec& unit : full_units_) largest = std::max(largest, unit.numel);

@@ -41,6 +41,9 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"loss scale", loss_scale_text(c.strategy)},
       {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
       {"attention", attention_impl_name(c.strategy.attention)},
+      {"attention kernel", attention_kernel_name(c.compute.attention_kernel)},
+      {"fused epilogues", c.compute.fused_epilogues ? "on" : "off"},
+      {"CUDA graphs", c.compute.graphs ? "on" : "off"},
       {"seed", std::to_string(c.strategy.seed)},
   };
   if (layout.tp > 1) {  // after the world's row: the ranks a model copy spans
@@ -140,6 +143,9 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("fsdp_version", c.strategy.kind == StrategyKind::DDP ? 0 : c.strategy.fsdp_version),
       Attr::integer("activation_checkpointing", c.strategy.checkpointing),
       Attr::str("attention", attention_impl_name(c.strategy.attention)),
+      Attr::str("attention_kernel", attention_kernel_name(c.compute.attention_kernel)),
+      Attr::integer("fused_epilogues", c.compute.fused_epilogues),
+      Attr::integer("cuda_graphs", c.compute.graphs),
       Attr::num("bucket_mb", c.strategy.kind == StrategyKind::DDP ? c.strategy.bucket_mb : 0.0),
       Attr::str("model", m.name),
       Attr::integer("d_model", m.d_model),

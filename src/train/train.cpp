@@ -142,6 +142,7 @@ class TrainingRun {
     // The backend exists before the plan (it allocates nothing) so that the default limit
     // can be the device's free memory; --plan alone needs no device.
     if (!cfg_.plan_only) backend_ = make_backend(cfg_.backend, cfg_.comm);
+    if (backend_) backend_->set_compute_options(cfg_.compute);
     const MemoryPlan plan = make_plan();
     print_config(out_, cfg_, layout_);
     if (backend_ && cfg_.backend == "cuda") out_("collectives: %s\n", backend_->comm_name().c_str());

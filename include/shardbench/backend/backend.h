@@ -242,6 +242,27 @@ inline std::array<int32_t, 5> attention_gemm_shape(const AttentionShape& s, bool
   return {s.tq, s.tk, s.d_kv, (backward ? 4 : 2) * s.batch * s.heads, 0};
 }
 
+// Which kernel runs the fused attention op where a backend has several (CUDA: FMA kernels
+// in fp32 math for every type; tensor-core kernels, mma.sync on sm_80 and later, for bf16
+// and fp16). Auto: tensor cores for bf16/fp16, FMA for fp32. Other backends have one.
+enum class AttentionKernel : int { Auto, Fma, Mma };
+const char* attention_kernel_name(AttentionKernel k);  // auto, fma, mma
+AttentionKernel parse_attention_kernel(const std::string& s, const std::string& flag);  // throws UsageError
+
+// Opt-in compute paths. Each stays off by default until a GPU measurement recorded in
+// docs/performance.md shows it faster at the three study shapes (docs/gpu.md, "Opt-in
+// paths"). Results are the same either way: the fused forms compute what the composed
+// operations compute (tests/test_fusions.cpp).
+struct ComputeOptions {
+  AttentionKernel attention_kernel = AttentionKernel::Auto;
+  // gemm_relu as one GEMM with a ReLU epilogue (cuBLASLt), rmsnorm_forward_residual as one
+  // pass; off: each as the operations it stands for.
+  bool fused_epilogues = false;
+  // CUDA Graphs: the compute between two collectives (or allocations, copies from the host,
+  // synchronisations) captured and launched as one graph.
+  bool graphs = false;
+};
+
 struct AdamConfig {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
   float grad_unscale = 1.f;  // gradients are multiplied by this first (1 / the loss scale)
@@ -312,6 +333,17 @@ class Backend {
   virtual void gated_gelu_forward(Buf h, CBuf u, CBuf v, int64_t n) = 0;
   // du = dh * v * gelu_tanh'(u), dv = dh * gelu_tanh(u) (overwritten); du may be dh itself.
   virtual void gated_gelu_backward(Buf du, Buf dv, CBuf dh, CBuf u, CBuf v, int64_t n) = 0;
+  // C = relu(alpha op(A) op(B) + beta C), C dense (ldc == N). By default gemm then
+  // relu_forward; with ComputeOptions::fused_epilogues a backend may apply the ReLU in the
+  // GEMM's epilogue (one pass less over C; the same values: ReLU commutes with rounding).
+  virtual void gemm_relu(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B,
+                         int ldb, float beta, Buf C, int ldc);
+  // rmsnorm_forward, and residual = x: the copy of the residual stream that a sub-layer's
+  // output GEMM then adds into (x1 = x + attention(norm(x))). By default rmsnorm_forward
+  // then copy; with ComputeOptions::fused_epilogues a backend may write both in one pass
+  // over x (bit-identical: the copy moves elements unchanged).
+  virtual void rmsnorm_forward_residual(Buf out, float* rstd, Buf residual, CBuf x, CBuf w, int n, int d,
+                                        float eps);
   virtual void add(Buf y, CBuf x, int64_t n) = 0;                     // y += x
   virtual void scale(Buf x, float a, int64_t n) = 0;                  // x *= a
   virtual void copy(Buf dst, CBuf src, int64_t n) = 0;
@@ -405,6 +437,10 @@ class Backend {
   bool blocking_when_waited() const { return blocking_when_waited_; }
   virtual void synchronize() = 0;  // all compute issued so far has finished
 
+  // ---- opt-in compute paths (ComputeOptions); a backend refuses what it cannot do ----
+  virtual void set_compute_options(const ComputeOptions& o) { options_ = o; }
+  const ComputeOptions& compute_options() const { return options_; }
+
   // ---- time and trace context ----
   virtual double now() const = 0;  // seconds since the backend's epoch
   void set_recorder(Recorder* r) { recorder_ = r; }
@@ -429,6 +465,7 @@ class Backend {
               int64_t after = -1, int axis = -1, int peer = -1);
   Recorder* recorder_ = nullptr;
   bool blocking_when_waited_ = true;
+  ComputeOptions options_;
 
  private:
   void account_alloc(MemCategory cat, int64_t bytes);

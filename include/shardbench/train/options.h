@@ -27,6 +27,7 @@ struct RunConfig {
   bool overwrite = false;
   double timeout_s = 600;      // --timeout-s: the watchdog (0: off)
   double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
+  ComputeOptions compute;      // --attention-kernel, --fused-epilogues, --cuda-graphs (opt-in paths)
   StrategyConfig strategy;
 };
 

@@ -19,15 +19,20 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <map>
+#include <tuple>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
+#include <cublasLt.h>             // the ReLU epilogue (--fused-epilogues)
 #include <nvtx3/nvToolsExt.h>    // profiler ranges (header-only NVTX 3)
 
 #include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
@@ -36,6 +41,7 @@
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/check.h"     // SB_FATAL, MPI_CHECK
 #include "shardbench/backend/comm_staging.h"  // --comm, device pointers vs staging, chunks
+#include "shardbench/backend/graph_segments.h"  // --cuda-graphs: segments between boundaries
 #include "shardbench/core/format.h"    // human_bytes
 #include "shardbench/backend/mpi_stager.h" // the host side of collectives over MPI
 
@@ -249,6 +255,7 @@ struct TimedOp {
   int64_t request;  // collectives and their waits; -1 otherwise
   int ranks = 0;    // collectives: ranks of the communicator
   double host_start = 0, host_end = 0;  // when start and end are null
+  bool pooled = true;  // start and end return to the event pool (false: a graph segment's own)
 };
 
 // Communication lanes, their operations never overlapping within one: NCCL collectives (or
@@ -343,6 +350,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (!finalized) drain_mpi();  // MPI may still write into the pinned slots
+    if (graphs_) graphs_->boundary();  // a segment still capturing runs
     cudaStreamSynchronize(compute_);
     cudaStreamSynchronize(comm_);
     cudaStreamSynchronize(ordered_);
@@ -352,15 +360,21 @@ class CudaBackend final : public Backend, private StagingDevice {
     stager_.reset();  // hands its events back to the pool
     flush_pending_frees();
     if (host_slots_) cudaFreeHost(host_slots_);
+    graphs_.reset();  // its executable graphs
     for (const TimedOp& t : timed_)
-      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
+      if (t.start && t.pooled) free_events_.insert(free_events_.end(), {t.start, t.end});
+    for (const auto& segment : segment_events_)
+      for (const auto& [a, b] : segment) free_events_.insert(free_events_.end(), {a, b});
     for (auto& [r, o] : requests_) free_done_.push_back(o.done);
     for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     for (cudaEvent_t e : free_done_) cudaEventDestroy(e);
     cudaEventDestroy(ready_);
     cudaEventDestroy(anchor_event_);
     if (nonfinite_flag_) cudaFree(nonfinite_flag_);
+    for (auto& [key, plan] : lt_plans_) plan.destroy();
+    if (lt_) cublasLtDestroy(lt_);
     cublasDestroy(cublas_);
+    if (library_workspace_) cudaFree(library_workspace_);
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(ordered_);
     for (cudaStream_t p2p : p2p_) cudaStreamDestroy(p2p);
@@ -394,6 +408,7 @@ class CudaBackend final : public Backend, private StagingDevice {
 
   // ---- memory ----
   void* alloc(size_t bytes, MemCategory cat) override {
+    boundary();  // not captured: an allocation inside a graph would be the graph's own
     void* p = nullptr;
     cudaError_t rc = cudaMallocAsync(&p, std::max<size_t>(bytes, 1), compute_);
     if (rc == cudaErrorMemoryAllocation) {
@@ -416,6 +431,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   void release(void* p) override {
     if (!p) return;
     untrack(p);
+    if (graphs_) return graphs_->release(p);  // after the segment being captured, if one is
     CUDA_CHECK(cudaFreeAsync(p, compute_));
   }
   // Freed in the order of r's stream, after r; at once (compute order) when r is complete.
@@ -423,6 +439,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   // waits (accounted as released now) until the stager has handed the request over.
   void release_after(void* p, Request r) override {
     if (!p) return;
+    boundary();
     untrack(p);
     if (mpi_pending(r)) return pending_frees_.push_back({p, r});
     free_after(p, r);
@@ -430,10 +447,12 @@ class CudaBackend final : public Backend, private StagingDevice {
   // From pageable host memory the runtime stages the data before returning, so the caller
   // may free its buffer at once; the copy itself is ordered on the compute stream.
   void upload(void* dst, const void* src, size_t bytes) override {
+    boundary();  // a copy from pageable host memory cannot be captured
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, compute_));
   }
   // The caller reads the host data next: wait for the compute stream (and only for it).
   void download(void* dst, const void* src, size_t bytes) override {
+    boundary();
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, compute_));
     CUDA_CHECK(cudaStreamSynchronize(compute_));
   }
@@ -526,6 +545,31 @@ class CudaBackend final : public Backend, private StagingDevice {
       cuda::gated_gelu_backward(compute_, as(e, du), as(e, dv), as(e, dh), as(e, u), as(e, v), n);
     });
   }
+  // --fused-epilogues: the ReLU in the epilogue of one cuBLASLt matmul (where cuBLASLt has
+  // an algorithm for the shape; else, and without the option, GEMM then ReLU).
+  void gemm_relu(bool ta, bool tb, int M, int N, int K, float alpha, CBuf A, int lda, CBuf B, int ldb, float beta,
+                 Buf C, int ldc) override {
+    const DType t = common_dtype("gemm_relu", {A, B, C});
+    const LtPlan* plan = options_.fused_epilogues ? lt_plan(ta, tb, M, N, K, lda, ldb, ldc, t) : nullptr;
+    if (!plan) return Backend::gemm_relu(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    const int32_t shape[5] = {M, N, K, 1, int(ta) | int(tb) << 1};
+    timed(OpKind::Gemm, kComputeLane, compute_,
+          dtype_size(t) * (int64_t(M) * K + int64_t(K) * N + 2 * int64_t(M) * N),
+          [&] {
+            CUBLAS_CHECK(cublasLtMatmul(lt_, plan->desc, &alpha, B.ptr, plan->a, A.ptr, plan->b, &beta, C.ptr, plan->c,
+                                        C.ptr, plan->c, &plan->algo, library_workspace_, kLibraryWorkspace, compute_));
+          },
+          2.0 * M * N * K, shape);
+  }
+  // --fused-epilogues: the residual copy written by the norm's own pass over x.
+  void rmsnorm_forward_residual(Buf out, float* rstd, Buf residual, CBuf x, CBuf w, int n, int d,
+                                float eps) override {
+    if (!options_.fused_epilogues) return Backend::rmsnorm_forward_residual(out, rstd, residual, x, w, n, d, eps);
+    const DType t = common_dtype("rmsnorm_forward_residual", {out, residual, x, w});
+    elementwise(3 * dtype_size(t) * int64_t(n) * d, t, [&](auto e) {
+      cuda::rmsnorm_forward_residual(compute_, as(e, out), rstd, as(e, residual), as(e, x), as(e, w), n, d, eps);
+    });
+  }
   void add(Buf y, CBuf x, int64_t n) override {
     const DType t = common_dtype("add", {y, x});
     elementwise(3 * dtype_size(t) * n, t, [&](auto e) { cuda::add(compute_, as(e, y), as(e, x), n); });
@@ -584,8 +628,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     require_attention_head_dim(s);
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     const auto shape = attention_gemm_shape(s, false);
+    const bool mma = tensor_core_attention(t);
     timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (2 * nq + 2 * nk), [&] {
       with_type(t, [&](auto e) {
+        if constexpr (!std::is_same_v<decltype(e), float>)
+          if (mma)
+            return cuda::attention_forward_mma(compute_, as(e, o), lse, as(e, q), as(e, k), as(e, v), as(e, table),
+                                               rel, s);
         cuda::attention_forward(compute_, as(e, o), lse, as(e, q), as(e, k), as(e, v), as(e, table), rel, s);
       });
     }, attention_flops(s, false), shape.data());
@@ -598,8 +647,14 @@ class CudaBackend final : public Backend, private StagingDevice {
     require_attention_head_dim(s);
     const int64_t nq = int64_t(s.batch) * s.tq * s.ld(), nk = int64_t(s.batch) * s.tk * s.ld();
     const auto shape = attention_gemm_shape(s, true);
+    const bool mma = tensor_core_attention(t);
     timed(OpKind::Gemm, kComputeLane, compute_, dtype_size(t) * (4 * nq + 4 * nk), [&] {
       with_type(t, [&](auto e) {
+        if constexpr (!std::is_same_v<decltype(e), float>)
+          if (mma)
+            return cuda::attention_backward_mma(compute_, as(e, dq), as(e, dk), as(e, dv), as(e, dtable),
+                                                as(e, dout), as(e, q), as(e, k), as(e, v), as(e, o), lse,
+                                                as(e, table), rel, workspace, s);
         cuda::attention_backward(compute_, as(e, dq), as(e, dk), as(e, dv), as(e, dtable), as(e, dout), as(e, q),
                                  as(e, k), as(e, v), as(e, o), lse, as(e, table), rel, workspace, s);
       });
@@ -610,6 +665,18 @@ class CudaBackend final : public Backend, private StagingDevice {
       throw UsageError("--attention fused on cuda supports d_kv up to " +
                        std::to_string(cuda::kAttentionMaxHeadDim) + " (got " + std::to_string(s.d_kv) +
                        "); use --attention unfused");
+  }
+  // Whether the fused op runs on tensor cores (ComputeOptions::attention_kernel): auto and
+  // mma for bf16/fp16 on sm_80 and later; fp32 always runs the FMA kernels.
+  bool tensor_core_attention(DType t) const {
+    const AttentionKernel k = options_.attention_kernel;
+    if (k == AttentionKernel::Fma) return false;
+    const bool can = t != DType::F32 && prop_.major >= 8;
+    if (!can && k == AttentionKernel::Mma)
+      throw UsageError(std::string("--attention-kernel mma needs bf16 or fp16 tensors on sm_80 or later (got ") +
+                       precision_name(t) + " on sm_" + std::to_string(prop_.major) + std::to_string(prop_.minor) +
+                       "); use --attention-kernel fma or auto");
+    return can;
   }
   void cross_entropy(Buf logits, float* losses, const int* labels, int n, int vocab, float grad_scale) override {
     elementwise(2 * dtype_size(logits.dtype) * int64_t(n) * vocab, logits.dtype, [&](auto e) {
@@ -636,6 +703,8 @@ class CudaBackend final : public Backend, private StagingDevice {
   // A 4-byte flag outside the ledger (the plan has no device-side flag), zeroed, set by the
   // kernel, read back: one host synchronisation.
   bool all_finite(CBuf x, int64_t n) override {
+    boundary();  // it reads the answer back on the host
+    const NoCapture not_captured(*this);
     if (!nonfinite_flag_) CUDA_CHECK(cudaMalloc(&nonfinite_flag_, sizeof(int)));
     timed(OpKind::Elementwise, kComputeLane, compute_, dtype_size(x.dtype) * n, [&] {
       CUDA_CHECK(cudaMemsetAsync(nonfinite_flag_, 0, sizeof(int), compute_));
@@ -720,6 +789,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   // timed on the compute stream as exposed communication.
   // Over MPI the host first drives the collective until its last H2D copy is enqueued.
   void wait(Request r) override {
+    boundary();  // the compute stream waits at this point, outside any graph
     while (mpi_pending(r)) progress_mpi();
     auto it = requests_.find(r);
     if (it == requests_.end()) return;  // completed earlier (test() or synchronize())
@@ -745,6 +815,8 @@ class CudaBackend final : public Backend, private StagingDevice {
   // Waits for both streams, then hands every operation issued since the last call to the
   // recorder with its GPU times, in completion order.
   void synchronize() override {
+    boundary();
+    if (graphs_) graphs_->restart();  // the next segment is the first of a step
     drain_mpi();
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     CUDA_CHECK(cudaStreamSynchronize(comm_));
@@ -758,6 +830,24 @@ class CudaBackend final : public Backend, private StagingDevice {
 
   double now() const override {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  }
+
+  // --fused-epilogues needs cuBLASLt and a workspace; --cuda-graphs a workspace for cuBLAS
+  // (so it allocates none inside a capture) and the segments. The workspace (32 MiB, as
+  // cuBLAS's own default on Hopper) is library memory outside the ledger, like cuBLAS's.
+  void set_compute_options(const ComputeOptions& o) override {
+    boundary();
+    if (graphs_ && !o.graphs) {  // its executable graphs may still run: wait, then destroy them
+      CUDA_CHECK(cudaStreamSynchronize(compute_));
+      graphs_.reset();
+    }
+    Backend::set_compute_options(o);
+    if ((o.fused_epilogues || o.graphs) && !library_workspace_) {
+      CUDA_CHECK(cudaMalloc(&library_workspace_, kLibraryWorkspace));
+      CUBLAS_CHECK(cublasSetWorkspace(cublas_, library_workspace_, kLibraryWorkspace));
+    }
+    if (o.fused_epilogues && !lt_) CUBLAS_CHECK(cublasLtCreate(&lt_));
+    if (o.graphs && !graphs_) graphs_ = std::make_unique<GraphSegments>(graph_stream_);
   }
 
  private:
@@ -846,8 +936,19 @@ class CudaBackend final : public Backend, private StagingDevice {
   template <class Launch>
   void timed(OpKind kind, int lane, cudaStream_t s, int64_t bytes, Launch&& launch, double flops = 0.0,
              const int32_t* gemm_shape = nullptr, Request request = kNoRequest, int ranks = 0) {
+    const bool captured = graphs_ && s == compute_ && kind != OpKind::Wait && !no_capture_;
+    if (captured) graphs_->compute();  // starts the segment's capture unless it runs
     if (!recorder_) {
       launch();
+    } else if (captured) {  // the segment's own events, recorded as nodes of its graph
+      const auto [e0, e1] = segment_events(graphs_->segment(), graphs_->op_in_segment());
+      TimedOp t{kind, phase(), unit(), lane, e0, e1, bytes, flops, gemm_shape != nullptr, {}, request, ranks};
+      t.pooled = false;
+      if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, t.gemm);
+      CUDA_CHECK(cudaEventRecordWithFlags(t.start, s, cudaEventRecordExternal));
+      launch();
+      CUDA_CHECK(cudaEventRecordWithFlags(t.end, s, cudaEventRecordExternal));
+      timed_.push_back(t);
     } else {
       TimedOp t{kind, phase(), unit(), lane, timing_event(), timing_event(), bytes, flops,
                 gemm_shape != nullptr, {}, request, ranks};
@@ -874,6 +975,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   // request maps to.
   template <class Launch>
   Request issue(OpKind kind, int64_t bytes, int ranks, cudaStream_t s, Request after, Launch&& nccl_call) {
+    boundary();  // the collective's input is what the compute stream has run up to here
     char range[96];  // "all-gather unit 3, 48.0 MiB": the collective on Nsight's timeline
     std::snprintf(range, sizeof range, "%s unit %d, %s", op_kind_name(kind), unit(), human_bytes(bytes).c_str());
     nvtxRangePushA(range);
@@ -959,6 +1061,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   Request issue_mpi(const CollectiveArgs& a, Comm& c) {
     if (collective_info(a.op).point_to_point)
       throw UsageError("pipeline sends and receives (--pp) run on NCCL here: --comm mpi stages collectives only");
+    boundary();
     auto* m = dynamic_cast<CudaMpiComm*>(&c);
     SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
     while (a.after != kNoRequest && mpi_pending(a.after)) progress_mpi();
@@ -1044,9 +1147,125 @@ class CudaBackend final : public Backend, private StagingDevice {
     }
     set_context(phase0, unit0);
     for (const TimedOp& t : timed_)
-      if (t.start) free_events_.insert(free_events_.end(), {t.start, t.end});
+      if (t.start && t.pooled) free_events_.insert(free_events_.end(), {t.start, t.end});
     timed_.clear();
   }
+
+  // ---- --fused-epilogues: cuBLASLt matmuls with the ReLU epilogue, one plan per GEMM shape ----
+  struct LtPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+    bool ok = false;  // cuBLASLt returned an algorithm
+    void destroy() {
+      if (desc) cublasLtMatmulDescDestroy(desc);
+      for (cublasLtMatrixLayout_t l : {a, b, c})
+        if (l) cublasLtMatrixLayoutDestroy(l);
+    }
+  };
+  // The plan of C = relu(op(A) op(B)) in the row-major convention of gemm(): cuBLASLt's
+  // column-major A is our B (op(tb), stored N×K or K×N), its B our A, C is N×M. Null when
+  // cuBLASLt has no algorithm with the epilogue for it (said once on stderr).
+  const LtPlan* lt_plan(bool ta, bool tb, int M, int N, int K, int lda, int ldb, int ldc, DType t) {
+    const auto key = std::make_tuple(int(ta), int(tb), M, N, K, lda, ldb, ldc, int(t));
+    auto it = lt_plans_.find(key);
+    if (it == lt_plans_.end()) {
+      LtPlan p;
+      const cudaDataType_t ct = cuda_type(t);
+      CUBLAS_CHECK(cublasLtMatmulDescCreate(&p.desc, compute_type(t), CUDA_R_32F));
+      const cublasOperation_t opa = op(tb), opb = op(ta);
+      const cublasLtEpilogue_t relu = CUBLASLT_EPILOGUE_RELU;
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb));
+      CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &relu, sizeof relu));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.a, ct, tb ? K : N, tb ? N : K, ldb));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.b, ct, ta ? M : K, ta ? K : M, lda));
+      CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p.c, ct, N, M, ldc));
+      cublasLtMatmulPreference_t pref = nullptr;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const size_t ws = kLibraryWorkspace;
+      CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+      cublasLtMatmulHeuristicResult_t found{};
+      int count = 0;
+      const cublasStatus_t rc =
+          cublasLtMatmulAlgoGetHeuristic(lt_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &found, &count);
+      CUBLAS_CHECK(cublasLtMatmulPreferenceDestroy(pref));
+      if (rc != CUBLAS_STATUS_NOT_SUPPORTED) cublas_check(rc, "cublasLtMatmulAlgoGetHeuristic", __FILE__, __LINE__);
+      p.ok = rc == CUBLAS_STATUS_SUCCESS && count > 0;
+      if (p.ok) p.algo = found.algo;
+      else
+        std::fprintf(stderr, "shardbench: note: cuBLASLt has no ReLU-epilogue algorithm for a %d x %d x %d %s GEMM; "
+                             "it runs as GEMM then ReLU\n", M, N, K, precision_name(t));
+      it = lt_plans_.emplace(key, p).first;
+    }
+    return it->second.ok ? &it->second : nullptr;
+  }
+
+  // ---- --cuda-graphs: GraphSegments over the compute stream ----
+  struct GraphStream final : GraphDevice {
+    explicit GraphStream(CudaBackend& backend) : b(backend) {}
+    CudaBackend& b;
+    // Relaxed: other threads' and this thread's non-stream calls (event queries of the
+    // communication side, cudaFuncSetAttribute) stay legal while the compute stream captures.
+    void begin_capture() override { CUDA_CHECK(cudaStreamBeginCapture(b.compute_, cudaStreamCaptureModeRelaxed)); }
+    Graph end_capture() override {
+      cudaGraph_t g = nullptr;
+      CUDA_CHECK(cudaStreamEndCapture(b.compute_, &g));
+      return g;
+    }
+    bool update(Exec e, Graph g) override {
+      cudaGraphExecUpdateResultInfo info{};
+      const cudaError_t rc = cudaGraphExecUpdate(static_cast<cudaGraphExec_t>(e), static_cast<cudaGraph_t>(g), &info);
+      if (rc == cudaErrorGraphExecUpdateFailure) {  // another topology: the caller instantiates anew
+        cudaGetLastError();
+        return false;
+      }
+      CUDA_CHECK(rc);
+      return true;
+    }
+    Exec instantiate(Graph g) override {
+      cudaGraphExec_t e = nullptr;
+      CUDA_CHECK(cudaGraphInstantiate(&e, static_cast<cudaGraph_t>(g), 0));
+      return e;
+    }
+    void launch(Exec e) override { CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(e), b.compute_)); }
+    void destroy_graph(Graph g) override { CUDA_CHECK(cudaGraphDestroy(static_cast<cudaGraph_t>(g))); }
+    void destroy_exec(Exec e) override { cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e)); }  // teardown
+    void free_ordered(void* p) override { CUDA_CHECK(cudaFreeAsync(p, b.compute_)); }
+  };
+  // Ends the segment being captured (if any) and launches it: before whatever cannot be
+  // captured (GraphSegments).
+  void boundary() {
+    if (graphs_) graphs_->boundary();
+  }
+  // Operations that must not start a capture (all_finite's readback).
+  struct NoCapture {
+    explicit NoCapture(CudaBackend& backend) : b(backend) { b.no_capture_ = true; }
+    ~NoCapture() { b.no_capture_ = false; }
+    CudaBackend& b;
+  };
+  // The timing events of operation `op` of segment `segment`: the same two events every
+  // step, so the graph's event nodes keep their events and the update takes.
+  std::pair<cudaEvent_t, cudaEvent_t> segment_events(int segment, int op) {
+    if (segment_events_.size() <= size_t(segment)) segment_events_.resize(size_t(segment) + 1);
+    auto& events = segment_events_[size_t(segment)];
+    while (events.size() <= size_t(op)) {
+      cudaEvent_t a = nullptr, b = nullptr;
+      CUDA_CHECK(cudaEventCreate(&a));
+      CUDA_CHECK(cudaEventCreate(&b));
+      events.push_back({a, b});
+    }
+    return events[size_t(op)];
+  }
+
+  static constexpr size_t kLibraryWorkspace = size_t(32) << 20;
+  cublasLtHandle_t lt_ = nullptr;
+  void* library_workspace_ = nullptr;  // cuBLAS's and cuBLASLt's (set once an option needs it)
+  std::map<std::tuple<int, int, int, int, int, int, int, int, int>, LtPlan> lt_plans_;
+  GraphStream graph_stream_{*this};
+  std::unique_ptr<GraphSegments> graphs_;  // with --cuda-graphs
+  std::vector<std::vector<std::pair<cudaEvent_t, cudaEvent_t>>> segment_events_;
+  bool no_capture_ = false;
 
   std::chrono::steady_clock::time_point epoch_;
   int device_ = -1;

@@ -141,12 +141,17 @@ __global__ void embedding_backward_kernel(T* dtable, const T* dout, const int* i
 
 // ---------------------------------------------------------------- RMS norm
 // one block per row, blockDim row_threads(d)
-template <class T>
-__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int d, float eps) {
+// kResidual (--fused-epilogues): also residual = x, element by element as stored.
+template <class T, bool kResidual = false>
+__global__ void rmsnorm_forward_kernel(T* out, float* rstd, const T* x, const T* w, int d, float eps,
+                                       T* residual = nullptr) {
   const int64_t i = blockIdx.x;
   const T* xi = x + i * d;
   float ss = 0.f;
-  for (int j = threadIdx.x; j < d; j += blockDim.x) ss += ld(xi[j]) * ld(xi[j]);
+  for (int j = threadIdx.x; j < d; j += blockDim.x) {
+    ss += ld(xi[j]) * ld(xi[j]);
+    if (kResidual) residual[i * d + j] = xi[j];
+  }
   ss = block_reduce(ss, Sum());
   const float r = 1.f / sqrtf(ss / float(d) + eps);
   if (threadIdx.x == 0) rstd[i] = r;
@@ -417,6 +422,13 @@ void rmsnorm_forward(cudaStream_t s, T* out, float* rstd, const T* x, const T* w
 }
 
 template <class T>
+void rmsnorm_forward_residual(cudaStream_t s, T* out, float* rstd, T* residual, const T* x, const T* w, int n, int d,
+                              float eps) {
+  if (n <= 0 || d <= 0) return;
+  CUDA_LAUNCH(rmsnorm_forward_kernel<T, true><<<n, row_threads(d), 0, s>>>(out, rstd, x, w, d, eps, residual));
+}
+
+template <class T>
 void rmsnorm_backward(cudaStream_t s, T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd,
                       int n, int d) {
   if (n <= 0 || d <= 0) return;
@@ -535,6 +547,7 @@ void cross_entropy_finish(cudaStream_t s, T* logits, float* losses, const float*
   template void embedding_forward<T>(cudaStream_t, T*, const T*, const int*, int, int);                   \
   template void embedding_backward<T>(cudaStream_t, T*, const T*, const int*, int, int);                  \
   template void rmsnorm_forward<T>(cudaStream_t, T*, float*, const T*, const T*, int, int, float);        \
+  template void rmsnorm_forward_residual<T>(cudaStream_t, T*, float*, T*, const T*, const T*, int, int, float); \
   template void rmsnorm_backward<T>(cudaStream_t, T*, T*, const T*, const T*, const T*, const float*, int, \
                                     int);                                                                  \
   template void relu_forward<T>(cudaStream_t, T*, int64_t);                                               \

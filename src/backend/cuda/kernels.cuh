@@ -21,6 +21,10 @@ template <class T> void embedding_backward(cudaStream_t s, T* dtable, const T* d
 // out = x * rstd * w, rstd[i] = 1/sqrt(mean(x[i,:]^2) + eps)
 template <class T>
 void rmsnorm_forward(cudaStream_t s, T* out, float* rstd, const T* x, const T* w, int n, int d, float eps);
+// rmsnorm_forward and residual = x in the same pass (--fused-epilogues)
+template <class T>
+void rmsnorm_forward_residual(cudaStream_t s, T* out, float* rstd, T* residual, const T* x, const T* w, int n, int d,
+                              float eps);
 // dx += d(out)/dx · dout; dw += Σ_i dout * x * rstd
 template <class T>
 void rmsnorm_backward(cudaStream_t s, T* dx, T* dw, const T* dout, const T* x, const T* w, const float* rstd,
