@@ -6,8 +6,8 @@ measured and projected.
   layouts   two rows of panels, one column per model and source: TFLOPS per GPU (model
             FLOPs of a rank's share / step time), then peak memory per GPU (the accounted
             peak of the busiest rank), against GPU count; colour = the data-parallel
-            strategy, line style = the tensor-parallel size; out-of-memory points are an x
-            on the bottom edge, projected points hollow.
+            strategy, line style = the tensor-parallel size, marker = the pipeline stages;
+            out-of-memory points are an x on the bottom edge, projected points hollow.
 
 Usage: analysis/layouts.py RESULT.h5|DIR... --out DIR   (writes layouts.png and .svg)
 Exit codes: 0 drawn; 2 bad input (no training results); 3 some files were unreadable and
@@ -30,13 +30,16 @@ import strategy_labels  # noqa: E402
 from shardbench_h5 import Inputs  # noqa: E402
 
 TP_STYLES = {1: "-", 2: "--", 4: "-.", 8: ":"}
+PP_MARKERS = {1: "o", 2: "s", 4: "^", 8: "D", 16: "v"}
 
 
 def layout_of(r):
-    """(data-parallel strategy, tensor-parallel size) of a result, from its label; hybrid of
-    any shard size is one strategy (the shard group of a node's data-parallel ranks)."""
-    base, tp = strategy_labels.split_tp(r.meta["label"])
-    return re.sub(r"^fsdp-hybrid[0-9]+$", "fsdp-hybrid", base), int(r.meta.get("tp_size", tp))
+    """(data-parallel strategy, tensor-parallel size, pipeline stages) of a result, from its
+    label; hybrid of any shard size is one strategy (the shard group of a node's
+    data-parallel ranks)."""
+    base, tp, pp = strategy_labels.split_layout(r.meta["label"])
+    return re.sub(r"^fsdp-hybrid[0-9]+$", "fsdp-hybrid", base), int(r.meta.get("tp_size", tp)), \
+        int(r.meta.get("pp_size", pp))
 
 
 def peak_gib(r):
@@ -49,14 +52,14 @@ def draw(runs, out):
                      key=lambda p: (p[1].startswith("measured"), p[1], size[p[0]]))
     n = len(columns)
     fig, axes = plt.subplots(2, n, figsize=(max(4.0 * n, 8.0), 6.8), squeeze=False)
-    tps, bases = set(), set()
+    tps, pps, bases = set(), set(), set()
     for col, (model, src) in enumerate(columns):
         rs = [r for r in runs if r.meta["model"] == model and plots.source(r) == src]
         proj = src.startswith("projected")
-        for (base, tp), g in sorted(plots.series(rs, layout_of).items()):
+        for (base, tp, pp), g in sorted(plots.series(rs, layout_of).items()):
             g = sorted(g, key=lambda r: r.meta["world_size"])
             ok = [r for r in g if r.meta["status"] == "ok"]
-            style = dict(color=plots.color(base), ls=TP_STYLES.get(tp, "-"), marker="o", ms=4)
+            style = dict(color=plots.color(base), ls=TP_STYLES.get(tp, "-"), marker=PP_MARKERS.get(pp, "o"), ms=4)
             for row, value in ((0, plots.tflops), (1, peak_gib)):
                 ax = axes[row][col]
                 ax.plot([r.meta["world_size"] for r in ok], [value(r) for r in ok],
@@ -65,6 +68,7 @@ def draw(runs, out):
                     if r.meta["status"] == "out-of-memory":
                         plots.mark_oom(ax, r.meta["world_size"], style["color"])
             tps.add(tp)
+            pps.add(pp)
             bases.add(base)
         device = plots.device_word(rs)
         batches = sorted({(r.meta["batch_per_rank"], layout_of(r)[1]) for r in rs})
@@ -85,6 +89,9 @@ def draw(runs, out):
     handles = [matplotlib.lines.Line2D([], [], color=plots.color(b), lw=2, label=b) for b in sorted(bases)]
     handles += [matplotlib.lines.Line2D([], [], color="black", ls=TP_STYLES.get(t, "-"), label=f"tp {t}")
                 for t in sorted(tps)]
+    if pps != {1}:
+        handles += [matplotlib.lines.Line2D([], [], color="black", ls="none", marker=PP_MARKERS.get(p, "o"),
+                                            label=f"pp {p}") for p in sorted(pps)]
     if any(r.meta.get("projected") for r in runs):
         handles.append(matplotlib.lines.Line2D([], [], color="black", marker="o", mfc="none", ls="none",
                                                label="projected"))

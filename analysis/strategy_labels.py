@@ -11,32 +11,38 @@ one vocabulary:
     <any>-tp<N>      the same with --tp N: tensor-parallel groups of N consecutive ranks, the
                      strategy over the world / N data-parallel ranks (fsdp-hybrid-tpN: G = the
                      data-parallel ranks of one node, GPUs per node / N)
+    <any>-pp<S>      the same with --pp S: S pipeline stages (after -tp<N> when both:
+                     fsdp-full-tp2-pp4); the strategy over world / (N S) data-parallel ranks
 
 Standard library only: slurm/sweep imports it from this folder (also in an installed tree).
 """
 import re
 
-ALLOWED = "ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, each optionally with -tp<N>"
+ALLOWED = "ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, each optionally with -tp<N>, -pp<S>"
 SHARDINGS = ("full", "none", "grad-op")  # the fsdp_perf --sharding values with no shard size
 HYBRID_RE = re.compile(r"^fsdp-hybrid([1-9][0-9]*)?$")  # G as the program prints it: no leading zeros
-TP_RE = re.compile(r"^(.*)-tp([1-9][0-9]*)$")  # N > 1 as the program prints it
+SUFFIX_RE = re.compile(r"^(.*?)(-tp([1-9][0-9]*))?(-pp([1-9][0-9]*))?$")  # N, S > 1 as the program prints them
 
 
 class StrategyError(ValueError):
     """A label outside the vocabulary: its message is one line naming it and what is allowed."""
 
 
-def split_tp(label):
-    """(the data-parallel label, N) of label-tpN; (label, 1) without a tensor-parallel part."""
-    m = TP_RE.match(label) if isinstance(label, str) else None
-    if m and int(m.group(2)) > 1:
-        return m.group(1), int(m.group(2))
-    return label, 1
+def split_layout(label):
+    """(the data-parallel label, N, S) of label-tpN-ppS; 1 for a part the label lacks."""
+    m = SUFFIX_RE.match(label) if isinstance(label, str) else None
+    if not m:
+        return label, 1, 1
+    tp, pp = int(m.group(3) or 1), int(m.group(5) or 1)
+    if (m.group(2) and tp == 1) or (m.group(4) and pp == 1):  # the programs print no -tp1 or -pp1
+        return label, 1, 1
+    return m.group(1), tp, pp
+
 
 
 def check(label):
     """label, or StrategyError when it is not one of the programs' strategy labels."""
-    base, _ = split_tp(label)
+    base, _, _ = split_layout(label)
     known = isinstance(base, str) and (base == "ddp" or HYBRID_RE.match(base) or
                                        (base.startswith("fsdp-") and base[len("fsdp-"):] in SHARDINGS))
     if not known:
@@ -46,31 +52,37 @@ def check(label):
 
 def program(label):
     """The program that runs label: ddp_perf or fsdp_perf."""
-    return "ddp_perf" if split_tp(check(label))[0] == "ddp" else "fsdp_perf"
+    return "ddp_perf" if split_layout(check(label))[0] == "ddp" else "fsdp_perf"
 
 
 def tensor_parallel(label):
     """N of a label-tpN (1 without)."""
-    return split_tp(check(label))[1]
+    return split_layout(check(label))[1]
+
+
+def pipeline_stages(label):
+    """S of a label-ppS (1 without)."""
+    return split_layout(check(label))[2]
 
 
 def shard_size(label, gpus_per_node, world):
     """G of a hybrid label (fsdp-hybrid: one node's data-parallel ranks, GPUs per node / N
     under -tpN, at most the data-parallel ranks); None otherwise."""
-    base, tp = split_tp(check(label))
+    base, tp, pp = split_layout(check(label))
     m = HYBRID_RE.match(base)
     if not m:
         return None
-    return int(m.group(1)) if m.group(1) else max(1, min(gpus_per_node // tp, world // tp))
+    return int(m.group(1)) if m.group(1) else max(1, min(gpus_per_node // tp, world // (tp * pp)))
 
 
 def resolve(label, gpus_per_node, world):
     """(program, its flags, the label the program will print) of label at this world size."""
-    base, tp = split_tp(check(label))
-    suffix, tp_flags = (f"-tp{tp}", ["--tp", str(tp)]) if tp > 1 else ("", [])
+    base, tp, pp = split_layout(check(label))
+    suffix = (f"-tp{tp}" if tp > 1 else "") + (f"-pp{pp}" if pp > 1 else "")
+    layout_flags = (["--tp", str(tp)] if tp > 1 else []) + (["--pp", str(pp)] if pp > 1 else [])
     if program(label) == "ddp_perf":
-        return "ddp_perf", tp_flags, "ddp" + suffix
+        return "ddp_perf", layout_flags, "ddp" + suffix
     g = shard_size(label, gpus_per_node, world)
     if g is not None:
-        return "fsdp_perf", ["--sharding", "hybrid", "--shard-size", str(g)] + tp_flags, f"fsdp-hybrid{g}{suffix}"
-    return "fsdp_perf", ["--sharding", base[len("fsdp-"):]] + tp_flags, label
+        return "fsdp_perf", ["--sharding", "hybrid", "--shard-size", str(g)] + layout_flags, f"fsdp-hybrid{g}{suffix}"
+    return "fsdp_perf", ["--sharding", base[len("fsdp-"):]] + layout_flags, label

@@ -240,8 +240,10 @@ class Validation(SweepCase):
         self.assert_refused(self.matrix(models='["t5-tiny", "t5-3b"]'),
                             f"[matrix] models: 't5-3b' is not a model preset of ddp_perf (allowed: {presets})")
         self.assert_refused(self.matrix(models='["t5-tiny", ""]'), "[matrix] models must be a non-empty list")
-        allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op)"
-        for bad in ("zero3", "hybrid", "fsdp-hybrid0", "fsdp-hybrid08", "fsdp-hybrid-2", "fsdp-"):
+        allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, each optionally with " \
+                  "-tp<N>, -pp<S>)"
+        for bad in ("zero3", "hybrid", "fsdp-hybrid0", "fsdp-hybrid08", "fsdp-hybrid-2", "fsdp-", "fsdp-tp2",
+                    "ddp-tp1", "fsdp-full-tp0", "fsdp-full-pp2-tp2"):
             with self.subTest(strategy=bad):
                 self.assert_refused(self.matrix(strategies=f'["ddp", "{bad}"]'),
                                     f"[matrix] strategies must be a non-empty list of distinct strategies {allowed}")

@@ -238,12 +238,14 @@ double forward_flops(const ModelSpec& s, const StepShape& x, int tp) {
   return s.layers * (forward_flops_encoder_block(s, x, tp) + forward_flops_decoder_block(s, x, tp)) +
          forward_flops_head(s, x, tp);
 }
-double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp) { return 3 * forward_flops(s, x, tp); }
-double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp) {
+double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp, int pp) {
+  return 3 * forward_flops(s, x, tp) / pp;
+}
+double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp, int pp) {
   double recompute = checkpointing ? s.layers * (forward_flops_encoder_block(s, x, tp) +
                                                  forward_flops_decoder_block(s, x, tp))
                                    : 0.0;
-  return model_flops_per_step(s, x, tp) + recompute;
+  return (3 * forward_flops(s, x, tp) + recompute) / pp;
 }
 
 }  // namespace sb

@@ -92,17 +92,41 @@ struct BlockState {
   Buf h;                     // [N, d_ff] after ReLU, or gelu_tanh(u) * v
 };
 
+// One micro-batch's tensors: its tokens and losses, and what its forward stages produce and
+// save (owned by the producing stage's saved list, freed by its backward).
+struct Micro {
+  int* enc_ids = nullptr;         // [Ne] (EncoderEmbed); tensor-parallel: this rank's rows, -1 elsewhere
+  int* dec_ids = nullptr;         // [Nd] (Bridge)
+  int* labels = nullptr;          // [Nd] (Head)
+  float* losses = nullptr;        // [Nd] (fp32, Head)
+  std::vector<Buf> hidden[2];     // [L+1] each: hidden[s][l] is block l's input
+  Buf enc_out;                    // [Ne, d] encoder output after its final norm
+  Buf bias[2];                    // [H, T, T] position bias, computed by block 0
+                                  // (fused: [num_buckets, H], block 0's table, kept)
+  Buf table[2];                   // [num_buckets, H] the table a later pipeline stage gets
+  float* bridge_rstd = nullptr;   // [Ne] (fp32)
+  Buf head_hn;                    // [Nd, d] decoder output after its final norm
+  float* head_rstd = nullptr;     // [Nd] (fp32)
+  Buf logits;                     // [Nd, V]; holds dlogits after the Head forward
+  std::vector<std::vector<void*>> saved;  // per stage: what its forward allocated
+  std::vector<BlockState> block_state;    // per stage (blocks only)
+  std::vector<bool> forwarded;            // per stage: saved state is live
+  std::vector<void*> received;            // what the previous pipeline stage sent (its first
+                                          // local stage's inputs), freed by that stage's backward
+};
+
 }  // namespace
 
 struct T5Step::Impl {
   Backend& b;
   DType dtype;  // of every tensor below but rstd and losses
   ModelSpec spec;
-  StepShape shape;
+  StepShape shape;  // of one micro-batch
   bool checkpointing;
   float grad_scale;
   AttentionImpl attention;
   TensorGroup tp;
+  PipelinePart part;  // [part.first, part.last) of stages, part.micro_batches
   T5Step::GradReadyHook grad_ready;
   std::vector<UnitSpec> units;
   std::vector<Stage> stages;
@@ -112,34 +136,20 @@ struct T5Step::Impl {
   int B, Te, Td, d, ff, H, dkv, inner, V, L, Ne, Nd;
   int vocab_begin = 0;
 
-  // Live across the step (Workspace, constructor to destructor).
-  int* enc_ids = nullptr;      // [Ne]
-  int* dec_ids = nullptr;      // [Nd]
-  int* labels = nullptr;       // [Nd]
+  // Live across the step (Workspace, constructor to destructor), only where a local stage
+  // uses them. The gradient accumulators are shared by the micro-batches: a backward action
+  // runs a micro-batch's local stages through before the next action starts.
   int* buckets[2] = {};        // per stack (0 encoder, 1 decoder): [T*T], fused [2T-1] by j-i
-  float* losses = nullptr;     // [Nd] (fp32)
   Buf d_hidden[2];             // d_enc [Ne,d], d_dec [Nd,d]
   Buf d_enc_out;               // [Ne, d]
   Buf dbias[2];                // [H, T, T] per stack, summed over the stack's blocks
                                // (fused: [num_buckets, H], the table's gradient)
-
-  // Produced by forward stages (owned by the producing stage's saved list).
-  std::vector<Buf> hidden[2];     // [L+1] each: hidden[s][l] is block l's input
-  Buf enc_out;                    // [Ne, d] encoder output after its final norm
-  Buf bias[2];                    // [H, T, T] position bias, computed by block 0
-                                  // (fused: [num_buckets, H], block 0's table, kept)
-  float* bridge_rstd = nullptr;   // [Ne] (fp32)
-  Buf head_hn;                    // [Nd, d] decoder output after its final norm
-  float* head_rstd = nullptr;     // [Nd] (fp32)
-  Buf logits;                     // [Nd, V]; holds dlogits after the Head forward
-
-  std::vector<std::vector<void*>> saved;  // per stage: what its forward allocated
-  std::vector<BlockState> block_state;    // per stage (blocks only)
-  std::vector<bool> forwarded;            // per stage: saved state is live
+  std::vector<Micro> micro;
+  Micro* mb = nullptr;         // the micro-batch being run
 
   Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at,
-       TensorGroup g)
-      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at), tp(g),
+       TensorGroup g, PipelinePart pp)
+      : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at), tp(g), part(pp),
         units((validate(s), model_units(s, {g.size, g.rank}))) {
     SB_ASSERT(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size), "a tensor-parallel group needs its communicator");
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
@@ -156,17 +166,24 @@ struct T5Step::Impl {
     stages.push_back({Stage::Bridge, 0, 0});
     for (int l = 0; l < L; ++l) stages.push_back({Stage::DecoderBlock, 1 + L + l, l});
     stages.push_back({Stage::Head, 0, 0});
-    saved.resize(stages.size());
-    block_state.resize(stages.size());
-    forwarded.assign(stages.size(), false);
-    hidden[0].assign(L + 1, Buf());
-    hidden[1].assign(L + 1, Buf());
+    if (part.last < 0) part.last = int(stages.size());
+    SB_ASSERT(0 <= part.first && part.first < part.last && part.last <= int(stages.size()) &&
+                  part.micro_batches >= 1, "bad pipeline part");
 
     const MemCategory ws = MemCategory::Workspace;
-    enc_ids = b.alloc_ints(Ne, ws);
-    dec_ids = b.alloc_ints(Nd, ws);
-    labels = b.alloc_ints(Nd, ws);
+    micro.resize(size_t(part.micro_batches));
+    for (Micro& m : micro) {
+      m.saved.resize(stages.size());
+      m.block_state.resize(stages.size());
+      m.forwarded.assign(stages.size(), false);
+      m.hidden[0].assign(L + 1, Buf());
+      m.hidden[1].assign(L + 1, Buf());
+      if (runs(Stage::EncoderEmbed)) m.enc_ids = b.alloc_ints(Ne, ws);
+      if (runs(Stage::Bridge)) m.dec_ids = b.alloc_ints(Nd, ws);
+      if (runs(Stage::Head)) m.labels = b.alloc_ints(Nd, ws);
+    }
     for (int st = 0; st < 2; ++st) {
+      if (!runs(st == 0 ? Stage::EncoderBlock : Stage::DecoderBlock)) continue;
       const int T = seq(st);
       if (fused()) {  // the bucket of j - i, for j - i = -(T-1) .. T-1
         std::vector<int> rel(b.holds_data() ? size_t(2 * T - 1) : 0);
@@ -188,18 +205,38 @@ struct T5Step::Impl {
       }
       dbias[st] = b.alloc_buf(int64_t(H) * T * T, dtype, ws);
     }
-    losses = b.alloc_floats(Nd, ws);
-    d_hidden[0] = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
-    d_hidden[1] = b.alloc_buf(int64_t(Nd) * d, dtype, ws);
-    d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
+    if (runs(Stage::Head))
+      for (Micro& m : micro) m.losses = b.alloc_floats(Nd, ws);
+    if (runs(Stage::EncoderEmbed) || runs(Stage::EncoderBlock) || runs(Stage::Bridge))
+      d_hidden[0] = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
+    if (runs(Stage::Bridge) || runs(Stage::DecoderBlock) || runs(Stage::Head))
+      d_hidden[1] = b.alloc_buf(int64_t(Nd) * d, dtype, ws);
+    if (runs(Stage::Bridge) || runs(Stage::DecoderBlock)) d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
+    mb = &micro[0];
   }
 
   ~Impl() {
-    for (size_t i = 0; i < stages.size(); ++i) release_saved(int(i));
-    void* bufs[] = {enc_ids,     dec_ids,         labels,         buckets[0],
-                    buckets[1],  dbias[0].ptr,    dbias[1].ptr,   losses,
-                    d_hidden[0].ptr, d_hidden[1].ptr, d_enc_out.ptr};
+    for (Micro& m : micro) {
+      mb = &m;
+      for (size_t i = 0; i < stages.size(); ++i) release_saved(int(i));
+      release_all(m.received);
+      for (void* p : {(void*)m.enc_ids, (void*)m.dec_ids, (void*)m.labels, (void*)m.losses}) b.release(p);
+    }
+    void* bufs[] = {buckets[0], buckets[1], dbias[0].ptr, dbias[1].ptr, d_hidden[0].ptr, d_hidden[1].ptr, d_enc_out.ptr};
     for (void* p : bufs) b.release(p);
+  }
+
+  // Whether this pipeline stage runs a model stage of kind k.
+  bool runs(Stage::Kind k) const {
+    for (int si = part.first; si < part.last; ++si)
+      if (stages[size_t(si)].kind == k) return true;
+    return false;
+  }
+  bool local(int si) const { return si >= part.first && si < part.last; }
+  void use(int micro_batch) {
+    SB_ASSERT(micro_batch >= 0 && micro_batch < part.micro_batches, "micro-batch " + std::to_string(micro_batch) +
+                                                                         " out of range");
+    mb = &micro[size_t(micro_batch)];
   }
 
   int seq(int stack) const { return stack == 0 ? Te : Td; }
@@ -209,6 +246,7 @@ struct T5Step::Impl {
   const char* head_weight() const { return spec.tie_embeddings ? "shared" : "lm_head"; }
   float head_rescale() const { return spec.tie_embeddings ? 1.f / std::sqrt(float(d)) : 1.f; }
   int64_t table_numel() const { return spec.num_buckets * H; }
+  int64_t dbias_numel(int stack) const { return fused() ? table_numel() : int64_t(H) * seq(stack) * seq(stack); }
   AttentionShape attn_shape(int tq, int tk, bool causal) const {
     return AttentionShape{B, H, tq, tk, dkv, int(spec.num_buckets), causal};
   }
@@ -240,14 +278,14 @@ struct T5Step::Impl {
     owner.push_back(p);
     return p;
   }
-  Buf act(int si, int64_t n) { return alloc(saved[si], n, MemCategory::Activations); }
+  Buf act(int si, int64_t n) { return alloc(mb->saved[si], n, MemCategory::Activations); }
   void release_all(std::vector<void*>& owner) {
     for (void* p : owner) b.release(p);
     owner.clear();
   }
   void release_saved(int si) {
-    release_all(saved[si]);
-    forwarded[si] = false;
+    release_all(mb->saved[si]);
+    mb->forwarded[si] = false;
   }
 
   // ---------------------------------------------------------------- tensor parallelism
@@ -296,14 +334,14 @@ struct T5Step::Impl {
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wk, d, 0.f, a.k, inner);   // k [B*tk, inner]
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wv, d, 0.f, a.v, inner);   // v [B*tk, inner]
     if (fused()) {
-      b.attention_forward(a.ctx, a.lse, a.q, a.k, a.v, bias_stack >= 0 ? CBuf(bias[bias_stack]) : CBuf(),
+      b.attention_forward(a.ctx, a.lse, a.q, a.k, a.v, bias_stack >= 0 ? CBuf(mb->bias[bias_stack]) : CBuf(),
                           bias_stack >= 0 ? buckets[bias_stack] : nullptr, attn_shape(tq, tk, causal));
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
       for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
         b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
                        dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
-      b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
+      b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(mb->bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
       for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
         b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
                        a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
@@ -341,7 +379,7 @@ struct T5Step::Impl {
       const AttentionShape shape = attn_shape(tq, tk, causal);
       float* work = alloc_f32(tmp, attention_workspace_floats(shape, with_bias), ws);
       b.attention_backward(dq, dk, dv, with_bias ? dbias[bias_stack] : Buf(), dctx, a.q, a.k, a.v, a.ctx, a.lse,
-                           with_bias ? CBuf(bias[bias_stack]) : CBuf(), with_bias ? buckets[bias_stack] : nullptr,
+                           with_bias ? CBuf(mb->bias[bias_stack]) : CBuf(), with_bias ? buckets[bias_stack] : nullptr,
                            work, shape);
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
@@ -405,14 +443,14 @@ struct T5Step::Impl {
   void block_compute(int si, CBuf W, BlockState& st, Buf out) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const CBuf x = hidden[stack][s.layer];
+    const CBuf x = mb->hidden[stack][s.layer];
     b.rmsnorm_forward_residual(st.self.xn, st.self.rstd, st.x1, x, param(W, s, "ln1"), N, d, kNormEps);
     attention_forward(W, s, "self", st.self, st.self.xn, T, T, stack, /*causal=*/stack == 1, st.x1);
     CBuf r = st.x1;
     std::string ln_ff = "ln2";
     if (stack == 1) {
       b.rmsnorm_forward_residual(st.cross.xn, st.cross.rstd, st.x2, st.x1, param(W, s, "ln2"), N, d, kNormEps);
-      attention_forward(W, s, "cross", st.cross, enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
+      attention_forward(W, s, "cross", st.cross, mb->enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
       r = st.x2;
       ln_ff = "ln3";
     }
@@ -429,12 +467,18 @@ struct T5Step::Impl {
     });
   }
 
-  // d_hidden[stack] holds d(out) on entry and d(x) on exit.
+  // d_hidden[stack] holds d(out) on entry and d(x) on exit. The stack's accumulators
+  // (dbias[stack], and d_enc_out in the decoder) start at zero in its last block's backward,
+  // the first to add to them; a pipeline stage without that block receives them instead.
   void block_backward(int si, CBuf W, Buf G, const BlockState& st) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const CBuf x = hidden[stack][s.layer];
+    const CBuf x = mb->hidden[stack][s.layer];
     const Buf dy = d_hidden[stack];  // [N, d], the residual stream's gradient
+    if (s.layer == L - 1) {
+      b.fill(dbias[stack], 0.f, dbias_numel(stack));
+      if (stack == 1) b.fill(d_enc_out, 0.f, int64_t(Ne) * d);
+    }
     std::vector<void*> tmp;
     const Buf dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
 
@@ -468,7 +512,7 @@ struct T5Step::Impl {
       release_all(tff);
     }
     if (stack == 1) {  // cross-attention: K/V gradients flow to the encoder output
-      attention_backward(W, G, s, "cross", st.cross, enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
+      attention_backward(W, G, s, "cross", st.cross, mb->enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
       b.rmsnorm_backward(dy, grad(G, s, "ln2"), dxn, st.x1, param(W, s, "ln2"), st.cross.rstd, N, d);
       ready(s, "ln2");
     }
@@ -485,18 +529,31 @@ struct T5Step::Impl {
     release_all(tmp);
   }
 
+  // The stack's last block is on a later pipeline stage: its blocks there need the table.
+  bool stack_continues(int stack) const { return (stack == 0 ? L : 2 * L + 1) >= part.last; }
+
   void block_forward(int si, CBuf W) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack);
     const Buf out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
     if (s.layer == 0 && fused()) {  // the stack's table, read by every block of the stack
-      bias[stack] = act(si, table_numel());
-      b.copy(bias[stack], param(W, s, "rel_bias"), table_numel());
-      b.fill(dbias[stack], 0.f, table_numel());
+      mb->bias[stack] = act(si, table_numel());
+      b.copy(mb->bias[stack], param(W, s, "rel_bias"), table_numel());
+      if (stack_continues(stack)) mb->table[stack] = mb->bias[stack];
     } else if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
-      bias[stack] = act(si, int64_t(H) * T * T);
-      b.position_bias_forward(bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
-      b.fill(dbias[stack], 0.f, int64_t(H) * T * T);
+      mb->bias[stack] = act(si, int64_t(H) * T * T);
+      b.position_bias_forward(mb->bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
+      if (stack_continues(stack)) {
+        mb->table[stack] = act(si, table_numel());
+        b.copy(mb->table[stack], param(W, s, "rel_bias"), table_numel());
+      }
+    } else if (!local(si - 1)) {  // a pipeline stage's first block: the table it was sent
+      if (fused()) {
+        mb->bias[stack] = mb->table[stack];
+      } else {
+        mb->bias[stack] = act(si, int64_t(H) * T * T);
+        b.position_bias_forward(mb->bias[stack], mb->table[stack], buckets[stack], H, T, T);
+      }
     }
     if (checkpointing) {  // keep only the input (owned by the previous stage) and the output
       std::vector<void*> tmp;
@@ -504,51 +561,50 @@ struct T5Step::Impl {
       block_compute(si, W, st, out);
       release_all(tmp);
     } else {
-      block_state[si] = alloc_block(saved[si], MemCategory::Activations, stack);
-      block_compute(si, W, block_state[si], out);
+      mb->block_state[si] = alloc_block(mb->saved[si], MemCategory::Activations, stack);
+      block_compute(si, W, mb->block_state[si], out);
     }
-    hidden[stack][s.layer + 1] = out;
+    mb->hidden[stack][s.layer + 1] = out;
   }
 
   void block_backward_stage(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     const int stack = stack_of(s);
     if (checkpointing) {  // recompute into the (identical) output still held by this stage
-      block_state[si] = alloc_block(saved[si], MemCategory::Activations, stack);
-      block_compute(si, W, block_state[si], hidden[stack][s.layer + 1]);
+      mb->block_state[si] = alloc_block(mb->saved[si], MemCategory::Activations, stack);
+      block_compute(si, W, mb->block_state[si], mb->hidden[stack][s.layer + 1]);
     }
-    block_backward(si, W, G, block_state[si]);
+    block_backward(si, W, G, mb->block_state[si]);
   }
 
   // ---------------------------------------------------------------- root stages
   void embed_forward(int si, CBuf W) {
-    hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
-    b.embedding_forward(hidden[0][0], param(W, stages[si], "shared"), enc_ids, Ne, d);
-    tp_all_reduce(hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
+    mb->hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
+    b.embedding_forward(mb->hidden[0][0], param(W, stages[si], "shared"), mb->enc_ids, Ne, d);
+    tp_all_reduce(mb->hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
   }
   void embed_backward(int si, Buf G) {
-    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], enc_ids, Ne, d);
+    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], mb->enc_ids, Ne, d);
     ready(stages[si], "shared");  // after the Head's and the Bridge's contributions
   }
 
   void bridge_forward(int si, CBuf W) {
     const Stage& s = stages[si];
-    enc_out = act(si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
-    bridge_rstd = alloc_f32(saved[si], Ne, MemCategory::Activations);
-    b.rmsnorm_forward(enc_out, bridge_rstd, hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
+    mb->enc_out = act(si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
+    mb->bridge_rstd = alloc_f32(mb->saved[si], Ne, MemCategory::Activations);
+    b.rmsnorm_forward(mb->enc_out, mb->bridge_rstd, mb->hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
                       kNormEps);
-    hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
-    b.embedding_forward(hidden[1][0], param(W, s, "shared"), dec_ids, Nd, d);
-    tp_all_reduce(hidden[1][0], int64_t(Nd) * d);
-    b.fill(d_enc_out, 0.f, int64_t(Ne) * d);  // the decoder blocks' backward accumulate into it
+    mb->hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
+    b.embedding_forward(mb->hidden[1][0], param(W, s, "shared"), mb->dec_ids, Nd, d);
+    tp_all_reduce(mb->hidden[1][0], int64_t(Nd) * d);
   }
   void bridge_backward(int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
-    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], dec_ids, Nd, d);
+    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb->dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
     tp_all_reduce(d_enc_out, int64_t(Ne) * d);  // every decoder block's cross K/V part, summed once
-    b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, hidden[0][L],
-                       param(W, s, "encoder.final_norm"), bridge_rstd, Ne, d);
+    b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb->hidden[0][L],
+                       param(W, s, "encoder.final_norm"), mb->bridge_rstd, Ne, d);
     ready(s, "encoder.final_norm");
   }
 
@@ -557,23 +613,23 @@ struct T5Step::Impl {
   void head_forward(int si, CBuf W) {
     const Stage& s = stages[si];
     const float rescale = head_rescale();
-    head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
-    head_rstd = alloc_f32(saved[si], Nd, MemCategory::Activations);
-    logits = act(si, int64_t(Nd) * V);   // [Nd, V]
-    b.rmsnorm_forward(head_hn, head_rstd, hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
+    mb->head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
+    mb->head_rstd = alloc_f32(mb->saved[si], Nd, MemCategory::Activations);
+    mb->logits = act(si, int64_t(Nd) * V);   // [Nd, V]
+    b.rmsnorm_forward(mb->head_hn, mb->head_rstd, mb->hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
-    b.gemm(false, true, Nd, V, d, rescale, head_hn, d, param(W, s, head_weight()), d, 0.f, logits, V);
-    if (!split()) return b.cross_entropy(logits, losses, labels, Nd, V, grad_scale);  // logits := dlogits
+    b.gemm(false, true, Nd, V, d, rescale, mb->head_hn, d, param(W, s, head_weight()), d, 0.f, mb->logits, V);
+    if (!split()) return b.cross_entropy(mb->logits, mb->losses, mb->labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
     std::vector<void*> tmp;
     float* row_max = alloc_f32(tmp, Nd, MemCategory::Workspace);
     float* sums = alloc_f32(tmp, 2 * int64_t(Nd), MemCategory::Workspace);
-    b.cross_entropy_max(logits, row_max, Nd, V);
+    b.cross_entropy_max(mb->logits, row_max, Nd, V);
     b.wait(b.collective({Collective::AllReduce, row_max, row_max, Nd, DType::F32, ReduceOp::Max}, *tp.comm));
-    b.cross_entropy_sums(logits, row_max, labels, sums, Nd, V);
+    b.cross_entropy_sums(mb->logits, row_max, mb->labels, sums, Nd, V);
     tp_all_reduce(sums, 2 * int64_t(Nd));
-    b.cross_entropy_finish(logits, losses, row_max, sums, labels, Nd, V, grad_scale);  // logits := dlogits
+    b.cross_entropy_finish(mb->logits, mb->losses, row_max, sums, mb->labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
   void head_backward(int si, CBuf W, Buf G) {
@@ -582,20 +638,21 @@ struct T5Step::Impl {
     std::vector<void*> tmp;
     const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
     // dhead += r · dlogits^T hn [V, d];  dhn = r · dlogits head [Nd, d]  (head: shared or lm_head)
-    b.gemm(true, false, V, d, Nd, rescale, logits, V, head_hn, d, 1.f, grad(G, s, head_weight()), d);
+    b.gemm(true, false, V, d, Nd, rescale, mb->logits, V, mb->head_hn, d, 1.f, grad(G, s, head_weight()), d);
     if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
-    b.gemm(false, false, Nd, d, V, rescale, logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
+    b.gemm(false, false, Nd, d, V, rescale, mb->logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
     tp_all_reduce(dhn, int64_t(Nd) * d);
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
-    b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, hidden[1][L],
-                       param(W, s, "decoder.final_norm"), head_rstd, Nd, d);
+    b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, mb->hidden[1][L],
+                       param(W, s, "decoder.final_norm"), mb->head_rstd, Nd, d);
     ready(s, "decoder.final_norm");
     release_all(tmp);
   }
 
   // ---------------------------------------------------------------- dispatch
-  void forward(int si, CBuf W) {
+  void forward(int si, CBuf W, int m) {
     check_stage(si);
+    use(m);
     release_saved(si);  // a repeated forward replaces the earlier one
     switch (stages[si].kind) {
       case Stage::EncoderEmbed: embed_forward(si, W); break;
@@ -604,12 +661,13 @@ struct T5Step::Impl {
       case Stage::Bridge: bridge_forward(si, W); break;
       case Stage::Head: head_forward(si, W); break;
     }
-    forwarded[si] = true;
+    mb->forwarded[si] = true;
   }
 
-  void backward(int si, CBuf W, Buf G) {
+  void backward(int si, CBuf W, Buf G, int m) {
     check_stage(si);
-    SB_ASSERT(forwarded[si], std::string("backward of stage ") + std::to_string(si) +
+    use(m);
+    SB_ASSERT(mb->forwarded[si], std::string("backward of stage ") + std::to_string(si) +
                                  " without its forward");
     switch (stages[si].kind) {
       case Stage::EncoderEmbed: embed_backward(si, G); break;
@@ -619,31 +677,82 @@ struct T5Step::Impl {
       case Stage::Head: head_backward(si, W, G); break;
     }
     release_saved(si);
+    if (si == part.first) release_all(mb->received);  // its inputs from the previous pipeline stage
   }
 
   void check_stage(int si) const {
-    SB_ASSERT(si >= 0 && si < int(stages.size()), "stage " + std::to_string(si) + " out of range");
+    SB_ASSERT(local(si), "stage " + std::to_string(si) + " is not run here (stages " + std::to_string(part.first) +
+                             " to " + std::to_string(part.last - 1) + ")");
+  }
+
+  // ---------------------------------------------------------------- pipeline cuts
+  // The cut before stage k: encoder region k = 1 .. L + 1 (before encoder block k - 1, or
+  // the bridge), decoder region k = L + 2 .. 2L + 2 (before decoder block k - L - 2, or the
+  // head). Each tensor: its buffer in the micro-batch's state, and its gradient.
+  enum class CutKind { EncoderHidden, EncoderTable, DecoderHidden, EncoderOutput, DecoderTable };
+  std::vector<std::pair<CutKind, T5Step::CutTensor>> cut(int k) const {
+    SB_ASSERT(k >= 1 && k < int(stages.size()), "no cut before stage " + std::to_string(k));
+    std::vector<std::pair<CutKind, T5Step::CutTensor>> c;
+    const int64_t enc = int64_t(Ne) * d, dec = int64_t(Nd) * d;
+    if (k <= L + 1) {
+      const int l = k - 1;  // the first encoder block after the cut (L: the bridge)
+      c.push_back({CutKind::EncoderHidden, {"encoder hidden state", enc, enc}});
+      if (l >= 1 && l < L) c.push_back({CutKind::EncoderTable, {"encoder position bias", table_numel(), dbias_numel(0)}});
+    } else {
+      const int l = k - L - 2;  // the first decoder block after the cut (L: the head)
+      c.push_back({CutKind::DecoderHidden, {"decoder hidden state", dec, dec}});
+      if (l < L) c.push_back({CutKind::EncoderOutput, {"encoder output", enc, enc}});
+      if (l >= 1 && l < L) c.push_back({CutKind::DecoderTable, {"decoder position bias", table_numel(), dbias_numel(1)}});
+    }
+    return c;
+  }
+  Buf& cut_buffer(int k, CutKind kind) {
+    switch (kind) {
+      case CutKind::EncoderHidden: return mb->hidden[0][size_t(k - 1)];
+      case CutKind::EncoderTable: return mb->table[0];
+      case CutKind::DecoderHidden: return mb->hidden[1][size_t(k - L - 2)];
+      case CutKind::EncoderOutput: return mb->enc_out;
+      case CutKind::DecoderTable: return mb->table[1];
+    }
+    SB_FATAL("unknown cut tensor");
+  }
+  Buf cut_gradient(CutKind kind) const {
+    switch (kind) {
+      case CutKind::EncoderHidden: return d_hidden[0];
+      case CutKind::EncoderTable: return dbias[0];
+      case CutKind::DecoderHidden: return d_hidden[1];
+      case CutKind::EncoderOutput: return d_enc_out;
+      case CutKind::DecoderTable: return dbias[1];
+    }
+    SB_FATAL("unknown cut tensor");
   }
 };
 
 T5Step::T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-               bool checkpointing, float grad_scale, AttentionImpl attention, TensorGroup tp)
-    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale, attention, tp)) {}
+               bool checkpointing, float grad_scale, AttentionImpl attention, TensorGroup tp, PipelinePart part)
+    : impl_(new Impl(spec, backend, dtype, shape, checkpointing, grad_scale, attention, tp, part)) {}
 
 T5Step::~T5Step() { delete impl_; }
 
 const ModelSpec& T5Step::spec() const { return impl_->spec; }
 const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const TensorGroup& T5Step::tensor_group() const { return impl_->tp; }
+const PipelinePart& T5Step::part() const { return impl_->part; }
+bool T5Step::holds_unit(int unit) const {
+  for (int si = impl_->part.first; si < impl_->part.last; ++si)
+    if (impl_->stages[size_t(si)].unit == unit) return true;
+  return false;
+}
 const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
 DType T5Step::dtype() const { return impl_->dtype; }
 AttentionImpl T5Step::attention() const { return impl_->attention; }
 void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
 void T5Step::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
 
-void T5Step::set_tokens(const Tokens& t) {
+void T5Step::set_tokens(const Tokens& t, int micro) {
   Impl& m = *impl_;
   if (!m.b.holds_data()) return;  // the plan: no tokens are built for it
+  m.use(micro);
   SB_ASSERT(int64_t(t.enc_ids.size()) == m.Ne, "enc_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.dec_ids.size()) == m.Nd, "dec_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.labels.size()) == m.Nd, "labels size does not match the step shape");
@@ -651,30 +760,55 @@ void T5Step::set_tokens(const Tokens& t) {
     for (int id : *ids)
       SB_ASSERT(id >= 0 && id < m.spec.vocab, "token id " + std::to_string(id) + " out of vocabulary");
   // Tensor-parallel: ids as rows of this rank's vocabulary slice, -1 where another rank's.
-  auto local = [&](const std::vector<int>& ids) {
+  // Each stage takes the ids it uses: the encoder's, the decoder's, the labels.
+  auto upload = [&](int* dst, const std::vector<int>& ids) {
+    if (!dst) return;
     std::vector<int> out(ids);
     for (int& id : out) id = id >= m.vocab_begin && id < m.vocab_begin + m.V ? id - m.vocab_begin : -1;
-    return out;
+    m.b.upload(dst, out.data(), out.size() * sizeof(int));
   };
-  const std::vector<int> enc = local(t.enc_ids), dec = local(t.dec_ids), labels = local(t.labels);
-  m.b.upload(m.enc_ids, enc.data(), enc.size() * sizeof(int));
-  m.b.upload(m.dec_ids, dec.data(), dec.size() * sizeof(int));
-  m.b.upload(m.labels, labels.data(), labels.size() * sizeof(int));
+  upload(m.mb->enc_ids, t.enc_ids);
+  upload(m.mb->dec_ids, t.dec_ids);
+  upload(m.mb->labels, t.labels);
 }
 
-void T5Step::forward(int stage, CBuf params) { impl_->forward(stage, params); }
-void T5Step::backward(int stage, CBuf params, Buf grads) {
-  impl_->backward(stage, params, grads);
-}
+void T5Step::forward(int stage, CBuf params, int micro) { impl_->forward(stage, params, micro); }
+void T5Step::backward(int stage, CBuf params, Buf grads, int micro) { impl_->backward(stage, params, grads, micro); }
 
 double T5Step::loss_sum() {
   Impl& m = *impl_;
-  if (!m.b.holds_data()) return 0;  // the plan
-  std::vector<float> host(m.Nd);
-  m.b.download(host.data(), m.losses, host.size() * sizeof(float));
+  if (!m.b.holds_data() || !m.runs(Stage::Head)) return 0;  // the plan; a stage without the head
   double sum = 0;
-  for (float l : host) sum += l;
+  std::vector<float> host(m.Nd);
+  for (const Micro& mb : m.micro) {
+    m.b.download(host.data(), mb.losses, host.size() * sizeof(float));
+    for (float l : host) sum += l;
+  }
   return sum;
 }
+
+std::vector<T5Step::CutTensor> T5Step::cut(int k) const {
+  std::vector<CutTensor> out;
+  for (const auto& [kind, t] : impl_->cut(k)) out.push_back(t);
+  return out;
+}
+
+Buf T5Step::cut_input(int k, int micro, int i) {
+  Impl& m = *impl_;
+  m.use(micro);
+  const auto c = m.cut(k);
+  const Buf x = m.alloc(m.mb->received, c[size_t(i)].second.numel, MemCategory::Activations);
+  m.cut_buffer(k, c[size_t(i)].first) = x;
+  return x;
+}
+
+CBuf T5Step::cut_output(int k, int micro, int i) {
+  Impl& m = *impl_;
+  m.use(micro);
+  return m.cut_buffer(k, m.cut(k)[size_t(i)].first);
+}
+
+Buf T5Step::cut_grad_input(int k, int i) { return impl_->cut_gradient(impl_->cut(k)[size_t(i)].first); }
+CBuf T5Step::cut_grad_output(int k, int i) const { return impl_->cut_gradient(impl_->cut(k)[size_t(i)].first); }
 
 }  // namespace sb

@@ -102,30 +102,37 @@ class DDP final : public TrainingSchedule {
   }
   Buf grads_for(int u) override { return grads_ + offset_[u]; }
 
+  // Gradients accumulate over a step's micro-batches (zeroed before the first); only the
+  // last one's backward marks tensors ready (PyTorch's no_sync for the others).
   void before_backward(int pos) override {
-    if (pos == 0) {
-      b_.fill(grads_, 0.f, total_);
-      for (Bucket& bk : buckets_) bk.ready = 0;
-      next_bucket_ = 0;
-    }
+    if (pos != backward_begin()) return;
+    if (first_micro()) b_.fill(grads_, 0.f, total_);
+    for (Bucket& bk : buckets_) bk.ready = 0;
+    next_bucket_ = 0;
   }
 
   // The Reducer's mark_variable_ready: tensor t of unit u has its gradient; launch every
   // bucket that is complete, in bucket order.
   void mark_ready(int u, int t) {
+    if (!last_micro()) return;
     Bucket& mine = buckets_[bucket_of_[u][t]];
     SB_ASSERT(mine.ready < mine.tensors, "a DDP gradient was marked ready twice in one step");
     ++mine.ready;
-    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].tensors) {
-      Bucket& bk = buckets_[next_bucket_];
-      if (reduced_.ptr != grads_.ptr) b_.cast(reduced_ + bk.offset, grads_ + bk.offset, bk.numel);
-      ScopedContext target(b_, b_.phase(), bk.unit);
-      bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, mesh_.comm(Axis::Replicate));
-      ++next_bucket_;
-    }
+    while (next_bucket_ < buckets_.size() && buckets_[next_bucket_].ready == buckets_[next_bucket_].tensors)
+      launch(buckets_[next_bucket_++]);
+  }
+  void launch(Bucket& bk) {
+    if (reduced_.ptr != grads_.ptr) b_.cast(reduced_ + bk.offset, grads_ + bk.offset, bk.numel);
+    ScopedContext target(b_, b_.phase(), bk.unit);
+    bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, mesh_.comm(Axis::Replicate));
   }
 
   void finish_gradients() override {
+    // Tensors no local stage produced a gradient for (a pipeline stage's part of the root
+    // unit: the final norms of another stage) are ready, as zeros, now: as PyTorch's
+    // find_unused_parameters marks them at the end of backward.
+    for (size_t i = next_bucket_; i < buckets_.size(); ++i) launch(buckets_[i]);
+    next_bucket_ = buckets_.size();
     for (Bucket& bk : buckets_) {
       if (bk.request != kNoRequest) b_.wait(bk.request);
       bk.request = kNoRequest;
@@ -135,6 +142,10 @@ class DDP final : public TrainingSchedule {
   CBuf reduced_gradients(int64_t& n) const override {
     n = total_;
     return reduced_;
+  }
+  Buf reduced_gradient(int u, int64_t& n) override {
+    n = units_[u].numel;
+    return reduced_ + offset_[u];
   }
 
   void optimizer_step(int step) override {

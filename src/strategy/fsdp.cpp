@@ -141,7 +141,7 @@ class FSDP final : public TrainingSchedule {
   }
 
   void before_forward(int pos) override {
-    const bool ahead = cfg_.forward_prefetch && pos + 1 < num_stages();
+    const bool ahead = cfg_.forward_prefetch && pos + 1 < forward_end();
     unshard(forward_unit(pos), ahead ? forward_unit(pos + 1) : -1);
   }
   void after_forward(int pos) override {
@@ -152,23 +152,25 @@ class FSDP final : public TrainingSchedule {
   // ---- gradients ----
   Buf grads_for(int u) override { return separate_grad() ? full_grad_[u] : grads_ + offset_[u]; }
 
+  // Gradients accumulate over a step's micro-batches: the unsharded gradient is allocated and
+  // zeroed before the first one's backward and reduced after the last one's.
   void before_backward(int pos) override {
     const int u = backward_unit(pos);
-    if (unit_stages_[u].first_backward == pos) {
+    if (unit_stages_[u].first_backward == pos && first_micro()) {
       if (separate_grad())
         full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
       b_.fill(grads_for(u), 0.f, shards_[u].padded);
     }
-    const bool pre = cfg_.prefetch == Prefetch::BackwardPre && pos + 1 < num_stages();
+    const bool pre = cfg_.prefetch == Prefetch::BackwardPre && pos + 1 < backward_end();
     unshard(u, pre ? backward_unit(pos + 1) : -1);
   }
 
   void after_backward(int pos) override {
     const int u = backward_unit(pos);
-    if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < num_stages()) prefetch(backward_unit(pos + 1));
+    if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < backward_end()) prefetch(backward_unit(pos + 1));
     if (unit_stages_[u].last_backward == pos) {
       if (!(u == 1 && injected_fault("stale-prefetch"))) free_gathered(u);  // the fault: never re-gathered
-      reduce_gradients(u);
+      if (last_micro()) reduce_gradients(u);
     }
   }
 
@@ -222,6 +224,10 @@ class FSDP final : public TrainingSchedule {
   CBuf reduced_gradients(int64_t& n) const override {
     n = total_;
     return grads_;
+  }
+  Buf reduced_gradient(int u, int64_t& n) override {
+    n = shards_[u].size;
+    return grads_ + offset_[u];
   }
 
   void optimizer_step(int step) override {

@@ -80,6 +80,7 @@ uint64_t fnv1a(const std::vector<std::vector<float>>& units) {
 struct RefModel {
   std::unique_ptr<T5Step> step;
   std::vector<Buf> params, grads;  // per unit, in the step's dtype
+  std::vector<Buf> root_parts;     // pipeline: the root unit's gradient of each stage holding it
 };
 
 // Rank 0's single-rank model: one micro-batch (one data-parallel rank's shapes) at a time.
@@ -95,35 +96,55 @@ struct StepCheck::Reference {
   MPI_Comm tp_mpi = MPI_COMM_NULL;    // a duplicate of the first tensor-parallel group's
   std::unique_ptr<Comm> tp_comm;
 
-  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp) {
-    r.step = std::make_unique<T5Step>(cfg.model, *b, dtype, cfg.shape, cfg.strategy.checkpointing, grad_scale,
+  // One micro-batch at a time (the run's micro-batch shape), `root_parts` root gradients.
+  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int root_parts) {
+    const StepShape micro{cfg.shape.batch / cfg.strategy.micro_batches, cfg.shape.enc_len, cfg.shape.dec_len};
+    r.step = std::make_unique<T5Step>(cfg.model, *b, dtype, micro, cfg.strategy.checkpointing, grad_scale,
                                       cfg.strategy.attention, tp);  // the run's attention path
     for (const UnitSpec& u : r.step->units()) {
       r.params.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Parameters));
       r.grads.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Gradients));
     }
+    for (int i = 0; i < root_parts && root_parts > 1; ++i)
+      r.root_parts.push_back(b->alloc_buf(r.step->units()[0].numel, dtype, MemCategory::Gradients));
   }
   void release(RefModel& r) {
     r.step.reset();
     for (size_t k = 0; k < r.params.size(); ++k) b->release(r.params[k].ptr), b->release(r.grads[k].ptr);
+    for (const Buf& g : r.root_parts) b->release(g.ptr);
   }
 };
 
 namespace {
 
-// One micro-batch's forward and backward: grads[k] = unit k's gradient.
-void forward_backward(Backend& b, RefModel& model, const Tokens& tokens) {
+// A data-parallel rank's step as the run computes it: each micro-batch's forward then
+// backward, the gradients accumulated over them in order (grads[k] = unit k's); a stage of
+// the root unit adds into its pipeline stage's part (root_part[stage] >= 0) when there are
+// several. Returns the loss summed over the micro-batches.
+double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int micro_batches,
+                        const std::vector<int>& root_part) {
   const auto& stages = model.step->stages();
   const auto& units = model.step->units();
   const int S = int(stages.size());
-  model.step->set_tokens(tokens);
-  for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[stages[pos].unit]);
-  std::vector<bool> zeroed(units.size(), false);
-  for (int pos = 0; pos < S; ++pos) {
-    const int k = stages[S - 1 - pos].unit;
-    if (!zeroed[k]) b.fill(model.grads[k], 0.f, units[k].numel), zeroed[k] = true;
-    model.step->backward(S - 1 - pos, model.params[k], model.grads[k]);
+  for (size_t k = 0; k < units.size(); ++k) b.fill(model.grads[k], 0.f, units[k].numel);
+  for (const Buf& g : model.root_parts) b.fill(g, 0.f, units[0].numel);
+  double loss = 0;
+  for (int m = 0; m < micro_batches; ++m) {
+    auto slice = [&](const std::vector<int>& v) {
+      const size_t n = v.size() / size_t(micro_batches);
+      return std::vector<int>(v.begin() + long(n * m), v.begin() + long(n * (m + 1)));
+    };
+    model.step->set_tokens(micro_batches == 1 ? tokens : Tokens{slice(tokens.enc_ids), slice(tokens.dec_ids),
+                                                               slice(tokens.labels)});
+    for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[stages[pos].unit]);
+    for (int pos = 0; pos < S; ++pos) {
+      const int si = S - 1 - pos, k = stages[si].unit;
+      const bool part = !model.root_parts.empty() && root_part[size_t(si)] >= 0;
+      model.step->backward(si, model.params[k], part ? model.root_parts[size_t(root_part[size_t(si)])] : model.grads[k]);
+    }
+    loss += model.step->loss_sum();
   }
+  return loss;
 }
 
 // Unit k's gradient as the run reduces it (rounded into R), as fp32 on the host.
@@ -162,9 +183,23 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   const double u = unit_roundoff(R);
   gamma_ = (n - 1) * u / (1 - (n - 1) * u);
   eta_ = (n - 1) * half_smallest_subnormal(R);
+  u_ = u;
+  eta1_ = half_smallest_subnormal(R);
   full_units_ = model_units(cfg.model);
+  // Pipeline: the stages of the root unit, by the pipeline stage that runs them (each such
+  // stage reduces its own part of the root's gradient; the parts are then summed).
+  const PipelineSplit split = pipeline_split(cfg.strategy, cfg.model, cfg.shape);
+  const auto& stages = run.model().stages();
+  root_part_.assign(stages.size(), -1);
+  for (size_t si = 0, last = size_t(-1); si < stages.size(); ++si)
+    if (stages[si].unit == 0) {
+      const size_t s = size_t(split.stage_of(int(si)));
+      if (s != last) ++root_parts_, last = s;
+      root_part_[si] = root_parts_ - 1;
+    }
   for (int t = 0; t < layout_.tp; ++t) split_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
   tp_mpi_ = mesh.mpi(Axis::Tensor);
+  pp_mpi_ = mesh.mpi(Axis::Pipeline);
   weights_ = gather_weights();
   const bool tensor_parallel = layout_.tp > 1;
   const bool split_reference = tensor_parallel && layout_.group_index(Axis::Tensor) == 0;
@@ -183,13 +218,13 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
     r.tp_comm = r.b->make_comm(r.tp_mpi);
     r.tp_comm->set_axis(Axis::Tensor);
     const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
-    r.make(r.split, cfg, P, scale, group);
-    if (P != DType::F32) r.make(r.split32, cfg, DType::F32, scale, group);
+    r.make(r.split, cfg, P, scale, group, root_parts_);
+    if (P != DType::F32) r.make(r.split32, cfg, DType::F32, scale, group, root_parts_);
   }
   if (rank_ != 0) return;
   // Without tensor parallelism the full model is the reference (the run's dtype); with it,
   // the full model checks the split, in fp32 (the split's math does not depend on the type).
-  r.make(r.full, cfg, tensor_parallel ? DType::F32 : P, scale, {});
+  r.make(r.full, cfg, tensor_parallel ? DType::F32 : P, scale, {}, root_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
     r.m.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
@@ -241,19 +276,39 @@ std::vector<float> StepCheck::assemble(int u, const std::vector<float>& mine, bo
   return full;
 }
 
-std::vector<std::vector<float>> StepCheck::gather_weights() {
-  std::vector<std::vector<float>> w;
-  bool differ = false;
-  for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(assemble(int(k), run_.gather_unit(int(k)), differ));
-  // 4. Replicas (and the ranks of a shard group) hold the same weights, bit for bit; so do the
-  // ranks of a tensor-parallel group in the tensors none of them splits.
-  uint64_t h = fnv1a(w), lo = h, hi = h;
-  int split_differ = differ;
+// Unit u as every rank sees it: assembled from its tensor-parallel parts where a stage holds
+// it, then sent from the first stage that does to every other (collective over the world).
+// Sets `replicas_differ` when the copies of the stages, shard groups or replicas holding it
+// are not bit-identical, `split_differ` when a tensor-parallel group's replicated tensors are not.
+std::vector<float> StepCheck::whole_unit(int u, bool gradient, bool& replicas_differ, bool& split_differ) {
+  const bool holds = run_.model().holds_unit(u);
+  std::vector<float> w;
+  if (holds) w = assemble(u, gradient ? run_.gather_unit_grad(u) : run_.gather_unit(u), split_differ);
+  const uint64_t h = holds ? fnv1a({w}) : 0;
+  uint64_t lo = holds ? h : UINT64_MAX, hi = h;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD));
-  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &split_differ, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
-  if (lo != hi) fail(steps_, "the ranks' copies of the weights differ (a replica or shard went its own way)");
-  if (split_differ) fail(steps_, "a replicated tensor differs between the ranks of a tensor-parallel group");
+  replicas_differ |= lo != hi;
+  if (layout_.pp > 1) {  // from the first stage that holds it
+    int owner = holds ? layout_.pp_rank() : layout_.pp;
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &owner, 1, MPI_INT, MPI_MIN, pp_mpi_));
+    w.resize(size_t(full_units_[u].numel));
+    MPI_CHECK(MPI_Bcast(w.data(), int(w.size()), MPI_FLOAT, owner, pp_mpi_));
+  }
+  return w;
+}
+
+std::vector<std::vector<float>> StepCheck::gather_weights() {
+  std::vector<std::vector<float>> w;
+  bool differ = false, split_differ = false;
+  for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(whole_unit(int(k), false, differ, split_differ));
+  // 4. Replicas (and the ranks of a shard group, and the pipeline stages that share the
+  // root unit) hold the same weights, bit for bit; so do the ranks of a tensor-parallel
+  // group in the tensors none of them splits.
+  int flags[2] = {differ, split_differ};
+  MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
+  if (flags[0]) fail(steps_, "the ranks' copies of the weights differ (a replica, shard or pipeline stage went its own way)");
+  if (flags[1]) fail(steps_, "a replicated tensor differs between the ranks of a tensor-parallel group");
   return w;
 }
 
@@ -266,9 +321,8 @@ void StepCheck::before_step(int step) { scale_ = run_.loss_scale(); }
 void StepCheck::after_step(int step, bool skipped) {
   steps_ = step;
   std::vector<std::vector<float>> grads;
-  bool differ = false;  // the reduced gradients of the replicated tensors: caught with the weights
-  for (size_t k = 0; k < full_units_.size(); ++k)
-    grads.push_back(assemble(int(k), run_.gather_unit_grad(int(k)), differ));
+  bool differ = false, split_differ = false;  // the reduced gradients' copies: caught with the weights
+  for (size_t k = 0; k < full_units_.size(); ++k) grads.push_back(whole_unit(int(k), true, differ, split_differ));
   std::vector<std::vector<float>> next = gather_weights();
   if (ref_) {
     const MicroBatchSums sums = reference_gradients(step);
@@ -297,20 +351,25 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     const bool split = m.step->tensor_group().size > 1;
     for (size_t k = 0; k < U; ++k) {
       const int64_t numel = m.step->units()[k].numel;
-      std::vector<float> g = reduced_on_host(*r.b, m.grads[k], numel, round_to, r.reduce_buf, r.f32);
-      if (split) {
-        std::vector<float> all(rank_ == 0 ? size_t(numel) * T : 0);
-        MPI_CHECK(MPI_Gather(g.data(), int(numel), MPI_FLOAT, all.data(), int(numel), MPI_FLOAT, 0, r.tp_mpi));
-        if (rank_ != 0) continue;
-        g.assign(full_units_[k].numel, 0.f);
-        for (int t = 0; t < T; ++t) place_in_full_unit(split_units_[t][k], full_units_[k], all.data() + t * numel, g.data());
-      }
-      if (sum[k].empty()) sum[k].assign(g.size(), 0.0);
-      if (abs && (*abs)[k].empty()) (*abs)[k].assign(g.size(), 0.0);
-      for (size_t i = 0; i < g.size(); ++i) {
-        nonfinite |= !std::isfinite(g[i]);
-        sum[k][i] += g[i];
-        if (abs) (*abs)[k][i] += std::fabs(g[i]);
+      // The terms the run reduces: the unit's gradient, or the root's part of each stage.
+      const std::vector<Buf> terms = k == 0 && !m.root_parts.empty() ? m.root_parts : std::vector<Buf>{m.grads[k]};
+      for (const Buf& term : terms) {
+        std::vector<float> g = reduced_on_host(*r.b, term, numel, round_to, r.reduce_buf, r.f32);
+        if (split) {
+          std::vector<float> all(rank_ == 0 ? size_t(numel) * T : 0);
+          MPI_CHECK(MPI_Gather(g.data(), int(numel), MPI_FLOAT, all.data(), int(numel), MPI_FLOAT, 0, r.tp_mpi));
+          if (rank_ != 0) continue;
+          g.assign(full_units_[k].numel, 0.f);
+          for (int t = 0; t < T; ++t)
+            place_in_full_unit(split_units_[t][k], full_units_[k], all.data() + t * numel, g.data());
+        }
+        if (sum[k].empty()) sum[k].assign(g.size(), 0.0);
+        if (abs && (*abs)[k].empty()) (*abs)[k].assign(g.size(), 0.0);
+        for (size_t i = 0; i < g.size(); ++i) {
+          nonfinite |= !std::isfinite(g[i]);
+          sum[k][i] += g[i];
+          if (abs) (*abs)[k][i] += std::fabs(g[i]);
+        }
       }
     }
   };
@@ -336,15 +395,15 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     const Tokens tokens =
         make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
     for (RefModel* m : models) {
-      forward_backward(*r.b, *m, tokens);
+      const double loss = forward_backward(*r.b, *m, tokens, cfg_.strategy.micro_batches, root_part_);
       if (m == &r.split || (m == &r.full && T == 1)) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
       if (m == &r.split32 || (m == &r.split && !r.split32.step)) {
         accumulate(*m, DType::F32, split32, nullptr, ignored);
-        split32_loss.push_back(m->step->loss_sum());
+        split32_loss.push_back(loss);
       }
       if (m == &r.full && T > 1) {
         accumulate(*m, DType::F32, full32, nullptr, ignored);
-        full32_loss.push_back(m->step->loss_sum());
+        full32_loss.push_back(loss);
       }
     }
   }
@@ -412,10 +471,14 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
   if (!skipped && must_skip) fail(step, "the reference's gradients overflow, but the update was not skipped");
   if (skipped) return;
   const double tol = cfg_.check_tolerance;
-  for (size_t k = 0; k < units.size(); ++k)
+  for (size_t k = 0; k < units.size(); ++k) {
+    // The terms summed: one per data-parallel rank; for the root unit under pipeline
+    // parallelism one per rank and stage holding it (each stage reduces its part).
+    const int terms = n * (k == 0 ? root_parts_ : 1);
+    const double gamma = (terms - 1) * u_ / (1 - (terms - 1) * u_), eta = (terms - 1) * eta1_;
     for (size_t i = 0; i < grads[k].size(); ++i) {
-      // (+ the double sum's own rounding, n·2^-53·Σ|g|, for rigour)
-      const double bound = (gamma_ + n * std::ldexp(1.0, -53)) * ref.abs_sum[k][i] + eta_;
+      // (+ the double sum's own rounding, terms·2^-53·Σ|g|, for rigour)
+      const double bound = (gamma + terms * std::ldexp(1.0, -53)) * ref.abs_sum[k][i] + eta;
       const double err = std::fabs(double(grads[k][i]) - ref.sum[k][i]);
       const double ratio = err == 0 ? 0.0 : bound == 0 ? std::numeric_limits<double>::infinity() : err / bound;
       if (!(ratio <= worst_ratio_)) {
@@ -432,6 +495,7 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
       undetermined_ += std::fabs(ref.sum[k][i]) <= bound && ref.sum[k][i] != 0;
       checked_ += 1;
     }
+  }
 }
 // 3. Adam on the run's gradients at the run's weights gives the run's next weights.
 void StepCheck::check_update(int step, const std::vector<std::vector<float>>& grads,
@@ -478,7 +542,7 @@ bool StepCheck::finish(double& worst_ratio) {
   MPI_CHECK(MPI_Bcast(&worst_ratio, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   if (rank_ == 0) {
     std::printf(
-        "check: %d steps against a single-rank reference (%d micro-batches per step on 1 rank): gradients "
+        "check: %d steps against a single-rank reference (the steps of %d data-parallel ranks recomputed on 1 rank): gradients "
         "within %.3g x their rounding bound (allowed %.3g; %lld of %lld gradients are below their bound, where "
         "Adam's sign is set by rounding), Adam updates within %.3g, replicas identical -> %s\n",
         steps_, layout_.dp(), worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,

@@ -27,7 +27,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
-  int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1;
+  int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1, pp = 1;
+  int64_t micro_batches = 0, pp_split = 0;
+  std::string pp_schedule = "1f1b";
   int64_t fsdp_version = cfg.strategy.fsdp_version;
   double lr = cfg.strategy.adam.lr;
   uint64_t seed = 1234;
@@ -44,6 +46,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   auto* o_h = num.integer("--heads", heads, 1, kIntMax, "override attention heads");
   auto* o_kv = num.integer("--d-kv", d_kv, 1, kIntMax, "override d_kv (head width)");
   auto* o_v = num.integer("--vocab", vocab, 1, kIntMax, "override vocabulary size");
+  num.integer("--pp", pp, 1, kIntMax,
+              "pipeline stages: the model's blocks split over this many consecutive groups of ranks "
+              "(pp x dp x tp = world; at most one stage per block)");
+  num.integer("--micro-batches", micro_batches, 1, kIntMax,
+              "micro-batches per step of a data-parallel rank; must divide --batch (default: --pp)");
+  app.add_option("--pp-schedule", pp_schedule, "pipeline schedule: gpipe | 1f1b")->capture_default_str();
+  num.integer("--pp-split", pp_split, 1, kIntMax,
+              "the pipeline stage where the decoder starts (default: stages balanced by FLOPs)");
   num.integer("--tp", tp, 1, kIntMax,
               "tensor-parallel group size: Megatron-LM splits of every layer over groups of this many "
               "consecutive ranks; the strategy's data parallelism runs over world / tp ranks (heads, d_ff "
@@ -190,6 +200,21 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.plan_world = int(world);
   cfg.strategy.kind = kind;
   cfg.strategy.tp = int(tp);
+  cfg.strategy.pp = int(pp);
+  cfg.strategy.pp_schedule = parse_pipe_schedule(pp_schedule);
+  if (!micro_batches && batch % pp != 0)
+    throw UsageError("--batch " + std::to_string(batch) + " is not allowed with --pp " + std::to_string(pp) +
+                     " and no --micro-batches (the default micro-batch count, --pp, must divide --batch)");
+  cfg.strategy.micro_batches = int(micro_batches ? micro_batches : pp);
+  if (batch % cfg.strategy.micro_batches != 0)
+    throw UsageError("--micro-batches " + std::to_string(cfg.strategy.micro_batches) + " is not allowed with --batch " +
+                     std::to_string(batch) + " (must divide it)");
+  if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
+  cfg.strategy.pp_split = pp_split ? int(pp_split) : -1;
+  if (pp > 1 && cfg.backend == "cuda" && cfg.comm != CommLibrary::Nccl)
+    throw UsageError("--pp " + std::to_string(pp) + " is not allowed with --comm " + comm_library_name(cfg.comm) +
+                     " (pipeline sends and receives run on NCCL)");
+  pipeline_split(cfg.strategy, cfg.model, cfg.shape);  // refuses more stages than blocks, a bad --pp-split
   cfg.strategy.seed = seed;
   cfg.strategy.adam.lr = float(lr);
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");

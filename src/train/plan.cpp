@@ -35,31 +35,63 @@ class PeakRecorder : public Recorder {
 
 }  // namespace
 
-MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
-  MemoryPlan plan;
-  plan.layout = layout.at_rank(0);
+namespace {
+// "encoder embedding", "encoder block 3", "bridge", "decoder block 0", "head" in stage order.
+std::vector<std::string> stage_names(const RunConfig& cfg) {
+  std::vector<std::string> n = {"encoder embedding"};
+  for (int l = 0; l < cfg.model.layers; ++l) n.push_back("encoder block " + std::to_string(l));
+  n.push_back("bridge");
+  for (int l = 0; l < cfg.model.layers; ++l) n.push_back("decoder block " + std::to_string(l));
+  n.push_back("head");
+  return n;
+}
+
+StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
+  StagePlan p;
   auto backend = make_counting_backend();
   PeakRecorder rec;
   backend->set_recorder(&rec);
-  Mesh mesh = Mesh::planned(plan.layout);
+  Mesh mesh = Mesh::planned(layout);
   {
     auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
+    const T5Step& model = strategy->model();
+    p.first_stage = model.part().first;
+    p.last_stage = model.part().last;
+    for (size_t u = 0; u < model.units().size(); ++u)
+      if (model.holds_unit(int(u))) p.params += model.units()[u].numel;
     const double before = counted_gemm_flops(*backend);
     rec.keep = true;
     strategy->step(1, Tokens{});  // the counting backend needs no tokens: nothing grows with the shapes
     rec.keep = false;
-    plan.counted_flops = counted_gemm_flops(*backend) - before;
-    plan.schedule = std::move(rec.schedule);
+    p.counted_flops = counted_gemm_flops(*backend) - before;
+    p.schedule = std::move(rec.schedule);
   }
   SB_ASSERT(backend->mem_total_current() == 0, "the plan's schedule leaked memory");
-  plan.peak = backend->mem_peak();
-  plan.peak_total = backend->mem_peak_total();
-  plan.at_peak = rec.at_peak;
+  p.peak = backend->mem_peak();
+  p.peak_total = backend->mem_peak_total();
+  p.at_peak = rec.at_peak;
+  return p;
+}
+}  // namespace
+
+MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
+  MemoryPlan plan;
+  plan.layout = layout.at_rank(0);
+  for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
+    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0}))));
+  for (int s = 0; s < plan.layout.pp; ++s)
+    if (plan.stages[size_t(s)].peak_total > plan.stages[size_t(plan.worst_stage)].peak_total) plan.worst_stage = s;
+  const StagePlan& worst = plan.stages[size_t(plan.worst_stage)];
+  plan.peak = worst.peak;
+  plan.at_peak = worst.at_peak;
+  plan.peak_total = worst.peak_total;
+  plan.counted_flops = plan.stages[0].counted_flops;
+  plan.schedule = plan.stages[0].schedule;
   return plan;
 }
 
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
-  const double psi = double(param_count_per_rank(cfg.model, plan.layout.tp));  // a tensor-parallel rank's part
+  const double psi = double(plan.stages[size_t(plan.worst_stage)].params);  // what a rank of that stage holds
   const int n = plan.layout.shard;  // ZeRO's data-parallel degree for the sharded states
   // Model states per parameter: 4 bytes of fp32 master parameters and 8 of Adam moments,
   // sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
@@ -94,12 +126,27 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                             : ("DOES NOT FIT: short by " + human_bytes(double(plan.peak_total - plan.limit)))
                                   .c_str());
   o << line;
-  const double model = model_flops_per_step(cfg.model, cfg.shape, plan.layout.tp);
-  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, plan.layout.tp);
+  const double model = model_flops_per_step(cfg.model, cfg.shape, plan.layout.tp, plan.layout.pp);
+  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, plan.layout.tp, plan.layout.pp);
+  double issued = 0;  // the stages' average, as the model's figures (one stage without --pp)
+  for (const StagePlan& st : plan.stages) issued += st.counted_flops / double(plan.stages.size());
   std::snprintf(line, sizeof line,
                 "FLOPs per rank per step: model %.4g (3 x forward), hardware %.4g, issued by the schedule %.4g\n",
-                model, hw, plan.counted_flops);
+                model, hw, issued);
   o << line;
+  if (plan.stages.size() > 1) {
+    const auto& names = stage_names(cfg);
+    std::snprintf(line, sizeof line, "pipeline: %d stages, %d micro-batches, %s (the peak above: stage %d)\n",
+                  int(plan.stages.size()), sc.micro_batches, pipe_schedule_name(sc.pp_schedule), plan.worst_stage);
+    o << line;
+    for (size_t s = 0; s < plan.stages.size(); ++s) {
+      const StagePlan& st = plan.stages[s];
+      std::snprintf(line, sizeof line, "  stage %zu: %s .. %s, %s parameters, peak %s, GEMM FLOPs %.4g\n", s,
+                    names[size_t(st.first_stage)].c_str(), names[size_t(st.last_stage - 1)].c_str(),
+                    with_commas(st.params).c_str(), human_bytes(double(st.peak_total)).c_str(), st.counted_flops);
+      o << line;
+    }
+  }
   return o.str();
 }
 
@@ -132,8 +179,8 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\",\n", precision_name(cfg.strategy.param_dtype),
                precision_name(cfg.strategy.reduce_dtype));
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
-               (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp),
-               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp));
+               (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
+               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));
   std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
@@ -145,17 +192,40 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "],\n  \"axis_names\": [");
   for (int a = 0; a < kAxes; ++a) std::fprintf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
   // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch, axis, ranks,
-  // sent_bytes] (the GEMM shape costs a GEMM by its shape class in the projection; zeros for
-  // other ops; a collective's axis (-1 for none), ranks and the bytes rank 0 sends in it).
+  // sent_bytes, peer] (the GEMM shape costs a GEMM by its shape class in the projection;
+  // zeros for other ops; a collective's axis (-1 for none), ranks, the bytes the rank sends
+  // in it, and a send's or receive's peer as a world rank). "ops" is the first rank's step;
+  // under pipeline parallelism "stages" holds every stage's first rank's step.
   std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
-               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\"],\n  \"ops\": [\n");
-  for (size_t i = 0; i < p.schedule.size(); ++i) {
-    const OpEvent& e = p.schedule[i];
-    std::fprintf(f, "    [%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld]%s\n", int(e.kind), int(e.phase),
-                 e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3],
-                 e.axis, e.ranks, (long long)bytes_sent(e), i + 1 < p.schedule.size() ? "," : "");
+               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\"],\n");
+  auto ops = [&](const StagePlan& st, int stage, const char* indent) {
+    const ParallelLayout me = p.layout.at_rank(p.layout.rank_at({stage, 0, 0, 0}));
+    for (size_t i = 0; i < st.schedule.size(); ++i) {
+      const OpEvent& e = st.schedule[i];
+      const int peer = e.peer >= 0 && e.axis >= 0 ? me.group(Axis(e.axis))[size_t(e.peer)] : -1;
+      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d]%s\n", indent, int(e.kind),
+                   int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1],
+                   e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer,
+                   i + 1 < st.schedule.size() ? "," : "");
+    }
+  };
+  std::fprintf(f, "  \"ops\": [\n");
+  ops(p.stages[0], 0, "    ");
+  std::fprintf(f, "  ]");
+  if (p.stages.size() > 1) {
+    std::fprintf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\",\n  \"stages\": [\n", cfg.strategy.micro_batches,
+                 pipe_schedule_name(cfg.strategy.pp_schedule));
+    for (size_t s = 0; s < p.stages.size(); ++s) {
+      const StagePlan& st = p.stages[s];
+      std::fprintf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
+                   "\"params\": %lld, \"ops\": [\n", st.first_stage, st.last_stage,
+                   p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
+      ops(st, int(s), "      ");
+      std::fprintf(f, "    ]}%s\n", s + 1 < p.stages.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]");
   }
-  std::fprintf(f, "  ]\n}\n");
+  std::fprintf(f, "\n}\n");
   if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");
 }
 

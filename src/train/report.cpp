@@ -179,8 +179,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("seed", int64_t(c.strategy.seed)),
       Attr::num("lr", c.strategy.adam.lr),
       // One rank's share (1/tp of a data-parallel rank's under tensor parallelism).
-      Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape, layout.tp)),
-      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing, layout.tp)),
+      Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape, layout.tp, layout.pp)),
+      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing, layout.tp, layout.pp)),
       Attr::str("status", status),
       Attr::str("start_time", iso_time(start)),
       Attr::str("end_time", iso_time(end)),

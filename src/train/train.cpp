@@ -228,8 +228,8 @@ class TrainingRun {
   void train_steps() {
     const RunConfig& cfg = cfg_;
     const int tp = layout_.tp, dp = layout_.dp();
-    const double model_flops = model_flops_per_step(cfg.model, cfg.shape, tp);  // this rank's share
-    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, tp);
+    const double model_flops = model_flops_per_step(cfg.model, cfg.shape, tp, layout_.pp);  // this rank's share
+    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, tp, layout_.pp);
     const double global_tokens = double(cfg.shape.batch) * dp * cfg.shape.dec_len;
     const double tokens_per_step = double(cfg.shape.batch) * dp * (cfg.shape.enc_len + cfg.shape.dec_len);
     Backend& backend = *backend_;
@@ -290,8 +290,8 @@ class TrainingRun {
     Summary s;
     s.steps = cfg_.steps;
     s.step_time = med(&GlobalStep::time);
-    s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape, layout_.tp);
-    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing, layout_.tp);
+    s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape, layout_.tp, layout_.pp);
+    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing, layout_.tp, layout_.pp);
     s.tokens = double(cfg_.shape.batch) * layout_.dp() * (cfg_.shape.enc_len + cfg_.shape.dec_len);
     s.compute = med(&GlobalStep::compute);
     s.gemm = med(&GlobalStep::gemm);

@@ -119,8 +119,9 @@ double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x, int t
 double forward_flops_head(const ModelSpec& s, const StepShape& x, int tp = 1);
 double forward_flops(const ModelSpec& s, const StepShape& x, int tp = 1);
 // Model FLOPs of a training step = 3 × forward. Hardware FLOPs add the recomputed block
-// forwards when activation checkpointing is on.
-double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp = 1);
-double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp = 1);
+// forwards when activation checkpointing is on. With `pp`, a rank's average over the
+// pipeline stages that split the step (the stages' own shares differ by their split).
+double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp = 1, int pp = 1);
+double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp = 1, int pp = 1);
 
 }  // namespace sb

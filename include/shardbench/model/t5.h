@@ -67,15 +67,25 @@ struct TensorGroup {
   Comm* comm = nullptr;
 };
 
+// The part of the step a pipeline stage runs (docs/architecture.md, "The pipeline axis"):
+// stages [first, last) in forward order (last -1: to the end), for each of `micro_batches`
+// micro-batches of the step shape. Each micro-batch has its own tokens, losses and saved
+// activations; the gradients of every micro-batch accumulate into the same buffers.
+struct PipelinePart {
+  int first = 0, last = -1;
+  int micro_batches = 1;
+};
+
 class T5Step {
  public:
   // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
   // global batch, so summing gradients across data-parallel ranks yields the global mean.
   // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
   // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
+  // `shape` is one micro-batch's.
   T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
          bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused,
-         TensorGroup tp = {});
+         TensorGroup tp = {}, PipelinePart part = {});
   ~T5Step();
   T5Step(const T5Step&) = delete;
   T5Step& operator=(const T5Step&) = delete;
@@ -83,20 +93,22 @@ class T5Step {
   const ModelSpec& spec() const;
   const std::vector<UnitSpec>& units() const;  // this rank's part of each unit
   const TensorGroup& tensor_group() const;
+  const PipelinePart& part() const;
+  bool holds_unit(int unit) const;  // a stage of this part belongs to the unit
   const std::vector<Stage>& stages() const;  // forward order
   DType dtype() const;
   AttentionImpl attention() const;
 
-  // Uploads this step's tokens (sizes must match the shape).
-  void set_tokens(const Tokens& t);
+  // Uploads a micro-batch's tokens (sizes must match the shape): the ones this part uses.
+  void set_tokens(const Tokens& t, int micro = 0);
 
   // `params` points at the unit's full flat parameter (layout: units()[unit].tensors).
   // Saves what backward needs (category Activations); with checkpointing a block saves
   // only its input and recomputes the rest in backward.
-  void forward(int stage, CBuf params);
+  void forward(int stage, CBuf params, int micro = 0);
   // Accumulates (+=) into `grads`, the unit's full flat gradient, which the caller zeroes
   // before the unit's first backward stage. Frees the stage's saved activations.
-  void backward(int stage, CBuf params, Buf grads);
+  void backward(int stage, CBuf params, Buf grads, int micro = 0);
 
   // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
   void set_grad_scale(float grad_scale);
@@ -107,9 +119,26 @@ class T5Step {
   using GradReadyHook = std::function<void(int unit, int tensor)>;
   void set_grad_ready_hook(GradReadyHook hook);
 
-  // Sum over this rank's tokens of the cross-entropy, valid after the Head forward (every
-  // rank of a tensor-parallel group has the same).
+  // Sum over this rank's tokens (every micro-batch) of the cross-entropy, valid after the
+  // Head forwards (every rank of a tensor-parallel group has the same); 0 on a pipeline stage
+  // without the Head.
   double loss_sum();
+
+  // ---- pipeline cuts: what crosses from stage k - 1 to stage k (0 < k < stages) ----
+  // The tensors the earlier side sends forward after its last stage's forward, each with
+  // the size of the gradient the later side sends back after its first stage's backward:
+  // the hidden state; after the bridge also the encoder output (the cross-attention's keys
+  // and values of every later decoder block); inside a stack the stack's position-bias
+  // table (its gradient: what the later blocks added to the stack's accumulated d(bias)).
+  struct CutTensor {
+    const char* name;
+    int64_t numel, grad_numel;
+  };
+  std::vector<CutTensor> cut(int k) const;
+  Buf cut_input(int k, int micro, int i);    // later side, before stage k's forward: receive tensor i here
+  CBuf cut_output(int k, int micro, int i);  // earlier side, after stage k - 1's forward: send this
+  Buf cut_grad_input(int k, int i);          // earlier side, before stage k - 1's backward: receive its gradient here
+  CBuf cut_grad_output(int k, int i) const;  // later side, after stage k's backward: send this gradient
 
  private:
   struct Impl;

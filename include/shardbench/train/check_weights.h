@@ -32,6 +32,7 @@ class StepCheck {
   // Chosen from measurements, not derived (docs/reliability.md); a broken split is off by O(1).
   static constexpr double kSplitLoss = 1e-5, kSplitGradient = 0.1;
   std::vector<float> assemble(int unit, const std::vector<float>& mine, bool& replicas_differ);
+  std::vector<float> whole_unit(int unit, bool gradient, bool& replicas_differ, bool& split_differ);
   std::vector<std::vector<float>> gather_weights();
   MicroBatchSums reference_gradients(int step);
   void check_split(int step, const std::vector<std::vector<double>>& split, const std::vector<std::vector<double>>& full,
@@ -48,7 +49,11 @@ class StepCheck {
   std::vector<UnitSpec> full_units_;                 // the full model's units
   std::vector<std::vector<UnitSpec>> split_units_;   // per tensor-parallel rank, its part
   MPI_Comm tp_mpi_ = MPI_COMM_NULL;                  // the run's tensor-parallel group
-  double gamma_ = 0, eta_ = 0;
+  MPI_Comm pp_mpi_ = MPI_COMM_NULL;                  // the run's pipeline
+  double gamma_ = 0, eta_ = 0;  // of n = the data-parallel ranks' terms
+  double u_ = 0, eta1_ = 0;     // R's unit roundoff, half its smallest subnormal
+  std::vector<int> root_part_;  // per model stage of the root unit: its pipeline stage's part, else -1
+  int root_parts_ = 0;          // pipeline stages that hold the root unit
   float scale_ = 1;
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step
   std::unique_ptr<Reference> ref_;           // rank 0

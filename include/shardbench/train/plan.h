@@ -1,5 +1,6 @@
 // The memory plan: one step of the configured strategy on the counting backend, for rank 0
-// of the layout's world; nothing is allocated or computed.
+// of the layout's world, and under pipeline parallelism for the first rank of every stage
+// (the stages hold different parts of the model); nothing is allocated or computed.
 #pragma once
 #include <string>
 #include <vector>
@@ -10,14 +11,28 @@
 
 namespace sb {
 
-struct MemoryPlan {
-  ParallelLayout layout;        // the world and shard group planned for (rank 0's view)
+// One pipeline stage's plan (the whole step without --pp).
+struct StagePlan {
+  int first_stage = 0, last_stage = 0;  // the model stages it runs, [first, last)
   MemBytes peak{};              // per category, each at its own peak
   MemBytes at_peak{};           // per category at the moment of the total peak
   int64_t peak_total = 0;
-  int64_t limit = 0;            // bytes
+  int64_t params = 0;           // parameters it holds (a tensor-parallel rank's part)
   double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
   std::vector<OpEvent> schedule;  // GEMMs, collectives, waits, optimizer of one step, in order
+};
+
+struct MemoryPlan {
+  ParallelLayout layout;        // the world and shard group planned for (rank 0's view)
+  std::vector<StagePlan> stages;  // one per pipeline stage
+  // The stage with the highest peak (every rank's limit is the same):
+  MemBytes peak{};
+  MemBytes at_peak{};
+  int64_t peak_total = 0;
+  int worst_stage = 0;
+  int64_t limit = 0;            // bytes
+  double counted_flops = 0;     // stage 0's (the whole step's without --pp)
+  std::vector<OpEvent> schedule;  // stage 0's
   bool fits() const { return peak_total <= limit; }
 };
 
