@@ -83,7 +83,8 @@ def unit_name(unit, layers):
     return f"encoder {unit}" if unit <= layers else f"decoder {unit - layers}"
 
 
-COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv"}
+COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv", "send",
+               "recv"}
 
 
 def us(seconds):
@@ -129,6 +130,7 @@ def operation_events(run, e):
     ranks_col = e["ranks"].tolist() if "ranks" in e else [None] * len(e)
     sent_col = e["sent_bytes"].tolist() if "sent_bytes" in e else [None] * len(e)
     axis_col = e["axis_name"].tolist() if "axis_name" in e else [""] * len(e)
+    peer_col = e["peer"].tolist() if "peer" in e else [-1] * len(e)
     groups = {}
     out = []
     units = {}
@@ -139,7 +141,7 @@ def operation_events(run, e):
     ops = e["op_name"].astype(str).tolist()
     phases = e["phase_name"].astype(str).tolist()
     for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans, ts, dur), op, phase, nranks, \
-            sent, axis in zip(zip(*cols), ops, phases, ranks_col, sent_col, axis_col):
+            sent, axis, peer in zip(zip(*cols), ops, phases, ranks_col, sent_col, axis_col, peer_col):
         uname = units.get(unit) or units.setdefault(unit, unit_name(unit, layers))
         args = {"step": step, "phase": phase, "unit": uname, "operation": op, "bytes": nbytes}
         if op == "gemm":
@@ -153,6 +155,8 @@ def operation_events(run, e):
                 args["ranks"] = int(nranks)
             if sent is not None:
                 args["busbw_GBps"] = round(sent / (end - start) / 1e9, 4)
+            if peer >= 0:  # a pipeline stage's send or receive: the other rank
+                args["peer"] = int(peer)
             if axis:
                 args["axis"] = axis
                 key = (rank, axis)

@@ -98,10 +98,12 @@ def check_completed(c, run, ranks, steps):
     gemm = e[e["op_name"] == "gemm"]
     c.expect(len(gemm) > 0 and (gemm["flops"] == 2.0 * gemm["m"] * gemm["n"] * gemm["k"] * gemm["batch"]).all(),
              "GEMM events' FLOPs disagree with their shapes")
-    # The GEMM FLOPs of every timed step equal the plan's count for the schedule.
+    # The GEMM FLOPs of every timed step equal the plan's count for the schedule (of the
+    # rank's pipeline stage).
     per_step = gemm[gemm["step"] > 0].groupby(["rank", "step"])["flops"].sum()
-    c.expect(np.allclose(per_step.to_numpy(), run.plan["counted_gemm_flops"], rtol=1e-9),
-             "GEMM FLOPs per step differ from the plan's counted FLOPs")
+    stage_flops = plan_list(run, "stage_counted_gemm_flops", run.plan["counted_gemm_flops"])
+    want = np.array([stage_flops[stage_of(run, r)] for r, _ in per_step.index])
+    c.expect(np.allclose(per_step.to_numpy(), want, rtol=1e-9), "GEMM FLOPs per step differ from the plan's counted FLOPs")
     m, p = run.memory, run.peaks
     c.expect(len(p) == ranks, "/memory_peaks: one row per rank expected")
     for rank in range(ranks):
@@ -117,12 +119,69 @@ def check_completed(c, run, ranks, steps):
     c.expect(int(p["total"].max()) == run.meta["max_peak_memory_bytes"], "max_peak_memory_bytes != max of peaks")
     c.expect(run.meta["plan_peak_memory_bytes"] == run.plan["peak_total"], "plan peak attrs disagree")
     c.expect(int(p["total"].max()) == run.plan["peak_total"], "measured peak != plan")
+    stage_peak = plan_list(run, "stage_peak_total", run.plan["peak_total"])
+    for _, pr in p.iterrows():  # each rank's peak equals its pipeline stage's plan
+        c.expect(int(pr["total"]) == int(stage_peak[stage_of(run, int(pr["rank"]))]),
+                 f"rank {int(pr['rank'])}: measured peak {int(pr['total'])} != its stage's plan")
     check_bytes(c, run)
+    if run.meta.get("pp_size", 1) > 1:
+        check_pipeline(c, run)
     check_schedule(c, run)
 
 
+def plan_list(run, key, default):
+    """A /plan attribute that lists one value per pipeline stage ([default] when absent)."""
+    v = run.plan.get(key)
+    return [float(x) for x in str(v).split(",")] if v not in (None, "") else [default]
+
+
+def stage_of(run, rank):
+    """The rank's pipeline stage, from /mesh (0 without it)."""
+    m = run.mesh
+    return int(m[m["rank"] == rank]["pp"].iloc[0]) if len(m) and "pp" in m else 0
+
+
+def held_units(m, first, last):
+    """The units of model stages [first, last): 0 the root (embedding, bridge, head), encoder
+    blocks 1..L, decoder blocks L+1..2L."""
+    L, held = m["layers"], set()
+    for k in range(first, last):
+        held.add(0 if k in (0, L + 1, 2 * L + 2) else k if k <= L else k - 1)
+    return held
+
+
+def cut_tensors(L, k):
+    """What crosses the pipeline cut before model stage k: the hidden state; after the bridge,
+    before a decoder block, the encoder output; inside a stack, its position-bias table."""
+    if k <= L + 1:
+        return 1 + (1 <= k - 1 < L)
+    l = k - L - 2
+    return 1 + (l < L) + (1 <= l < L)
+
+
+def check_pipeline(c, run):
+    """Every send names its neighbour stage; per step, each cut carries its tensors forward
+    and their gradients back for each micro-batch: 2 M (S - 1) sends, plus the encoder
+    output's and the position-bias tables' where the split needs them."""
+    m, e = run.meta, run.events
+    first = [int(x) for x in plan_list(run, "stage_first", 0)]
+    S, M, L = m["pp_size"], m["micro_batches"], m["layers"]
+    sends = e[(e["op_name"] == "send") & (e["step"] > 0)]
+    recvs = e[(e["op_name"] == "recv") & (e["step"] > 0)]
+    for _, x in sends.iterrows():
+        c.expect(abs(stage_of(run, int(x["peer"])) - stage_of(run, int(x["rank"]))) == 1,
+                 f"rank {int(x['rank'])}: a send to rank {int(x['peer'])}, not a neighbouring stage")
+    per_pipeline = 2 * M * sum(cut_tensors(L, first[s]) for s in range(1, S))
+    pipelines = m["world_size"] // S
+    for step, g in sends.groupby("step"):
+        c.expect(len(g) == per_pipeline * pipelines,
+                 f"step {step}: {len(g)} sends, expected {per_pipeline} per pipeline x {pipelines} "
+                 f"(2 M (S - 1) = {2 * M * (S - 1)} and the split's encoder output and tables)")
+        c.expect(len(recvs[recvs["step"] == step]) == len(g), f"step {step}: receives and sends differ in number")
+
+
 BUS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,
-              "reduce-scatter": lambda n: (n - 1) / n}
+              "reduce-scatter": lambda n: (n - 1) / n, "send": lambda n: 1.0, "recv": lambda n: 0.0}
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -145,19 +204,24 @@ def check_bytes(c, run):
 def check_schedule(c, run):
     """The schedules as PyTorch runs them, per rank and timed step."""
     m, e = run.meta, run.events
-    units = 2 * m["layers"] + 1
     tp = m.get("tp_size", 1)
+    starts = [int(x) for x in plan_list(run, "stage_first", 0)] if m.get("pp_size", 1) > 1 else [0, 2 * m["layers"] + 3]
+    stage_params = plan_list(run, "stage_params", m.get("param_count_per_rank", m["param_count"]))
     for (rank, step), g in e[e["step"] > 0].groupby(["rank", "step"]):
         at = f"rank {rank} step {step}"
+        st = stage_of(run, rank)
+        held = held_units(m, starts[st], starts[st + 1])
         if tp > 1:
-            check_tensor_parallel(c, m, g, at)
-            g = g[g["axis_name"] != "tp"]  # below: the data-parallel strategy's own collectives
+            check_tensor_parallel(c, m, g, at, range(starts[st], starts[st + 1]))
+        if "axis_name" in g:  # below: the data-parallel strategy's own collectives
+            g = g[~g["axis_name"].isin(["tp", "pp"])]
         bwd_gemm = g[(g["op_name"] == "gemm") & (g["phase_name"] == "backward")]
         if m["strategy"] == "fsdp" and m["shard_size"] > 1:
             rs = g[g["op_name"] == "reduce-scatter"]
-            c.expect(sorted(rs["unit"]) == list(range(units)), f"{at}: reduce-scatters do not name each unit once")
+            c.expect(sorted(rs["unit"]) == sorted(held), f"{at}: reduce-scatters do not name each unit once")
             ag = g[(g["op_name"] == "all-gather") & (g["phase_name"] == "backward")]
-            c.expect(not ag["unit"].duplicated().any(), f"{at}: a unit gathered twice in backward")
+            c.expect(not (ag["unit"].value_counts() > m.get("micro_batches", 1)).any(),
+                     f"{at}: a unit gathered more than once per micro-batch in backward")
             if m["fsdp_version"] == 1:  # no compute waits on a reduce-scatter before backward ends
                 w = g[(g["op_name"] == "wait") & g["request"].isin(set(rs["request"]))]
                 c.expect(bool((w["start"] >= bwd_gemm["end"].max()).all()),
@@ -178,7 +242,7 @@ def check_schedule(c, run):
                     prev = a["start"]
         if m["strategy"] == "ddp":  # buckets: the model once, the first closing at 1 MiB
             ar = g[g["op_name"] == "all-reduce"].sort_values("start")
-            params = m.get("param_count_per_rank", m["param_count"])  # a tensor-parallel rank's part
+            params = int(stage_params[st])  # the stage's part (a tensor-parallel rank's)
             total = params * DTYPE_BYTES[m["reduce_dtype"]]
             c.expect(int(ar["bytes"].sum()) == total, f"{at}: buckets do not cover the model once")
             first = int(ar["bytes"].iloc[0]) * DTYPE_BYTES[m["dtype"]] // DTYPE_BYTES[m["reduce_dtype"]]
@@ -186,34 +250,47 @@ def check_schedule(c, run):
                      f"{at}: first bucket {first} B, below 1 MiB")
 
 
-def tensor_parallel_counts(m):
-    """{(unit, phase): [bytes of each tensor-parallel all-reduce]} of one step, Megatron-LM's
-    conjugate collectives: per encoder block 2 forward (attention o, feed-forward wo) and 2
-    backward (their inputs' gradients) of batch × seq × d_model elements; per decoder block 3
-    and 3 (with cross-attention); the root's vocabulary-parallel embeddings (encoder and
-    decoder, forward), the parallel cross-entropy's row max and sums (fp32), the head's input
-    gradient and the encoder output's summed cross-attention gradient (backward). Activation
-    checkpointing repeats each block's forward ones in backward."""
-    es, L = DTYPE_BYTES[m["dtype"]], m["layers"]
-    ne, nd = m["batch_per_rank"] * m["enc_seq_len"], m["batch_per_rank"] * m["dec_seq_len"]
+def tensor_parallel_counts(m, stages):
+    """{(unit, phase): [bytes of each tensor-parallel all-reduce]} of one step of the model
+    stages `stages`, Megatron-LM's conjugate collectives: per encoder block 2 forward
+    (attention o, feed-forward wo) and 2 backward (their inputs' gradients) of batch × seq ×
+    d_model elements; per decoder block 3 and 3 (with cross-attention); the root's
+    vocabulary-parallel embeddings (encoder, decoder: forward), the parallel cross-entropy's
+    row max and sums (fp32), the head's input gradient and the encoder output's summed
+    cross-attention gradient (backward). Activation checkpointing repeats each block's forward
+    ones in backward; each micro-batch has its own."""
+    es, L, M = DTYPE_BYTES[m["dtype"]], m["layers"], m.get("micro_batches", 1)
+    b = m["batch_per_rank"] // M
+    ne, nd = b * m["enc_seq_len"], b * m["dec_seq_len"]
     d, ckpt = m["d_model"], m["activation_checkpointing"]
-    want = {(0, "forward"): sorted([ne * d * es, nd * d * es, nd * 4, 2 * nd * 4]),
-            (0, "backward"): sorted([nd * d * es, ne * d * es])}
-    for layer in range(L):
-        for unit, n, per in ((1 + layer, ne, 2), (1 + L + layer, nd, 3)):
-            want[(unit, "forward")] = [n * d * es] * per
-            want[(unit, "backward")] = [n * d * es] * per * (2 if ckpt else 1)
-    return want
+    want = {}
+    add = lambda unit, phase, sizes: want.setdefault((unit, phase), []).extend(sizes * M)  # noqa: E731
+    for k in stages:
+        if k == 0:
+            add(0, "forward", [ne * d * es])
+        elif k <= L:
+            add(k, "forward", [ne * d * es] * 2)
+            add(k, "backward", [ne * d * es] * 2 * (2 if ckpt else 1))
+        elif k == L + 1:
+            add(0, "forward", [nd * d * es])
+            add(0, "backward", [ne * d * es])
+        elif k <= 2 * L + 1:
+            add(k - 1, "forward", [nd * d * es] * 3)
+            add(k - 1, "backward", [nd * d * es] * 3 * (2 if ckpt else 1))
+        else:
+            add(0, "forward", [nd * 4, 2 * nd * 4])
+            add(0, "backward", [nd * d * es])
+    return {k: sorted(v) for k, v in want.items()}
 
 
-def check_tensor_parallel(c, m, g, at):
+def check_tensor_parallel(c, m, g, at, stages):
     """The tensor-parallel all-reduces of one rank's step, by unit and phase, against the
-    formula; each over the rank's tensor-parallel group."""
+    formula for the model stages it runs; each over the rank's tensor-parallel group."""
     t = g[g["axis_name"] == "tp"]
     c.expect(bool((t["op_name"] == "all-reduce").all()), f"{at}: a tensor-parallel collective other than all-reduce")
     c.expect(bool((t["ranks"] == m["tp_size"]).all()), f"{at}: a tensor-parallel collective not over tp_size ranks")
     got = {k: sorted(int(b) for b in x["bytes"]) for k, x in t.groupby(["unit", "phase_name"], observed=True)}
-    want = tensor_parallel_counts(m)
+    want = tensor_parallel_counts(m, stages)
     for key in sorted(set(got) | set(want), key=str):
         c.expect(got.get(key, []) == sorted(want.get(key, [])),
                  f"{at}: unit {key[0]} {key[1]}: tensor-parallel all-reduces {got.get(key, [])}, "

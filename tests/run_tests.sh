@@ -30,6 +30,8 @@ echo "=== MPI integration tests"
 bash tests/mpi_tests.sh || failed=$((failed + 1))
 echo "=== tensor parallelism: --tp with every strategy (tests/tp_tests.sh)"
 bash tests/tp_tests.sh || failed=$((failed + 1))
+echo "=== pipeline parallelism: --pp with GPipe and 1F1B (tests/pp_tests.sh)"
+bash tests/pp_tests.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
 echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"

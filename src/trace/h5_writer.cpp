@@ -54,6 +54,7 @@ const std::vector<Column> kStepColumns = {
     SB_COLUMN(StepRow, comm_bytes, I64),    SB_COLUMN(StepRow, peak_memory, I64),
     SB_COLUMN(StepRow, device_used, I64),    SB_COLUMN(StepRow, loss_scale, F64),
     SB_COLUMN(StepRow, skipped, I32),       SB_COLUMN(StepRow, sent_bytes, I64),
+    SB_COLUMN(StepRow, idle, F64),
 };
 
 const std::vector<Column> kEventColumns = {

@@ -46,11 +46,15 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"CUDA graphs", c.compute.graphs ? "on" : "off"},
       {"seed", std::to_string(c.strategy.seed)},
   };
-  if (layout.tp > 1) {  // after the world's row: the ranks a model copy spans
-    rows.insert(rows.begin() + 8, {"tensor parallel / data parallel", std::to_string(layout.tp) + " / " +
-                                                                          std::to_string(layout.dp())});
-    rows[3].second += " (" + with_commas(param_count_per_rank(m, layout.tp)) + " per rank)";
+  if (layout.tp > 1 || layout.pp > 1) {  // after the world's row: the ranks a model copy spans
+    rows.insert(rows.begin() + 8, {"pipeline / tensor / data par.", std::to_string(layout.pp) + " / " +
+                                                                        std::to_string(layout.tp) + " / " +
+                                                                        std::to_string(layout.dp())});
+    if (layout.tp > 1) rows[3].second += " (" + with_commas(param_count_per_rank(m, layout.tp)) + " per rank)";
   }
+  if (layout.pp > 1)
+    rows.insert(rows.begin() + 9, {"micro-batches / schedule", std::to_string(c.strategy.micro_batches) + " / " +
+                                                                   pipe_schedule_name(c.strategy.pp_schedule)});
   if (c.strategy.kind == StrategyKind::DDP) {
     rows.push_back({"bucket cap", std::to_string(c.strategy.bucket_mb) + " MiB (first 1 MiB)"});
   } else {
@@ -74,6 +78,9 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
   out("  communication        %.2f ms issued, %.2f ms exposed (not overlapped)\n", s.communication * 1e3,
       s.exposed * 1e3);
   out("  harness overhead     %.3f ms (%.2f%% of the step)\n", s.overhead * 1e3, 100 * s.overhead / t);
+  if (s.pp > 1)
+    out("  pipeline bubble      %.1f%% of the step measured (ranks not computing, mean), %.1f%% in theory "
+        "((S - 1) / (M + S - 1))\n", 100 * s.idle_share, 100 * s.bubble_theory);
   // With more ranks than cores the replay (all ranks at once) competes for cores unlike the
   // step (ranks alternate compute and waits): the ratio then says nothing about the harness.
   out("  GEMM rate in step    %.1f%% of the same GEMM shapes replayed outside the step (worst rank)%s\n",
@@ -119,6 +126,8 @@ std::vector<Attr> summary_attrs(const Summary& s) {
       Attr::integer("plan_peak_memory_bytes", s.plan_peak),
       Attr::integer("rss_growth_bytes", s.rss_growth),
       Attr::num("final_loss", s.final_loss),
+      Attr::num("idle_share", s.idle_share),
+      Attr::num("pipeline_bubble_theory", s.bubble_theory),
       Attr::str("warnings", warnings),
   };
 }
@@ -137,6 +146,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("replicas", layout.replicate),
       Attr::integer("tp_size", layout.tp),
       Attr::integer("pp_size", layout.pp),
+      Attr::integer("micro_batches", c.strategy.micro_batches),
+      Attr::str("pp_schedule", pipe_schedule_name(c.strategy.pp_schedule)),
       Attr::integer("dp_size", layout.dp()),
       Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
       Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
@@ -196,6 +207,24 @@ std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
     a.push_back(Attr::integer(std::string("peak_") + mem_category_name(MemCategory(c)), p.peak[c]));
     a.push_back(Attr::integer(std::string("at_peak_") + mem_category_name(MemCategory(c)), p.at_peak[c]));
   }
+  // Each pipeline stage (one without --pp), as comma-separated lists: its first model stage
+  // (then the total), planned peak, GEMM FLOPs and parameters.
+  std::string first, peaks, flops, params;
+  char num[64];
+  for (const StagePlan& st : p.stages) {
+    first += std::to_string(st.first_stage) + ",";
+    peaks += std::to_string(st.peak_total) + ",";
+    std::snprintf(num, sizeof num, "%.17g,", st.counted_flops);
+    flops += num;
+    params += std::to_string(st.params) + ",";
+  }
+  first += std::to_string(p.stages.back().last_stage);
+  for (std::string* l : {&peaks, &flops, &params}) l->pop_back();
+  a.push_back(Attr::integer("pp_size", p.layout.pp));
+  a.push_back(Attr::str("stage_first", first));
+  a.push_back(Attr::str("stage_peak_total", peaks));
+  a.push_back(Attr::str("stage_counted_gemm_flops", flops));
+  a.push_back(Attr::str("stage_params", params));
   a.push_back(Attr::str("text", format_plan(cfg, p)));
   return a;
 }

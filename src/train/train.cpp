@@ -263,7 +263,7 @@ class TrainingRun {
                                      hw_flops / st.time() / 1e12, tokens_per_step / st.time(),
                                      loss_sum / (double(cfg.shape.batch) * cfg.shape.dec_len), st.comm_bytes,
                                      st.peak_memory, backend.device_memory_used(), scale_used, skipped,
-                                     st.sent_bytes});
+                                     st.sent_bytes, st.time() - st.compute});
       if (!warm) {
         timed_.push_back(g);
         my_gemm_time_.push_back(st.gemm);
@@ -319,6 +319,12 @@ class TrainingRun {
     s.first_nonfinite = first_nonfinite_;
     s.skipped_steps = skipped_steps_;
     s.final_loss_scale = strategy_->loss_scale();
+    std::vector<double> idle;
+    for (const GlobalStep& g : timed_) idle.push_back(1 - g.compute / g.time);
+    s.idle_share = median(idle);
+    s.pp = layout_.pp;
+    const double S = layout_.pp, M = cfg_.strategy.micro_batches;
+    s.bubble_theory = (S - 1) / (M + S - 1);
     return s;
   }
 

@@ -74,6 +74,7 @@ struct StepRow {
   double loss_scale;    // the loss scale this step ran with
   int32_t skipped;      // 1: dynamic loss scaling skipped the update (inf/NaN gradients)
   int64_t sent_bytes;   // bytes this rank's collectives sent (bytes_sent())
+  double idle;          // time - compute: waiting (a pipeline stage for its neighbours) or the harness
 };
 
 // Everything one rank contributes to the result file.

@@ -40,6 +40,11 @@ struct Summary {
   int first_nonfinite = 0;       // the first step whose global loss was inf or NaN (0: none)
   int skipped_steps = 0;         // dynamic loss scaling: updates skipped
   double final_loss_scale = 0;
+  // The share of the step a rank does not compute (1 − mean compute / slowest rank's step
+  // time, median over the timed steps): under pipeline parallelism the bubble, beside the
+  // schedule's theoretical (S − 1) / (M + S − 1).
+  double idle_share = 0, bubble_theory = 0;
+  int pp = 1;
   bool oversubscribed() const { return ranks_on_node > cores; }
 };
 // The summary block and the RESULT line.
