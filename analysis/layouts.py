@@ -71,7 +71,7 @@ def draw(runs, out):
             pps.add(pp)
             bases.add(base)
         device = plots.device_word(rs)
-        batches = sorted({(r.meta["batch_per_rank"], layout_of(r)[1]) for r in rs})
+        batches = {(layout_of(r)[1], layout_of(r)[2], r.meta["batch_per_rank"]) for r in rs}
         axes[0][col].set_title(f"{model}\n{src}", fontsize=8)
         for row, ylabel in ((0, f"TFLOPS per {device}"), (1, f"peak memory per {device} (GiB)")):
             ax = axes[row][col]
@@ -84,8 +84,8 @@ def draw(runs, out):
                        if line.get_transform() == ax.transData), default=0)
             ax.set_ylim(0, top * 1.15 if top > 0 else 1)
             ax.grid(alpha=0.3)
-        per_tp = ", ".join(sorted({f"tp {tp}: {b}" for b, tp in batches}, key=lambda s: int(s.split()[1][:-1])))
-        axes[1][col].set_title(f"batch per data-parallel rank ({per_tp})", fontsize=7)
+        per_layout = ", ".join(f"tp {tp}{f' pp {pp}' if pp > 1 else ''}: {b}" for tp, pp, b in sorted(batches))
+        axes[1][col].set_title(f"batch per data-parallel rank ({per_layout})", fontsize=7)
     handles = [matplotlib.lines.Line2D([], [], color=plots.color(b), lw=2, label=b) for b in sorted(bases)]
     handles += [matplotlib.lines.Line2D([], [], color="black", ls=TP_STYLES.get(t, "-"), label=f"tp {t}")
                 for t in sorted(tps)]

@@ -9,6 +9,12 @@ Example: the published study's T5-11B scaling on the A100 cluster:
         --strategies fsdp-full,fsdp-hybrid --gpus 8,16,32,64,128,256,512 --batch 8,16 \\
         --seq-len 512 --activation-checkpointing --out results/projection
 
+Layouts at equal global batch (tensor and pipeline parallelism; --batch per GPU):
+
+    analysis/project.py --cluster runs/clusters/a100-80gb.toml --model t5-11.3b \\
+        --strategies fsdp-full,fsdp-full-tp2,ddp-tp2-pp4 --gpus 8,64 --batch 8 --batch-per gpu \\
+        --micro-batches 16 --activation-checkpointing --out results/layouts
+
 A run matrix's points, or a shape no preset has:
 
     analysis/project.py --cluster runs/clusters/a100-80gb.toml --matrix runs/t5_v1_1.toml \\
@@ -23,7 +29,8 @@ and the optimizer update in the order the strategy issues them. The schedule is 
 a compute lane and two communication lanes: each compute operation costed by its shape from
 the GEMM rates and bandwidths measured on the target GPU (the calibration runs the cluster
 description names), each collective by NCCL's cost model over the cluster's NVLink and NIC
-tiers. Each point is written as an HDF5 result in the programs' schema with projected = 1.
+tiers; a pipeline's stages (-ppS labels) side by side, each receive waiting for its send.
+Each point is written as an HDF5 result in the programs' schema with projected = 1.
 docs/projection.md describes the model, its calibration and its validation.
 """
 import json
@@ -70,23 +77,32 @@ def strategy_args(label, cluster, world):
     return [program] + flags
 
 
-def write_events(f, sched, events):
-    """The replayed step as /events (docs/trace-format.md): rank 0, step 1, lanes 0 compute,
-    1 all-gathers, 2 reductions, 3 tensor-parallel collectives; and rank 0's /mesh row;
-    analysis/to_perfetto.py draws it."""
+def write_events(f, sched, stages):
+    """The replayed step as /events (docs/trace-format.md): step 1 of rank 0 (under --pp of
+    each stage's first rank), lanes 0 compute, 1 all-gathers, 2 reductions, 3 tensor-parallel
+    collectives, 4 sends, 5 receives; and those ranks' /mesh rows; analysis/to_perfetto.py
+    draws it."""
     dtype = [("rank", "<i4"), ("step", "<i4"), ("phase", "<i4"), ("op", "<i4"), ("unit", "<i4"), ("lane", "<i4"),
              ("start", "<f8"), ("end", "<f8"), ("bytes", "<i8"), ("flops", "<f8"), ("m", "<i4"), ("n", "<i4"),
              ("k", "<i4"), ("batch", "<i4"), ("trans", "<i4"), ("ranks", "<i4"), ("sent_bytes", "<i8"),
              ("request", "<i8"), ("axis", "<i4")]
     code = {name: i for i, name in enumerate(sched["op_names"])}  # the replay names ops; the file codes them
-    rows = np.zeros(len(events), dtype=dtype)
-    for i, (op, phase, unit, lane, start, end, nbytes, flops, axis, ranks, sent) in enumerate(events):
-        rows[i] = (0, 1, phase, code[op], unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0, ranks, sent, -1, axis)
+    rows = np.zeros(sum(len(events) for _, events in stages), dtype=dtype)
+    i = 0
+    for rank, events in stages:
+        for op, phase, unit, lane, start, end, nbytes, flops, axis, ranks, sent in events:
+            rows[i] = (rank, 1, phase, code[op], unit, lane, start, end, nbytes, flops, 0, 0, 0, 0, 0, ranks, sent, -1,
+                       axis)
+            i += 1
     ds = f.create_dataset("events", data=rows)
     ds.attrs["op_names"] = sched["op_names"]
     ds.attrs["phase_names"] = sched["phase_names"]
     ds.attrs["axis_names"] = sched["axis_names"]
-    f.create_dataset("mesh", data=np.zeros(1, dtype=[("rank", "<i4")] + [(a, "<i4") for a in sched["axis_names"]]))
+    mesh = np.zeros(len(stages), dtype=[("rank", "<i4")] + [(a, "<i4") for a in sched["axis_names"]])
+    for stage, (rank, _) in enumerate(stages):  # the first rank of each stage: index 0 on every other axis
+        mesh[stage]["rank"] = rank
+        mesh[stage]["pp"] = stage
+    f.create_dataset("mesh", data=mesh)
 
 
 def write_result(path, sched, sim, cluster, args, label):
@@ -110,6 +126,10 @@ def write_result(path, sched, sim, cluster, args, label):
         a["tp_size"] = sched["tp_size"]
         a["pp_size"] = sched["pp_size"]
         a["dp_size"] = sched["dp_size"]
+        a["micro_batches"] = sched.get("micro_batches", 1)
+        a["pp_schedule"] = sched.get("pp_schedule", "1f1b")
+        stages = sched["pp_size"]
+        a["pipeline_bubble_theory"] = (stages - 1) / (a["micro_batches"] + stages - 1) if stages > 1 else 0.0
         a["replicas"] = sched["replicas"]
         a["ranks_per_node"] = min(sched["world_size"], cluster["gpus_per_node"])
         a["nodes"] = max(1, math.ceil(sched["world_size"] / cluster["gpus_per_node"]))
@@ -133,9 +153,10 @@ def write_result(path, sched, sim, cluster, args, label):
             a["median_tokens_per_s"] = (sched["batch_per_rank"] * sched["dp_size"] *
                                         (sched["enc_seq_len"] + sched["dec_seq_len"]) / sim["time"])
             a["median_exposed_comm_s"] = sim["exposed"]
+            a["idle_share"] = sim["idle_share"]
             a["max_peak_memory_bytes"] = mem["peak_total"]
             a["plan_peak_memory_bytes"] = mem["peak_total"]
-            write_events(f, sched, sim["events"])
+            write_events(f, sched, sim["stages"])
         g = f.create_group("plan")
         g.attrs["peak_total"] = mem["peak_total"]
         g.attrs["limit"] = mem["limit"]
@@ -165,7 +186,8 @@ def parse_args(argv):
     ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none",
                     help="comma-separated strategy labels as the programs print them: ddp, fsdp-full, "
                          "fsdp-hybridG (shard groups of G ranks; fsdp-hybrid: G = GPUs per node), fsdp-none, "
-                         "fsdp-grad-op (default: %(default)s)")
+                         "fsdp-grad-op, each optionally with -tp<N> and -pp<S> (tensor parallelism, pipeline stages: "
+                         "fsdp-full-tp2, ddp-tp2-pp4) (default: %(default)s)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512", help="comma-separated GPU counts (world sizes) (default: %(default)s)")
     # The programs' shape flags, passed to every --model's plan as they are (the program checks
     # them: a bad value is its one line, exit 2).
@@ -179,10 +201,19 @@ def parse_args(argv):
                 "shared embedding, or a matrix of its own"}.get(key, f"override the preset's {key} (an integer)")
         ap.add_argument(flag, dest=key, default=None, help=f"{what}, as the programs' {flag} (default: the preset's)")
     ap.add_argument("--batch", default="8", help="comma-separated per-GPU batch sizes (sequences per rank) (default: %(default)s)")
+    ap.add_argument("--batch-per", choices=("rank", "gpu"), default="rank",
+                    help="--batch is per data-parallel rank (the programs' --batch), or per GPU: batch x N x S per "
+                         "data-parallel rank of a -tpN-ppS label, every layout of a GPU count training the same "
+                         "global batch (default: %(default)s)")
     ap.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default: %(default)s)")
     ap.add_argument("--dec-seq-len", type=int, default=None, help="decoder tokens per sequence (default: --seq-len)")
     ap.add_argument("--activation-checkpointing", action="store_true",
                     help="recompute each block's forward in backward")
+    ap.add_argument("--micro-batches", type=int, default=None,
+                    help="micro-batches per step of a data-parallel rank for the -pp<S> labels, as the programs' "
+                         "--micro-batches (must divide --batch) (default: the programs', S)")
+    ap.add_argument("--pp-schedule", choices=("gpipe", "1f1b"), default=None,
+                    help="pipeline schedule of the -pp<S> labels, as the programs' --pp-schedule (default: theirs, 1f1b)")
     ap.add_argument("--reduce-dtype", choices=PRECISIONS, default=None,
                     help="gradient reductions (default: the cluster description's dtype, which the steps compute in)")
     ap.add_argument("--all-gathers", choices=("fsdp1", "program"), default="fsdp1",
@@ -296,16 +327,22 @@ def points_to_project(a, cluster, gpus, batches):
         for label in a.strategies.split(","):
             for batch in batches:
                 for n in gpus:
+                    per_rank = strategy_labels.batch_per_rank(label, batch, a.batch_per)
                     args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + [
-                        "--batch", str(batch), "--seq-len", str(a.seq_len)]
+                        "--batch", str(per_rank), "--seq-len", str(a.seq_len)]
                     if a.dec_seq_len is not None:
                         args += ["--dec-seq-len", str(a.dec_seq_len)]
                     if a.activation_checkpointing:
                         args.append("--activation-checkpointing")
                     args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
+                    if strategy_labels.pipeline_stages(label) > 1:
+                        if a.micro_batches is not None:
+                            args += ["--micro-batches", str(a.micro_batches)]
+                        if a.pp_schedule is not None:
+                            args += ["--pp-schedule", a.pp_schedule]
                     # the preset, or the preset and its overrides, then the label the program prints
                     tag = model_shapes.tag(entry)
-                    out.append((tag, f"{tag}-{{label}}-g{n}-b{batch}-s{a.seq_len}", label, batch, n, args))
+                    out.append((tag, f"{tag}-{{label}}-g{n}-b{per_rank}-s{a.seq_len}", label, per_rank, n, args))
     return out
 
 
@@ -321,7 +358,7 @@ def main(argv=None):
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
     width = max(10, *(len(tag) for tag, *_ in todo))
     print(f"{'model':<{width}} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
-          f"{'exposed ms':>10} {'peak GiB':>9}  status")
+          f"{'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
     bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
     for model, name, label, batch, n, args in todo:
         try:
@@ -339,6 +376,7 @@ def main(argv=None):
               f"{sim['time'] * 1e3 if fits else nan:>10.2f} "
               f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fits else nan:>11.2f} "
               f"{sim['exposed'] * 1e3 if fits else nan:>10.2f} "
+              f"{sim['idle_share'] * 100 if fits else nan:>6.1f} "
               f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
     print(f"project: wrote {a.out}/")
     return 0

@@ -356,16 +356,52 @@ def calibrate_collectives(cluster, path):
 
 # ---------------------------------------------------------------- replay
 
-def schedule_ops(sched):
-    """The schedule's rows as tuples (op name, phase, unit, bytes, flops, request, (m, n, k,
-    batch), axis, sent bytes); the names are the schedule's own op_names; axis is the code of
-    a collective's mesh axis (-1 for other ops)."""
+def p2p_time(cluster, nbytes, same_node):
+    """Seconds of one point-to-point transfer of `nbytes` between two ranks: on one node over
+    NVLink at the ring's per-GPU bandwidth, across nodes through the sender's own NIC (one NIC
+    per GPU, rail-optimised); the tier's latency (and NCCL's fixed cost on NCCL clusters)."""
+    tier = cluster["intra"] if same_node else cluster["inter"]
+    bw = tier["bandwidth_gbps"] if same_node else min(cluster["intra"]["bandwidth_gbps"], tier["nic_bandwidth_gbps"])
+    lat = tier["latency_us"] + (NCCL_RING_BASE_US if cluster["collectives"] != "ring" else 0.0)
+    return lat * 1e-6 + nbytes / (bw * 1e9)
+
+
+class _Pipe:
+    """The point-to-point messages between pipeline stages. The k-th send from rank a to rank b
+    pairs with b's k-th receive from a (the programs post them in the same order on both
+    sides, as NCCL's send/receive requires); the transfer starts once both are posted."""
+
+    def __init__(self, cluster):
+        self.cluster, self.posted = cluster, {}  # (src, dst) -> {"send": [(t, bytes)], "recv": [...]}
+
+    def post(self, kind, src, dst, t, nbytes):
+        sides = self.posted.setdefault((src, dst), {"send": [], "recv": []})
+        sides[kind].append((t, nbytes))
+        return (src, dst, len(sides[kind]) - 1)
+
+    def transfer(self, key):
+        """(start, end) of message `key`, or None while its other side is not posted."""
+        src, dst, k = key
+        sides = self.posted[(src, dst)]
+        if k >= len(sides["send"]) or k >= len(sides["recv"]):
+            return None
+        (ts, nbytes), (tr, _) = sides["send"][k], sides["recv"][k]
+        per = self.cluster["gpus_per_node"]
+        start = max(ts, tr)
+        return start, start + p2p_time(self.cluster, nbytes, src // per == dst // per)
+
+
+def schedule_ops(sched, rows=None):
+    """The schedule's rows (default: its "ops", rank 0's; a stage's "ops" under --pp) as tuples
+    (op name, phase, unit, bytes, flops, request, (m, n, k, batch), axis, sent bytes, peer); the
+    names are the schedule's own op_names; axis is the code of a collective's mesh axis (-1
+    for other ops), peer the other rank of a send or receive (-1 for other ops)."""
     cols, names = sched["columns"], sched["op_names"]
     idx = {c: cols.index(c) for c in cols}
-    for row in sched["ops"]:
+    for row in sched["ops"] if rows is None else rows:
         shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]])
         yield (names[row[idx["op"]]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
-               row[idx["request"]], shape, row[idx["axis"]], row[idx["sent_bytes"]])
+               row[idx["request"]], shape, row[idx["axis"]], row[idx["sent_bytes"]], row[idx["peer"]])
 
 
 def simulate(sched, cluster, fsdp1_gathers=None):
@@ -384,16 +420,23 @@ def simulate(sched, cluster, fsdp1_gathers=None):
     runs at the slowest of the world's GPUs (straggler_factor), and a compute kernel that
     shares the GPU with a collective's kernels runs slower by [compute] overlap_slowdown.
     A collective's timing depends on when compute issues it, so the replay is repeated with
-    the previous pass's collective intervals until the step time settles."""
+    the previous pass's collective intervals until the step time settles.
+
+    Under --pp every stage's first rank is replayed from its own list (the schedule's
+    "stages"), side by side: a receive's wait ends when the message, posted on both sides,
+    has crossed the tier between the two ranks (p2p_time); the step ends with the slowest
+    stage, and idle_share is 1 − mean compute / step time, as the programs measure it."""
     if fsdp1_gathers is None:
         fsdp1_gathers = sched.get("program") == "fsdp_perf"
     slowdown = cluster["compute"].get("overlap_slowdown", 0.0)
-    busy, last = [], None
+    busy, last = {}, None
+    stage_lists = _stage_lists(sched, cluster)
     for _ in range(50):
-        sim = _replay(sched, cluster, fsdp1_gathers, busy, slowdown)
+        sim = _replay(sched, stage_lists, cluster, fsdp1_gathers, busy, slowdown)
         if not slowdown or (last is not None and abs(sim["time"] - last) <= 1e-9 * sim["time"]):
             break
-        last, busy = sim["time"], _merged([(e[4], e[5]) for e in sim["events"] if e[3] != 0])
+        last = sim["time"]
+        busy = {rank: _merged([(e[4], e[5]) for e in events if e[3] != 0]) for rank, events in sim["stages"]}
     return sim
 
 
@@ -409,10 +452,11 @@ def _merged(intervals):
     return out
 
 
-def _stretched(t, work, busy, slowdown):
+def _stretched(t, work, busy, busy_ends, slowdown):
     """Seconds a compute operation of `work` uncontended seconds takes from t when it runs
-    at 1/(1 + slowdown) of its speed inside the busy (collective) intervals."""
-    end, i = t, bisect.bisect_right([b for _, b in busy], t)
+    at 1/(1 + slowdown) of its speed inside the busy (collective) intervals (busy_ends: their
+    ends, for the search)."""
+    end, i = t, bisect.bisect_right(busy_ends, t)
     while work > 1e-15:
         if i >= len(busy) or end < busy[i][0]:  # free until the next busy interval
             free = (busy[i][0] - end) if i < len(busy) else math.inf
@@ -426,70 +470,148 @@ def _stretched(t, work, busy, slowdown):
     return end - t
 
 
-def _replay(sched, cluster, fsdp1_gathers, busy, slowdown):
-    cm = cluster["compute_model"]
-    w = sched["world_size"]
-    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
-    tiers = group_tiers(sched, cluster)
-    tensor = sched["axis_names"].index("tp")
-    t = compute = comm = exposed = 0.0
-    # Lanes as the CUDA backend's streams: all-gathers, the reductions, and the tensor-parallel
-    # collectives (on the compute stream's order: compute waits for each at once).
-    lanes, wire, done = {"gather": 0.0, "reduce": 0.0, "tensor": 0.0}, {}, {}
-    lane_number = {"gather": 1, "reduce": 2, "tensor": 3}
-    gathers, wait_at, deferred = [], {}, {}  # all-gather requests in issue order; limiter state
-    pending_cast = 0.0
-    ops = list(schedule_ops(sched))
-    # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
-    # replayed timeline
-    events = []
+class _StageReplay:
+    """One rank's replay of its schedule (for a pipeline, the first rank of one stage): a
+    compute lane, the collective lanes of the CUDA backend's streams, and the sends and
+    receives of its pipeline neighbours. `advance` runs until the rank waits for a message
+    whose other side is not posted yet, so that the stages can be replayed side by side."""
 
-    def launch(name, nbytes, req, earliest, extra, tag, axis, sent):
-        nonlocal comm
-        n, nodes = tiers[axis]
-        lane = "tensor" if axis == tensor else "gather" if name == "all-gather" else "reduce"
-        start = max(earliest, lanes[lane])
-        d = collective_time(cluster, name, nbytes, n, nodes, sent)
+    # The CUDA backend's streams (trace lanes): all-gathers, the reductions, tensor-parallel
+    # collectives, and a pipeline's activations and their gradients, each direction's sends
+    # and receives in order on one stream.
+    LANES = {"gather": 1, "reduce": 2, "tensor": 3, "activations": 4, "gradients": 5}
+
+    def __init__(self, sched, stage, cluster, fsdp1_gathers, busy, slowdown):
+        self.cluster = cluster
+        self.rank, self.ops, self.cost = stage
+        self.i = 0
+        self.tiers = group_tiers(sched, cluster)
+        self.tensor = sched["axis_names"].index("tp")
+        self.pipeline = sched["axis_names"].index("pp")
+        self.fsdp1_gathers, self.busy, self.slowdown = fsdp1_gathers, busy, slowdown
+        self.busy_ends = [b for _, b in busy]
+        self.t = self.compute = self.comm = self.exposed = self.waited_for_stages = 0.0
+        self.forward = sched["phase_names"].index("forward")
+        self.lanes, self.wire, self.done = {name: 0.0 for name in self.LANES}, {}, {}
+        self.gathers, self.wait_at, self.deferred = [], {}, {}  # all-gather requests in issue order; limiter state
+        self.messages = {}  # request -> (send|recv, pipe key) of a posted point-to-point
+        self.pending_cast = 0.0
+        # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
+        # replayed timeline
+        self.events = []
+
+    @property
+    def finished(self):
+        return self.i >= len(self.ops)
+
+    def launch(self, name, nbytes, req, earliest, extra, tag, axis, sent):
+        n, nodes = self.tiers[axis]
+        lane = "tensor" if axis == self.tensor else "gather" if name == "all-gather" else "reduce"
+        start = max(earliest, self.lanes[lane])
+        d = collective_time(self.cluster, name, nbytes, n, nodes, sent)
         res = "net" if nodes > 1 else "nvlink"
-        end = max(start + extra, wire.get(res, 0.0)) + d
-        wire[res] = lanes[lane] = done[req] = end
-        comm += d
-        events.append((tag[0], tag[1], tag[2], lane_number[lane], end - d, end, nbytes, 0.0, axis, n, sent))
+        end = max(start + extra, self.wire.get(res, 0.0)) + d
+        self.wire[res] = self.lanes[lane] = self.done[req] = end
+        self.comm += d
+        self.events.append((tag[0], tag[1], tag[2], self.LANES[lane], end - d, end, nbytes, 0.0, axis, n, sent))
 
-    for i, (op, phase, unit, nbytes, flops, req, shape, axis, sent) in enumerate(ops):
-        tag = (op, phase, unit)
+    def advance(self, pipe):
+        """Replays ops until the end or a wait on an unmatched message; True if it moved."""
+        start = self.i
+        while self.i < len(self.ops):
+            op, phase, unit, nbytes, flops, req, shape, axis, sent, peer = self.ops[self.i]
+            if op == "wait" and req in self.messages and not self.complete(req, pipe):
+                break
+            self.step(self.i, pipe)
+            self.i += 1
+        return self.i > start
+
+    def complete(self, req, pipe):
+        """Sets a point-to-point request's end once both sides are posted."""
+        if req in self.done:
+            return True
+        kind, key, tag = self.messages[req]
+        span = pipe.transfer(key)
+        if span is None:
+            return False
+        op, phase, unit, nbytes, sent, peer = tag
+        lane = "activations" if phase == self.forward else "gradients"
+        start = max(span[0], self.lanes[lane])  # one message at a time per direction, as a stream
+        end = start + (span[1] - span[0])
+        self.lanes[lane] = self.done[req] = end
+        if kind == "send":
+            self.comm += end - start
+        self.events.append((op, phase, unit, self.LANES[lane], start, end, nbytes, 0.0, self.pipeline, 2, sent))
+        return True
+
+    def step(self, i, pipe):
+        op, phase, unit, nbytes, flops, req, shape, axis, sent, peer = self.ops[i]
+        t, tag = self.t, (op, phase, unit)
         if op in COMPUTE_OPS:
-            d = cm.time(op, nbytes, flops, shape) * slow
-            if (fsdp1_gathers and op == "copy" and i + 1 < len(ops) and ops[i + 1][0] == "all-gather"):
-                pending_cast = d  # the shard's cast runs on the gather stream
-                continue
-            if busy:
-                d = _stretched(t, d, busy, slowdown)
-            events.append((op, phase, unit, 0, t, t + d, nbytes, flops, -1, 0, 0))
-            t += d
-            compute += d
+            d = self.cost[i]
+            if self.fsdp1_gathers and op == "copy" and i + 1 < len(self.ops) and self.ops[i + 1][0] == "all-gather":
+                self.pending_cast = d  # the shard's cast runs on the gather stream
+                return
+            if self.busy:
+                d = _stretched(t, d, self.busy, self.busy_ends, self.slowdown)
+            self.events.append((op, phase, unit, 0, t, t + d, nbytes, flops, -1, 0, 0))
+            self.t += d
+            self.compute += d
+        elif op in ("send", "recv"):
+            key = pipe.post(op, self.rank if op == "send" else peer, peer if op == "send" else self.rank, t, nbytes)
+            self.messages[req] = (op, key, (op, phase, unit, nbytes, sent, peer))
         elif op in COLLECTIVES:
-            if op == "all-gather" and fsdp1_gathers:
-                k = len(gathers)
-                gathers.append(req)
+            if op == "all-gather" and self.fsdp1_gathers:
+                k = len(self.gathers)
+                self.gathers.append(req)
                 if k < 2:
-                    launch(op, nbytes, req, 0.0, pending_cast, tag, axis, sent)
-                elif gathers[k - 1] in wait_at:
-                    launch(op, nbytes, req, wait_at[gathers[k - 1]], pending_cast, tag, axis, sent)
+                    self.launch(op, nbytes, req, 0.0, self.pending_cast, tag, axis, sent)
+                elif self.gathers[k - 1] in self.wait_at:
+                    self.launch(op, nbytes, req, self.wait_at[self.gathers[k - 1]], self.pending_cast, tag, axis, sent)
                 else:  # the limiter holds it until compute reaches the wait for the previous one
-                    deferred[gathers[k - 1]] = (op, nbytes, req, pending_cast, tag, axis, sent)
-                pending_cast = 0.0
+                    self.deferred[self.gathers[k - 1]] = (op, nbytes, req, self.pending_cast, tag, axis, sent)
+                self.pending_cast = 0.0
             else:
-                launch(op, nbytes, req, t, 0.0, tag, axis, sent)
+                self.launch(op, nbytes, req, t, 0.0, tag, axis, sent)
         elif op == "wait":
-            wait_at.setdefault(req, t)
-            if req in deferred:
-                name, nb, rq, cast, held, ax, sn = deferred.pop(req)
-                launch(name, nb, rq, t, cast, held, ax, sn)
-            end = done.get(req, t)
+            self.wait_at.setdefault(req, t)
+            if req in self.deferred:
+                name, nb, rq, cast, held, ax, sn = self.deferred.pop(req)
+                self.launch(name, nb, rq, t, cast, held, ax, sn)
+            end = self.done.get(req, t)
             if end > t:
-                events.append((op, phase, unit, 0, t, end, 0, 0.0, -1, 0, 0))
-                exposed += end - t
-                t = end
-    events.sort(key=lambda e: (e[3], e[4]))
-    return {"time": t, "compute": compute, "communication": comm, "exposed": exposed, "events": events}
+                self.events.append((op, phase, unit, 0, t, end, 0, 0.0, -1, 0, 0))
+                if req in self.messages:
+                    self.waited_for_stages += end - t
+                else:
+                    self.exposed += end - t
+                self.t = end
+
+
+def _stage_lists(sched, cluster):
+    """[(rank, ops, cost)]: the schedule's one rank, or under --pp the first rank of every
+    stage, with each compute op's seconds on one GPU of the world (0 for other ops)."""
+    cm, w = cluster["compute_model"], sched["world_size"]
+    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
+    lists = ([(s["rank"], list(schedule_ops(sched, s["ops"]))) for s in sched["stages"]]
+             if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched)))])
+    return [(rank, ops, [cm.time(op, nbytes, flops, shape) * slow if op in COMPUTE_OPS else 0.0
+                         for op, _, _, nbytes, flops, _, shape, *_ in ops]) for rank, ops in lists]
+
+
+def _replay(sched, stage_lists, cluster, fsdp1_gathers, busy, slowdown):
+    stages = [_StageReplay(sched, stage, cluster, fsdp1_gathers, busy.get(stage[0], []), slowdown)
+              for stage in stage_lists]
+    pipe = _Pipe(cluster)
+    while not all(s.finished for s in stages):
+        if not any([s.advance(pipe) for s in stages]):
+            blocked = [f"rank {s.rank} at op {s.i}" for s in stages if not s.finished]
+            raise ProjectionError("the pipeline's sends and receives do not pair up (" + ", ".join(blocked) + ")")
+    # The step ends when the slowest stage does; the others idle until then (the bubble).
+    time = max(s.t for s in stages)
+    compute = sum(s.compute for s in stages) / len(stages)
+    for s in stages:
+        s.events.sort(key=lambda e: (e[3], e[4]))
+    return {"time": time, "compute": compute, "communication": sum(s.comm for s in stages) / len(stages),
+            "exposed": sum(s.exposed for s in stages) / len(stages), "idle_share": 1 - compute / time if time > 0 else 0.0,
+            "events": stages[0].events, "stages": [(s.rank, s.events) for s in stages]}

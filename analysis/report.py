@@ -141,9 +141,35 @@ def run_rows(runs, folder):
             os.path.relpath(r.path, folder), m["label"], model_label(m), m["world_size"], m["batch_per_rank"],
             m["enc_seq_len"], plots.device_word([r]), fmt(m.get("median_step_time_s", float("nan")) * 1e3, ".2f"),
             spread, fmt(m.get("median_model_tflops_per_rank"), ".4g"),
-            fmt((m.get("max_peak_memory_bytes") or r.plan.get("peak_total", 0)) / 2**20, ".1f"),
+            fmt((m.get("max_peak_memory_bytes") or r.plan.get("peak_total", 0)) / 2**20, ".1f"), idle_cell(m),
             "projected" if m.get("projected") else "measured", m["status"]]) + "</tr>")
     return rows
+
+
+def idle_cell(m):
+    """The share of the step the ranks did not compute, and under --pp the pipeline bubble's
+    theory (S − 1) / (M + S − 1) beside it."""
+    idle = m.get("idle_share")
+    if idle is None:
+        return "–"
+    text = f"{idle * 100:.1f} %"
+    if m.get("pp_size", 1) > 1:
+        text += f" (theory {m.get('pipeline_bubble_theory', float('nan')) * 100:.1f} %)"
+    return text
+
+
+def pipelines(runs):
+    """One line per pipelined run: its measured bubble beside the theory."""
+    items = []
+    for r in sorted(runs, key=lambda r: (model_label(r.meta), r.meta["label"], r.meta["world_size"])):
+        m = r.meta
+        if m.get("pp_size", 1) <= 1 or m.get("status") != "ok" or m.get("idle_share") is None:
+            continue
+        items.append(f"<li>{esc(m['label'])} {esc(model_label(m))} on {m['world_size']} ranks, {m['pp_size']} stages, "
+                     f"{m.get('micro_batches')} micro-batches, {esc(m.get('pp_schedule'))}: bubble "
+                     f"{m['idle_share'] * 100:.1f} % {'projected' if m.get('projected') else 'measured'}, "
+                     f"{m['pipeline_bubble_theory'] * 100:.1f} % in theory</li>")
+    return items
 
 
 def provenance(runs):
@@ -207,6 +233,11 @@ def main(argv=None):
         f'(open in ui.perfetto.dev or chrome://tracing)</figcaption></figure>' for r, png, trace in traces)
     if with_events > len(traces):
         tl_html += f"<p>{len(traces)} of {with_events} measured runs shown (--timelines).</p>"
+    pipe = pipelines(runs)
+    pipe_html = ("<h2>Pipeline bubbles</h2><p>The share of a step the ranks do not compute (1 − mean compute / "
+                 "the slowest rank's step time) beside the bubble of S stages and M micro-batches in theory, "
+                 "(S − 1) / (M + S − 1); the excess is communication the stages wait for and imbalance between "
+                 "them.</p><ul>" + "".join(pipe) + "</ul>") if pipe else ""
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>shardbench report</title>
 <style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse;font-size:90%}}
 td,th{{border:1px solid #ccc;padding:3px 6px}} figure.fig{{display:inline-block;margin:1em;vertical-align:top}}
@@ -219,9 +250,10 @@ TFLOPS are model FLOPs (3 × forward matmul FLOPs) per {esc(device)}; step times
 <h2>Strategy comparison</h2>{comp_html}
 <h2>Figures</h2>{grid}
 <h2>Timelines</h2>{tl_html or '<p>No measured run with events.</p>'}
+{pipe_html}
 <h2>Runs</h2><table><tr><th>file</th><th>strategy</th><th>model</th><th>ranks</th><th>batch</th><th>seq</th>
 <th>device</th><th>step ms (median)</th><th>step ms (fastest–slowest)</th><th>TFLOPS per rank</th><th>peak MiB</th>
-<th>source</th><th>status</th></tr>{''.join(run_rows(runs, a.results))}</table>
+<th>idle (pipeline bubble)</th><th>source</th><th>status</th></tr>{''.join(run_rows(runs, a.results))}</table>
 <h2>Provenance</h2><ul>{''.join(provenance(runs))}</ul></body></html>"""
     index = os.path.join(out, "index.html")
     with open(index, "w") as f:

@@ -65,6 +65,17 @@ def pipeline_stages(label):
     return split_layout(check(label))[2]
 
 
+def batch_per_rank(label, batch, per):
+    """The programs' --batch (sequences per data-parallel rank) of `batch` sequences per
+    "rank" (itself) or per "gpu": batch x N x S under -tpN-ppS, whose N x S GPUs share one
+    data-parallel rank's batch, so that every layout of a GPU count trains the same global
+    batch (batch x GPUs)."""
+    if per not in ("rank", "gpu"):
+        raise StrategyError(f"batch per {per!r}: allowed rank, gpu")
+    _, tp, pp = split_layout(check(label))
+    return batch * tp * pp if per == "gpu" else batch
+
+
 def shard_size(label, gpus_per_node, world):
     """G of a hybrid label (fsdp-hybrid: one node's data-parallel ranks, GPUs per node / N
     under -tpN, at most the data-parallel ranks); None otherwise."""

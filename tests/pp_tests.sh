@@ -73,6 +73,28 @@ done
 if [ $bubble_ok = 1 ]; then ok "balanced 2-stage 1F1B: measured bubble within 5 points of (S-1)/(M+S-1) = 20%"
 else bad "balanced 2-stage 1F1B: measured bubble within 5 points of (S-1)/(M+S-1) = 20%"; fi
 
+# The report shows the measured bubble beside the theory.
+mkdir -p $tmp/rep && cp $T/bubble.h5 $tmp/rep/
+expect "report: the measured bubble beside (S-1)/(M+S-1)" 0 'bubble [0-9.]+ % measured, 20.0 % in theory' -- \
+  bash -c "$PY $ROOT/analysis/report.py $tmp/rep --timelines 0 >/dev/null && sed 's/<li>/\n/g' $tmp/rep/report/index.html"
+
+# The projection replays every stage: its HDF5 holds each stage's first rank's events, with
+# the activations' sends and receives on lane 4, their gradients' on lane 5 (as the CUDA
+# backend's streams), and Perfetto's JSON draws them.
+expect "projection of a pipeline: every stage's events, sends and receives" 0 '^ok ranks \[0, 4\] sends [1-9]' -- \
+  bash -c "$PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-2.28b --layers 4 \
+    --strategies ddp-tp2-pp2 --gpus 8 --batch 4 --micro-batches 4 --out $tmp/proj >/dev/null && $PY -c \"
+import h5py, numpy as np
+f = h5py.File('$tmp/proj/t5-2.28b-layers4-ddp-tp2-pp2-g8-b4-s512.h5'); e = f['events'][()]
+names = list(f['events'].attrs['op_names'])
+sends = e[e['op'] == names.index('send')]
+forward = list(f['events'].attrs['phase_names']).index('forward')
+assert set(sends[sends['phase'] == forward]['lane']) == {4} and set(sends[sends['phase'] != forward]['lane']) == {5}
+assert len(e[e['op'] == names.index('recv')]) == len(sends)
+assert abs(f.attrs['pipeline_bubble_theory'] - 1 / 5) < 1e-12 and 0 < f.attrs['idle_share'] < 1
+print('ok ranks', sorted(set(int(r) for r in e['rank'])), 'sends', len(sends))\" && \
+    $PY $ROOT/analysis/to_perfetto.py $tmp/proj/t5-2.28b-layers4-ddp-tp2-pp2-g8-b4-s512.h5 -o $tmp/proj/t.json >/dev/null"
+
 # --- the plan of every stage, any world, nothing allocated ---
 expect "--plan --world-size 64 --pp 4 --tp 8: one line per stage" 0 '^  stage 3: decoder block [0-9]+ \.\. head' -- \
   $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 --pp 4 \

@@ -14,6 +14,7 @@ import h5py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "analysis"))
+import project  # noqa: E402
 import projection_checks as pc  # noqa: E402
 import projection_model as pm  # noqa: E402
 import shardbench_h5  # noqa: E402
@@ -67,11 +68,12 @@ class ComputeBeyondOneGpu(unittest.TestCase):
 
     def test_compute_runs_slower_only_while_a_collective_runs(self):
         busy = [[0.5, 1.0], [2.0, 3.0]]
-        self.assertAlmostEqual(pm._stretched(0.0, 0.4, busy, 0.2), 0.4)        # before any collective
-        self.assertAlmostEqual(pm._stretched(2.0, 0.5, busy, 0.2), 0.6)        # inside one
+        ends = [b for _, b in busy]
+        self.assertAlmostEqual(pm._stretched(0.0, 0.4, busy, ends, 0.2), 0.4)        # before any collective
+        self.assertAlmostEqual(pm._stretched(2.0, 0.5, busy, ends, 0.2), 0.6)        # inside one
         # 0.5 s free, 0.5 s inside (0.5/1.2 of work done), the rest free again
-        self.assertAlmostEqual(pm._stretched(0.0, 1.0, busy, 0.2), 1.0 + (0.5 - 0.5 / 1.2))
-        self.assertAlmostEqual(pm._stretched(0.7, 0.1, busy, 0.0), 0.1)
+        self.assertAlmostEqual(pm._stretched(0.0, 1.0, busy, ends, 0.2), 1.0 + (0.5 - 0.5 / 1.2))
+        self.assertAlmostEqual(pm._stretched(0.7, 0.1, busy, ends, 0.0), 0.1)
 
 
 class OneGpu(unittest.TestCase):
@@ -95,7 +97,7 @@ class ScheduleMatchesTrace(unittest.TestCase):
         c = pm.load_cluster(pc.H100, calibrate=False)
         sched = pc.as_calibrated_code(pc.point_schedule(c, "t5-611m", "ddp", 8, 1, pc.SEQ, False))
         planned = collections.Counter()
-        for op, _ph, _u, nbytes, flops, _r, shape, _axis, _sent in pm.schedule_ops(sched):
+        for op, _ph, _u, nbytes, flops, _r, shape, _axis, _sent, _peer in pm.schedule_ops(sched):
             if op in pm.COMPUTE_OPS:
                 planned[(op, nbytes, shape if op == "gemm" else None)] += 1
         with h5py.File(os.path.join(pc.CALIBRATION, "ddp_perf-bf16-t5-611m.h5"), "r") as f:
@@ -155,6 +157,82 @@ class ComputeModel(unittest.TestCase):
         c = pm.load_cluster(os.path.join(ROOT, "runs", "clusters", "local-cpu.toml"), calibrate=False)
         with self.assertRaisesRegex(pm.ProjectionError, "cannot calibrate"):
             c["compute_model"].add_run(os.path.join(pc.CALIBRATION, "ddp_perf-bf16-t5-611m.h5"), c)
+
+
+class Pipeline(unittest.TestCase):
+    """Pipelines replayed stage by stage (docs/projection.md, "Pipelines"): the step of stages
+    that only compute is the textbook one, sends cross the tier between the two stages' ranks,
+    and a schedule whose sends do not pair up is refused."""
+
+    A100 = os.path.join(ROOT, "runs", "clusters", "a100-80gb.toml")
+
+    @staticmethod
+    def plan(world, *flags):
+        return project.plan_schedule(["ddp_perf", "--model", "t5-2.28b", "--layers", "8", "--seq-len", "512",
+                                      "--dtype", "bf16", "--reduce-dtype", "bf16"] + list(flags), world, 80,
+                                     os.path.join(ROOT, "build", "bin"))
+
+    @classmethod
+    def compute_only(cls):
+        """The A100 description with GEMMs costing their FLOPs at 1 PFLOP/s and nothing else
+        costing anything: what is left is the pipeline's own shape."""
+        class Flops:
+            def time(self, op, nbytes, flops, shape):
+                return flops * 1e-15 if op == "gemm" else 0.0
+        c = pm.load_cluster(cls.A100, calibrate=False)
+        c.update(compute_model=Flops(), compute={}, collectives="ring",
+                 intra={"bandwidth_gbps": 1e9, "latency_us": 0.0},
+                 inter={"nic_bandwidth_gbps": 1e9, "nics_per_node": 8, "latency_us": 0.0})
+        return c
+
+    def stage_compute(self, sim):
+        return [sum(e[5] - e[4] for e in events if e[3] == 0 and e[0] != "wait") for _, events in sim["stages"]]
+
+    def test_gpipe_step_is_fill_drain_of_the_slowest_stage(self):
+        # S stages of per-micro-batch time c_s / M: T = (M − 1) max c_s / M + sum c_s / M
+        c = self.compute_only()
+        for world, m in ((2, 8), (4, 8), (8, 16)):
+            with self.subTest(stages=world, micro_batches=m):
+                sim = pm.simulate(self.plan(world, "--pp", str(world), "--micro-batches", str(m), "--batch", str(m),
+                                            "--pp-schedule", "gpipe"), c)
+                comp = self.stage_compute(sim)
+                expected = (m - 1) * max(comp) / m + sum(comp) / m
+                self.assertAlmostEqual(sim["time"] / expected, 1.0, places=6)
+                one_f_one_b = pm.simulate(self.plan(world, "--pp", str(world), "--micro-batches", str(m), "--batch",
+                                                    str(m)), c)
+                self.assertLessEqual(one_f_one_b["time"], sim["time"] * (1 + 1e-9))
+                self.assertGreaterEqual(one_f_one_b["time"], expected * 0.95)
+
+    def test_two_stage_bubble_is_the_formula(self):
+        c = self.compute_only()
+        for m in (4, 8):
+            for schedule in ("gpipe", "1f1b"):
+                with self.subTest(micro_batches=m, schedule=schedule):
+                    sim = pm.simulate(self.plan(2, "--pp", "2", "--micro-batches", str(m), "--batch", str(m),
+                                                "--pp-schedule", schedule), c)
+                    self.assertLessEqual(abs(sim["idle_share"] - 1 / (m + 1)), 0.05, sim["idle_share"])
+
+    def test_sends_cross_the_tier_between_the_stages(self):
+        c = pm.load_cluster(self.A100)
+        for world, same_node in ((8, True), (16, False)):  # stages of 4 ranks on one node; of 8 on two nodes
+            with self.subTest(world=world):
+                sched = self.plan(world, "--pp", "2", "--micro-batches", "2", "--batch", "2")
+                sim = pm.simulate(sched, c)
+                sends = [e for _, events in sim["stages"] for e in events if e[0] == "send"]
+                planned = sum(row[0] == sched["op_names"].index("send") for st in sched["stages"] for row in st["ops"])
+                self.assertEqual(len(sends), planned)
+                self.assertGreaterEqual(len(sends), 2 * 2 * (2 - 1))  # 2 M (S − 1) and the cut's other tensors
+                for e in sends:
+                    self.assertAlmostEqual(e[5] - e[4], pm.p2p_time(c, e[6], same_node), places=12)
+        self.assertGreater(pm.p2p_time(c, 2**21, False), 2 * pm.p2p_time(c, 2**21, True))
+
+    def test_unpaired_sends_are_refused(self):
+        sched = self.plan(2, "--pp", "2", "--micro-batches", "2", "--batch", "2")
+        send = sched["op_names"].index("send")
+        ops = sched["stages"][0]["ops"]
+        del ops[next(i for i, row in enumerate(ops) if row[0] == send)]
+        with self.assertRaisesRegex(pm.ProjectionError, "do not pair up"):
+            pm.simulate(sched, self.compute_only())
 
 
 if __name__ == "__main__":

@@ -293,6 +293,16 @@ class Validation(SweepCase):
         self.assert_refused(self.matrix(strategies='["fsdp-hybrid", "fsdp-hybrid4"]'),
                             '[matrix] strategies: "fsdp-hybrid" and "fsdp-hybrid4" are the same runs (fsdp-hybrid4 at 4 GPUs)')
 
+    def test_micro_batches_must_divide_the_pipelines_batch(self):
+        text = BASE + "micro_batches = 4\n"
+        self.assert_refused(self.matrix(text, strategies='["ddp-pp2"]', models='["t5-tiny"]', batch="[2]"),
+                            "[matrix] micro_batches 4 does not divide ddp-pp2's batch 2 per data-parallel rank (batch 2)")
+        text = BASE + 'micro_batches = 3\nbatch_per = "gpu"\n'
+        self.assert_refused(self.matrix(text, strategies='["ddp-tp2-pp2"]', models='["t5-tiny"]', batch="[2]"),
+                            "[matrix] micro_batches 3 does not divide ddp-tp2-pp2's batch 8 per data-parallel rank "
+                            '(batch 2, batch_per = "gpu": 2 x tp 2 x pp 2)')
+        self.assert_refused(self.matrix(BASE + 'batch_per = "node"\n'), '[matrix] batch_per must be one of "rank", "gpu"')
+
     def test_retired_hybrid_shard_size_key(self):
         """An older matrix's separate shard size is refused with its replacement, never ignored."""
         old = BASE.replace('"fsdp-hybrid2"]', '"fsdp-hybrid"]') + "hybrid_shard_size = 2\n"
@@ -319,7 +329,7 @@ class Validation(SweepCase):
         self.assert_refused(self.tmp / "missing.toml", "no such run matrix")
 
     def test_shipped_matrices_are_valid(self):
-        for name in ("fsdp_vs_ddp.toml", "local.toml"):
+        for name in sorted(p.name for p in (REPO / "runs").glob("*.toml")):
             with self.subTest(matrix=name):
                 cfg = sweep.load_matrix(REPO / "runs" / name, {})
                 self.assertTrue(sweep.points(cfg))
@@ -436,6 +446,24 @@ class DryRun(SweepCase):
                 flags = list(p.args[p.args.index("fp32") + 1:])
                 flags = flags[:flags.index("--prefetch")] if "--prefetch" in flags else flags
                 self.assertEqual([p.program] + flags, project.strategy_args(label, {"gpus_per_node": 4}, 4))
+
+    def test_pipelines_and_batch_per_gpu(self):
+        """batch_per = "gpu": every layout of a GPU count trains batch x GPUs sequences; the
+        pipelines get the matrix's micro-batches and schedule; results are named by the
+        programs' --batch."""
+        text = BASE + 'batch_per = "gpu"\nmicro_batches = 2\npp_schedule = "gpipe"\n'
+        cfg = sweep.load_matrix(self.matrix(text, strategies='["fsdp-full", "ddp-tp2", "ddp-pp2", "fsdp-full-tp2-pp2"]',
+                                            models='["t5-tiny"]', gpus="[4]", batch="[2]"), {})
+        got = {p.name: p.args for p in sweep.points(cfg)}
+        self.assertEqual(sorted(got), ["t5-tiny-ddp-pp2-g4-b4-s32", "t5-tiny-ddp-tp2-g4-b4-s32",
+                                       "t5-tiny-fsdp-full-g4-b2-s32", "t5-tiny-fsdp-full-tp2-pp2-g4-b8-s32"])
+        for name, args in got.items():
+            pipelined = "-pp2-" in name
+            self.assertEqual("--micro-batches" in args, pipelined, name)
+            self.assertEqual("--pp-schedule" in args, pipelined, name)
+            if pipelined:
+                self.assertEqual(args[args.index("--micro-batches") + 1], "2")
+                self.assertEqual(args[args.index("--pp-schedule") + 1], "gpipe")
 
     def test_one_job_per_count(self):
         r = self.run_sweep(self.matrix(gpus="[4, 8, 16]", models='["t5-tiny"]'), "--dry-run")
