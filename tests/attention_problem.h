@@ -149,11 +149,7 @@ struct AttnProblem {
     std::vector<void*> owned;
     auto put = [&](const std::vector<float>& h) -> Buf {
       if (h.empty()) return Buf();
-      float* f = be.alloc_floats(int64_t(h.size()), MemCategory::Workspace);
-      be.upload(f, h.data(), h.size() * 4);
-      const Buf out = be.alloc_buf(int64_t(h.size()), t, MemCategory::Workspace);
-      be.cast(out, f, int64_t(h.size()));
-      be.release(f);
+      const Buf out = upload_as(be, h, t);
       owned.push_back(out.ptr);
       return out;
     };

@@ -26,6 +26,17 @@ inline std::vector<float> download_f32(Backend& b, CBuf src, int64_t n) {
   return out;
 }
 
+// Host data as a backend tensor of type t (uploaded in fp32, cast there: rounded to t),
+// in Workspace; the caller releases it.
+inline Buf upload_as(Backend& b, const std::vector<float>& h, DType t) {
+  float* f = b.alloc_floats(int64_t(h.size()), MemCategory::Workspace);
+  b.upload(f, h.data(), h.size() * 4);
+  const Buf out = b.alloc_buf(int64_t(h.size()), t, MemCategory::Workspace);
+  b.cast(out, f, int64_t(h.size()));
+  b.release(f);
+  return out;
+}
+
 struct T5Model {
   static constexpr uint64_t kSeed = 1234;
   Backend& b;

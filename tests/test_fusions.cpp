@@ -26,16 +26,6 @@ std::vector<float> random(int64_t n, uint64_t key, float shift = 0.f) {
   return v;
 }
 
-// Host data as a backend tensor of type t.
-Buf put(Backend& b, const std::vector<float>& h, DType t) {
-  float* f = b.alloc_floats(int64_t(h.size()), MemCategory::Workspace);
-  b.upload(f, h.data(), h.size() * 4);
-  const Buf out = b.alloc_buf(int64_t(h.size()), t, MemCategory::Workspace);
-  b.cast(out, f, int64_t(h.size()));
-  b.release(f);
-  return out;
-}
-
 std::unique_ptr<Backend> cpu_with(bool fused) {
   auto b = make_backend("cpu");
   ComputeOptions o;
@@ -68,8 +58,8 @@ TEST(Fusions, GemmReluEqualsGemmThenRelu) {
         for (bool fused : {false, true}) {
           auto b = cpu_with(fused);
           Count count;
-          const Buf A = put(*b, random(int64_t(M) * K, 1), t), B = put(*b, random(int64_t(K) * N, 2), t);
-          const Buf C = put(*b, random(int64_t(M) * N, 3), t);
+          const Buf A = upload_as(*b, random(int64_t(M) * K, 1), t), B = upload_as(*b, random(int64_t(K) * N, 2), t);
+          const Buf C = upload_as(*b, random(int64_t(M) * N, 3), t);
           b->set_recorder(&count);
           b->gemm_relu(ta, tb, M, N, K, 0.75f, A, ta ? M : K, B, tb ? K : N, beta, C, N);
           b->set_recorder(nullptr);
@@ -97,7 +87,7 @@ TEST(Fusions, RmsNormResidualEqualsRmsNormThenCopy) {
     for (bool fused : {false, true}) {
       auto b = cpu_with(fused);
       Count count;
-      const Buf x = put(*b, random(int64_t(n) * d, 4, 0.3f), t), w = put(*b, random(d, 5, 1.f), t);
+      const Buf x = upload_as(*b, random(int64_t(n) * d, 4, 0.3f), t), w = upload_as(*b, random(d, 5, 1.f), t);
       const Buf o = b->alloc_buf(int64_t(n) * d, t, MemCategory::Workspace);
       const Buf r = b->alloc_buf(int64_t(n) * d, t, MemCategory::Workspace);
       float* s = b->alloc_floats(n, MemCategory::Workspace);

@@ -131,11 +131,7 @@ class CudaVsCpu : public ::testing::Test {
   // A tensor of element type t on backend b holding host data rounded to t (uploaded in
   // fp32, cast there), released at the end of the test.
   Buf put(Backend& b, const std::vector<float>& h, DType t) {
-    float* f = b.alloc_floats(int64_t(h.size()), MemCategory::Workspace);
-    b.upload(f, h.data(), h.size() * 4);
-    const Buf out = b.alloc_buf(int64_t(h.size()), t, MemCategory::Workspace);
-    b.cast(out, f, int64_t(h.size()));
-    b.release(f);
+    const Buf out = upload_as(b, h, t);
     owned_any_.push_back({&b, out.ptr});
     return out;
   }
