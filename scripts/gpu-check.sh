@@ -30,13 +30,15 @@ make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh chec
   correctness  --check on one GPU: DDP/FSDP in fp32, bf16, fp16; fused attention (tensor
                cores and FMA), --fused-epilogues, --cuda-graphs and all three together;
                NCCL across GPUs when there are several (with 2+ GPUs also --tp 2 and
-               --pp 2 with both schedules; with 4+, --pp 2 x --tp 2 and --pp 2 x dp 2:
-               pipelines need NCCL, one rank per GPU); fp32 --check CHECK_REPEAT (20)
+               --pp 2 with both schedules; with 4+, --pp 2 x --tp 2 and --pp 2 x dp 2;
+               on one GPU the mpi part runs them); fp32 --check CHECK_REPEAT (20)
                times in a row; an out-of-memory run must fail with one clear line. ~5 min
   mpi          --comm mpi on 2 and 4 ranks sharing the GPU(s): DDP, FSDP full, hybrid 2,
-               grad-op, none, and tensor parallelism (--tp 2 under DDP and FSDP full)
-               x fp32, bf16 (--check); compute-sanitizer memcheck of four 2-rank runs
-               (one with --tp 2); collective_perf NCCL and MPI rows in one table. ~7 min
+               grad-op, none, and the layouts (--tp 2 under DDP and FSDP full, --pp 2
+               1F1B under FSDP full and GPipe under DDP; on 4 ranks also --pp 2 x --tp 2)
+               x fp32, bf16 (--check): the way to run TP and PP on one GPU; compute-
+               sanitizer memcheck of five 2-rank runs (one --tp 2, one --pp 2);
+               collective_perf NCCL and MPI rows in one table.                  ~8 min
   sanitize     compute-sanitizer on the GPU tests (filtered lists) and a t5-tiny run with
                every opt-in path: memcheck (--report-api-errors no: NCCL's own probe of
                kernel images is an API error it handles), racecheck, synccheck, initcheck;
@@ -223,7 +225,7 @@ part_correctness() {
     check_run "fsdp-full-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full
     check_run "fsdp-full-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full --dtype bf16
     [ $((np % 2)) -eq 0 ] && check_run "fsdp-hybrid-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding hybrid --shard-size 2
-    # tensor and pipeline parallelism over NCCL (pipelines run on NCCL only: --comm mpi refuses --pp)
+    # tensor and pipeline parallelism over NCCL (the mpi part runs them on ranks sharing a GPU)
     check_run "ddp-tp2-2gpu-bf16" 2 ddp_perf "${small[@]}" --tp 2 --dtype bf16
     check_run "fsdp-pp2-1f1b-2gpu" 2 fsdp_perf "${small[@]}" --sharding none --pp 2 --micro-batches 2
     check_run "ddp-pp2-gpipe-2gpu-bf16" 2 ddp_perf "${small[@]}" --pp 2 --micro-batches 2 --pp-schedule gpipe --dtype bf16
@@ -256,15 +258,21 @@ part_mpi() {
   begin mpi
   checks=0
   local tiny=(--backend cuda --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1 --check)
+  # the data-parallel strategies, then the layouts: tensor parallelism, pipelines (their sends
+  # and receives staged through pinned host buffers as the collectives are), and both
   local matrix=("ddp ddp_perf --bucket-mb 0.002" "full fsdp_perf --sharding full"
                 "hybrid2 fsdp_perf --sharding hybrid --shard-size 2" "grad-op fsdp_perf --sharding grad-op"
                 "none fsdp_perf --sharding none" "ddp-tp2 ddp_perf --tp 2"
-                "full-tp2 fsdp_perf --sharding full --tp 2")
-  local comm np dt entry label prog args
+                "full-tp2 fsdp_perf --sharding full --tp 2" "full-pp2 fsdp_perf --sharding full --pp 2"
+                "ddp-pp2-gpipe ddp_perf --pp 2 --pp-schedule gpipe")
+  local four_only=("full-pp2-tp2 fsdp_perf --sharding full --pp 2 --tp 2")
+  local comm np dt entry label prog args entries
   for comm in ${MPI_COMMS:-mpi}; do
     for np in 2 4; do
+      entries=("${matrix[@]}")
+      [ "$np" -eq 4 ] && entries+=("${four_only[@]}")
       for dt in fp32 bf16; do
-        for entry in "${matrix[@]}"; do
+        for entry in "${entries[@]}"; do
           read -r label prog args <<< "$entry"
           # shellcheck disable=SC2086  # args are words
           check_run "check-$comm-$label-$dt-np$np" "$np" "$prog" "${tiny[@]}" --comm "$comm" --dtype "$dt" $args
@@ -275,7 +283,7 @@ part_mpi() {
   grep -h "^collectives:" "$D"/check-mpi-*.log 2>/dev/null | sort -u | sed 's/^/gpu-check: /'
   # memcheck of 2-rank runs: no error on any rank (NCCL is not initialised with --comm mpi)
   local memchecked=0
-  for entry in "${matrix[@]:0:3}" "${matrix[6]}"; do
+  for entry in "${matrix[@]:0:3}" "${matrix[6]}" "${matrix[7]}"; do
     read -r label prog args <<< "$entry"
     if [ -z "$SANITIZER" ]; then fail "memcheck: compute-sanitizer not found"; break; fi
     # shellcheck disable=SC2086
@@ -299,7 +307,7 @@ part_mpi() {
       --out "$D/$name.h5" --overwrite > "$D/$name.log" 2>&1 || fail "$name (see $D/$name.log)"
     sed -n '/^# collective_perf/,/^# Avg bus/p' "$D/$name.log" | tail -n 4
   done
-  verdict "$checks --check runs over --comm ${MPI_COMMS:-mpi} passed (2 and 4 ranks); memcheck $memchecked of 4 clean"
+  verdict "$checks --check runs over --comm ${MPI_COMMS:-mpi} passed (2 and 4 ranks); memcheck $memchecked of 5 clean"
 }
 
 part_sanitize() {

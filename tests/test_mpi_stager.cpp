@@ -39,6 +39,8 @@ struct HostStream : StagingDevice {
   uint64_t state;
   int live = 0;            // marks not yet released
   int64_t copies = 0;      // staging copies issued
+  int host_buffers = 0;    // host_alloc calls not yet freed
+  int host_allocs = 0;     // host_alloc calls
   std::vector<Request> done;
   std::vector<std::pair<OpKind, int64_t>> records;  // kind and bytes of each finished collective
   explicit HostStream(uint64_t seed) : state(seed * 0x9E3779B97F4A7C15ull + 1) {}
@@ -65,6 +67,15 @@ struct HostStream : StagingDevice {
     delete ms(m);
   }
   void comm_sync() override {}
+  char* host_alloc(size_t bytes) override {
+    ++host_buffers;
+    ++host_allocs;
+    return new char[bytes];
+  }
+  void host_free(char* p) override {
+    --host_buffers;
+    delete[] p;
+  }
   double comm_clock() override { return MPI_Wtime(); }
   void collective_done(Request id, Mark m, OpKind kind, Phase, int, int64_t bytes, double start, double end) override {
     EXPECT_LE(start, end);
@@ -74,7 +85,7 @@ struct HostStream : StagingDevice {
   }
 };
 
-// Small integers: every sum over a few ranks is exact in bf16 too.
+// Small integers: every sum over a few ranks is exact in bf16 too (and every value is exact).
 float input(int rank, int64_t i) { return float(((rank + 1) * 3 + i * 7) % 5 - 2); }
 
 template <class T>
@@ -274,6 +285,137 @@ TEST(MpiStager, OutstandingCollectivesOnSubCommunicators) {
   EXPECT_EQ(dev.live, 0);
   MPI_Comm_free(&shard);
   MPI_Comm_free(&replicate);
+}
+
+namespace {
+
+// A pipeline's traffic between the two stages of a pair (ranks 2k and 2k+1; the last rank of
+// an odd world, and a world of one, is both stages of its own pair): GPipe's forward issues
+// every activation send at once, the second stage receives each and sends its gradient back,
+// the first receives those; each message three times the whole ring, tags as the schedule's
+// (one communicator per direction), collectives on the world in between, issued at different
+// points of the two stages' schedules. Three steps: every message arrives intact, each is
+// recorded as a send or a receive of its bytes, the host buffers are reused from step to step,
+// and every mark and buffer is handed back.
+template <class T>
+void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
+  const int n = world_size(), rank = world_rank();
+  const int peer = (rank ^ 1) < n ? rank ^ 1 : rank;
+  const bool first = rank % 2 == 0, second = rank % 2 == 1 || peer == rank;
+  MPI_Comm grads;  // the gradients' own communicator, as TrainingSchedule's
+  MPI_Comm_dup(MPI_COMM_WORLD, &grads);
+  const StagingConfig cfg = parse_staging_config("64K", "2");
+  std::vector<char> host(size_t(cfg.total_bytes()));
+  HostStream dev(uint64_t(rank) * 11 + 3);
+  const int M = 4, steps = 3;
+  const int64_t count = 3 * cfg.total_bytes() / int64_t(sizeof(T)) + 5;
+  const auto tag = [](int m, bool gradient) { return (m * 8) << 1 | int(gradient); };
+  const auto message = [&](int from, int m, bool gradient) {
+    return values<T>(from + (gradient ? 5 : 0), int64_t(m) * 101, count);
+  };
+  int64_t wrong = 0, sends = 0, recvs = 0;
+  {
+    MpiStager st(dev, lib, aware, cfg, host.data());
+    Request next = 0;
+    const auto issue = [&](CollectiveArgs a, MPI_Comm c) {
+      st.issue(next, a, c, Phase::Forward, 1, dev.comm_mark());
+      return next++;
+    };
+    const auto wait = [&](Request r) {
+      while (st.pending(r)) st.progress();
+    };
+    const auto expect = [&](const std::vector<T>& got, const std::vector<T>& want) {
+      for (size_t i = 0; i < want.size(); ++i) wrong += float(got[i]) != float(want[i]);
+    };
+    for (int step = 0; step < steps; ++step) {
+      std::vector<float> early(size_t(count), 1.f), mid(size_t(count), 1.f);
+      const Request all = issue({Collective::AllReduce, early.data(), early.data(), count, DType::F32}, MPI_COMM_WORLD);
+      std::vector<std::vector<T>> acts, act_in(M), grad_out, grad_in(M);
+      std::vector<Request> pending;
+      Request between = kNoRequest;
+      if (first) {
+        for (int m = 0; m < M; ++m) acts.push_back(message(rank, m, false));
+        for (int m = 0; m < M; ++m) {
+          CollectiveArgs a{Collective::Send, acts[size_t(m)].data(), nullptr, count, t};
+          a.peer = peer;
+          a.tag = tag(m, false);
+          pending.push_back(issue(a, MPI_COMM_WORLD));
+          ++sends;
+        }
+        between = issue({Collective::AllReduce, mid.data(), mid.data(), count, DType::F32}, MPI_COMM_WORLD);
+      }
+      if (second) {
+        grad_out.resize(M);
+        for (int m = 0; m < M; ++m) {
+          act_in[size_t(m)].assign(size_t(count), T(-9.f));
+          CollectiveArgs a{Collective::Recv, nullptr, act_in[size_t(m)].data(), count, t};
+          a.peer = peer;
+          a.tag = tag(m, false);
+          wait(issue(a, MPI_COMM_WORLD));
+          ++recvs;
+          expect(act_in[size_t(m)], message(peer, m, false));
+          if (m == 1 && !first)
+            between = issue({Collective::AllReduce, mid.data(), mid.data(), count, DType::F32}, MPI_COMM_WORLD);
+          grad_out[size_t(m)] = message(rank, m, true);
+          CollectiveArgs g{Collective::Send, grad_out[size_t(m)].data(), nullptr, count, t};
+          g.peer = peer;
+          g.tag = tag(m, true);
+          pending.push_back(issue(g, grads));
+          ++sends;
+        }
+      }
+      if (first)
+        for (int m = 0; m < M; ++m) {
+          grad_in[size_t(m)].assign(size_t(count), T(-9.f));
+          CollectiveArgs a{Collective::Recv, nullptr, grad_in[size_t(m)].data(), count, t};
+          a.peer = peer;
+          a.tag = tag(m, true);
+          wait(issue(a, grads));
+          ++recvs;
+          expect(grad_in[size_t(m)], message(peer, m, true));
+        }
+      for (Request r : pending) wait(r);
+      wait(all);
+      wait(between);
+      for (int64_t i = 0; i < count; ++i) wrong += early[size_t(i)] != float(n) || mid[size_t(i)] != float(n);
+    }
+    st.drain();
+    EXPECT_TRUE(st.idle());
+    EXPECT_EQ(dev.done.size(), size_t(next));
+  }
+  EXPECT_EQ(wrong, 0);
+  int64_t send_records = 0, recv_records = 0;
+  for (const auto& [kind, bytes] : dev.records) {
+    if (kind != OpKind::Send && kind != OpKind::Recv) continue;
+    (kind == OpKind::Send ? send_records : recv_records) += 1;
+    EXPECT_EQ(bytes, count * int64_t(sizeof(T)));
+  }
+  EXPECT_EQ(send_records, sends);
+  EXPECT_EQ(recv_records, recvs);
+  const bool staged = choose_transfer(lib, aware, Collective::Send, t, ReduceOp::Sum, count) == Transfer::Staged;
+  if (staged) {
+    // Without reuse every message would take a buffer of its own: steps * (sends + recvs) / steps.
+    EXPECT_GT(dev.host_allocs, 0);
+    EXPECT_LE(dev.host_allocs, (sends + recvs) / steps) << "the buffers of one step serve the next";
+  } else {
+    EXPECT_EQ(dev.host_allocs, 0) << "device pointers need no host buffer";
+  }
+  EXPECT_EQ(dev.host_buffers, 0) << "every host buffer freed";
+  EXPECT_EQ(dev.live, 0) << "every mark handed back";
+  MPI_Comm_free(&grads);
+}
+
+}  // namespace
+
+TEST(MpiStager, PipelineSendsAndReceivesStagedFp32) {
+  pipeline_traffic<float>(CommLibrary::Mpi, CudaAwareness::No, DType::F32);
+}
+TEST(MpiStager, PipelineSendsAndReceivesStagedBf16) {
+  pipeline_traffic<bf16>(CommLibrary::MpiStaged, CudaAwareness::Yes, DType::BF16);
+}
+TEST(MpiStager, PipelineSendsAndReceivesWithDevicePointers) {
+  pipeline_traffic<float>(CommLibrary::Mpi, CudaAwareness::Yes, DType::F32);
+  pipeline_traffic<bf16>(CommLibrary::MpiDirect, CudaAwareness::Unknown, DType::BF16);
 }
 
 int main(int argc, char** argv) {

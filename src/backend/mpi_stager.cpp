@@ -1,6 +1,8 @@
 #include "shardbench/backend/mpi_stager.h"
 
+#include <algorithm>
 #include <climits>
+#include <iterator>
 
 #include "shardbench/core/check.h"
 
@@ -20,6 +22,13 @@ MpiStager::~MpiStager() {
   }
   for (Slot& s : slots_)
     if (s.free_after) dev_.release_mark(s.free_after);
+  for (PointToPoint& p : p2p_)
+    for (StagingDevice::Mark m : {p.ready, p.copied})
+      if (m) dev_.release_mark(m);
+  for (HostBuffer& b : buffers_) {
+    if (b.free_after) dev_.release_mark(b.free_after);
+    dev_.host_free(b.ptr);
+  }
 }
 
 Transfer MpiStager::transfer_of(const CollectiveArgs& a, int ranks) const {
@@ -28,6 +37,20 @@ Transfer MpiStager::transfer_of(const CollectiveArgs& a, int ranks) const {
 
 void MpiStager::issue(Request id, const CollectiveArgs& a, MPI_Comm comm, Phase phase, int unit,
                       StagingDevice::Mark ready) {
+  if (collective_info(a.op).point_to_point) {
+    SB_ASSERT(a.peer >= 0, "a send or receive without a peer");
+    PointToPoint p{};
+    p.id = id;
+    p.a = a;
+    p.comm = comm;
+    p.transfer = transfer_of(a, 2);
+    p.ready = ready;
+    p.phase = phase;
+    p.unit = unit;
+    p2p_.push_back(p);
+    progress();
+    return;
+  }
   Job j{};
   MPI_CHECK(MPI_Comm_size(comm, &j.size));
   MPI_CHECK(MPI_Comm_rank(comm, &j.rank));
@@ -55,12 +78,15 @@ void MpiStager::issue(Request id, const CollectiveArgs& a, MPI_Comm comm, Phase 
 bool MpiStager::pending(Request id) const {
   for (const Job& j : jobs_)
     if (j.id == id) return true;
+  for (const PointToPoint& p : p2p_)
+    if (p.id == id) return true;
   return false;
 }
 
 void MpiStager::progress() {
-  if (jobs_.empty() || in_progress_) return;
+  if (idle() || in_progress_) return;
   in_progress_ = true;
+  progress_point_to_point();
   stage_chunks();
   start_chunks();
   finish_chunks();
@@ -69,14 +95,16 @@ void MpiStager::progress() {
 }
 
 void MpiStager::drain() {
-  while (!jobs_.empty()) progress();
+  while (!idle()) progress();
 }
 
 // The communication stream waits for the job's inputs (once).
-void MpiStager::wait_ready(Job& j) {
-  if (!j.ready) return;
-  dev_.comm_after(j.ready);
-  j.ready = nullptr;
+void MpiStager::wait_ready(Job& j) { order_after(j.ready); }
+
+void MpiStager::order_after(StagingDevice::Mark& m) {
+  if (!m) return;
+  dev_.comm_after(m);
+  m = nullptr;
 }
 
 // D2H of the chunks whose turn it is, while the ring's next slot is free (in order).
@@ -159,6 +187,92 @@ void MpiStager::complete_jobs() {
                          collective_bytes(j.a, j.size), j.mpi_start, j.mpi_end);
     it = jobs_.erase(it);
   }
+}
+
+// Sends and receives in any order among themselves and the collectives (each is done by
+// its own MPI request); each advances as far as it can on every poll.
+void MpiStager::progress_point_to_point() {
+  for (auto it = p2p_.begin(); it != p2p_.end();) it = advance(*it) ? p2p_.erase(it) : std::next(it);
+}
+
+// Staged send: D2H into its buffer once the compute stream reaches the send, then MPI_Isend.
+// Staged receive: MPI_Irecv at once, then H2D once the compute stream has reached the
+// receive (the device buffer may be read until then). Device pointers: the MPI call once the
+// compute stream has reached the point of issue.
+bool MpiStager::advance(PointToPoint& p) {
+  const bool send = p.a.op == Collective::Send;
+  const size_t bytes = size_t(p.a.count) * size_t(dtype_size(p.a.dtype));
+  if (p.state == PointToPoint::Waiting) {
+    if (p.transfer == Transfer::DevicePointers) {
+      if (p.ready && !dev_.mark_passed(p.ready)) return false;
+      order_after(p.ready);
+      start_point_to_point(p, send ? const_cast<void*>(p.a.send) : p.a.recv);
+    } else if (send) {
+      p.buffer = take_buffer(bytes);
+      order_after(p.ready);
+      dev_.stage_copy(buffers_[size_t(p.buffer)].ptr, bytes, p.a.send, bytes, bytes, 1, p.phase, p.unit);
+      p.copied = dev_.comm_mark();
+      p.state = PointToPoint::Copying;
+    } else {
+      p.buffer = take_buffer(bytes);
+      start_point_to_point(p, buffers_[size_t(p.buffer)].ptr);
+    }
+  }
+  if (p.state == PointToPoint::Copying) {
+    if (!dev_.mark_passed(p.copied)) return false;
+    dev_.release_mark(p.copied);
+    p.copied = nullptr;
+    start_point_to_point(p, buffers_[size_t(p.buffer)].ptr);
+  }
+  int flag = 0;
+  MPI_CHECK(MPI_Test(&p.req, &flag, MPI_STATUS_IGNORE));
+  if (!flag) return false;
+  const double mpi_end = dev_.comm_clock();
+  if (p.buffer >= 0) {
+    HostBuffer& b = buffers_[size_t(p.buffer)];
+    if (!send) {
+      order_after(p.ready);
+      dev_.stage_copy(p.a.recv, bytes, b.ptr, bytes, bytes, 1, p.phase, p.unit);
+      b.free_after = dev_.comm_mark();
+    }
+    b.busy = false;
+  }
+  dev_.collective_done(p.id, dev_.comm_mark(), collective_kind(p.a.op), p.phase, p.unit, collective_bytes(p.a, 2),
+                       p.mpi_start, mpi_end);
+  return true;
+}
+
+void MpiStager::start_point_to_point(PointToPoint& p, void* buf) {
+  const MPI_Datatype t = mpi_datatype(p.a.dtype);
+  const int cnt = mpi_count(p.a.count);
+  p.mpi_start = dev_.comm_clock();
+  if (p.a.op == Collective::Send)
+    MPI_CHECK(MPI_Isend(buf, cnt, t, p.a.peer, p.a.tag, p.comm, &p.req));
+  else
+    MPI_CHECK(MPI_Irecv(buf, cnt, t, p.a.peer, p.a.tag, p.comm, &p.req));
+  p.state = PointToPoint::InFlight;
+}
+
+// A free pinned buffer of at least `bytes` (the smallest that fits), else a new one: the
+// pool grows to the largest number of messages in flight at once and is reused every step.
+int MpiStager::take_buffer(size_t bytes) {
+  int best = -1;
+  for (size_t i = 0; i < buffers_.size(); ++i) {
+    HostBuffer& b = buffers_[i];
+    if (b.busy || b.bytes < bytes) continue;
+    if (b.free_after) {
+      if (!dev_.mark_passed(b.free_after)) continue;
+      dev_.release_mark(b.free_after);
+      b.free_after = nullptr;
+    }
+    if (best < 0 || b.bytes < buffers_[size_t(best)].bytes) best = int(i);
+  }
+  if (best < 0) {
+    buffers_.push_back({dev_.host_alloc(std::max<size_t>(bytes, 1)), std::max<size_t>(bytes, 1), false, nullptr});
+    best = int(buffers_.size()) - 1;
+  }
+  buffers_[size_t(best)].busy = true;
+  return best;
 }
 
 // Slot layouts (c = chunk elements, es = element size, n = ranks, row = c·es bytes):

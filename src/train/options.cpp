@@ -211,9 +211,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                      std::to_string(batch) + " (must divide it)");
   if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
   cfg.strategy.pp_split = pp_split ? int(pp_split) : -1;
-  if (pp > 1 && cfg.backend == "cuda" && cfg.comm != CommLibrary::Nccl)
-    throw UsageError("--pp " + std::to_string(pp) + " is not allowed with --comm " + comm_library_name(cfg.comm) +
-                     " (pipeline sends and receives run on NCCL)");
   pipeline_split(cfg.strategy, cfg.model, cfg.shape);  // refuses more stages than blocks, a bad --pp-split
   cfg.strategy.seed = seed;
   cfg.strategy.adam.lr = float(lr);

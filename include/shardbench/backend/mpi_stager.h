@@ -10,6 +10,15 @@
 // reading a slot has finished, so at most `slots` chunks are between D2H and H2D while the
 // D2H of one chunk, the MPI call of another and the H2D of a third run at once.
 //
+// Point-to-point sends and receives (a pipeline's stages) stand outside that order: their two
+// ranks issue them at different points of different schedules, and MPI matches them by peer
+// and tag. Each is one non-blocking MPI call started as soon as it can be (a receive at
+// issue, a send once its D2H has finished) through a pinned host buffer of its own, taken
+// from a pool that grows to the messages in flight, never from the ring: a receive waiting
+// for a peer never holds a slot that the peer's progress depends on. With device pointers
+// they are MPI_Isend/MPI_Irecv on the buffers themselves, once the compute stream has
+// reached the point of issue.
+//
 // Device work goes through StagingDevice (the CUDA backend's communication stream), so the
 // whole pipeline also runs against host memory in tests/test_mpi_stager.cpp.
 #pragma once
@@ -38,6 +47,8 @@ class StagingDevice {
   virtual bool mark_passed(Mark m) = 0;             // host query, no wait
   virtual void release_mark(Mark m) = 0;
   virtual void comm_sync() = 0;                     // host waits for the stream
+  virtual char* host_alloc(size_t bytes) = 0;       // pinned host memory for the copies
+  virtual void host_free(char* p) = 0;
   virtual double comm_clock() = 0;                  // the backend's clock
   // The collective's last copy is enqueued: `done` follows it (ownership passes), its MPI
   // calls took [start, end] on the host.
@@ -56,7 +67,7 @@ class MpiStager {
   // Queues a collective on `comm` whose inputs are complete at `ready` (ownership passes).
   void issue(Request id, const CollectiveArgs& a, MPI_Comm comm, Phase phase, int unit, StagingDevice::Mark ready);
   bool pending(Request id) const;
-  bool idle() const { return jobs_.empty(); }
+  bool idle() const { return jobs_.empty() && p2p_.empty(); }
   void progress();
   void drain();  // every queued collective to collective_done()
   Transfer transfer_of(const CollectiveArgs& a, int ranks) const;
@@ -82,6 +93,26 @@ class MpiStager {
     int unit;
     double mpi_start = -1, mpi_end = 0;
   };
+  struct PointToPoint {  // Send or Recv
+    Request id;
+    CollectiveArgs a;
+    MPI_Comm comm;
+    Transfer transfer;
+    enum State { Waiting, Copying, InFlight } state = Waiting;
+    int buffer = -1;                        // in buffers_ (staged)
+    StagingDevice::Mark ready = nullptr;    // the compute stream at issue
+    StagingDevice::Mark copied = nullptr;   // after a send's D2H
+    MPI_Request req = MPI_REQUEST_NULL;
+    Phase phase;
+    int unit;
+    double mpi_start = -1;
+  };
+  struct HostBuffer {
+    char* ptr;
+    size_t bytes;
+    bool busy;
+    StagingDevice::Mark free_after;  // the H2D copy that last read it
+  };
   struct Slot {
     StagingDevice::Mark free_after = nullptr;  // the H2D copy that last read it
     bool busy = false;                         // between its D2H and its H2D
@@ -92,11 +123,16 @@ class MpiStager {
   void finish_chunks();
   void complete_jobs();
   void wait_ready(Job& j);
+  void order_after(StagingDevice::Mark& m);  // the stream waits for m (once)
   char* slot_ptr(int slot) const { return host_ + int64_t(slot) * config_.slot_bytes; }
   void copy_in(const Job& j, const Chunk_& ch);
   void start_staged(Job& j, Chunk_& ch);
   void copy_out(const Job& j, const Chunk_& ch);
   void call_direct(Job& j, Chunk_& ch);
+  void progress_point_to_point();
+  bool advance(PointToPoint& p);  // true once the operation is done
+  void start_point_to_point(PointToPoint& p, void* buf);
+  int take_buffer(size_t bytes);
 
   StagingDevice& dev_;
   CommLibrary lib_;
@@ -106,6 +142,8 @@ class MpiStager {
   std::vector<Slot> slots_;
   size_t next_slot_ = 0;
   std::deque<Job> jobs_;  // in issue order
+  std::deque<PointToPoint> p2p_;
+  std::vector<HostBuffer> buffers_;
   MpiReductions reductions_;
   bool in_progress_ = false;
 };

@@ -1037,6 +1037,12 @@ class CudaBackend final : public Backend, private StagingDevice {
   }
   void release_mark(Mark m) override { free_done_.push_back(event(m)); }
   void comm_sync() override { CUDA_CHECK(cudaStreamSynchronize(comm_)); }
+  char* host_alloc(size_t bytes) override {  // host memory: outside the device ledger, as the slots
+    char* p = nullptr;
+    CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&p), bytes, cudaHostAllocDefault));
+    return p;
+  }
+  void host_free(char* p) override { cudaFreeHost(p); }  // at teardown: errors cannot be acted on
   double comm_clock() override { return now(); }
   void collective_done(Request id, Mark done, OpKind kind, Phase phase, int unit, int64_t bytes, double start,
                        double end) override {
@@ -1055,12 +1061,10 @@ class CudaBackend final : public Backend, private StagingDevice {
     StagingDevice& stream = *this;  // a private base: converted here, where it is accessible
     stager_ = std::make_unique<MpiStager>(stream, comm_library_, awareness_, staging_, host_slots_);
   }
-  // A collective over MPI: its inputs are complete at this point of the compute stream. One
-  // ordered after another (CollectiveArgs::after) starts once that one has enqueued its last
+  // A collective, send or receive over MPI: its inputs are complete (a receive's buffer is
+  // free) at this point of the compute stream. One ordered after another (CollectiveArgs::after) starts once that one has enqueued its last
   // copy on the communication stream, which then orders the two.
   Request issue_mpi(const CollectiveArgs& a, Comm& c) {
-    if (collective_info(a.op).point_to_point)
-      throw UsageError("pipeline sends and receives (--pp) run on NCCL here: --comm mpi stages collectives only");
     boundary();
     auto* m = dynamic_cast<CudaMpiComm*>(&c);
     SB_ASSERT(m, "a collective on a communicator that the CUDA backend did not make");
