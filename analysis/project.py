@@ -128,8 +128,7 @@ def write_result(path, sched, sim, cluster, args, label):
         a["dp_size"] = sched["dp_size"]
         a["micro_batches"] = sched.get("micro_batches", 1)
         a["pp_schedule"] = sched.get("pp_schedule", "1f1b")
-        stages = sched["pp_size"]
-        a["pipeline_bubble_theory"] = (stages - 1) / (a["micro_batches"] + stages - 1) if stages > 1 else 0.0
+        a["pipeline_bubble_theory"] = sched.get("pipeline_bubble_theory", 0.0)
         a["replicas"] = sched["replicas"]
         a["ranks_per_node"] = min(sched["world_size"], cluster["gpus_per_node"])
         a["nodes"] = max(1, math.ceil(sched["world_size"] / cluster["gpus_per_node"]))

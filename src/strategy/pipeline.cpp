@@ -36,6 +36,10 @@ std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int 
   return a;
 }
 
+double pipeline_bubble(int stages, int micro_batches) {
+  return stages > 1 ? double(stages - 1) / double(micro_batches + stages - 1) : 0.0;
+}
+
 int micro_batches_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches) {
   int live = 0, most = 0;
   for (const PipeAction& x : pipeline_actions(schedule, stages, stage, micro_batches)) {

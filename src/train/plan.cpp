@@ -9,6 +9,7 @@
 #include "shardbench/core/check.h"
 #include "shardbench/core/format.h"
 #include "shardbench/model/t5.h"
+#include "shardbench/strategy/pipeline.h"
 #include "shardbench/train/plan.h"
 
 namespace sb {
@@ -213,8 +214,9 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   ops(p.stages[0], 0, "    ");
   std::fprintf(f, "  ]");
   if (p.stages.size() > 1) {
-    std::fprintf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\",\n  \"stages\": [\n", cfg.strategy.micro_batches,
-                 pipe_schedule_name(cfg.strategy.pp_schedule));
+    std::fprintf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n"
+                 "  \"stages\": [\n", cfg.strategy.micro_batches, pipe_schedule_name(cfg.strategy.pp_schedule),
+                 pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StagePlan& st = p.stages[s];
       std::fprintf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "

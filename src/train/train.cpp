@@ -20,6 +20,7 @@
 #include "shardbench/run/mpi_main.h"
 #include "shardbench/run/provenance.h"
 #include "shardbench/run/watchdog.h"
+#include "shardbench/strategy/pipeline.h"
 #include "shardbench/trace/trace.h"
 #include "shardbench/train/check_weights.h"
 #include "shardbench/train/options.h"
@@ -323,8 +324,7 @@ class TrainingRun {
     for (const GlobalStep& g : timed_) idle.push_back(1 - g.compute / g.time);
     s.idle_share = median(idle);
     s.pp = layout_.pp;
-    const double S = layout_.pp, M = cfg_.strategy.micro_batches;
-    s.bubble_theory = (S - 1) / (M + S - 1);
+    s.bubble_theory = pipeline_bubble(layout_.pp, cfg_.strategy.micro_batches);
     return s;
   }
 

@@ -27,6 +27,10 @@ struct PipeAction {
 // The actions of pipeline stage `stage` of `stages`, for `micro_batches` micro-batches.
 std::vector<PipeAction> pipeline_actions(PipeSchedule schedule, int stages, int stage, int micro_batches);
 
+// The bubble in theory: the share of a step a stage idles, (S − 1) / (M + S − 1), for
+// equal stages and free transfers (GPipe, Huang et al.; the same for 1F1B, Narayanan et al.); 0 without --pp.
+double pipeline_bubble(int stages, int micro_batches);
+
 // The micro-batches whose activations a stage holds at most at once under the schedule.
 int micro_batches_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
 
