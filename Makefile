@@ -26,6 +26,19 @@ CXXFLAGS  ?= -O3 -g $(if $(ARCH),-march=$(ARCH))
 CXXFLAGS  += -fno-math-errno -std=c++17 -Wall -Wextra -Wno-unused-parameter -Iinclude -I/usr/include/x86_64-linux-gnu -DOMPI_SKIP_MPICXX
 HDF5_CFLAGS := $(shell pkg-config --cflags hdf5-openmpi 2>/dev/null)
 HDF5_LIBS   := $(shell pkg-config --libs hdf5-openmpi 2>/dev/null)
+# What the build cannot do without (scripts/install-deps.sh installs each). Make reads these
+# probes once, when it parses this file: a target that installs packages and then builds
+# must build in a second Make invocation (see demo and test below), or it builds with
+# what the machine had before the install.
+have_pc = $(shell pkg-config --exists $(1) 2>/dev/null && echo yes)
+MISSING := $(strip $(if $(MPICXX),,Open_MPI) $(if $(HDF5_LIBS),,parallel_HDF5) \
+             $(if $(wildcard /usr/include/x86_64-linux-gnu/cblas.h /usr/include/cblas.h),,OpenBLAS) \
+             $(if $(call have_pc,CLI11),,CLI11) $(if $(call have_pc,gtest),,GoogleTest) \
+             $(if $(call have_pc,benchmark),,Google_Benchmark))
+comma := ,
+space := $(subst ,, )
+NEED_DEPS_MSG := shardbench: $(subst _, ,$(subst $(space),$(comma)$(space),$(MISSING))) not found; \
+  run 'make deps' to install them, or 'make demo' / 'make test', which install what is missing first
 VERSION   := $(shell git describe --always --dirty --tags 2>/dev/null || echo unknown)
 CXXFLAGS  += $(HDF5_CFLAGS) -I$(BUILD)/gen
 LDLIBS    := $(HDF5_LIBS) -lopenblas -lpthread
@@ -45,8 +58,18 @@ EXTRA_ALL  :=   # more targets built by `make`
 EXTRA_TEST :=   # more targets run by `make test`, after the core tests
 -include $(sort $(wildcard mk/*.mk))
 
-.PHONY: all probe deps test unit-test mpi-test demo clean FORCE
+.PHONY: all probe deps need-deps test unit-test mpi-test demo clean FORCE
 all: probe $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(TESTS) $(EXTRA_ALL)
+# `make` on a machine without the packages: one line saying what to run, not a compiler error.
+ifneq ($(MISSING),)
+ifneq ($(filter all,$(or $(MAKECMDGOALS),all)),)
+$(error $(NEED_DEPS_MSG))
+endif
+endif
+
+# Every compile waits on this, so any target (install, one program) says the same line.
+need-deps:
+	@$(if $(MISSING),echo "$(NEED_DEPS_MSG)" >&2; exit 2,:)
 
 probe:
 	@echo "shardbench build:"
@@ -62,7 +85,7 @@ probe:
 deps:
 	@bash scripts/install-deps.sh
 
-$(OBJ)/%.o: src/%.cpp
+$(OBJ)/%.o: src/%.cpp | need-deps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
@@ -94,11 +117,17 @@ $(BIN)/kernel_bench: src/programs/kernel_bench.cpp $(LIB)
 	@mkdir -p $(@D) $(OBJ)/deps
 	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) -lbenchmark -pthread
 
-test: all
+# The README's two commands work first on a fresh machine: install what is missing, then
+# build in a new Make invocation whose probes see what was installed.
+test:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all
 	@bash tests/run_tests.sh
 	@for t in $(EXTRA_TEST); do $(MAKE) --no-print-directory $$t || exit 1; done
 
-demo: deps all
+demo:
+	@$(MAKE) --no-print-directory deps
+	@$(MAKE) --no-print-directory all
 	@bash scripts/demo.sh
 	@echo "timelines for Perfetto (ui.perfetto.dev) or chrome://tracing: $${OUT:-results/demo}/report/*.trace.json"
 

@@ -38,20 +38,20 @@ CXXFLAGS += -DSB_HAVE_CUDA -I$(CUBLAS_INC) -I$(NCCL_INC)
 LDLIBS   += $(CUDA_LDLIBS)
 EXTRA_ALL += $(BIN)/test_cuda_backend $(BIN)/gemm_peak
 
-$(OBJ)/backend/cuda/%.o: src/backend/cuda/%.cu
+$(OBJ)/backend/cuda/%.o: src/backend/cuda/%.cu | need-deps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
-$(OBJ)/gpu/%.o: tests/gpu/%.cu
+$(OBJ)/gpu/%.o: tests/gpu/%.cu | need-deps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
 # Host code of the GPU tests (the SIMT emulation they compare the hardware with).
-$(OBJ)/gpu/%.o: tests/gpu/%.cpp
+$(OBJ)/gpu/%.o: tests/gpu/%.cpp | need-deps
 	@mkdir -p $(@D)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
-$(OBJ)/programs/%.o: src/programs/%.cu
+$(OBJ)/programs/%.o: src/programs/%.cu | need-deps
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 

@@ -4,6 +4,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
 failed=0
+echo "=== first contact: make demo / make test on a machine where deps installs the packages (tests/first_contact_test.sh)"
+bash tests/first_contact_test.sh || failed=$((failed + 1))
 echo "=== the repo stands on its own (citations, paths, issue numbers)"
 bash tests/check_self_contained.sh || failed=$((failed + 1))
 echo "=== layers: no #include points up the layers (tests/check_layers.py, docs/architecture.md)"
