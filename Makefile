@@ -118,16 +118,18 @@ $(BIN)/kernel_bench: src/programs/kernel_bench.cpp $(LIB)
 	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) -lbenchmark -pthread
 
 # The README's two commands work first on a fresh machine: install what is missing, then
-# build in a new Make invocation whose probes see what was installed.
+# build in a new Make invocation whose probes see what was installed; in parallel on every
+# core unless the user gave -j (a fresh build is most of a first `make demo`).
+BUILD_JOBS = $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
 test:
 	@$(MAKE) --no-print-directory deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BUILD_JOBS) all
 	@bash tests/run_tests.sh
 	@for t in $(EXTRA_TEST); do $(MAKE) --no-print-directory $$t || exit 1; done
 
 demo:
 	@$(MAKE) --no-print-directory deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(BUILD_JOBS) all
 	@bash scripts/demo.sh
 	@echo "timelines for Perfetto (ui.perfetto.dev) or chrome://tracing: $${OUT:-results/demo}/report/*.trace.json"
 

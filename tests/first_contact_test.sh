@@ -20,7 +20,7 @@ bad() { fail=$((fail + 1)); echo "FAIL  $1"; sed 's/^/      | /' "$2" | tail -n 
 
 # Shell tools only: linked one by one, so no mpicxx, h5cc, nvcc or pkg-config comes along.
 mkdir -p "$tmp/tools"
-for t in bash sh make env mkdir rm cmp mv cat cp ln touch chmod uname sed grep tail head \
+for t in bash sh make env nproc mkdir rm cmp mv cat cp ln touch chmod uname sed grep tail head \
          dirname basename ls tr wc sort id date printf true false test sleep; do
   p=$(command -v "$t") && ln -s "$p" "$tmp/tools/$t"
 done

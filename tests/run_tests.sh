@@ -8,6 +8,8 @@ echo "=== first contact: make demo / make test on a machine where deps installs 
 bash tests/first_contact_test.sh || failed=$((failed + 1))
 echo "=== the repo stands on its own (citations, paths, issue numbers)"
 bash tests/check_self_contained.sh || failed=$((failed + 1))
+echo "=== the docs say what the code does: links, and every flag of their commands in the program's --help (tests/check_docs.py)"
+{ /usr/bin/python3 tests/check_docs.py --self-test && /usr/bin/python3 tests/check_docs.py; } || failed=$((failed + 1))
 echo "=== layers: no #include points up the layers (tests/check_layers.py, docs/architecture.md)"
 { /usr/bin/python3 tests/check_layers.py --self-test && /usr/bin/python3 tests/check_layers.py; } || failed=$((failed + 1))
 for t in build/bin/test_*; do
