@@ -6,6 +6,9 @@
 #
 #   scripts/gpu-check.sh [PART...]     the parts in the order given (none: all of them)
 #   scripts/gpu-check.sh --help        the parts, what each runs, about how long (no GPU needed)
+#   scripts/gpu-check.sh --stale [--names]   the parts whose last run in the GPU ledger
+#                                      (docs/gpu.md) is older than the last change to the code
+#                                      they cover (no GPU needed; --names: names only)
 #   make gpu-check                     all parts
 #
 # Exit 0 when every part run passed, 1 otherwise, 2 for an unknown part.
@@ -15,11 +18,30 @@ ROOT=$(pwd)
 RESULTS=$ROOT/results
 OUT=$RESULTS/gpu-check
 BIN=${SB_BIN:-$ROOT/build/bin}
-PARTS=(tests correctness mpi sanitize perf attention hf)
+# In the order a short GPU window should run them: the tests, then the defaults decision.
+PARTS=(tests perf mpi correctness sanitize attention hf)
+# What each part covers: a commit touching any of these paths after the part's ledger row
+# makes the part stale (--stale).
+BACKEND_PATHS="src/backend include/shardbench/backend src/core include/shardbench/core mk/cuda.mk"
+MODEL_PATHS="src/model include/shardbench/model"
+STEP_PATHS="src/strategy include/shardbench/strategy src/train include/shardbench/train src/trace include/shardbench/trace src/run include/shardbench/run"
+declare -A COVERS=(
+  [tests]="$BACKEND_PATHS $MODEL_PATHS tests/gpu"
+  [perf]="$BACKEND_PATHS $MODEL_PATHS $STEP_PATHS"
+  [mpi]="$BACKEND_PATHS $MODEL_PATHS $STEP_PATHS"
+  [correctness]="$BACKEND_PATHS $MODEL_PATHS $STEP_PATHS"
+  [sanitize]="$BACKEND_PATHS $MODEL_PATHS $STEP_PATHS tests/gpu"
+  [attention]="src/backend/cuda src/programs/kernel_bench.cpp src/programs/attention_bench.h"
+  [hf]="$BACKEND_PATHS $MODEL_PATHS $STEP_PATHS analysis/hf_t5_step.py analysis/torch_t5_step.py scripts/hf-compare.sh"
+)
+LEDGER=${SB_LEDGER:-$ROOT/docs/gpu.md}
 
 usage() {
   cat <<'EOF'
 usage: scripts/gpu-check.sh [PART...]      (no PART: all, in this order)
+       scripts/gpu-check.sh --stale [--names]  (no GPU needed: the parts whose last run in
+                                       the GPU ledger, docs/gpu.md, predates a change to
+                                       the code they cover; --names: their names only)
 
 Parts (times: estimates for one H100 80GB, each part within 10 minutes; a build first,
 make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh checkout):
@@ -27,29 +49,29 @@ make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh chec
                the kernels against the CPU and the double-precision reference, tensor-core
                attention against its SIMT emulation, the opt-in paths, collectives) and
                build/bin/gemm_peak (cuBLAS bf16/tf32/fp32 peaks).                ~2 min
-  correctness  --check on one GPU: DDP/FSDP in fp32, bf16, fp16; fused attention (tensor
-               cores and FMA), --fused-epilogues, --cuda-graphs and all three together;
-               NCCL across GPUs when there are several (with 2+ GPUs also --tp 2 and
-               --pp 2 with both schedules; with 4+, --pp 2 x --tp 2 and --pp 2 x dp 2;
-               on one GPU the mpi part runs them); fp32 --check CHECK_REPEAT (20)
-               times in a row; an out-of-memory run must fail with one clear line. ~5 min
+  perf         fsdp_perf --backend cuda, one rank, bf16, batch 8, seq 512: t5-611m,
+               t5-2.28b, t5-11.3b LAYERS (4)+LAYERS layers; unfused (the default) against
+               each opt-in path (--attention fused, --fused-epilogues, --cuda-graphs, all
+               three): step ms, TFLOPS, MFU of the measured bf16 peak; which opt-in is
+               faster at all three shapes (the rule for CUDA defaults, docs/gpu.md). ~6 min
   mpi          --comm mpi on 2 and 4 ranks sharing the GPU(s): DDP, FSDP full, hybrid 2,
                grad-op, none, and the layouts (--tp 2 under DDP and FSDP full, --pp 2
                1F1B under FSDP full and GPipe under DDP; on 4 ranks also --pp 2 x --tp 2)
                x fp32, bf16 (--check): the way to run TP and PP on one GPU; compute-
                sanitizer memcheck of five 2-rank runs (one --tp 2, one --pp 2);
                collective_perf NCCL and MPI rows in one table.                  ~8 min
+  correctness  --check on one GPU: DDP/FSDP in fp32, bf16, fp16; fused attention (tensor
+               cores and FMA), --fused-epilogues, --cuda-graphs and all three together;
+               NCCL across GPUs when there are several (with 2+ GPUs also --tp 2 and
+               --pp 2 with both schedules; with 4+, --pp 2 x --tp 2 and --pp 2 x dp 2;
+               on one GPU the mpi part runs them); fp32 --check CHECK_REPEAT (20)
+               times in a row; an out-of-memory run must fail with one clear line. ~5 min
   sanitize     compute-sanitizer on the GPU tests (filtered lists) and a t5-tiny run with
                every opt-in path: memcheck (--report-api-errors no: NCCL's own probe of
                kernel images is an API error it handles), racecheck, synccheck, initcheck;
                errors in kernels that cuBLAS or NCCL launched are counted apart (the
                launch's first host frame below the driver is in libcublas* or libnccl*);
                the verdict is on shardbench's own.                 ~8 min (SANITIZE_TIMEOUT)
-  perf         fsdp_perf --backend cuda, one rank, bf16, batch 8, seq 512: t5-611m,
-               t5-2.28b, t5-11.3b LAYERS (4)+LAYERS layers; unfused (the default) against
-               each opt-in path (--attention fused, --fused-epilogues, --cuda-graphs, all
-               three): step ms, TFLOPS, MFU of the measured bf16 peak; which opt-in is
-               faster at all three shapes (the rule for CUDA defaults, docs/gpu.md). ~6 min
   attention    kernel_bench --backend cuda: one attention forward + backward per path
                (unfused, fused, fused-fma, fused-mma) at the three study models' head
                shapes, bf16 and fp32, ms and TFLOPS; against the targets 0.47 / 0.88 /
@@ -68,9 +90,40 @@ line per part); results/gpu-check.tar.gz (all of it).
 EOF
 }
 
+# --stale: each part against its ledger row (docs/gpu.md, "The GPU ledger"): stale when it
+# never ran, when its commit is not in this clone, or when a later commit touched what it covers.
+stale() {
+  local names=$1 p row commit date n changed
+  git -C "$ROOT" rev-parse --verify -q HEAD >/dev/null ||
+    { echo "gpu-check: error: --stale needs the git history of a checkout" >&2; exit 2; }
+  [ -r "$LEDGER" ] || { echo "gpu-check: error: no ledger at $LEDGER" >&2; exit 2; }
+  for p in "${PARTS[@]}"; do
+    row=$(awk -v p="$p" -F'|' '/^## The GPU ledger/ { on = 1; next } /^## / { on = 0 }
+      on && $2 ~ "^ *`" p "` *$" { gsub(/ /, "", $3); gsub(/^ +| +$/, "", $4); print $3 "|" $4; exit }' "$LEDGER")
+    commit=${row%%|*} date=${row#*|}
+    if [ -z "$row" ] || [ "$commit" = never ] || [ -z "$commit" ]; then
+      [ "$names" = 1 ] && echo "$p" || printf '%-12s stale: never ran on a GPU\n' "$p"
+    elif ! git -C "$ROOT" rev-parse --verify -q "$commit^{commit}" >/dev/null; then
+      [ "$names" = 1 ] && echo "$p" || printf '%-12s stale: its commit %s is not in this clone\n' "$p" "$commit"
+    else
+      # shellcheck disable=SC2086  # the covered paths are words
+      n=$(git -C "$ROOT" rev-list --count "$commit..HEAD" -- ${COVERS[$p]})
+      if [ "$n" -eq 0 ]; then
+        [ "$names" = 1 ] || printf '%-12s current: ran at %s (%s); nothing it covers changed since\n' "$p" "$commit" "$date"
+      else
+        # shellcheck disable=SC2086
+        changed=$(git -C "$ROOT" diff --name-only "$commit" HEAD -- ${COVERS[$p]} | cut -d/ -f1-2 | sort -u | head -n 6 | paste -sd, -)
+        [ "$names" = 1 ] && echo "$p" ||
+          printf '%-12s stale: ran at %s (%s); %s commit(s) since touch %s\n' "$p" "$commit" "$date" "$n" "$changed"
+      fi
+    fi
+  done
+  exit 0
+}
 for a in "$@"; do
   case $a in
     -h | --help) usage; exit 0 ;;
+    --stale) [ "$*" = "--stale --names" ] && stale 1; stale 0 ;;
   esac
 done
 selected=("$@")

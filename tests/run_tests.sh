@@ -36,6 +36,8 @@ echo "=== tensor parallelism: --tp with every strategy (tests/tp_tests.sh)"
 bash tests/tp_tests.sh || failed=$((failed + 1))
 echo "=== pipeline parallelism: --pp with GPipe and 1F1B (tests/pp_tests.sh)"
 bash tests/pp_tests.sh || failed=$((failed + 1))
+echo "=== the GPU window and ledger without a GPU: scripts/gpu-window.sh, gpu-check.sh --stale (tests/gpu_window_test.sh)"
+bash tests/gpu_window_test.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
 echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"
