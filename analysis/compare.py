@@ -8,7 +8,8 @@ optionally, a bar plot.
 Each run is compared with the DDP run of the same model, ranks, batch and sequence length
 ("vs ddp" is its step time over DDP's).
 Exit status: 0; 1 some runs did not complete (status not ok); 2 no readable training
-result; 3 (EXIT_SKIPPED) unreadable or foreign files were skipped, one line each.
+result, or a --plot path that cannot be written; 3 (EXIT_SKIPPED) unreadable or foreign
+files were skipped, one line each.
 """
 import os
 import sys
@@ -33,12 +34,19 @@ def main(argv=None):
     ap.add_argument("--plot", metavar="OUT.png",
                     help="also write a bar chart of step time and peak memory (default: no plot)")
     a = ap.parse_args(argv)
+    try:  # before anything is read: a path it cannot write is one line, not a traceback at the end
+        if a.plot:
+            from matplotlib.backend_bases import FigureCanvasBase
+            cli.check_output_file(a.plot, "--plot", formats=sorted(FigureCanvasBase.get_supported_filetypes()))
+    except cli.BadInput as e:
+        print(f"compare: error: {e}", file=sys.stderr)
+        return 2
     inputs = Inputs("compare")
     runs = inputs.read(a.files, read)
     if not runs:
         print("compare: no readable training result: nothing to compare", file=sys.stderr)
         return 2
-    bad = [r.path for r in runs if r.meta["status"] != "ok"]
+    bad = [f"{r.path} ({r.meta['status']})" for r in runs if r.meta["status"] != "ok"]
     if bad:
         print(f"compare: not completed runs: {', '.join(bad)}", file=sys.stderr)
         return inputs.exit_code(1)

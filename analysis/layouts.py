@@ -10,8 +10,8 @@ measured and projected.
             out-of-memory points are an x on the bottom edge, projected points hollow.
 
 Usage: analysis/layouts.py RESULT.h5|DIR... --out DIR   (writes layouts.png and .svg)
-Exit codes: 0 drawn; 2 bad input (no training results); 3 some files were unreadable and
-skipped (one line each).
+Exit codes: 0 drawn; 2 bad input (no training results, an --out folder that cannot be
+written); 3 some files were unreadable and skipped (one line each).
 """
 import os
 import re
@@ -112,8 +112,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     inputs = Inputs("layouts")
     try:
+        cli.check_output_dir(a.out, "--out")  # before anything is read or drawn
         runs = plots.load_results(a.results, inputs)
-    except plots.PlotError as e:
+    except (plots.PlotError, cli.BadInput) as e:
         print(f"layouts: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)

@@ -12,8 +12,8 @@ Both TFLOPS figures are small multiples: measured and projected results (analysi
 never share a panel (each panel names its source), projected points are hollow, and an
 out-of-memory point is an x on the panel's bottom edge, not a result at y = 0.
 Axes start at zero; error bars run from the slowest to the fastest timed step. Exit codes: 0
-drawn; 2 bad input (no results, no training results); 3 some files
-were unreadable and skipped (one line each).
+drawn; 2 bad input (no results, no training results, an --out folder that cannot be
+written); 3 some files were unreadable and skipped (one line each).
 """
 import glob
 import os
@@ -384,8 +384,9 @@ def main(argv=None):
     a = ap.parse_args(argv)
     inputs = Inputs("plots")
     try:
+        cli.check_output_dir(a.out, "--out")  # before anything is read or drawn
         _, figs = make_all(a.results, a.out, inputs)
-    except PlotError as e:
+    except (PlotError, cli.BadInput) as e:
         print(f"plots: error: {e}", file=sys.stderr)
         return 2
     for name, path in figs.items():

@@ -32,6 +32,13 @@ description names), each collective by NCCL's cost model over the cluster's NVLi
 tiers; a pipeline's stages (-ppS labels) side by side, each receive waiting for its send.
 Each point is written as an HDF5 result in the programs' schema with projected = 1.
 docs/projection.md describes the model, its calibration and its validation.
+
+Results are named as slurm/sweep names its measurements, so --out may be a sweep's folder.
+An existing result is never replaced without --overwrite (as the programs' --overwrite), and
+a measured one (any file but a result of this program, projected = 1: a run, a program's
+out-of-memory record, an unreadable file) never, even with it. Every point is projected
+before any is published: exit 2 leaves --out as it was. Exit status: 0 written; 2 bad
+input (one line), nothing written.
 """
 import json
 import math
@@ -46,6 +53,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import model_shapes  # noqa: E402
+import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
 from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
                               load_cluster, simulate)
@@ -110,7 +118,7 @@ def write_result(path, sched, sim, cluster, args, label):
     and, when it fits, the replayed step's /events (no /steps or /memory)."""
     mem = sched["memory"]
     fits = mem["fits"]
-    with h5py.File(path + ".tmp", "w") as f:
+    with h5py.File(path, "w") as f:
         a = f.attrs
         a["schema_version"] = 3
         a["projected"] = 1
@@ -166,7 +174,6 @@ def write_result(path, sched, sim, cluster, args, label):
         p = f.create_group("provenance")
         p.attrs["command_line"] = " ".join([sys.argv[0]] + sys.argv[1:])
         p.attrs["projection"] = f"analysis/project.py over the {cluster['name']} description"
-    os.replace(path + ".tmp", path)
 
 
 def parse_args(argv):
@@ -230,6 +237,8 @@ def parse_args(argv):
                     help="refuse to project without calibration data (runs or collectives)")
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
     ap.add_argument("--out", required=True, help="directory for one projected HDF5 result per point")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace existing projected results in --out (measured results are never replaced)")
     return ap.parse_args(argv)
 
 
@@ -310,16 +319,17 @@ def load_matrix(path):
 
 
 def points_to_project(a, cluster, gpus, batches):
-    """[(model tag, result name, strategy label, batch, GPUs, program and flags)] of the command
-    line's sweep, or of the run matrix's points (--matrix: named as slurm/sweep names their
-    results). A name's {label} is the label the program prints."""
+    """[(model tag, result name, strategy label, the label the program prints, batch, GPUs,
+    program and flags)] of the command line's sweep, or of the run matrix's points (--matrix:
+    named as slurm/sweep names their results). Names hold the label the program prints."""
     if a.matrix:
         sweep, cfg = load_matrix(a.matrix)
         m = cfg["matrix"]
         if m["dtype"] != cluster["dtype"]:
             raise ProjectionError(f"{a.matrix}: [matrix] dtype {m['dtype']} is not the cluster description's "
                                   f"{cluster['dtype']} (its rates are for {cluster['dtype']})")
-        return [(p.model, p.name, p.strategy, p.batch, p.gpus, [p.program] + list(p.args)) for p in sweep.points(cfg)]
+        return [(p.model, p.name, p.strategy, p.label, p.batch, p.gpus, [p.program] + list(p.args))
+                for p in sweep.points(cfg)]
     out = []
     for model in a.model:
         entry = shape_of(a, model)
@@ -341,8 +351,75 @@ def points_to_project(a, cluster, gpus, batches):
                             args += ["--pp-schedule", a.pp_schedule]
                     # the preset, or the preset and its overrides, then the label the program prints
                     tag = model_shapes.tag(entry)
-                    out.append((tag, f"{tag}-{{label}}-g{n}-b{per_rank}-s{a.seq_len}", label, per_rank, n, args))
+                    printed = strategy_labels.resolve(label, cluster["gpus_per_node"], n)[2]
+                    out.append((tag, f"{tag}-{printed}-g{n}-b{per_rank}-s{a.seq_len}", label, printed, per_rank, n,
+                                args))
     return out
+
+
+def check_out(a, todo):
+    """ProjectionError unless every point can be written to --out: a folder this program
+    can make or fill, one result name per point, and no result there to keep (any without
+    --overwrite; a measured one, or one that cannot be read, ever). Creates nothing."""
+    try:
+        cli.check_output_dir(a.out, "--out")
+    except cli.BadInput as e:
+        raise ProjectionError(str(e))
+    names = [name for _, name, *_ in todo]
+    twice = sorted({x for x in names if names.count(x) > 1})
+    if twice:
+        raise ProjectionError(f"two points would write the same result {twice[0]}.h5 (a value given twice, or two "
+                              "strategy labels of one layout): give each once")
+    paths = [os.path.join(a.out, name + ".h5") for name in names]
+    there = [p for p in paths if os.path.lexists(p)]
+    if not there:
+        return
+    mine = projected_results(there)
+    kept = [p for p in there if p not in mine]
+    if kept:
+        more = f" (and {len(kept) - 1} more)" if len(kept) > 1 else ""
+        raise ProjectionError(f"--out '{a.out}': {os.path.basename(kept[0])}{more} is not a projected result (a "
+                              "measurement, a program's record, or unreadable): never replaced, even with "
+                              "--overwrite; choose another --out")
+    if not a.overwrite:
+        more = f" (and {len(there) - 1} more of the {len(paths)} results)" if len(there) > 1 else ""
+        raise ProjectionError(f"--out '{a.out}': {os.path.basename(there[0])}{more} exists (pass --overwrite to "
+                              "replace projected results, or choose another --out)")
+
+
+def projected_results(paths):
+    """The paths that are readable results of this program (projected = 1). Each is read in
+    a child process first (shardbench_h5.probe): a damaged file can crash the HDF5 library."""
+    files = [p for p in paths if os.path.isfile(p)]
+    readable = [p for p, (status, _) in shardbench_h5.probe(files).items() if status is not None] if files else []
+    out = set()
+    for p in readable:
+        try:
+            with h5py.File(p, "r") as f:
+                if f.attrs.get("projected", 0):
+                    out.add(p)
+        except shardbench_h5.READ_ERRORS:
+            pass
+    return out
+
+
+def publish(staged, overwrite):
+    """Gives each staged result (temporary, final path) its name. Without --overwrite a
+    name is taken only if still free (os.link fails on an existing one, as the programs'
+    no-clobber publish); with it, only a projected result is replaced, checked again here:
+    a sweep's job may have written its measurement meanwhile."""
+    replaceable = projected_results([path for _, path in staged]) if overwrite else set()
+    for tmp, path in staged:
+        if overwrite and os.path.lexists(path):
+            if path not in replaceable:
+                raise ProjectionError(f"{path} is now a measured result (written while this ran): not replaced")
+            os.replace(tmp, path)
+            continue
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise ProjectionError(f"{path} was written by another program while this ran: not replaced")
+        os.remove(tmp)
 
 
 def main(argv=None):
@@ -350,16 +427,43 @@ def main(argv=None):
     try:
         cluster, gpus, batches = setup(a)
         todo = points_to_project(a, cluster, gpus, batches)
+        check_out(a, todo)
     except (ProjectionError, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
-    os.makedirs(a.out, exist_ok=True)
+    made = []  # the folders this run created: removed again when it writes nothing
+    folder = os.path.abspath(a.out)
+    while not os.path.isdir(folder):
+        made.append(folder)
+        folder = os.path.dirname(folder)
+    staged = []  # (temporary, final path): every point is projected before any is published
+    try:
+        if not project_all(a, cluster, todo, staged):
+            return 2
+        publish(staged, a.overwrite)
+    except (ProjectionError, OSError) as e:
+        print(f"project: error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        for tmp, _ in staged:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+        for d in made:  # innermost first; only if still empty (nothing published)
+            if os.path.isdir(d) and not os.listdir(d):
+                os.rmdir(d)
+    print(f"project: wrote {len(staged)} result(s) in {a.out}/")
+    return 0
+
+
+def project_all(a, cluster, todo, staged):
+    """Projects every point of todo into a temporary file beside its result (staged);
+    False after printing the error of a point that cannot be projected."""
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
     width = max(10, *(len(tag) for tag, *_ in todo))
     print(f"{'model':<{width}} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
     bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
-    for model, name, label, batch, n, args in todo:
+    for model, name, label, printed, batch, n, args in todo:
         try:
             sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir)
             fits = sched["memory"]["fits"]  # a point that does not fit is recorded, not replayed
@@ -367,9 +471,16 @@ def main(argv=None):
             sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fits else None
         except ProjectionError as e:
             print(f"project: error: {e}", file=sys.stderr)
-            return 2
-        name = name.replace("{label}", sched["label"])
-        write_result(os.path.join(a.out, name + ".h5"), sched, sim, cluster, a, label)
+            return False
+        if sched["label"] != printed:  # the name was made before the plan ran (strategy_labels.resolve)
+            print(f"project: error: {name}: the program labels this point {sched['label']}, not {printed}",
+                  file=sys.stderr)
+            return False
+        os.makedirs(a.out, exist_ok=True)  # now that there is something to write
+        path = os.path.join(a.out, name + ".h5")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        staged.append((tmp, path))
+        write_result(tmp, sched, sim, cluster, a, label)
         nan = float("nan")
         print(f"{model:<{width}} {sched['label']:<13} {n:>5} {batch:>5} "
               f"{sim['time'] * 1e3 if fits else nan:>10.2f} "
@@ -377,8 +488,7 @@ def main(argv=None):
               f"{sim['exposed'] * 1e3 if fits else nan:>10.2f} "
               f"{sim['idle_share'] * 100 if fits else nan:>6.1f} "
               f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
-    print(f"project: wrote {a.out}/")
-    return 0
+    return True
 
 
 if __name__ == "__main__":

@@ -11,11 +11,11 @@ import bisect
 import functools
 import math
 import os
-import tomllib
 
 import h5py
 import numpy as np
 
+import cli  # (this folder) load_toml(): how input files are read and checked
 import shardbench_h5  # (this folder) names(), attr(): the files' attributes, decoded once
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,8 +61,11 @@ def _check_table(table, fields, where, path):
         v = table[key]
         if not isinstance(v, typ) or isinstance(v, bool):
             raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} has the wrong type")
-        if isinstance(v, NUM) and v <= 0:
-            raise ProjectionError(f"cluster description {path}: '{where}{key}' must be a positive number")
+        # nan and inf pass `v <= 0` and would be projected as if measured: refused by name
+        if isinstance(v, NUM) and not (math.isfinite(v) and v > 0):
+            allowed = "a positive integer" if typ is int else "a finite positive number"
+            raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed "
+                                  f"(must be {allowed})")
     unknown = set(table) - set(fields) - {"intra", "inter", "compute"}
     if unknown:
         raise ProjectionError(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")
@@ -71,10 +74,9 @@ def _check_table(table, fields, where, path):
 def load_cluster(path, calibrate=True):
     """Reads and checks a description; builds its compute model from the runs it names."""
     try:
-        with open(path, "rb") as f:
-            c = tomllib.load(f)
-    except (OSError, tomllib.TOMLDecodeError) as e:
-        raise ProjectionError(f"cluster description {path}: {e}")
+        c = cli.load_toml(path, "cluster description")
+    except cli.BadInput as e:
+        raise ProjectionError(str(e))
     _check_table(c, CLUSTER_FIELDS, "", path)
     for tier, fields in (("compute", COMPUTE_FIELDS), ("intra", INTRA_FIELDS), ("inter", INTER_FIELDS)):
         if not isinstance(c.get(tier), dict):

@@ -7,8 +7,9 @@ placement, judged against the run-to-run spread of a baseline of several runs.
 BASELINE is a directory of collective_perf HDF5 results, one file per run, at least
 MIN_BASELINE_RUNS runs of the same points recorded back to back (slurm/interconnect.sbatch
 SB_RECORD=1 does this); CURRENT is one result or a directory of them. For each (operation,
-in/out-of-place, size) the time of an iteration is the slowest rank's (a collective ends
-when its last rank does), and a run's time is the median over its iterations.
+in-place or out-of-place, size) the time of an iteration is the slowest rank's (a
+collective ends when its last rank does), and a run's time is the median over its
+iterations.
 
 A point is a regression when all three hold:
   - its median over the current runs is slower than the median over the baseline runs, and
@@ -25,8 +26,8 @@ Improvements are judged the same way, in the other direction.
 Prints a table (with the slowdown that the spread lets it detect), writes DIR/report.md
 and DIR/report.png. Exit status: 0 no regression; 1 regression; 2 unusable input (not a
 collective_perf result, a corrupt or empty samples table, non-finite times, a baseline
-of fewer than MIN_BASELINE_RUNS runs, inputs that cannot be compared): one line, nothing
-written.
+of fewer than MIN_BASELINE_RUNS runs, inputs that cannot be compared, a --report-dir that
+cannot be written): one line, nothing written.
 """
 import math
 import os
@@ -254,7 +255,7 @@ def check_comparable(base, bf, cur, cf):
             raise InputError(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
     if set(base) != set(cur):
         def names(keys):
-            shown = [f"{o} {'in' if p else 'out'}-of-place {s} B" for o, p, s in keys[:4]]
+            shown = [f"{o} {'in-place' if p else 'out-of-place'} {s} B" for o, p, s in keys[:4]]
             return ", ".join(shown) + (" ..." if len(keys) > 4 else "") or "none"
         only_b, only_c = sorted(set(base) - set(cur)), sorted(set(cur) - set(base))
         raise InputError(f"operations or sizes differ: only in baseline: {names(only_b)}; "
@@ -282,6 +283,11 @@ def main(argv=None):
     if not 0 < a.alpha < 1 or not 0 <= a.threshold < math.inf:
         print(f"regress: --alpha {a.alpha} must be in (0, 1) and --threshold {a.threshold} a finite number >= 0",
               file=sys.stderr)
+        return 2
+    try:
+        cli.check_output_dir(a.report_dir, "--report-dir")  # before the comparison: 1 must mean regression
+    except cli.BadInput as e:
+        print(f"regress: error: {e}", file=sys.stderr)
         return 2
     try:
         base, bf = load(a.baseline)

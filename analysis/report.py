@@ -13,8 +13,9 @@ median as a dot. Labels say what a rank ran on (CPU rank, GPU). Warnings come fr
 results (what the programs printed, e.g. more ranks than cores) and from the report's
 own checks (failed or skipped steps, few or widely spread steps).
 
-Exit codes: 0 written; 2 bad input (not a folder, no results); 3 some
-files were unreadable and skipped (one line each), the report holds the rest.
+Exit codes: 0 written; 2 bad input (not a folder, no results, an output folder that
+cannot be written); 3 some files were unreadable and skipped (one line each), the report
+holds the rest.
 """
 import html
 import json
@@ -210,10 +211,11 @@ def main(argv=None):
         return 2
     inputs = plots.Inputs("report")
     try:
+        cli.check_output_dir(out, "--out" if a.out else "the report folder (RESULTS/report)")  # before any work
         runs, figs = plots.make_all([a.results], out, inputs)
         comparison, notes = plot_comparison(runs, out)
         traces, with_events = timelines(runs, out, a.timelines)
-    except (plots.PlotError, to_perfetto.InputError) as e:
+    except (plots.PlotError, to_perfetto.InputError, cli.BadInput) as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2
     device = plots.device_word(runs)

@@ -103,12 +103,14 @@ class Run:
             if version not in READABLE_SCHEMA_VERSIONS:
                 raise ValueError(f"{self.path}: schema_version {version!r}, this reader knows "
                                  f"{', '.join(map(str, READABLE_SCHEMA_VERSIONS))}")
-            # A projected result (analysis/project.py) has metadata, the plan and at most /events.
+            # A projected result (analysis/project.py) has metadata, the plan and at most /events;
+            # the record of a run the watchdog ended, metadata and provenance only (status failed).
             projected = bool(self.meta.get("projected"))
-            table = lambda name: _table(f[name]) if name in f or not projected else pd.DataFrame()  # noqa: E731
+            partial = projected or self.meta.get("status") == "failed"
+            table = lambda name: _table(f[name]) if name in f or not partial else pd.DataFrame()  # noqa: E731
             self.provenance = attrs(f["provenance"])
             self.ranks = table("provenance/ranks")
-            self.plan = attrs(f["plan"])
+            self.plan = attrs(f["plan"]) if "plan" in f or not partial else {}
             self.steps = table("steps")
             self.events = table("events")
             op_names = names(f["events"]) if "events" in f else []

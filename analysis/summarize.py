@@ -4,8 +4,9 @@ rank, peak memory, status.
 
     analysis/summarize.py results/*.h5 --csv summary.csv
 
-Out-of-memory records show their planned peak and no times. Exit status: 0; 2 no readable result; 3 (EXIT_SKIPPED) unreadable files were skipped, one
-line each, and the table holds the rest.
+Out-of-memory records show their planned peak and no times. Exit status: 0; 2 no readable
+result, or a --csv path that cannot be written; 3 (EXIT_SKIPPED) unreadable files were
+skipped, one line each, and the table holds the rest.
 """
 import os
 import sys
@@ -28,7 +29,8 @@ def row(run):
         "seq": m["enc_seq_len"],
         "step_ms": m["median_step_time_s"] * 1e3 if ok else float("nan"),
         "tflops_per_rank": m["median_model_tflops_per_rank"] if ok else float("nan"),
-        "peak_mib": (m["max_peak_memory_bytes"] if ok else run.plan["peak_total"]) / 2**20,
+        # A run the watchdog ended has no plan in its record: no peak either.
+        "peak_mib": (m["max_peak_memory_bytes"] if ok else run.plan.get("peak_total", float("nan"))) / 2**20,
         "status": m["status"],
     }
 
@@ -38,6 +40,12 @@ def main(argv=None):
     ap.add_argument("files", nargs="+", metavar="RESULT.h5", help="shardbench results (HDF5), any status")
     ap.add_argument("--csv", metavar="OUT.csv", help="also write the table as CSV (default: print only)")
     a = ap.parse_args(argv)
+    try:  # before anything is read: a path it cannot write is one line, not a traceback at the end
+        if a.csv:
+            cli.check_output_file(a.csv, "--csv")
+    except cli.BadInput as e:
+        print(f"summarize: error: {e}", file=sys.stderr)
+        return 2
     inputs = Inputs("summarize")
     rows = inputs.read(a.files, lambda p: row(load(p)))
     if not rows:

@@ -18,7 +18,7 @@ stacked counter track per rank (MiB). Times are microseconds from the run's comm
 A projected result (analysis/project.py) converts the same way when it carries the
 replayed step's events; one without events is refused. Operation and phase names are
 read from the file. Exit codes: 0 written; 2 bad input (unreadable file, no events,
-bad --steps), nothing written.
+bad --steps, an output path that cannot be written), nothing written.
 """
 import json
 import os
@@ -247,12 +247,13 @@ def main(argv=None):
     out = a.out or (a.result[:-3] if a.result.endswith(".h5") else a.result) + ".json"
     t0 = time.perf_counter()
     try:
+        cli.check_output_file(out, "--out" if a.out else "the trace (RESULT.json)")  # before the conversion
         trace = convert(a.result, parse_steps(a.steps))
         # Written beside the target and renamed: a failed write leaves no partial file.
         with open(out + ".tmp", "w") as f:
             json.dump(trace, f, separators=(",", ":"))
         os.replace(out + ".tmp", out)
-    except InputError as e:
+    except (InputError, cli.BadInput) as e:
         print(f"to_perfetto: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -31,10 +31,10 @@ for np in $RANKS; do
   if [ "$np" -ge 4 ]; then strategies=$strategies,fsdp-hybrid2; fi
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies $strategies \
     --gpus "$np" --batch "${BATCH:-2}" --seq-len "${SEQ:-64}" --calibrate-run "$OUT/calibration/ddp-w$np.h5" \
-    --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
+    --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" --overwrite >/dev/null
   /usr/bin/python3 analysis/project.py --cluster runs/clusters/local-cpu.toml --model "$MODEL" --strategies ddp \
     --gpus "$np" --batch "${BATCH:-2}" --seq-len "${SEQ:-64}" --calibrate-run "$OUT/measured/fsdp-none-w$np.h5" \
-    --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" >/dev/null
+    --calibrate-collectives "$OUT/calibration/coll-w$np.h5" --require-calibration --out "$OUT/projected" --overwrite >/dev/null
   cp "$OUT/calibration/ddp-w$np.h5" "$OUT/measured/ddp-w$np.h5"
 done
 /usr/bin/python3 analysis/validate_projection.py --measured "$OUT/measured" --projected "$OUT/projected" \

@@ -230,4 +230,110 @@ expect "projection within ${PROJECTION_MAX_ERROR:=0.5} of the recorded measured 
   $PY $ROOT/analysis/validate_projection.py --measured $PV/measured --projected $PV/projected \
   --max-error "$PROJECTION_MAX_ERROR"
 
+# --- bad input files and output paths (analysis/cli.py holds the checks): one line naming the
+# file or path and what is allowed, exit 2, no traceback, nothing written or replaced ---
+BP=$tmp/badpaths
+mkdir -p $BP/in && : >$BP/afile
+refused() { # refused NAME PATTERN -- command...: exit 2 and one line, PATTERN (so no traceback)
+  local name=$1 pattern=$2
+  shift 3
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ "$rc" -ne 2 ]; then echo "      exit $rc, expected 2" >>"$tmp/out"; bad "$name"; return; fi
+  if [ "$(wc -l <"$tmp/out")" -ne 1 ] || ! grep -qE -- "$pattern" "$tmp/out"; then
+    echo "      expected one line /$pattern/" >>"$tmp/out"; bad "$name"; return; fi
+  ok "$name"
+}
+# a folder nothing can be created in, even by root (who may write where the mode says no)
+if (: >/sys/.shardbench-check) 2>/dev/null; then rm -f /sys/.shardbench-check; RO=; else RO=/sys; fi
+LOCAL=(--cluster $ROOT/runs/clusters/local-cpu.toml --model t5-tiny --gpus 2 --batch 2 --seq-len 16 --strategies ddp)
+printf '# caf\xe9\nname = "x"\n' >$BP/in/latin1.toml
+sed 's/^gemm_tflops = .*/gemm_tflops = nan/' $ROOT/runs/clusters/local-cpu.toml >$BP/in/nan.toml
+sed 's/^gpu_memory_gib = .*/gpu_memory_gib = inf/' $ROOT/runs/clusters/local-cpu.toml >$BP/in/inf.toml
+refused "project: a cluster description that is not UTF-8" \
+  "^project: error: $BP/in/latin1.toml: not UTF-8 text \(byte 0xe9 on line 1\): a cluster description must be UTF-8" -- \
+  $PY $ROOT/analysis/project.py --cluster $BP/in/latin1.toml --model t5-tiny --gpus 2 --out $BP/p
+refused "project: a run matrix (--matrix) that is not UTF-8" \
+  "^project: error: $BP/in/latin1.toml: not UTF-8 text \(byte 0xe9 on line 1\): a run matrix must be UTF-8" -- \
+  $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/local-cpu.toml --matrix $BP/in/latin1.toml --out $BP/p
+refused "project: nan in a cluster description, by field" \
+  "^project: error: cluster description .*: field 'compute.gemm_tflops' = nan is not allowed \(must be a finite positive number\)$" -- \
+  $PY $ROOT/analysis/project.py --cluster $BP/in/nan.toml --model t5-tiny --gpus 2 --out $BP/p
+refused "project: inf in a cluster description, by field" \
+  "^project: error: cluster description .*: field 'gpu_memory_gib' = inf is not allowed \(must be a finite positive number\)$" -- \
+  $PY $ROOT/analysis/project.py --cluster $BP/in/inf.toml --model t5-tiny --gpus 2 --out $BP/p
+# output paths: a missing folder, a folder where a file goes (or a file where a folder goes), a read-only place
+A=$ROOT/analysis
+refused "summarize: --csv in a missing folder" "^summarize: error: --csv '$BP/nodir/s.csv': directory '$BP/nodir' does not exist" -- \
+  $PY $A/summarize.py $R/ddp.h5 $R/full.h5 --csv $BP/nodir/s.csv
+refused "summarize: --csv naming a folder" "^summarize: error: --csv '$BP' is a directory \(must name a file\)" -- \
+  $PY $A/summarize.py $R/ddp.h5 --csv $BP
+refused "compare: --plot in a missing folder" "^compare: error: --plot '$BP/nodir/c.png': directory '$BP/nodir' does not exist" -- \
+  $PY $A/compare.py $R/ddp.h5 $R/full.h5 --plot $BP/nodir/c.png
+refused "compare: --plot naming a folder" "^compare: error: --plot '$BP' is a directory \(must name a file\)" -- \
+  $PY $A/compare.py $R/ddp.h5 $R/full.h5 --plot $BP
+refused "compare: --plot in a format matplotlib does not write" \
+  "^compare: error: --plot '$BP/c.xyz': the file name must end in one of .*\.pdf, .*\.png" -- \
+  $PY $A/compare.py $R/ddp.h5 $R/full.h5 --plot $BP/c.xyz
+refused "plots: --out naming a file" "^plots: error: --out '$BP/afile' exists and is not a directory" -- \
+  $PY $A/plots.py $R/ddp.h5 --out $BP/afile
+refused "plots: --out below a file" "^plots: error: --out '$BP/afile/sub': '$BP/afile' is not a directory" -- \
+  $PY $A/plots.py $R/ddp.h5 --out $BP/afile/sub
+refused "report: --out naming a file" "^report: error: --out '$BP/afile' exists and is not a directory" -- \
+  $PY $A/report.py $tmp/alone --out $BP/afile
+refused "layouts: --out below a file" "^layouts: error: --out '$BP/afile/sub': '$BP/afile' is not a directory" -- \
+  $PY $A/layouts.py $R/ddp.h5 --out $BP/afile/sub
+refused "to_perfetto: -o in a missing folder" "^to_perfetto: error: --out '$BP/nodir/t.json': directory '$BP/nodir' does not exist" -- \
+  $PY $A/to_perfetto.py $R/ddp.h5 -o $BP/nodir/t.json
+refused "regress: --report-dir naming a file" "^regress: error: --report-dir '$BP/afile' exists and is not a directory" -- \
+  $PY $A/regress.py $ROOT/tests/data/regress $ROOT/tests/data/regress/run00.h5 --report-dir $BP/afile
+refused "project: --out naming a file" "^project: error: --out '$BP/afile' exists and is not a directory" -- \
+  $PY $A/project.py "${LOCAL[@]}" --out $BP/afile
+if [ -n "$RO" ]; then
+  for t in "summarize.py $R/ddp.h5 --csv|$RO/s.csv" "compare.py $R/ddp.h5 $R/full.h5 --plot|$RO/c.png" \
+    "plots.py $R/ddp.h5 --out|$RO/plots" "report.py $tmp/alone --out|$RO/report" "layouts.py $R/ddp.h5 --out|$RO/plots" \
+    "to_perfetto.py $R/ddp.h5 -o|$RO/t.json" "regress.py $ROOT/tests/data/regress $ROOT/tests/data/regress/run00.h5 --report-dir|$RO/rep" \
+    "project.py ${LOCAL[*]} --out|$RO/proj"; do
+    tool=${t%%.py*} args=${t%|*} path=${t#*|}
+    refused "$tool: an output path in a read-only place ($RO)" "^$tool: error: .*'$path'.*: directory '$RO' is not writable" -- \
+      $PY $A/$args $path
+  done
+fi
+check "... none of them wrote anything" bash -c "[ \"\$(ls -A $BP)\" = \"$(printf 'afile\nin')\" ] && [ ! -s $BP/afile ]"
+# project.py names its results as slurm/sweep names the measurements: pointed at a sweep's
+# folder it replaces nothing measured, with or without --overwrite; a projection of its own
+# only with --overwrite; an exit 2 leaves no folder behind.
+mkdir -p $BP/sweep && cp $R/ddp.h5 $BP/sweep/t5-tiny-ddp-g2-b2-s16.h5
+for extra in "" --overwrite; do
+  refused "project: a measured result in --out is never replaced${extra:+ (even with $extra)}" \
+    "^project: error: --out '$BP/sweep': t5-tiny-ddp-g2-b2-s16.h5 is not a projected result .*never replaced" -- \
+    $PY $ROOT/analysis/project.py "${LOCAL[@]}" --out $BP/sweep $extra
+  check "... the measurement is as it was" cmp $R/ddp.h5 $BP/sweep/t5-tiny-ddp-g2-b2-s16.h5
+done
+check "project: a new folder of projections" $PY $ROOT/analysis/project.py "${LOCAL[@]}" --out $BP/proj
+refused "project: an existing projection is replaced only with --overwrite" \
+  "^project: error: --out '$BP/proj': t5-tiny-ddp-g2-b2-s16.h5 exists \(pass --overwrite to replace" -- \
+  $PY $ROOT/analysis/project.py "${LOCAL[@]}" --out $BP/proj
+check "... and with --overwrite it is" $PY $ROOT/analysis/project.py "${LOCAL[@]}" --out $BP/proj --overwrite
+expect "project: exit 2 after a first point was projected" 2 "^project: error: --micro-batches 3 is not allowed" -- \
+  $PY $ROOT/analysis/project.py "${LOCAL[@]}" --strategies ddp,ddp-pp2 --micro-batches 3 --out $BP/new/out
+check "... leaves no folder and no result behind" test ! -e $BP/new
+# regress names the points only one side has in-place or out-of-place, never "in-of-place"
+mkdir -p $BP/regress
+$PY - $ROOT/tests/data/regress/run05.h5 $BP/regress/out-of-place.h5 <<'PYEOF'
+import shutil, sys, h5py
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "r+") as f:  # the current run without its in-place points
+    s, attrs = f["samples"][()], dict(f["samples"].attrs)
+    del f["samples"]
+    d = f.create_dataset("samples", data=s[s["in_place"] == 0])
+    for k, v in attrs.items():
+        d.attrs[k] = v
+PYEOF
+refused "regress: points of one side only, named in-place or out-of-place" \
+  "^regress: cannot compare: operations or sizes differ: only in baseline: all-gather in-place 65536 B, " -- \
+  $PY $ROOT/analysis/regress.py $ROOT/tests/data/regress $BP/regress/out-of-place.h5 --report-dir $BP/rep
+cp "$tmp/out" $BP/regress.out
+check "... never 'in-of-place'" bash -c "! grep -q 'in-of-place' $BP/regress.out"
+
 summary

@@ -7,7 +7,12 @@ Run: /usr/bin/python3 tests/test_projection.py (make test runs it)."""
 import collections
 import math
 import os
+import pathlib
+import re
+import shutil
+import subprocess
 import sys
+import tempfile
 import unittest
 
 import h5py
@@ -233,6 +238,99 @@ class Pipeline(unittest.TestCase):
         del ops[next(i for i, row in enumerate(ops) if row[0] == send)]
         with self.assertRaisesRegex(pm.ProjectionError, "do not pair up"):
             pm.simulate(sched, self.compute_only())
+
+
+class BadInput(unittest.TestCase):
+    """Bad input is one line naming the file or value and what is allowed, exit 2, and
+    nothing written or replaced (docs/projection.md): cluster descriptions that are not
+    UTF-8 or hold nan/inf, and an --out folder that holds results already."""
+
+    LOCAL = os.path.join(ROOT, "runs", "clusters", "local-cpu.toml")
+    MEASURED = os.path.join(pc.CALIBRATION, "fsdp_perf-bf16-t5-11.3b-4layers.h5")  # a real measured result
+    NAME = "t5-tiny-ddp-g2-b2-s16.h5"  # the point below, as slurm/sweep would name its measurement
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_projection.")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def description(self, text=None, data=None):
+        path = os.path.join(self.tmp, "cluster.toml")
+        with open(path, "wb") as f:
+            f.write(data if data is not None else text.encode())
+        return path
+
+    def project(self, out, *extra, cluster=None, strategies="ddp"):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "project.py"), "--cluster",
+                               cluster or self.LOCAL, "--model", "t5-tiny", "--gpus", "2", "--batch", "2", "--seq-len",
+                               "16", "--strategies", strategies, "--out", out, *extra],
+                              capture_output=True, text=True)
+
+    def assert_refused(self, r, pattern):
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertRegex(r.stderr, "^project: error: " + pattern)
+
+    def test_nan_and_inf_in_a_cluster_description_are_refused_by_field(self):
+        with open(self.LOCAL) as f:
+            text = f.read()
+        for field, line, value in (("compute.gemm_tflops", "gemm_tflops = 0.1", "nan"),
+                                   ("gpu_memory_gib", "gpu_memory_gib = 20", "inf"),
+                                   ("intra.bandwidth_gbps", "bandwidth_gbps = 2.0", "+inf"),
+                                   ("inter.latency_us", "latency_us = 100.0", "-nan")):
+            with self.subTest(field=field, value=value):
+                self.assertIn(line, text)
+                path = self.description(text.replace(line, line.split("=")[0] + "= " + value))
+                with self.assertRaisesRegex(pm.ProjectionError, rf"{path}: field '{re.escape(field)}' = "
+                                            r"(nan|inf) is not allowed \(must be a finite positive number\)$"):
+                    pm.load_cluster(path, calibrate=False)
+
+    def test_a_cluster_description_that_is_not_utf8_is_one_line(self):
+        path = self.description(data=b'# cluster\nname = "caf\xe9"\n')
+        with self.assertRaisesRegex(pm.ProjectionError, rf"^{re.escape(path)}: not UTF-8 text \(byte 0xe9 on line 2\)"):
+            pm.load_cluster(path, calibrate=False)
+        out = os.path.join(self.tmp, "out")
+        self.assert_refused(self.project(out, cluster=path), f"{re.escape(path)}: not UTF-8 text")
+        self.assertFalse(os.path.exists(out))
+
+    def test_a_result_in_out_is_replaced_only_with_overwrite(self):
+        out = os.path.join(self.tmp, "out")
+        r = self.project(out)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        path = os.path.join(out, self.NAME)
+        before = pathlib.Path(path).read_bytes()
+        self.assert_refused(self.project(out), rf"--out '{re.escape(out)}': {self.NAME} exists \(pass --overwrite")
+        self.assertEqual(pathlib.Path(path).read_bytes(), before)
+        self.assertEqual(sorted(os.listdir(out)), [self.NAME])  # no temporary left behind
+        r = self.project(out, "--overwrite")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(sorted(os.listdir(out)), [self.NAME])
+        with h5py.File(path, "r") as f:
+            self.assertEqual(f.attrs["projected"], 1)
+
+    def test_a_measured_result_is_never_replaced(self):
+        out = os.path.join(self.tmp, "sweep")  # a sweep's folder: its measurement under the same name
+        os.makedirs(out)
+        path = os.path.join(out, self.NAME)
+        shutil.copy(self.MEASURED, path)
+        before = pathlib.Path(path).read_bytes()
+        for extra in ((), ("--overwrite",)):
+            with self.subTest(args=extra):
+                self.assert_refused(self.project(out, *extra), rf"--out '{re.escape(out)}': {self.NAME} is not a "
+                                    r"projected result .*never replaced, even with --overwrite")
+                self.assertEqual(pathlib.Path(path).read_bytes(), before)
+                self.assertEqual(os.listdir(out), [self.NAME])
+
+    def test_exit_2_leaves_no_folder_and_no_result(self):
+        # the second point is refused by its program (3 micro-batches do not divide 2) after
+        # the first was projected: neither the folder nor the first result may stay
+        out = os.path.join(self.tmp, "new", "out")
+        r = self.project(out, "--micro-batches", "3", strategies="ddp,ddp-pp2")
+        self.assert_refused(r, r"--micro-batches 3 is not allowed with --batch 2")
+        self.assertFalse(os.path.exists(os.path.join(self.tmp, "new")))
+        os.makedirs(out)
+        self.assert_refused(self.project(out, "--micro-batches", "3", strategies="ddp,ddp-pp2"), "--micro-batches 3")
+        self.assertEqual(os.listdir(out), [])
 
 
 if __name__ == "__main__":

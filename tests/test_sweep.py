@@ -328,6 +328,22 @@ class Validation(SweepCase):
     def test_no_such_matrix(self):
         self.assert_refused(self.tmp / "missing.toml", "no such run matrix")
 
+    def test_matrix_not_utf8(self):
+        path = self.matrix()
+        path.write_bytes(path.read_bytes().replace(b'name = "t"', b'name = "t\xe9"'))
+        self.assert_refused(path, f"{path}: not UTF-8 text (byte 0xe9 on line 2): a run matrix must be UTF-8 TOML")
+
+    def test_matrix_is_a_directory(self):
+        self.assert_refused(self.tmp, f"{self.tmp}: is a directory, not a run matrix")
+
+    def test_results_folder_that_cannot_be_made(self):
+        (self.tmp / "afile").write_text("")
+        self.results = self.tmp / "afile" / "results"  # below a file: no folder can be made there
+        for args in ((), ("--dry-run",)):
+            with self.subTest(args=args):
+                self.assert_refused(self.matrix(), f"results folder '{self.results}': '{self.tmp / 'afile'}' is not a "
+                                    "directory", *args)
+
     def test_shipped_matrices_are_valid(self):
         for name in sorted(p.name for p in (REPO / "runs").glob("*.toml")):
             with self.subTest(matrix=name):
