@@ -6,9 +6,12 @@ the projected step time.
     analysis/validate_projection.py --measured val/measured --projected val/projected --max-error 0.35
 
 scripts/validate-projection.sh measures, calibrates and projects, then runs this.
-Exit codes: 0 compared; 1 a pair's |error| exceeds --max-error; 2 no pair.
+Exit codes: 0 compared; 1 a pair's |error| exceeds --max-error; 2 bad input (a path that
+does not exist, a --max-error that is not a finite number >= 0) or no pair; 3
+(EXIT_SKIPPED) unreadable files were skipped, one line each, and the rest compared.
 """
 import glob
+import math
 import os
 import sys
 
@@ -23,9 +26,11 @@ def attrs(path):
         return shardbench_h5.attrs(f)
 
 
-def files(items):
+def files(items, flag):
     out = []
     for x in items:
+        if not os.path.exists(x):
+            raise cli.BadInput(f"{flag} {x}: no such file or folder")
         out += sorted(glob.glob(os.path.join(x, "*.h5"))) if os.path.isdir(x) else [x]
     return out
 
@@ -43,8 +48,17 @@ def main(argv=None):
     ap.add_argument("--max-error", type=float, default=None, metavar="FRACTION",
                     help="fail (exit 1) when a pair's |projected/measured − 1| exceeds this (default: report only)")
     a = ap.parse_args(argv)
-    measured = {key(m): m for m in map(attrs, files(a.measured)) if m.get("status") == "ok" and not m.get("projected")}
-    projected = {key(m): m for m in map(attrs, files(a.projected)) if m.get("projected")}
+    try:
+        if a.max_error is not None and not (math.isfinite(a.max_error) and a.max_error >= 0):
+            raise cli.BadInput(f"--max-error {a.max_error} is not allowed (a finite number >= 0)")
+        paths = files(a.measured, "--measured"), files(a.projected, "--projected")
+    except cli.BadInput as e:
+        print(f"validate: error: {e}", file=sys.stderr)
+        return 2
+    inputs = shardbench_h5.Inputs("validate")  # attributes only: a file whose tables were dropped still counts
+    metas = [[m for m in (inputs.read_one(p, attrs) for p in group) if m is not None] for group in paths]
+    measured = {key(m): m for m in metas[0] if m.get("status") == "ok" and not m.get("projected")}
+    projected = {key(m): m for m in metas[1] if m.get("projected")}
     pairs = sorted(set(measured) & set(projected))
     if not pairs:
         print("validate: no configuration was both measured and projected", file=sys.stderr)
@@ -61,7 +75,7 @@ def main(argv=None):
     if a.max_error is not None and worst > a.max_error:
         print(f"validate: FAIL: worst error above {a.max_error:.0%}")
         return 1
-    return 0
+    return inputs.exit_code(0)
 
 
 if __name__ == "__main__":

@@ -229,6 +229,13 @@ check "projection of DDP, calibrated by the recorded FSDP no-shard run" \
 expect "projection within ${PROJECTION_MAX_ERROR:=0.5} of the recorded measured 2-rank runs" 0 'worst \|error\|' -- \
   $PY $ROOT/analysis/validate_projection.py --measured $PV/measured --projected $PV/projected \
   --max-error "$PROJECTION_MAX_ERROR"
+expect "validate: a path that does not exist is one line, exit 2" 2 '^validate: error: --measured .*/nope: no such file or folder$' -- \
+  $PY $ROOT/analysis/validate_projection.py --measured $PV/nope --projected $PV/projected
+expect "validate: --max-error nan is one line, exit 2" 2 '^validate: error: --max-error nan is not allowed \(a finite number >= 0\)$' -- \
+  $PY $ROOT/analysis/validate_projection.py --measured $PV/measured --projected $PV/projected --max-error nan
+echo "not a result" >$tmp/garbage.h5
+expect "validate: an unreadable file is skipped with one line, the rest compared, exit 3" 3 'skipped .*garbage.h5: not a readable' -- \
+  $PY $ROOT/analysis/validate_projection.py --measured $PV/measured $tmp/garbage.h5 --projected $PV/projected
 
 # --- bad input files and output paths (analysis/cli.py holds the checks): one line naming the
 # file or path and what is allowed, exit 2, no traceback, nothing written or replaced ---
