@@ -161,6 +161,8 @@ def write_result(path, sched, sim, cluster, args, label):
                                         (sched["enc_seq_len"] + sched["dec_seq_len"]) / sim["time"])
             a["median_exposed_comm_s"] = sim["exposed"]
             a["idle_share"] = sim["idle_share"]
+            a["replay_passes"] = sim["passes"]  # the replay's passes to its tolerance (projection_model)
+            a["replay_converged"] = int(sim["converged"])
             a["max_peak_memory_bytes"] = mem["peak_total"]
             a["plan_peak_memory_bytes"] = mem["peak_total"]
             write_events(f, sched, sim["stages"])

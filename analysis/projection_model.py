@@ -42,6 +42,10 @@ COLLECTIVE_MODELS = ("nccl", "ring")
 # latency of a multi-node ring all-reduce. The per-step ring latencies are the cluster's.
 NCCL_RING_BASE_US = 8.4
 NCCL_TREE_HOP_US = {"intra": 28.0, "inter": 50.0}
+# The replay's fixed point (simulate): a pass that moves the step time by less than this
+# (relative) ends it; a figure that moves less matters to no comparison the projection makes.
+REPLAY_TOLERANCE = 1e-4
+REPLAY_MAX_PASSES = 50
 NCCL_TREE_MAX_BUSBW = 80.0
 NCCL_RING_ALLREDUCE_PLATEAU = 1.9
 
@@ -421,8 +425,13 @@ def simulate(sched, cluster, fsdp1_gathers=None):
     Two effects slow compute beyond its one-GPU cost (docs/projection.md, "Why"): the step
     runs at the slowest of the world's GPUs (straggler_factor), and a compute kernel that
     shares the GPU with a collective's kernels runs slower by [compute] overlap_slowdown.
-    A collective's timing depends on when compute issues it, so the replay is repeated with
-    the previous pass's collective intervals until the step time settles.
+    A collective starts no earlier than the compute issued before it (stream order; FSDP1's
+    gathers at an earlier wait), so when a compute operation is placed, every collective that
+    can overlap it has been launched: it is slowed by exactly those, in one pass. Only a
+    pipeline's transfers start when the other stage posts its side, later in the replay, so
+    under --pp the replay is repeated with the previous pass's transfer intervals until the
+    step time moves less than REPLAY_TOLERANCE between passes (at most REPLAY_MAX_PASSES;
+    sim["passes"] says how many ran, sim["converged"] whether it settled).
 
     Under --pp every stage's first rank is replayed from its own list (the schedule's
     "stages"), side by side: a receive's wait ends when the message, posted on both sides,
@@ -431,14 +440,19 @@ def simulate(sched, cluster, fsdp1_gathers=None):
     if fsdp1_gathers is None:
         fsdp1_gathers = sched.get("program") == "fsdp_perf"
     slowdown = cluster["compute"].get("overlap_slowdown", 0.0)
-    busy, last = {}, None
+    transfers, last = {}, None
     stage_lists = _stage_lists(sched, cluster)
-    for _ in range(50):
-        sim = _replay(sched, stage_lists, cluster, fsdp1_gathers, busy, slowdown)
-        if not slowdown or (last is not None and abs(sim["time"] - last) <= 1e-9 * sim["time"]):
+    pipelined = len(stage_lists) > 1
+    for passes in range(1, REPLAY_MAX_PASSES + 1):
+        sim = _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown)
+        converged = not slowdown or not pipelined or (last is not None and
+                                                      abs(sim["time"] - last) < REPLAY_TOLERANCE * sim["time"])
+        if converged:
             break
         last = sim["time"]
-        busy = {rank: _merged([(e[4], e[5]) for e in events if e[3] != 0]) for rank, events in sim["stages"]}
+        transfers = {rank: [(e[4], e[5]) for e in events if e[3] in _StageReplay.TRANSFER_LANES]
+                     for rank, events in sim["stages"]}
+    sim["passes"], sim["converged"] = passes, converged
     return sim
 
 
@@ -482,20 +496,31 @@ class _StageReplay:
     # collectives, and a pipeline's activations and their gradients, each direction's sends
     # and receives in order on one stream.
     LANES = {"gather": 1, "reduce": 2, "tensor": 3, "activations": 4, "gradients": 5}
+    TRANSFER_LANES = (4, 5)
 
-    def __init__(self, sched, stage, cluster, fsdp1_gathers, busy, slowdown):
+    def __init__(self, sched, stage, cluster, fsdp1_gathers, transfers, slowdown):
         self.cluster = cluster
         self.rank, self.ops, self.cost = stage
         self.i = 0
         self.tiers = group_tiers(sched, cluster)
         self.tensor = sched["axis_names"].index("tp")
         self.pipeline = sched["axis_names"].index("pp")
-        self.fsdp1_gathers, self.busy, self.slowdown = fsdp1_gathers, busy, slowdown
-        self.busy_ends = [b for _, b in busy]
+        self.fsdp1_gathers, self.slowdown = fsdp1_gathers, slowdown
+        # The intervals that slow compute: this pass's collectives as they launch, and the
+        # pipeline transfers of the previous pass (simulate); those ending before the
+        # compute lane's time are dropped as it advances.
+        self.busy = sorted(transfers)
         self.t = self.compute = self.comm = self.exposed = self.waited_for_stages = 0.0
         self.forward = sched["phase_names"].index("forward")
         self.lanes, self.wire, self.done = {name: 0.0 for name in self.LANES}, {}, {}
         self.gathers, self.wait_at, self.deferred = [], {}, {}  # all-gather requests in issue order; limiter state
+        # FSDP1: all-gather k starts at the wait for all-gather k-1 even when the program
+        # issues it later (the CPU runs ahead): it is launched there, so that the compute
+        # placed in between sees it (next_gather[i]: the first all-gather at or after op i).
+        self.prelaunched = set()
+        self.next_gather = [None] * (len(self.ops) + 1)
+        for j in range(len(self.ops) - 1, -1, -1):
+            self.next_gather[j] = j if self.ops[j][0] == "all-gather" else self.next_gather[j + 1]
         self.messages = {}  # request -> (send|recv, pipe key) of a posted point-to-point
         self.pending_cast = 0.0
         # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
@@ -515,7 +540,19 @@ class _StageReplay:
         end = max(start + extra, self.wire.get(res, 0.0)) + d
         self.wire[res] = self.lanes[lane] = self.done[req] = end
         self.comm += d
+        if self.slowdown:
+            bisect.insort(self.busy, (end - d, end))
         self.events.append((tag[0], tag[1], tag[2], self.LANES[lane], end - d, end, nbytes, 0.0, axis, n, sent))
+
+    def prelaunch(self, i, t):
+        """Launches the first all-gather at or after op i from time t, before the replay
+        reaches it (with the cast of its shard when a copy precedes it)."""
+        j = self.next_gather[i] if i < len(self.ops) else None
+        if j is not None and j not in self.prelaunched:
+            name, phase, unit, nbytes, _, req, _, axis, sent, _ = self.ops[j]
+            cast = self.cost[j - 1] if j > 0 and self.ops[j - 1][0] == "copy" else 0.0
+            self.launch(name, nbytes, req, t, cast, (name, phase, unit), axis, sent)
+            self.prelaunched.add(j)
 
     def advance(self, pipe):
         """Replays ops until the end or a wait on an unmatched message; True if it moved."""
@@ -555,7 +592,9 @@ class _StageReplay:
                 self.pending_cast = d  # the shard's cast runs on the gather stream
                 return
             if self.busy:
-                d = _stretched(t, d, self.busy, self.busy_ends, self.slowdown)
+                self.busy = [x for x in self.busy if x[1] > t]  # what ended before t slows nothing from here on
+                merged = _merged(self.busy)
+                d = _stretched(t, d, merged, [b for _, b in merged], self.slowdown)
             self.events.append((op, phase, unit, 0, t, t + d, nbytes, flops, -1, 0, 0))
             self.t += d
             self.compute += d
@@ -566,8 +605,12 @@ class _StageReplay:
             if op == "all-gather" and self.fsdp1_gathers:
                 k = len(self.gathers)
                 self.gathers.append(req)
-                if k < 2:
+                if i in self.prelaunched:  # launched at the wait for the previous one
+                    pass
+                elif k < 2:
                     self.launch(op, nbytes, req, 0.0, self.pending_cast, tag, axis, sent)
+                    if k == 0:  # the limiter lets two run from the start: launch the second now too
+                        self.prelaunch(i + 1, 0.0)
                 elif self.gathers[k - 1] in self.wait_at:
                     self.launch(op, nbytes, req, self.wait_at[self.gathers[k - 1]], self.pending_cast, tag, axis, sent)
                 else:  # the limiter holds it until compute reaches the wait for the previous one
@@ -580,6 +623,8 @@ class _StageReplay:
             if req in self.deferred:
                 name, nb, rq, cast, held, ax, sn = self.deferred.pop(req)
                 self.launch(name, nb, rq, t, cast, held, ax, sn)
+            elif self.fsdp1_gathers and self.gathers and req == self.gathers[-1] and len(self.gathers) >= 2:
+                self.prelaunch(i + 1, t)
             end = self.done.get(req, t)
             if end > t:
                 self.events.append((op, phase, unit, 0, t, end, 0, 0.0, -1, 0, 0))
@@ -601,8 +646,8 @@ def _stage_lists(sched, cluster):
                          for op, _, _, nbytes, flops, _, shape, *_ in ops]) for rank, ops in lists]
 
 
-def _replay(sched, stage_lists, cluster, fsdp1_gathers, busy, slowdown):
-    stages = [_StageReplay(sched, stage, cluster, fsdp1_gathers, busy.get(stage[0], []), slowdown)
+def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown):
+    stages = [_StageReplay(sched, stage, cluster, fsdp1_gathers, transfers.get(stage[0], []), slowdown)
               for stage in stage_lists]
     pipe = _Pipe(cluster)
     while not all(s.finished for s in stages):

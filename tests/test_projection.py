@@ -240,6 +240,48 @@ class Pipeline(unittest.TestCase):
             pm.simulate(sched, self.compute_only())
 
 
+class ReplayConverges(unittest.TestCase):
+    """The replay's fixed point (projection_model.simulate): a compute operation is slowed by
+    the collectives beside it, whose timing depends on that compute. Without a pipeline one
+    pass is self-consistent (replaying it once more with its own intervals changes nothing);
+    a pipeline settles to REPLAY_TOLERANCE within a few passes, near its fixed point."""
+
+    A100 = Pipeline.A100
+
+    @staticmethod
+    def plan(program, world, *flags):
+        return project.plan_schedule([program, "--model", "t5-2.28b", "--seq-len", "512", "--dtype", "bf16",
+                                      "--activation-checkpointing"] + list(flags), world, 80,
+                                     os.path.join(ROOT, "build", "bin"))
+
+    def test_tensor_parallel_and_fsdp_steps_are_one_self_consistent_pass(self):
+        c = pm.load_cluster(self.A100)
+        self.assertGreater(c["compute"]["overlap_slowdown"], 0)  # else there is nothing to converge
+        for program, flags in (("fsdp_perf", ("--sharding", "full", "--tp", "8", "--batch", "64")),
+                               ("fsdp_perf", ("--sharding", "full", "--batch", "8")),
+                               ("ddp_perf", ("--tp", "2", "--batch", "16"))):
+            with self.subTest(program=program, flags=flags):
+                sched = self.plan(program, 32, *flags)
+                sim = pm.simulate(sched, c, fsdp1_gathers=program == "fsdp_perf")
+                own = {rank: [(e[4], e[5]) for e in events if e[3] != 0] for rank, events in sim["stages"]}
+                again = pm._replay(sched, pm._stage_lists(sched, c), c, program == "fsdp_perf", own,
+                                   c["compute"]["overlap_slowdown"])
+                self.assertEqual(again["time"], sim["time"])
+                self.assertEqual((sim["passes"], sim["converged"]), (1, True))
+
+    def test_a_pipeline_settles_near_its_fixed_point(self):
+        c = pm.load_cluster(self.A100)
+        sched = self.plan("ddp_perf", 64, "--tp", "2", "--pp", "4", "--micro-batches", "8", "--batch", "32")
+        sim = pm.simulate(sched, c)
+        self.assertTrue(sim["converged"])
+        self.assertLessEqual(sim["passes"], 10)
+        transfers, slowdown = {}, c["compute"]["overlap_slowdown"]
+        for _ in range(15):  # far past the tolerance
+            far = pm._replay(sched, pm._stage_lists(sched, c), c, False, transfers, slowdown)
+            transfers = {rank: [(e[4], e[5]) for e in events if e[3] in (4, 5)] for rank, events in far["stages"]}
+        self.assertLess(abs(sim["time"] / far["time"] - 1), 4 * pm.REPLAY_TOLERANCE)
+
+
 class BadInput(unittest.TestCase):
     """Bad input is one line naming the file or value and what is allowed, exit 2, and
     nothing written or replaced (docs/projection.md): cluster descriptions that are not
