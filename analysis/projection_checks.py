@@ -1,8 +1,10 @@
 #!/usr/bin/python3
 """The projection checked against what was measured: the published study's findings on the
 A100 cluster (findings), the one-GPU step against the committed H100 calibration runs
-(one-gpu), the GPU count where hybrid sharding overtakes full sharding (crossover), and the
-effect of each change of the communication model on the T5-11B 8→512 drop (ablation).
+(one-gpu), the GPU count where hybrid sharding overtakes full sharding (crossover), the
+effect of each change of the communication model on the T5-11B 8→512 drop (ablation), and
+the bound on what pipeline sends sharing the NICs with data-parallel traffic could cost
+(nic-sharing).
 docs/projection.md records their output; tests/test_projection.py asserts the findings and
 the one-GPU agreement.
 """
@@ -14,8 +16,8 @@ import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from projection_model import ROOT, load_cluster, simulate  # noqa: E402
-from project import point_schedule  # noqa: E402
+from projection_model import ROOT, group_tiers, load_cluster, simulate  # noqa: E402
+from project import plan_schedule, point_schedule, strategy_args  # noqa: E402
 
 A100 = os.path.join(ROOT, "runs", "clusters", "a100-80gb.toml")
 H100 = os.path.join(ROOT, "runs", "clusters", "h100-80gb.toml")
@@ -144,6 +146,56 @@ def ablation(binary_dir=None):
     return rows
 
 
+def _union(intervals):
+    out = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return out
+
+
+def _overlap(xs, ys):
+    """Seconds where an interval of xs and one of ys run at once."""
+    xs, ys, i, j, total = _union(xs), _union(ys), 0, 0, 0.0
+    while i < len(xs) and j < len(ys):
+        total += max(0.0, min(xs[i][1], ys[j][1]) - max(xs[i][0], ys[j][0]))
+        if xs[i][1] < ys[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def nic_sharing(binary_dir=None, layouts=(("ddp-tp2-pp4", 64), ("ddp-tp2-pp2", 32), ("ddp-tp4-pp2", 64)),
+                gpus=(64, 512), micro_batches=16):
+    """The replay costs a pipeline send alone on its NIC. Where a stage's sends cross nodes
+    while its data-parallel collectives cross them too, they share NICs: at worst each
+    slows the other only while both run, so the step can grow by at most the time they
+    overlap on the stage where that is longest. Per layout (t5-11.3b, runs/pp_tp_fsdp.toml's
+    setting): that overlap beside the step, the sends and the cross-node collectives."""
+    c = load_cluster(A100)
+    rows = []
+    for label, batch in layouts:
+        for n in gpus:
+            args = strategy_args(label, c, n) + ["--model", "t5-11.3b", "--batch", str(batch), "--seq-len", str(SEQ),
+                                                 "--micro-batches", str(micro_batches), "--activation-checkpointing",
+                                                 "--dtype", c["dtype"], "--reduce-dtype", c["dtype"]]
+            sched = plan_schedule(args, n, c["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
+            sim, tiers = simulate(sched, c), group_tiers(sched, c)
+            crosses = n // sched["pp_size"] >= c["gpus_per_node"]  # stages of whole nodes: every send leaves one
+            worst = (0.0, 0.0, 0.0)
+            for _, events in sim["stages"]:
+                sends = [(e[4], e[5]) for e in events if e[3] in (4, 5)]
+                dp = [(e[4], e[5]) for e in events if e[3] in (1, 2) and tiers[e[8]][1] > 1]
+                both = _overlap(sends, dp) if crosses else 0.0
+                worst = max(worst, (both, sum(b - a for a, b in _union(sends)), sum(b - a for a, b in _union(dp))))
+            rows.append({"label": label, "gpus": n, "step": sim["time"], "overlap": worst[0], "sends": worst[1],
+                         "dp": worst[2]})
+    return rows
+
+
 def print_findings(f):
     print("| finding | projected (A100 description) | holds |")
     print("|---|---|---|")
@@ -164,7 +216,7 @@ def print_findings(f):
 
 def main(argv=None):
     ap = cli.parser(__doc__, __file__)
-    ap.add_argument("checks", nargs="+", choices=("findings", "one-gpu", "crossover", "ablation"),
+    ap.add_argument("checks", nargs="+", choices=("findings", "one-gpu", "crossover", "ablation", "nic-sharing"),
                     help="which tables to print (markdown, as docs/projection.md shows them)")
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin)")
     a = ap.parse_args(argv)
@@ -190,6 +242,13 @@ def main(argv=None):
                     first = (str(r["first"]) if r["first"] else "never (≤ 512)") if s == "hybrid" else ""
                     print(f"| {model} | fsdp-{s}{'8' if s == 'hybrid' else ''} | " + " | ".join(cells) +
                           f" | {first} |")
+        elif check == "nic-sharing":
+            print("| layout (t5-11.3b, 16 micro-batches) | GPUs | step | sends (worst stage) | cross-node "
+                  "data-parallel collectives | both at once: the bound |")
+            print("|---|---|---|---|---|---|")
+            for r in nic_sharing(a.bin):
+                print(f"| {r['label']} | {r['gpus']} | {r['step'] * 1e3:.0f} ms | {r['sends'] * 1e3:.1f} ms | "
+                      f"{r['dp'] * 1e3:.1f} ms | {r['overlap'] * 1e3:.2f} ms ({r['overlap'] / r['step']:.2%}) |")
         else:
             print("| communication model | batch 8: 8 → 512 GPUs | batch 16: 8 → 512 GPUs |")
             print("|---|---|---|")

@@ -240,6 +240,14 @@ class Pipeline(unittest.TestCase):
             pm.simulate(sched, self.compute_only())
 
 
+    def test_the_nic_sharing_bound_is_the_time_sends_and_cross_node_reductions_overlap(self):
+        import projection_checks as checks
+        (one_node, two_nodes) = checks.nic_sharing(layouts=(("ddp-tp2-pp2", 32),), gpus=(8, 32), micro_batches=4)
+        self.assertEqual(one_node["overlap"], 0.0)  # 4 ranks a stage: the sends stay on the node
+        self.assertGreater(two_nodes["overlap"], 0.0)
+        self.assertLessEqual(two_nodes["overlap"], min(two_nodes["sends"], two_nodes["dp"]))
+        self.assertLess(two_nodes["overlap"], 0.01 * two_nodes["step"])
+
 class ReplayConverges(unittest.TestCase):
     """The replay's fixed point (projection_model.simulate): a compute operation is slowed by
     the collectives beside it, whose timing depends on that compute. Without a pipeline one
@@ -280,7 +288,6 @@ class ReplayConverges(unittest.TestCase):
             far = pm._replay(sched, pm._stage_lists(sched, c), c, False, transfers, slowdown)
             transfers = {rank: [(e[4], e[5]) for e in events if e[3] in (4, 5)] for rank, events in far["stages"]}
         self.assertLess(abs(sim["time"] / far["time"] - 1), 4 * pm.REPLAY_TOLERANCE)
-
 
 class BadInput(unittest.TestCase):
     """Bad input is one line naming the file or value and what is allowed, exit 2, and
