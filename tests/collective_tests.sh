@@ -109,10 +109,10 @@ expect "a floor that is met passes" 0 'Bus bandwidth floor .* OK' -- \
 expect "min size above max" 2 "-b 1M is larger than -e 1K" -- "${MPI2[@]}" $CP -b 1M -e 1K --out $B/x.h5
 expect "zero size" 2 "-b '0' is not allowed" -- "${MPI2[@]}" $CP -b 0 --out $B/x.h5
 expect "unparsable size" 2 "-e 'lots' is not allowed" -- "${MPI2[@]}" $CP -e lots --out $B/x.h5
-expect "unknown operation" 2 "unknown operation 'all-sum'" -- "${MPI2[@]}" $CP --ops all-sum --out $B/x.h5
+expect "unknown operation" 2 "--ops 'all-sum' is not allowed" -- "${MPI2[@]}" $CP --ops all-sum --out $B/x.h5
 expect "unknown dtype" 2 "-d 'float8' is not allowed" -- "${MPI2[@]}" $CP -d float8 --out $B/x.h5
 expect "unknown reduce op" 2 "-o 'median' is not allowed" -- "${MPI2[@]}" $CP -o median --out $B/x.h5
-expect "shard size not dividing the world" 2 "shard size 3 is not allowed with world size 4" -- \
+expect "shard size not dividing the world" 2 "--shard-size 3 is not allowed with world size 4" -- \
   "${MPI4[@]}" $CP --ops hybrid --shard-size 3 --out $B/x.h5
 expect "hybrid without a shard size" 2 "needs --shard-size" -- "${MPI2[@]}" $CP --ops hybrid --out $B/x.h5
 expect "-z 4" 2 "-z 4 is not allowed \(an integer from 0 to 3\)" -- "${MPI2[@]}" $CP -z 4 --out $B/x.h5

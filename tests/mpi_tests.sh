@@ -226,9 +226,9 @@ expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp
 expect "configuration table" 0 '\| parameters +\| [0-9,]+' -- "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}"
 
 # --- bad input: one line naming the value, exit 2, every rank exits ---
-expect "unknown model" 2 "unknown model 't5-nope' \(allowed: t5-611m" -- "${MPIRUN[@]}" $BIN/fsdp_perf --model t5-nope
+expect "unknown model" 2 "--model 't5-nope' is not allowed \(allowed: t5-611m" -- "${MPIRUN[@]}" $BIN/fsdp_perf --model t5-nope
 expect "unknown sharding" 2 "--sharding 'zero9' is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding zero9
-expect "shard size not dividing world" 2 "shard size 3 is not allowed with world size 4" -- \
+expect "shard size not dividing world" 2 "--shard-size 3 is not allowed with world size 4" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
 expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
@@ -341,7 +341,7 @@ expect "--cuda-graphs only with --backend cuda" 2 '--cuda-graphs is only allowed
 # gpu-check in parts: --help needs no GPU; a bad part is a usage error; without a GPU a part
 # stops at once with the reason.
 expect "gpu-check --help lists the parts" 0 'hf +scripts/hf-compare.sh' -- bash $ROOT/scripts/gpu-check.sh --help
-expect "gpu-check refuses an unknown part" 2 "unknown part 'gemm' .allowed: tests correctness mpi sanitize perf attention hf." -- \
+expect "gpu-check refuses an unknown part" 2 "unknown part 'gemm' .allowed: tests perf mpi correctness sanitize attention hf." -- \
   bash $ROOT/scripts/gpu-check.sh tests gemm
 if ! command -v nvidia-smi >/dev/null; then
   expect "gpu-check without a GPU says so" 1 'no GPU visible' -- bash $ROOT/scripts/gpu-check.sh tests

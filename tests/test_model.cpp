@@ -140,6 +140,30 @@ TEST(Model, UnknownPresetNamesAllowedOnes) {
   EXPECT_THROW(validate(s), UsageError);
 }
 
+// THE size check names the flags whose product cannot be counted, and passes every preset
+// at the study's shapes.
+TEST(Model, SizesBeyondWhatIsCountedAreRefusedNamingTheFlags) {
+  ModelSpec s = model_preset("t5-tiny");
+  s.heads = s.d_kv = 2147483647;
+  try {
+    validate(s);
+    FAIL() << "expected UsageError";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--heads 2147483647 x --d-kv 2147483647 = "), std::string::npos) << e.what();
+  }
+  s = model_preset("t5-tiny");
+  s.d_ff = s.d_model = 2147483647;
+  EXPECT_THROW(validate(s), UsageError);
+  s = model_preset("t5-tiny");
+  s.layers = kMaxLayers + 1;
+  EXPECT_THROW(validate(s), UsageError);
+  s = model_preset("t5-tiny");
+  EXPECT_THROW(validate(s, StepShape{2147483647, 1, 1}), UsageError);  // sequence passes
+  EXPECT_THROW(validate(s, StepShape{8, 8, 8}, kMaxMicroBatches + 1), UsageError);
+  for (const std::string& name : model_preset_names())
+    EXPECT_NO_THROW(validate(model_preset(name), StepShape{16, 512, 512}, 16)) << name;
+}
+
 TEST(Model, UnitsTileTheirFlatParameter) {
   const ModelSpec s = model_preset("t5-small");
   const auto units = model_units(s);
@@ -216,7 +240,7 @@ TEST(Layout, ValidatesAndGroupsConsecutiveRanks) {
   try {
     ParallelLayout::make(6, 0, 4);
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("shard size 4"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("--shard-size 4"), std::string::npos);
     EXPECT_NE(std::string(e.what()).find("world size 6"), std::string::npos);
   }
 }
@@ -263,7 +287,7 @@ TEST(Layout, TensorParallelSizesMustDivide) {
     ParallelLayout::make(8, 0, 3, 2);
     FAIL();
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("shard size 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--shard-size 3"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("4 data-parallel ranks"), std::string::npos) << e.what();
   }
 }

@@ -87,7 +87,7 @@ expect "--tp not dividing the world" 2 '--tp 8 is not allowed with world size 4 
   "${MPI4[@]}" $BIN/ddp_perf "${TINY[@]}" --heads 8 --tp 8 --out $T/bad.h5
 expect "--tp 0" 2 '--tp 0 is not allowed' -- $BIN/ddp_perf --tp 0
 expect "hybrid shard size beyond the data-parallel ranks" 2 \
-  'shard size 4 is not allowed with world size 4 and 2 data-parallel ranks' -- \
+  '--shard-size 4 is not allowed with world size 4 and 2 data-parallel ranks' -- \
   "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --sharding hybrid --shard-size 4 --out $T/bad.h5
 if [ -e $T/bad.h5 ] || ls $T/bad.h5.*tmp >/dev/null 2>&1; then
   echo "file left" >"$tmp/out"; bad "no file after bad --tp input"

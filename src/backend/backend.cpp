@@ -237,12 +237,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name, CommLibrary comm)
   if (name == "cpu") return make_cpu_backend();
 #ifdef SB_HAVE_CUDA
   if (name == "cuda") return make_cuda_backend(comm);
-  throw UsageError("unknown backend '" + name + "' (allowed: cpu, cuda)");
+  throw UsageError("--backend '" + name + "' is not allowed (allowed: cpu, cuda)");
 #else
   if (name == "cuda")
     throw UsageError("--backend cuda: this build has no CUDA backend (it needs nvcc, cuBLAS and NCCL; "
                      "see make probe); allowed: cpu");
-  throw UsageError("unknown backend '" + name + "' (allowed: cpu)");
+  throw UsageError("--backend '" + name + "' is not allowed (allowed: cpu)");
 #endif
 }
 

@@ -17,7 +17,7 @@ ParallelLayout ParallelLayout::make(int world, int rank, int shard, int tp, int 
                      " (must divide it: pp x dp x tp = world)");
   const int dp = int(world / inner);
   if (shard < 1 || shard > dp || dp % shard != 0)
-    throw UsageError("shard size " + std::to_string(shard) + " is not allowed with world size " + std::to_string(world) +
+    throw UsageError("--shard-size " + std::to_string(shard) + " is not allowed with world size " + std::to_string(world) +
                      (inner > 1 ? " and " + std::to_string(dp) + " data-parallel ranks" : std::string()) +
                      " (must divide " + (inner > 1 ? "them" : "it") + ": replicate × shard = " +
                      (inner > 1 ? "world / (tp × pp)" : "world") + ")");

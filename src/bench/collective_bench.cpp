@@ -188,7 +188,8 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   std::string comm;
   app.add_option("--comm", comm, "--backend cuda: nccl (default), mpi, mpi-staged, mpi-direct, or a list "
                                  "(nccl,mpi: the libraries' rows side by side in one table)");
-  app.add_option("--out", o.out, "HDF5 result (default: results/collective_perf-w<ranks>-<time>.h5)");
+  app.add_option("--out", o.out, "HDF5 result (default: results/collective_perf-w<ranks>-<time>.h5); a symbolic link, "
+                                 "even a dangling one, is written through to its target, as cp does");
   app.add_flag("--overwrite", o.overwrite, "replace an existing --out file");
   num.real("--min-busbw", o.min_busbw, 0, 1e9, false,
            "fail (exit 5) when the average bus bandwidth is under this many GB/s (default: $SHARDBENCH_MIN_BUSBW)");

@@ -29,7 +29,7 @@ BenchOp parse_bench_op(const std::string& name) {
     if (name == bench_op_name(op)) return op;
   std::string allowed;
   for (BenchOp op : bench_ops()) allowed += std::string(allowed.empty() ? "" : ", ") + bench_op_name(op);
-  throw UsageError("unknown operation '" + name + "' (allowed: " + allowed + ", all)");
+  throw UsageError("--ops '" + name + "' is not allowed (allowed: " + allowed + ", all)");
 }
 
 std::vector<BenchOp> parse_bench_ops(const std::string& list) {

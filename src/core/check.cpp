@@ -1,5 +1,8 @@
 #include "shardbench/core/check.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -10,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 namespace sb {
 
@@ -56,6 +60,55 @@ void remove_temporaries() {
 
 void remove_temporaries_on_signals() {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, on_termination);
+}
+
+int create_locked_temporary(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return -1;
+  // Shared: the writer's own HDF5 opens do not conflict; a cleaner's exclusive try does.
+  // A filesystem without flock leaves the file unlocked: the pid check below covers it.
+  flock(fd, LOCK_SH | LOCK_NB);
+  return fd;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string base = path.substr(slash == std::string::npos ? 0 : slash + 1) + ".";
+  char host[64] = "host";  // as the temporaries' names hold it (h5_file.cpp)
+  gethostname(host, sizeof host - 1);
+  std::vector<std::string> removed;
+  DIR* d = opendir(dir.empty() ? "/" : dir.c_str());
+  if (!d) return removed;
+  while (const dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    const std::string tail = name.size() > base.size() && name.compare(0, base.size(), base) == 0
+                                 ? name.substr(base.size()) : "";
+    // <host>.<pid>.tmp or <host>.<pid>.failed.tmp
+    std::string id = tail.size() > 4 && tail.compare(tail.size() - 4, 4, ".tmp") == 0 ? tail.substr(0, tail.size() - 4) : "";
+    if (id.size() > 7 && id.compare(id.size() - 7, 7, ".failed") == 0) id.resize(id.size() - 7);
+    const size_t dot = id.find_last_of('.');
+    if (dot == std::string::npos || dot == 0 || id.find_first_not_of("0123456789", dot + 1) != std::string::npos ||
+        dot + 1 == id.size())
+      continue;
+    const std::string file = (slash == std::string::npos ? "" : dir + "/") + name;
+    const int fd = open(file.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) continue;
+    const bool here = id.compare(0, dot, host) == 0;
+    const long pid = std::atol(id.c_str() + dot + 1);
+    const bool unlocked = flock(fd, LOCK_EX | LOCK_NB) == 0, no_locks = !unlocked && errno != EWOULDBLOCK;
+    struct stat st;
+    const bool quiet = fstat(fd, &st) == 0 && std::time(nullptr) - st.st_mtime > 600;
+    // This host's locks are exact; where the filesystem has none, a gone pid says it. A
+    // cluster filesystem's locks may be node-local: another host's writer must also have
+    // left its file untouched for 10 minutes (a live writer writes).
+    const bool stale = here ? unlocked || (no_locks && pid > 0 && kill(pid_t(pid), 0) != 0 && errno == ESRCH)
+                            : unlocked && quiet;
+    if (stale && unlink(file.c_str()) == 0) removed.push_back(file);
+    close(fd);
+  }
+  closedir(d);
+  return removed;
 }
 
 int64_t free_bytes(const std::string& dir) {

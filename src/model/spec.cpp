@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <map>
 
 #include "shardbench/core/check.h"
@@ -62,7 +63,7 @@ ModelSpec model_preset(const std::string& name) {
     if (p.name == name) return p;
   std::string allowed;
   for (const auto& n : model_preset_names()) allowed += (allowed.empty() ? "" : ", ") + n;
-  throw UsageError("unknown model '" + name + "' (allowed: " + allowed + ")");
+  throw UsageError("--model '" + name + "' is not allowed (allowed: " + allowed + ")");
 }
 
 const char* ffn_kind_name(FfnKind f) { return f == FfnKind::GatedGelu ? "gated-gelu" : "relu"; }
@@ -73,12 +74,93 @@ FfnKind parse_ffn_kind(const std::string& s) {
   throw UsageError("--ffn '" + s + "' is not allowed (allowed: relu, gated-gelu)");
 }
 
-void validate(const ModelSpec& s) {
+namespace {
+constexpr int64_t kIntLimit = std::numeric_limits<int32_t>::max();
+
+// "--heads 16"
+std::string typed(const char* flag, int64_t v) { return std::string(flag) + " " + std::to_string(v); }
+
+std::string approx(long double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2Lg", v);
+  return text;
+}
+
+// One contribution to a rank's memory: the flags whose product it is, as typed.
+struct MemoryTerm {
+  std::string flags, what;
+  long double bytes;
+};
+}  // namespace
+
+void validate(const ModelSpec& s, const StepShape& x, int64_t micro_batches, const char* micro_flag) {
   const std::pair<const char*, int64_t> fields[] = {
       {"--d-model", s.d_model}, {"--d-ff", s.d_ff},   {"--layers", s.layers},
       {"--heads", s.heads},     {"--d-kv", s.d_kv},   {"--vocab", s.vocab}};
   for (const auto& [flag, v] : fields)
-    if (v <= 0) throw UsageError(std::string(flag) + " " + std::to_string(v) + " is not allowed (must be > 0)");
+    if (v <= 0) throw UsageError(typed(flag, v) + " is not allowed (must be > 0)");
+  if (s.layers > kMaxLayers)
+    throw UsageError(typed("--layers", s.layers) + " is not allowed (an integer from 1 to " +
+                     std::to_string(kMaxLayers) + " per stack: the plan replays every block)");
+  const std::string L = typed("--layers", s.layers), D = typed("--d-model", s.d_model), H = typed("--heads", s.heads),
+                    K = typed("--d-kv", s.d_kv), F = typed("--d-ff", s.d_ff), V = typed("--vocab", s.vocab);
+  // Products in long double: each factor may be as large as an int64.
+  const long double layers = s.layers, d = s.d_model, inner = (long double)s.heads * s.d_kv, ff = s.d_ff;
+  if (inner > kIntLimit)
+    throw UsageError(H + " x " + K + " = " + approx(inner) + " is not allowed (the attention width heads x d_kv "
+                     "is a GEMM dimension: a product of at most " + std::to_string(kIntLimit) + ")");
+  // Parameters with their gradients, fp32 master, Adam moments and gathered copies: at most
+  // 32 bytes each (the plan counts fewer; the bound only has to hold).
+  const long double per_param = 32;
+  std::vector<MemoryTerm> terms = {
+      {V + " x " + D, "embedding and LM head", per_param * (s.tie_embeddings ? 1 : 2) * s.vocab * d},
+      {H + " x " + K + " x " + D + " x " + L, "attention weights", per_param * 12 * layers * inner * d},
+      {F + " x " + D + " x " + L, "feed-forward weights",
+       per_param * 2 * layers * (s.ffn == FfnKind::GatedGelu ? 3 : 2) * ff * d},
+  };
+  if (x.batch > 0) {
+    const std::string B = typed("--batch", x.batch);
+    // Token counts per rank are GEMM row counts (int).
+    for (const auto& [flag, len] : {std::pair<const char*, int64_t>{"--seq-len", x.enc_len}, {"--dec-seq-len", x.dec_len}})
+      if ((long double)x.batch * len > kIntLimit)
+        throw UsageError(B + " x " + typed(flag, len) + " = " + std::to_string(x.batch * len) +
+                         " tokens per rank is not allowed (at most " + std::to_string(kIntLimit) + ")");
+    const std::string M = typed(micro_flag, micro_batches);
+    if (micro_batches < 1 || micro_batches > kMaxMicroBatches)
+      throw UsageError(M + " is not allowed as the micro-batch count (an integer from 1 to " +
+                       std::to_string(kMaxMicroBatches) + ")");
+    if (micro_batches * s.layers > kMaxBlockPasses)
+      throw UsageError(M + " x " + L + " = " + std::to_string(micro_batches * s.layers) +
+                       " block passes per step is not allowed (at most " + std::to_string(kMaxBlockPasses) +
+                       ": the plan replays each)");
+    if (x.batch * s.layers > kMaxSequencePasses)
+      throw UsageError(B + " x " + L + " = " + std::to_string(x.batch * s.layers) +
+                       " sequence passes per step is not allowed (at most " + std::to_string(kMaxSequencePasses) +
+                       ": the plan replays each sequence's attention)");
+    // Activations (fp32, generous counts per block): the longer sequence names the flag.
+    const bool dec_longer = x.dec_len > x.enc_len;
+    const std::string T = dec_longer ? typed("--dec-seq-len", x.dec_len) : typed("--seq-len", x.enc_len);
+    const long double tokens = (long double)x.batch * std::max(x.enc_len, x.dec_len), blocks = 2 * layers;
+    const long double longest = std::max(x.enc_len, x.dec_len);
+    terms.push_back({B + " x " + T + " x " + D + " x " + L, "hidden states", 4 * 16 * blocks * tokens * d});
+    terms.push_back({B + " x " + T + " x " + H + " x " + K + " x " + L, "attention activations",
+                     4 * 12 * blocks * tokens * inner});
+    terms.push_back({B + " x " + T + " x " + F + " x " + L, "feed-forward activations", 4 * 4 * blocks * tokens * ff});
+    terms.push_back({B + " x " + H + " x " + T + " x " + T + " x " + L, "attention scores",
+                     4 * 8 * blocks * x.batch * (long double)s.heads * longest * longest});
+    terms.push_back({B + " x " + typed("--dec-seq-len", x.dec_len) + " x " + V, "logits",
+                     4 * 4 * (long double)x.batch * x.dec_len * s.vocab});
+  }
+  long double total = 0;
+  const MemoryTerm* largest = &terms[0];
+  for (const MemoryTerm& t : terms) {
+    total += t.bytes;
+    if (t.bytes > largest->bytes) largest = &t;
+  }
+  if (total > kMaxBytes)
+    throw UsageError(largest->flags + " is not allowed (" + largest->what + " of about " + approx(largest->bytes) +
+                     " bytes per rank; allowed: sizes whose memory per rank stays under 2^62 bytes, " +
+                     approx(kMaxBytes) + ")");
 }
 
 const char* unit_kind_name(UnitKind k) {
@@ -179,9 +261,16 @@ void check_tensor_parallel(const ModelSpec& s, int tp) {
   const std::pair<const char*, int64_t> dims[] = {{"heads", s.heads}, {"d_ff", s.d_ff}, {"vocab", s.vocab}};
   for (const auto& [what, v] : dims) {
     if (v % tp == 0) continue;
+    std::vector<int64_t> low, high;  // divisors up to sqrt(v) and their partners: no loop to v
+    for (int64_t k = 1; k * k <= v; ++k)
+      if (v % k == 0) {
+        low.push_back(k);
+        if (k != v / k) high.push_back(v / k);
+      }
+    low.insert(low.end(), high.rbegin(), high.rend());
     std::string divisors;
-    for (int64_t k = 1; k <= v && divisors.size() < 200; ++k)
-      if (v % k == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(k);
+    for (size_t i = 0; i < low.size() && divisors.size() < 200; ++i)
+      divisors += (divisors.empty() ? "" : ", ") + std::to_string(low[i]);
     throw UsageError("--tp " + std::to_string(tp) + " is not allowed with " + std::string(what) + " " +
                      std::to_string(v) + " (the heads, d_ff and vocab must divide by --tp; " + what + " " +
                      std::to_string(v) + " divides by " + divisors + ")");

@@ -19,6 +19,24 @@ void bcast_string(std::string& s) {
   s.resize(size);
   MPI_CHECK(MPI_Bcast(s.data(), size, MPI_CHAR, 0, MPI_COMM_WORLD));
 }
+
+// The file --out names, followed through its symbolic links as cp and a shell's `>` follow
+// them: a link (dangling or not) is written through to its target, and stays a link. ""
+// when the links loop.
+std::string through_links(const std::string& path) {
+  std::string p = path;
+  for (int hops = 0; hops < 40; ++hops) {  // Linux's own limit (ELOOP)
+    struct stat st;
+    char target[4096];
+    if (lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    const ssize_t n = readlink(p.c_str(), target, sizeof target - 1);
+    if (n <= 0) return p;
+    target[n] = 0;
+    const size_t slash = p.find_last_of('/');
+    p = target[0] == '/' || slash == std::string::npos ? std::string(target) : p.substr(0, slash + 1) + target;
+  }
+  return "";
+}
 }  // namespace
 
 std::string hostname() {
@@ -73,18 +91,31 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
       path = base + "-" + std::to_string(i) + ".h5";
   }
   if (rank == 0) {
-    const size_t slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash + 1);
+    const std::string file = path.empty() || path.back() == '/' ? path : through_links(path);
+    const std::string out = "--out '" + path + "'" +
+                            (file != path && !file.empty() ? " (a symbolic link to '" + file + "')" : "");
+    const size_t slash = file.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : file.substr(0, slash + 1);
     if (path.empty() || path.back() == '/')
-      error = "--out '" + path + "' is not allowed (must name a file, e.g. results/run.h5)";
+      error = out + " is not allowed (must name a file, e.g. results/run.h5)";
+    else if (file.empty())
+      error = out + " is not allowed (its symbolic links loop)";
     else if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      error = "--out '" + path + "': directory '" + dir + "' does not exist (create it first)";
+      error = out + ": directory '" + dir + "' does not exist (create it first)";
     else if (access(dir.c_str(), W_OK) != 0)
-      error = "--out '" + path + "': directory '" + dir + "' is not writable";
-    else if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
-      error = "--out '" + path + "' is a directory (must name a file)";
-    else if (stat(path.c_str(), &st) == 0 && !overwrite)
-      error = "--out '" + path + "' exists (pass --overwrite to replace it, or choose another name)";
+      error = out + ": directory '" + dir + "' is not writable";
+    else if (stat(file.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+      error = out + " is a directory (must name a file)";
+    else if (stat(file.c_str(), &st) == 0 && !overwrite)
+      error = out + " exists (pass --overwrite to replace it, or choose another name)";
+    if (error.empty()) {
+      path = file;
+      // Temporaries of earlier runs to this name whose every rank was killed (SIGKILL
+      // leaves them): removed, or they would pile up beside the results.
+      for (const std::string& stale : remove_stale_temporaries(path))
+        std::fprintf(stderr, "shardbench: removed '%s', the temporary of an earlier run to this --out that "
+                             "was killed\n", stale.c_str());
+    }
   }
   bcast_string(error);
   if (!error.empty()) throw UsageError(error);

@@ -83,6 +83,17 @@ std::vector<int> balanced_cuts(const std::vector<double>& cost, int lo, int hi, 
 }  // namespace
 
 PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, int stages, int first_decoder_stage) {
+  // The plan builds a schedule per stage, each asking for the same split: the last one is
+  // kept, or --pp 1024 over 2048 blocks would repeat the O(stages x blocks^2) search 1024 times.
+  struct Last {
+    std::vector<double> cost;
+    int layers = 0, stages = 0, first_decoder_stage = 0;
+    PipelineSplit split;
+  };
+  static thread_local Last last;
+  if (last.cost == block_cost && last.layers == layers && last.stages == stages &&
+      last.first_decoder_stage == first_decoder_stage && !last.split.first.empty())
+    return last.split;
   const int blocks = 2 * layers;
   SB_ASSERT(int(block_cost.size()) == blocks, "one cost per block");
   if (stages > blocks)
@@ -111,6 +122,7 @@ PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, 
     p.first.push_back(s == 0 ? 0 : b < layers ? 1 + b : b == layers ? 1 + layers : 2 + b);
   }
   p.first.push_back(2 * layers + 3);
+  last = Last{block_cost, layers, stages, first_decoder_stage, p};
   return p;
 }
 

@@ -72,13 +72,21 @@ hid_t compound_type(const std::vector<Column>& columns, size_t row_size) {
   return t;
 }
 
-// A name of its own for every run's temporary (host and process of rank 0), so two runs
-// writing the same --out never share one.
-std::string unique_temporary(const std::string& path, MPI_Comm comm) {
+// ".<host>.<pid><suffix>": what names this process's temporary after PATH (the stale
+// temporaries' check in resolve_output reads the writer back from it).
+std::string temporary_tag(const char* suffix) {
   char host[64] = "host";
   gethostname(host, sizeof host - 1);
   char tag[128];
-  std::snprintf(tag, sizeof tag, ".%s.%ld.tmp", host, long(getpid()));
+  std::snprintf(tag, sizeof tag, ".%s.%ld%s", host, long(getpid()), suffix);
+  return tag;
+}
+
+// A name of its own for every run's temporary (host and process of rank 0), so two runs
+// writing the same --out never share one.
+std::string unique_temporary(const std::string& path, MPI_Comm comm) {
+  char tag[128];
+  std::snprintf(tag, sizeof tag, "%s", temporary_tag(".tmp").c_str());
   MPI_CHECK(MPI_Bcast(tag, sizeof tag, MPI_CHAR, 0, comm));
   return path + tag;
 }
@@ -157,12 +165,18 @@ ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t 
                      " bytes free, the result " + path_ + " needs about " + std::to_string(needed) +
                      " bytes; nothing was written");
   register_temporary(tmp_, needed);
+  // Rank 0 creates the temporary (never another's: the name is this process's) and holds
+  // its lock until the file is published or removed: a later run takes it for stale only
+  // once every rank is gone (remove_stale_temporaries).
+  if (rank == 0 && (lock_fd_ = create_locked_temporary(tmp_)) < 0)
+    SB_FATAL("cannot create " + tmp_ + ": " + std::strerror(errno));
   H5_CHECK(H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr));  // errors are reported by H5_CHECK
   H5Id fapl(H5_CHECK(H5Pcreate(H5P_FILE_ACCESS)), H5Pclose);
   H5_CHECK(H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL));
   H5_CHECK(H5Pset_all_coll_metadata_ops(fapl, true));
   H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
-  file_ = H5_CHECK(H5Fcreate(tmp_.c_str(), H5F_ACC_EXCL, H5P_DEFAULT, fapl));
+  H5_CHECK(H5Pset_file_locking(fapl, false, true));  // the lock above is the one that counts
+  file_ = H5_CHECK(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
   // Test only: hold the temporary open before any table is written, so that a test can fill
   // the disk after the space check passed (the other ranks wait in the first collective).
   if (const char* delay = std::getenv("SHARDBENCH_TEST_WRITE_DELAY_S"))
@@ -170,12 +184,14 @@ ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t 
 }
 
 ResultFile::~ResultFile() {
-  if (committed_) return;
-  if (file_ >= 0) H5Fclose(file_);
-  int rank = 0;
-  MPI_Comm_rank(comm_, &rank);
-  if (rank == 0) std::remove(tmp_.c_str());
-  forget_temporary(tmp_);
+  if (!committed_) {
+    if (file_ >= 0) H5Fclose(file_);
+    int rank = 0;
+    MPI_Comm_rank(comm_, &rank);
+    if (rank == 0) std::remove(tmp_.c_str());
+    forget_temporary(tmp_);
+  }
+  if (lock_fd_ >= 0) close(lock_fd_);
 }
 
 int64_t ResultFile::group(const std::string& name) {
@@ -279,21 +295,30 @@ void ResultFile::commit() {
                      kept + "'");
 }
 
-void write_failure_record(const std::string& path, const std::vector<Attr>& attrs) {
-  const std::string tmp = path + ".failed.tmp";
+void write_failure_record(const std::string& path, const std::vector<Attr>& root,
+                          const std::vector<Attr>& provenance) {
+  const std::string tmp = path + temporary_tag(".failed.tmp");
   register_temporary(tmp, 0);
+  const int lock = create_locked_temporary(tmp);  // held until published, as ResultFile's
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
-  const hid_t file = H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);  // this process only
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_file_locking(fapl, false, true);
+  const hid_t file = lock < 0 ? -1 : H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);  // this process only
+  H5Pclose(fapl);
   bool ok = file >= 0;
   if (ok) {
-    const hid_t root = H5Gopen2(file, "/", H5P_DEFAULT);
-    for (const Attr& a : attrs) write_attr(root, a);
-    H5Gclose(root);
+    const hid_t g = H5Gopen2(file, "/", H5P_DEFAULT);
+    for (const Attr& a : root) write_attr(g, a);
+    H5Gclose(g);
+    const hid_t p = H5Gcreate2(file, "provenance", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    for (const Attr& a : provenance) write_attr(p, a);
+    H5Gclose(p);
     ok = H5Fclose(file) >= 0 && sync_path(tmp, O_RDONLY) == 0;
   }
   int err = ok ? publish_no_clobber(tmp, path) : -1;
   for (int n = 2; err == EEXIST && n < 10000; ++n) err = publish_no_clobber(tmp, suffixed(path, n));
   if (err != 0) unlink(tmp.c_str());
+  if (lock >= 0) close(lock);
   forget_temporary(tmp);
 }
 

@@ -9,8 +9,6 @@
 namespace sb {
 namespace {
 
-constexpr int kSchemaVersion = 3;  // 3: events' axis and peer, the /mesh table
-
 struct EventRow {
   int32_t rank, step, phase, op, unit, lane;
   double start, end;

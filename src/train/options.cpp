@@ -42,14 +42,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   NumericFlags num(app);
   auto* o_dm = num.integer("--d-model", d_model, 1, kIntMax, "override d_model");
   auto* o_ff = num.integer("--d-ff", d_ff, 1, kIntMax, "override d_ff");
-  auto* o_l = num.integer("--layers", layers, 1, kIntMax, "override layers per stack");
+  auto* o_l = num.integer("--layers", layers, 1, kMaxLayers, "override layers per stack");
   auto* o_h = num.integer("--heads", heads, 1, kIntMax, "override attention heads");
   auto* o_kv = num.integer("--d-kv", d_kv, 1, kIntMax, "override d_kv (head width)");
   auto* o_v = num.integer("--vocab", vocab, 1, kIntMax, "override vocabulary size");
   num.integer("--pp", pp, 1, kIntMax,
               "pipeline stages: the model's blocks split over this many consecutive groups of ranks "
               "(pp x dp x tp = world; at most one stage per block)");
-  num.integer("--micro-batches", micro_batches, 1, kIntMax,
+  num.integer("--micro-batches", micro_batches, 1, kMaxMicroBatches,
               "micro-batches per step of a data-parallel rank; must divide --batch (default: --pp)");
   app.add_option("--pp-schedule", pp_schedule, "pipeline schedule: gpipe | 1f1b")->capture_default_str();
   num.integer("--pp-split", pp_split, 1, kIntMax,
@@ -92,7 +92,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
            "--check: allowed error of each reduced gradient as a multiple of its rounding bound "
            "(docs/reliability.md)");
   app.add_option("--out", cfg.out_path,
-                 "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5)");
+                 "HDF5 result file (default: results/<program>-<strategy>-<model>-w<ranks>-<time>.h5); a symbolic "
+                 "link, even a dangling one, is written through to its target, as cp does");
   app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
   app.add_option("--dtype", dtype,
                  "fp32 | bf16 | fp16: parameters as computed (gathered), activations, gradients; "
@@ -162,23 +163,18 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
       std::make_tuple(preset.d_model, preset.d_ff, preset.layers, preset.heads, preset.d_kv, preset.vocab, preset.ffn,
                       preset.tie_embeddings))
     cfg.model.name = model + "*";
-  validate(cfg.model);
-  check_tensor_parallel(cfg.model, int(tp));
-
   if (dec_len == 0) dec_len = seq_len;
-  // Token counts per rank are GEMM row counts (int): refuse what would wrap.
-  for (auto [flag, len] : {std::pair<const char*, int64_t>{"--seq-len", seq_len}, {"--dec-seq-len", dec_len}})
-    if (batch * len > kIntMax)
-      throw UsageError(std::string("--batch ") + std::to_string(batch) + " x " + flag + " " + std::to_string(len) +
-                       " = " + std::to_string(batch * len) + " tokens per rank is not allowed (at most " +
-                       std::to_string(kIntMax) + ")");
-  // Attention scores (batch x heads x T x T, a few per layer) and their sum over the layers
-  // must stay countable in 64-bit bytes: 8 score-sized fp32 arrays per layer bound it.
-  const long double longest = std::max(seq_len, dec_len);
-  if (longest * longest * batch * cfg.model.heads * 4 * 8 * (2 * cfg.model.layers + 2) > 9.2e18L)
-    throw UsageError("--seq-len " + std::to_string(seq_len) + " / --dec-seq-len " + std::to_string(dec_len) +
-                     " is not allowed with --batch " + std::to_string(batch) + " and " +
-                     std::to_string(cfg.model.heads) + " heads (attention scores beyond 2^63 bytes)");
+  cfg.shape = StepShape{batch, seq_len, dec_len};
+  cfg.strategy.tp = int(tp);
+  cfg.strategy.pp = int(pp);
+  if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
+  cfg.strategy.pp_split = pp_split ? int(pp_split) : -1;
+  // Root causes first: the pipeline's own limits (a stage per block at most, --pp-split),
+  // then every size (the micro-batch count as typed: --micro-batches, or its default --pp),
+  // then what follows from them.
+  pipeline_split(cfg.strategy, cfg.model, cfg.shape);
+  validate(cfg.model, cfg.shape, micro_batches ? micro_batches : pp, micro_batches ? "--micro-batches" : "--pp");
+  check_tensor_parallel(cfg.model, int(tp));
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
   if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
@@ -194,13 +190,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (o_ak->count() && (cfg.backend != "cuda" || cfg.strategy.attention != AttentionImpl::Fused))
     throw UsageError("--attention-kernel is only allowed with --backend cuda --attention fused");
   if (cfg.compute.graphs && cfg.backend != "cuda") throw UsageError("--cuda-graphs is only allowed with --backend cuda");
-  cfg.shape = StepShape{batch, seq_len, dec_len};
   cfg.steps = int(steps);
   cfg.warmup = int(warmup);
   cfg.plan_world = int(world);
   cfg.strategy.kind = kind;
-  cfg.strategy.tp = int(tp);
-  cfg.strategy.pp = int(pp);
   cfg.strategy.pp_schedule = parse_pipe_schedule(pp_schedule);
   if (!micro_batches && batch % pp != 0)
     throw UsageError("--batch " + std::to_string(batch) + " is not allowed with --pp " + std::to_string(pp) +
@@ -209,9 +202,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (batch % cfg.strategy.micro_batches != 0)
     throw UsageError("--micro-batches " + std::to_string(cfg.strategy.micro_batches) + " is not allowed with --batch " +
                      std::to_string(batch) + " (must divide it)");
-  if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
-  cfg.strategy.pp_split = pp_split ? int(pp_split) : -1;
-  pipeline_split(cfg.strategy, cfg.model, cfg.shape);  // refuses more stages than blocks, a bad --pp-split
   cfg.strategy.seed = seed;
   cfg.strategy.adam.lr = float(lr);
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");

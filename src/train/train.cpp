@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -137,6 +138,12 @@ class TrainingRun {
   int run() {
     start_ = wall_clock_rank0();
     path_ = result_path();
+    // What a record of a failed run holds, gathered (collectively) before the watchdog
+    // starts: its thread may not call MPI while the other ranks hang.
+    if (!path_.empty()) {
+      provenance_ = trace_.provenance = collect_provenance(cfg_.argv);
+      failed_attrs_ = run_attrs(cfg_, layout_, "failed", start_, start_);
+    }
     // A stopped or stuck rank ends the job after --timeout-s; rank 0 records the run as failed.
     watchdog_ = std::make_unique<Watchdog>(cfg_.timeout_s, rank_,
                                            [this](const std::string& line) { record_timeout(line); });
@@ -154,7 +161,6 @@ class TrainingRun {
     }
     trace_.host = hostname();
     trace_.layout = layout_;
-    trace_.provenance = collect_provenance(cfg_.argv);
     trace_.plan = plan_attrs(cfg_, plan);
     if (!plan.fits()) return record_out_of_memory(plan);
 
@@ -178,16 +184,20 @@ class TrainingRun {
     return writes ? resolve_output(cfg_.out_path, cfg_.overwrite, stem, rank_) : "";
   }
 
-  // The watchdog's last act (from its thread): rank 0 records the run as failed.
+  // The watchdog's last act (from its thread): rank 0 records the run as failed, with the
+  // attributes and provenance of a result (so every reader takes it as status failed) and
+  // no tables.
   void record_timeout(const std::string& line) const {
     if (rank_ != 0 || path_.empty()) return;
     std::string command;
     for (const std::string& a : cfg_.argv) command += (command.empty() ? "" : " ") + a;
-    const std::vector<Attr> attrs = {Attr::str("program", cfg_.program), Attr::str("label", cfg_.strategy.label()),
-                                     Attr::str("model", cfg_.model.name), Attr::integer("world_size", world_),
-                                     Attr::str("command", command),       Attr::str("status", "failed"),
-                                     Attr::str("start_time", iso_time(start_)), Attr::str("failure", line)};
-    write_failure_record(path_, attrs);
+    std::vector<Attr> attrs = {Attr::integer("schema_version", kSchemaVersion)};
+    attrs.insert(attrs.end(), failed_attrs_.begin(), failed_attrs_.end());
+    for (Attr& a : attrs)
+      if (a.name == "end_time") a.text = iso_time(double(std::time(nullptr)));
+    attrs.push_back(Attr::str("command", command));
+    attrs.push_back(Attr::str("failure", line));
+    write_failure_record(path_, attrs, provenance_);
     std::fprintf(stderr, "shardbench: recorded the run as failed in %s\n", path_.c_str());
   }
 
@@ -360,6 +370,9 @@ class TrainingRun {
   const ParallelLayout layout_;  // built once: the plan, the mesh and the result attributes
   double start_ = 0;
   std::string path_;             // the result file; "" when --plan writes none
+  // A record of a failed run: its root attributes and provenance (before the watchdog,
+  // which reads them, so that they outlive it).
+  std::vector<Attr> failed_attrs_, provenance_;
   std::unique_ptr<Watchdog> watchdog_;  // outlives everything below it
   std::unique_ptr<Backend> backend_;
   TraceData trace_;

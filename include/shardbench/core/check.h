@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace sb {
 
@@ -56,6 +57,14 @@ void register_temporary(const std::string& path, int64_t bytes_needed);
 void forget_temporary(const std::string& path);
 void remove_temporaries();  // async-signal-safe
 void remove_temporaries_on_signals();
+// A result's temporary is PATH.<host>.<pid>.tmp (or .failed.tmp), created by its writer with
+// create_locked_temporary(), which holds a lock on it until the descriptor is closed: a
+// SIGKILL of every rank releases the lock but leaves the file. remove_stale_temporaries()
+// removes PATH's temporaries whose writer is gone and returns their names: of this host,
+// whose lock is free (where the filesystem has no locks: whose pid is gone); of another
+// host, whose lock is free and which nothing wrote for 10 minutes.
+int create_locked_temporary(const std::string& path);  // the descriptor, or -1 with errno
+std::vector<std::string> remove_stale_temporaries(const std::string& path);
 // "No space left on device: '<dir>' has N bytes free, the result needs about M bytes" when
 // the filesystem of a registered temporary is (nearly) full, else "".
 std::string disk_space_cause();

@@ -21,9 +21,37 @@ namespace sb {
 
 constexpr int64_t kIntMax = std::numeric_limits<int32_t>::max();
 
+// The page every program's --help points to for the whole flag reference.
+constexpr const char* kFlagReference = "docs/usage.md";
+
+// An empty value never stands for the default (an unset shell variable in `--out "$OUT"`
+// would otherwise write somewhere else): refused for every option of every program, the
+// first in the command line's order, named as typed (`--out ''` or `--out=`).
+inline void refuse_empty_values(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    const size_t eq = name.find('=');
+    const bool attached = name.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (attached) name.resize(eq);
+    const CLI::Option* o = name.size() > 1 && name[0] == '-' ? app.get_option_no_throw(name) : nullptr;
+    if (!o) continue;
+    const bool takes_value = o->get_expected_min() > 0;
+    if (!attached && !takes_value) continue;  // a flag: no value
+    if (!attached && i + 1 >= argc) continue;  // CLI11 names the missing value
+    const std::string value = attached ? std::string(argv[i]).substr(eq + 1) : argv[++i];
+    if (value.empty() && takes_value)
+      throw UsageError(name + (attached ? "=" : " ''") + " is not allowed (an empty value; give one, or drop " +
+                       name + " for its default: see --help)");
+    if (value.empty()) throw UsageError(name + "= is not allowed (an empty value; the flag alone: " + name + ")");
+  }
+}
+
 // Parses argv; false when --help was printed. A bad flag or value becomes one UsageError
 // line (CLI11's first line) pointing at --help.
 inline bool parse_command_line(CLI::App& app, int argc, char** argv) {
+  app.footer(std::string("Every flag in full: ") + kFlagReference);
+  app.allow_extras();  // reported below in the order given (CLI11's own message reverses them)
+  refuse_empty_values(app, argc, argv);  // before CLI11, which words `--out=` as a missing value
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -32,6 +60,14 @@ inline bool parse_command_line(CLI::App& app, int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     const std::string msg = e.what();
     throw UsageError(msg.substr(0, msg.find('\n')) + " (see --help)");
+  }
+  const std::vector<std::string> extra = app.remaining();
+  if (!extra.empty()) {
+    std::string list;
+    for (const std::string& a : extra) list += " " + (a.empty() ? std::string("''") : a);
+    throw UsageError(std::string(extra.size() > 1 ? "The following arguments were not expected:"
+                                                   : "The following argument was not expected:") +
+                     list + " (see --help)");
   }
   return true;
 }

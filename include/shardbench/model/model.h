@@ -42,9 +42,6 @@ struct ModelSpec {
 // presets for an unknown name.
 ModelSpec model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
-// Throws UsageError for a non-positive field.
-void validate(const ModelSpec& spec);
-
 enum class UnitKind { Root, EncoderBlock, DecoderBlock };
 const char* unit_kind_name(UnitKind k);
 
@@ -108,6 +105,26 @@ struct StepShape {
   int64_t enc_len = 0;  // encoder tokens per sequence
   int64_t dec_len = 0;  // decoder tokens per sequence
 };
+
+// The sizes the programs can plan and run. The plan replays every block of every
+// micro-batch, and the unfused attention of every sequence, on the counting backend, so
+// depth, micro-batches and sequences are bounded (the largest plan takes seconds and about
+// 1 GiB, not an allocation of the model's size); GEMM dimensions and token counts are ints;
+// every byte count is an int64.
+constexpr int64_t kMaxLayers = 1024;            // per stack (the deepest published T5: 24)
+constexpr int64_t kMaxMicroBatches = 1024;      // a pipeline transfer's MPI tag stays under 32767
+constexpr int64_t kMaxBlockPasses = 16384;      // micro-batches x layers
+constexpr int64_t kMaxSequencePasses = 65536;   // sequences per rank (--batch) x layers
+constexpr long double kMaxBytes = 4611686018427387904.0L;  // 2^62: what a rank may count
+
+// THE size check, for every way a model is made (presets, overrides, tests): throws one
+// UsageError line naming the flags as typed and what is allowed, for a field that is not
+// positive, a depth or micro-batch count beyond the bounds above, an attention width or
+// token count that is not an int, or memory beyond kMaxBytes per rank. With a step shape
+// (batch > 0) the activations and the micro-batches (given by `micro_flag`) count too;
+// without, the parameters alone.
+void validate(const ModelSpec& spec, const StepShape& shape = StepShape{}, int64_t micro_batches = 1,
+              const char* micro_flag = "--micro-batches");
 
 // Matmul FLOPs (2·m·n·k each) of one forward pass, attention scores/context and LM head
 // included (the gated feed-forward has three GEMMs, ReLU's two). Per stage kind so the

@@ -68,12 +68,17 @@ class ResultFile {
   MPI_Comm comm_;
   bool overwrite_;
   int64_t file_ = -1;
+  int lock_fd_ = -1;  // rank 0: the temporary's lock (create_locked_temporary)
   bool committed_ = false;
   std::vector<std::pair<std::string, unsigned long long>> tables_;  // name, rows: checked before publishing
 };
 
-// A small file of root attributes only, written by this process alone (no MPI: usable from
-// the watchdog while other ranks hang), published without clobbering like ResultFile.
-void write_failure_record(const std::string& path, const std::vector<Attr>& attrs);
+// A small file of root attributes and a `provenance` group and no tables, written by this
+// process alone (no MPI: usable from the watchdog while other ranks hang), published without
+// clobbering like ResultFile. Its temporary, `PATH.<host>.<pid>.failed.tmp`, is found stale
+// like ResultFile's. The caller writes schema_version and status = failed into `root`:
+// readers take such a file as a failed result without tables.
+void write_failure_record(const std::string& path, const std::vector<Attr>& root,
+                          const std::vector<Attr>& provenance);
 
 }  // namespace sb

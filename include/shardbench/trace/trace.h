@@ -13,6 +13,10 @@
 
 namespace sb {
 
+// The version of the training programs' result format (docs/trace-format.md), written as
+// `schema_version` into every result and every record of a failed run.
+constexpr int kSchemaVersion = 3;  // 3: events' axis and peer, the /mesh table
+
 struct StepStats {
   int step = 0;
   double start = 0, end = 0;       // seconds since the run's common origin
