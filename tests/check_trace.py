@@ -9,8 +9,10 @@ column says), one row per rank and step, events ordered and non-overlapping with
 memory peaks equal to the maxima of the memory trace and to the steps' peaks, the bytes
 each collective sent, the schedules (FSDP1 waits for reduce-scatters only at the end of
 backward, hybrid's all-reduce follows its reduce-scatter, every unit reduced once, DDP's
-buckets), and the out-of-memory case recorded with its status and plan. Prints one line per
-file; exit 1 on any failure.
+buckets), the pipelines (each rank's sends and receives of the peers and bytes of the cut's
+tensors, every send paired with its receive, each stage's actions in its schedule's order),
+and the out-of-memory case recorded with its status and plan. Prints one line per file;
+exit 1 on any failure.
 """
 import argparse
 import os
@@ -150,6 +152,31 @@ def held_units(m, first, last):
     return held
 
 
+def cut_messages(m, k):
+    """The tensors that cross the pipeline cut before model stage k, per micro-batch, in the
+    order they are sent: [(name, bytes forward, bytes of the gradient sent back)]. The hidden
+    state (batch / M x seq x d_model); after the bridge, before a decoder block, the encoder
+    output (batch / M x encoder seq x d_model); inside a stack, its position-bias table
+    (num_buckets x heads / tp; its gradient heads / tp x seq x seq, or the table's size with
+    fused attention). Every tensor in the run's dtype."""
+    es, L, M = DTYPE_BYTES[m["dtype"]], m["layers"], m.get("micro_batches", 1)
+    b, d = m["batch_per_rank"] // M, m["d_model"]
+    te, td, h = m["enc_seq_len"], m["dec_seq_len"], m["heads"] // m.get("tp_size", 1)
+    table = m["num_buckets"] * h
+    dbias = lambda t: table if m.get("attention") == "fused" else h * t * t  # noqa: E731
+    if k <= L + 1:
+        l, out = k - 1, [("encoder hidden state", b * te * d, b * te * d)]
+        if 1 <= l < L:
+            out.append(("encoder position bias", table, dbias(te)))
+    else:
+        l, out = k - L - 2, [("decoder hidden state", b * td * d, b * td * d)]
+        if l < L:
+            out.append(("encoder output", b * te * d, b * te * d))
+        if 1 <= l < L:
+            out.append(("decoder position bias", table, dbias(td)))
+    return [(n, f * es, g * es) for n, f, g in out]
+
+
 def cut_tensors(L, k):
     """What crosses the pipeline cut before model stage k: the hidden state; after the bridge,
     before a decoder block, the encoder output; inside a stack, its position-bias table."""
@@ -159,10 +186,158 @@ def cut_tensors(L, k):
     return 1 + (l < L) + (1 <= l < L)
 
 
+def mesh_rank(run):
+    """{(pp, dp_replicate, dp_shard, tp): rank} and {rank: those coordinates}, from /mesh."""
+    coords = {int(r["rank"]): tuple(int(r[a]) for a in ("pp", "dp_replicate", "dp_shard", "tp"))
+              for _, r in run.mesh.iterrows()}
+    return {v: k for k, v in coords.items()}, coords
+
+
+def issue_order(g):
+    """Events in the order they were issued: by start, the request id breaking ties."""
+    return g.sort_values(["start", "request"], kind="stable")
+
+
+def expected_transfers(run, rank):
+    """{(op, phase): [(peer, bytes)]}: what a rank sends and receives in one step, in issue
+    order: for each micro-batch, the tensors of the cut after its stage to the next stage's
+    rank (forward) and their gradients from it (backward); those of the cut before its stage
+    from the previous stage's rank (forward) and their gradients to it (backward). The peer
+    is the rank of the neighbouring stage with the same data- and tensor-parallel
+    coordinates."""
+    m = run.meta
+    first = [int(x) for x in plan_list(run, "stage_first", 0)]
+    S, M = m["pp_size"], m["micro_batches"]
+    by_coords, coords = mesh_rank(run)
+    s, rest = coords[rank][0], coords[rank][1:]
+    want = {(op, ph): [] for op in ("send", "recv") for ph in ("forward", "backward")}
+    if s + 1 < S:
+        nxt, cut = by_coords[(s + 1,) + rest], cut_messages(m, first[s + 1])
+        want[("send", "forward")] = [(nxt, f) for _ in range(M) for _, f, _ in cut]
+        want[("recv", "backward")] = [(nxt, g) for _ in range(M) for _, _, g in cut]
+    if s > 0:
+        prv, cut = by_coords[(s - 1,) + rest], cut_messages(m, first[s])
+        want[("recv", "forward")] = [(prv, f) for _ in range(M) for _, f, _ in cut]
+        want[("send", "backward")] = [(prv, g) for _ in range(M) for _, _, g in cut]
+    return want
+
+
+def check_transfers(c, run):
+    """Every rank's sends and receives of every step, in issue order, against
+    expected_transfers: the peer and the bytes of each message, forward and backward."""
+    e = run.events
+    p2p = e[e["op_name"].isin(["send", "recv"]) & (e["step"] > 0)]
+    for rank in sorted(set(run.mesh["rank"])):
+        want = expected_transfers(run, int(rank))
+        mine = p2p[p2p["rank"] == rank]
+        for step in sorted(set(run.steps["step"])):
+            g = mine[mine["step"] == step]
+            for (op, phase), w in want.items():
+                x = issue_order(g[(g["op_name"] == op) & (g["phase_name"] == phase)])
+                got = list(zip(x["peer"].astype(int), x["bytes"].astype(int)))
+                if got != w:
+                    c.expect(False, f"rank {rank} step {step}: {phase} {op}s (peer, bytes) {got[:6]}"
+                                    f"{' ...' if len(got) > 6 else ''} ({len(got)}), expected {w[:6]}"
+                                    f"{' ...' if len(w) > 6 else ''} ({len(w)})")
+            other = g[~g["phase_name"].isin(["forward", "backward"])]
+            c.expect(len(other) == 0,
+                     f"rank {rank} step {step}: {len(other)} sends or receives outside forward and backward")
+
+
+def check_pairs(c, run):
+    """Every send pairs with one receive: per step, the k-th send of rank a to rank b (in issue
+    order) with the k-th receive of rank b from rank a, of the same bytes, and the receive
+    completes after the send started. Each rank's times are from its own origin (read after a
+    barrier), so two ranks' clocks differ by an unknown offset o_b - o_a: the check asks that
+    one offset fits every pair of the two ranks, both directions, over all steps -
+    max(send.start - recv.end) over a -> b <= min(recv.end - send.start) over b -> a. Returns
+    {(a, b): (lo, hi)}: the offsets that fit."""
+    e = run.events
+    sends = e[e["op_name"] == "send"]
+    recvs = e[e["op_name"] == "recv"]
+    lag = {}  # (a, b): [send.start - recv.end] of messages a -> b
+    for (a, b), g in sends.groupby(["rank", "peer"]):
+        a, b = int(a), int(b)
+        r = recvs[(recvs["rank"] == b) & (recvs["peer"] == a)]
+        for step in sorted(set(g["step"]) | set(r["step"])):
+            x, y = issue_order(g[g["step"] == step]), issue_order(r[r["step"] == step])
+            if len(x) != len(y):
+                c.expect(False, f"step {step}: {len(x)} sends {a} -> {b}, {len(y)} receives on {b} from {a}")
+                continue
+            sent, got = x["bytes"].to_numpy(), y["bytes"].to_numpy()
+            bad = np.flatnonzero(sent != got)
+            c.expect(len(bad) == 0, f"step {step}: send {a} -> {b} #{bad[0] if len(bad) else 0} of "
+                                    f"{sent[bad[:1]]} B received as {got[bad[:1]]} B")
+            lag.setdefault((a, b), []).extend(x["start"].to_numpy() - y["end"].to_numpy())
+    for (b, a), r in recvs.groupby(["rank", "peer"]):  # receives without any send
+        if (int(a), int(b)) not in lag and not len(sends[(sends["rank"] == a) & (sends["peer"] == b)]):
+            c.expect(False, f"{len(r)} receives on {int(b)} from {int(a)}, which sends it nothing")
+    fits = {}
+    for (a, b) in sorted(lag):
+        if a > b and (b, a) in lag:
+            continue  # the pair's offset was fitted from (b, a)
+        lo = max(lag[(a, b)])  # o_b - o_a >= send_a.start - recv_b.end
+        hi = -max(lag[(b, a)]) if (b, a) in lag else np.inf  # o_b - o_a <= recv_a.end - send_b.start
+        fits[(a, b)] = (lo, hi)
+        c.expect(lo <= hi, f"ranks {a} and {b}: a receive completes before its send starts (no clock offset "
+                           f"fits: {a} -> {b} needs >= {lo * 1e6:.1f} us, {b} -> {a} <= {hi * 1e6:.1f} us)")
+    return fits
+
+
+def pipeline_actions(schedule, S, s, M):
+    """The actions of stage s, as src/strategy/pipeline.cpp's schedules: 'F' a micro-batch's
+    forward, 'B' its backward. GPipe: M forwards, M backwards; 1F1B: min(S - s - 1, M)
+    forwards, then one forward and one backward until the forwards are done, then the
+    remaining backwards."""
+    if schedule == "gpipe":
+        return "F" * M + "B" * M
+    warmup = min(S - s - 1, M)
+    return "F" * warmup + "FB" * (M - warmup) + "B" * warmup
+
+
+def stage_actions(g, M):
+    """A rank's actions in one step, read from its compute lane: the forward and backward
+    GEMMs in order of start, each run of forward (backward) GEMMs a whole number of
+    micro-batches' forwards (backwards), every micro-batch issuing the same count. None when
+    the counts do not divide."""
+    gemm = g[(g["op_name"] == "gemm") & (g["lane"] == 0) & g["phase_name"].isin(["forward", "backward"])]
+    phases = list(gemm.sort_values("start", kind="stable")["phase_name"])
+    per = {p: phases.count(p) // M for p in ("forward", "backward")}
+    if any(phases.count(p) != n * M or n == 0 for p, n in per.items()):
+        return None
+    out, i = "", 0
+    while i < len(phases):
+        j = i
+        while j < len(phases) and phases[j] == phases[i]:
+            j += 1
+        if (j - i) % per[phases[i]]:
+            return None
+        out += ("F" if phases[i] == "forward" else "B") * ((j - i) // per[phases[i]])
+        i = j
+    return out
+
+
+def check_order(c, run):
+    """Each stage's forwards and backwards of every step in its schedule's order. Returns
+    {stage: actions} of each stage's first rank in its first step."""
+    m, e = run.meta, run.events
+    S, M, sched = m["pp_size"], m["micro_batches"], m["pp_schedule"]
+    _, coords = mesh_rank(run)
+    seen = {}
+    for (rank, step), g in e[e["step"] > 0].groupby(["rank", "step"]):
+        s = coords[int(rank)][0]
+        got, want = stage_actions(g, M), pipeline_actions(sched, S, s, M)
+        c.expect(got == want, f"rank {rank} step {step} (stage {s}): actions {got}, {sched} runs {want}")
+        seen.setdefault(s, got)
+    return dict(sorted(seen.items()))
+
+
 def check_pipeline(c, run):
     """Every send names its neighbour stage; per step, each cut carries its tensors forward
     and their gradients back for each micro-batch: 2 M (S - 1) sends, plus the encoder
-    output's and the position-bias tables' where the split needs them."""
+    output's and the position-bias tables' where the split needs them; each rank's messages
+    of the peers and bytes the cut's tensors make (check_transfers); every send paired with
+    its receive (check_pairs); each stage's actions in the schedule's order (check_order)."""
     m, e = run.meta, run.events
     first = [int(x) for x in plan_list(run, "stage_first", 0)]
     S, M, L = m["pp_size"], m["micro_batches"], m["layers"]
@@ -178,6 +353,9 @@ def check_pipeline(c, run):
                  f"step {step}: {len(g)} sends, expected {per_pipeline} per pipeline x {pipelines} "
                  f"(2 M (S - 1) = {2 * M * (S - 1)} and the split's encoder output and tables)")
         c.expect(len(recvs[recvs["step"] == step]) == len(g), f"step {step}: receives and sends differ in number")
+    check_transfers(c, run)
+    check_pairs(c, run)
+    check_order(c, run)
 
 
 BUS_FACTOR = {"all-reduce": lambda n: 2 * (n - 1) / n, "all-gather": lambda n: (n - 1) / n,

@@ -1,7 +1,7 @@
 # Shared by the shell test suites: a temporary work directory, expect/ok/bad, a summary.
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 source "$ROOT/scripts/mpi-env.sh"
-BIN=$ROOT/build/bin
+BIN=${BIN:-$ROOT/build/bin}
 PY=/usr/bin/python3
 pass=0 fail=0
 tmp=$(mktemp -d)

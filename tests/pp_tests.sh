@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (--pp, GPipe and 1F1B) on the layout with data and tensor parallelism:
 # --check against a micro-batched single-rank reference, the sends per step read from the
-# trace against 2 M (S - 1) plus the split's extra tensors, each stage's plan equal to its
+# trace against 2 M (S - 1) plus the split's extra tensors, each send's peer and bytes, every
+# send paired with its receive, each stage's actions in its schedule's order, each stage's
+# activations as many micro-batches' as its schedule holds, each stage's plan equal to its
 # measured peak, the measured bubble beside (S - 1) / (M + S - 1), and bad values refused in
 # one line (exit 2). Ends with "N passed, N failed".
 set -uo pipefail
@@ -13,11 +15,14 @@ check_pattern='check: .* -> PASS'
 T=$tmp/traces
 mkdir -p "$T"
 
-# --- pp 2 and pp 4, both schedules; pp 2 x dp 2 with DDP and FSDP full; pp 2 x tp 2 ---
+# --- pp 2 and pp 4, both schedules; 1F1B with M < S - 1 (pp 4, M 2: a warm-up of
+# min(S - s - 1, M) forwards); pp 2 x dp 2 with DDP and FSDP full; pp 2 x tp 2 ---
 runs=(
   "pp2-1f1b|${MPI2[*]}|fsdp_perf --sharding none --pp 2 --micro-batches 4 --pp-schedule 1f1b"
   "pp2-gpipe|${MPI2[*]}|fsdp_perf --sharding none --pp 2 --micro-batches 4 --pp-schedule gpipe"
   "pp4-1f1b|${MPI4[*]}|fsdp_perf --sharding none --pp 4 --pp-schedule 1f1b"
+  "pp4-gpipe|${MPI4[*]}|fsdp_perf --sharding none --pp 4 --micro-batches 4 --pp-schedule gpipe"
+  "pp4-1f1b-m2|${MPI4[*]}|fsdp_perf --sharding none --pp 4 --batch 2 --micro-batches 2 --pp-schedule 1f1b"
   "pp4-gpipe-bf16|${MPI4[*]}|fsdp_perf --sharding none --pp 4 --micro-batches 2 --pp-schedule gpipe --dtype bf16"
   "pp2-dp2-ddp|${MPI4[*]}|ddp_perf --pp 2"
   "pp2-dp2-full-bf16|${MPI4[*]}|fsdp_perf --sharding full --pp 2 --dtype bf16"
@@ -33,26 +38,73 @@ for r in "${runs[@]}"; do
     --out $T/$name.h5
 done
 
+# One micro-batch alone (--batch 1 --micro-batches 1, the micro-batch of the M-micro-batch
+# runs above): its activations, per stage, are what each micro-batch in flight holds.
+check "one micro-batch on 2 stages (the activations' unit)" "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none \
+  --pp 2 --batch 1 --micro-batches 1 --steps 1 --warmup 0 --out $T/one-pp2.h5
+check "one micro-batch on 4 stages (the activations' unit)" "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none \
+  --pp 4 --batch 1 --micro-batches 1 --steps 1 --warmup 0 --out $T/one-pp4.h5
+
 # The traces: plan = measured peak on every stage, each stage's GEMM FLOPs as planned, every
 # send to a neighbouring stage, 2 M (S - 1) sends per step and pipeline plus the encoder
-# output's and position-bias tables' (tests/check_trace.py, check_pipeline).
+# output's and position-bias tables' (tests/check_trace.py, check_pipeline), each rank's
+# sends and receives of the peers and bytes of the cut's tensors (check_transfers), every
+# send paired with its receive (check_pairs), each stage's actions in the schedule's order
+# (check_order).
 expect "2-rank pipeline traces (python check)" 0 '^ok .*pp2-gpipe.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/pp2-1f1b.h5 $T/pp2-gpipe.h5 $T/pp2-split1-fused-ckpt.h5
 expect "4-rank pipeline traces (python check)" 0 '^ok .*pp2-tp2.h5' -- \
-  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/pp4-1f1b.h5 $T/pp4-gpipe-bf16.h5 $T/pp2-dp2-ddp.h5 \
-  $T/pp2-dp2-full-bf16.h5 $T/pp2-tp2.h5
-expect "GPipe holds every micro-batch's activations, 1F1B at most S - s" 0 '^ok gpipe [0-9]+ > 1f1b [0-9]+$' -- $PY -c "
-import h5py
-peak = lambda p: h5py.File(p)['memory_peaks']['activations'][0]
-g, o = peak('$T/pp2-gpipe.h5'), peak('$T/pp2-1f1b.h5')
-assert g > o, (g, o)
-print('ok gpipe', g, '> 1f1b', o)"
-expect "the sends name their peers and count 2 M (S - 1) plus the split's extra tensors" 0 'sends 48 ' -- $PY -c "
-import h5py
-f = h5py.File('$T/pp4-1f1b.h5'); e = f['events'][()]
-names = [x.decode() if isinstance(x, bytes) else x for x in f['events'].attrs['op_names']]
-sends = e[(e['op'] == names.index('send')) & (e['step'] == 2)]
-print('sends', len(sends), 'peers', sorted(set((int(a), int(b)) for a, b in zip(sends['rank'], sends['peer']))))"
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/pp4-1f1b.h5 $T/pp4-gpipe.h5 $T/pp4-1f1b-m2.h5 \
+  $T/pp4-gpipe-bf16.h5 $T/pp2-dp2-ddp.h5 $T/pp2-dp2-full-bf16.h5 $T/pp2-tp2.h5
+
+# Activations per stage (/memory_peaks) = the micro-batches the stage holds x one
+# micro-batch's (the one-micro-batch run's same stage), exactly: GPipe M on every stage,
+# 1F1B min(S - s, M) on stage s (tests/pipeline_checks.py activations). On 4 stages with
+# M = 4 every stage differs; a schedule holding one micro-batch more or less on any stage is
+# off by a whole micro-batch's bytes.
+for x in "pp2-gpipe|2|4, 4" "pp2-1f1b|2|2, 1" "pp4-gpipe|4|4, 4, 4, 4" "pp4-1f1b|4|4, 3, 2, 1" "pp4-1f1b-m2|4|2, 2, 2, 1"; do
+  IFS='|' read -r name S held <<<"$x"
+  case $name in
+    *gpipe*) sched=gpipe what="GPipe holds M micro-batches' activations on every stage" ;;
+    *) sched=1f1b what="1F1B holds min(S - s, M) micro-batches' activations on stage s" ;;
+  esac
+  expect "$what: $name, [$held] x one micro-batch's (exact)" 0 \
+    "^ok .*/$name.h5: $sched S $S M [0-9]+: peak activations per stage \[[0-9, ]+\] = held \[$held\] x one" -- \
+    $PY $ROOT/tests/pipeline_checks.py activations --one-micro-batch $T/one-pp$S.h5 $T/$name.h5
+done
+
+# Each rank's sends and receives, in issue order: forward to the next stage's rank (the same
+# data- and tensor-parallel coordinates), backward to the previous one, each of the cut's
+# tensors once per micro-batch, of its bytes (tests/pipeline_checks.py transfers). pp 4,
+# M 4, t5-tiny (d_model 32, 2 heads, 32 buckets), fp32: the hidden state 1 x 12 x 32 x 4 B =
+# 1536 (decoder 1 x 8 x 32 x 4 = 1024), the encoder output 1536, a position-bias table
+# 32 x 2 x 4 = 256, its gradient 2 x 12 x 12 x 4 = 1152 (decoder 2 x 8 x 8 x 4 = 512).
+expect "the sends name their peers (s + 1 forward, s - 1 backward), carry the cut's bytes, and count 2 M (S - 1) plus the split's extra tensors" 0 \
+  'sends 48 .*0->1 forward 4 x \[1536, 256\]; 1->2 forward 4 x \[1536\]; 1->0 backward 4 x \[1536, 1152\]; 2->3 forward 4 x \[1024, 1536, 256\]; 2->1 backward 4 x \[1536\]; 3->2 backward 4 x \[1024, 1536, 512\]$' -- \
+  $PY $ROOT/tests/pipeline_checks.py transfers $T/pp4-1f1b.h5
+expect "every pipeline trace's sends and receives: peers and bytes (bf16, dp, tp, fused)" 0 \
+  '^ok .*pp2-tp2.h5: step 3: sends 8 \(2 pipeline\(s\) .*0->2 forward 2 x \[3072\]; 2->0 backward 2 x \[3072\]$' -- \
+  $PY $ROOT/tests/pipeline_checks.py transfers $T/pp2-1f1b.h5 $T/pp2-gpipe.h5 $T/pp4-gpipe.h5 $T/pp4-1f1b-m2.h5 \
+  $T/pp4-gpipe-bf16.h5 $T/pp2-dp2-ddp.h5 $T/pp2-dp2-full-bf16.h5 $T/pp2-split1-fused-ckpt.h5 $T/pp2-tp2.h5
+
+# Across stages: per step, the k-th send of rank a to rank b with the k-th receive on b from
+# a, the same bytes, completing after the send started (one clock offset per pair of ranks:
+# each rank's times start at its own reading after a barrier) (tests/pipeline_checks.py pairs).
+expect "every send pairs with one receive: same step, order and bytes, received after sent (2 and 4 stages, both schedules, dp, pp x tp)" 0 \
+  '^ok .*pp2-tp2.h5: 24 sends paired with 24 receives' -- \
+  $PY $ROOT/tests/pipeline_checks.py pairs $T/pp2-1f1b.h5 $T/pp2-gpipe.h5 $T/pp4-1f1b.h5 $T/pp4-gpipe.h5 \
+  $T/pp4-1f1b-m2.h5 $T/pp4-gpipe-bf16.h5 $T/pp2-dp2-ddp.h5 $T/pp2-dp2-full-bf16.h5 $T/pp2-split1-fused-ckpt.h5 \
+  $T/pp2-tp2.h5
+
+# The schedule as run: each stage's forwards (F) and backwards (B) in the order of its
+# compute lane's GEMMs (tests/pipeline_checks.py order). 1F1B with M 2 < S - 1 = 3 (it
+# passed --check above): stage s warms up with min(S - s - 1, M) forwards, then alternates.
+expect "1F1B with M < S - 1 (pp 4, M 2): each stage runs min(S - s - 1, M) forwards first, then 1F1B's order" 0 \
+  '^ok .*pp4-1f1b-m2.h5: 1f1b S 4 M 2: stage 0 FFBB, stage 1 FFBB, stage 2 FFBB, stage 3 FBFB; warm-up forwards \[2, 2, 1, 0\]' -- \
+  $PY $ROOT/tests/pipeline_checks.py order $T/pp4-1f1b-m2.h5
+expect "1F1B and GPipe orders on 4 stages, M 4" 0 \
+  '^ok .*pp4-gpipe.h5: gpipe S 4 M 4: stage 0 FFFFBBBB, stage 1 FFFFBBBB, stage 2 FFFFBBBB, stage 3 FFFFBBBB;' -- \
+  bash -c "$PY $ROOT/tests/pipeline_checks.py order $T/pp4-1f1b.h5 $T/pp4-gpipe.h5 && $PY $ROOT/tests/pipeline_checks.py order $T/pp4-1f1b.h5 | grep -q 'stage 0 FFFFBBBB, stage 1 FFFBFBBB, stage 2 FFBFBFBB, stage 3 FBFBFBFB; warm-up forwards \[3, 2, 1, 0\]'"
 
 # The bubble's accounting, not its size: how idle a pipeline measures depends on what else
 # the machine runs (29.8 % for 20 % in theory on a busy one), so the figure itself belongs
@@ -84,7 +136,7 @@ expect "report: the measured bubble beside (S-1)/(M+S-1)" 0 'bubble [0-9.]+ % me
 # the activations' sends and receives on lane 4, their gradients' on lane 5 (as the CUDA
 # backend's streams), and Perfetto's JSON draws them.
 expect "projection of a pipeline: every stage's events, sends and receives" 0 '^ok ranks \[0, 4\] sends [1-9]' -- \
-  bash -c "$PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-2.28b --layers 4 \
+  bash -c "$PY $ROOT/analysis/project.py --bin $BIN --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-2.28b --layers 4 \
     --strategies ddp-tp2-pp2 --gpus 8 --batch 4 --micro-batches 4 --out $tmp/proj >/dev/null && $PY -c \"
 import h5py, numpy as np
 f = h5py.File('$tmp/proj/t5-2.28b-layers4-ddp-tp2-pp2-g8-b4-s512.h5'); e = f['events'][()]

@@ -70,10 +70,32 @@ expect "injected fault tp-skip-attention-all-reduce: --check fails on the split"
   $BIN/fsdp_perf "${TINY[@]}" --tp 2 --check
 
 # --- the plan: any world, nothing allocated; per-rank parameters and FLOPs are the share ---
+# "Without allocating": the process's resident high-water mark (/usr/bin/time's maxrss) is
+# that of planning t5-tiny, whose plan is 3 orders of magnitude smaller, to within 1/16 of
+# the planned peak per rank (1.43 GiB: its parameters, gradients and Adam state alone are
+# 295 MiB), so allocating any sizeable part of one rank's plan - let alone one rank's share
+# of the 11.3 B parameters, 2.6 GiB in bf16 - fails it. MALLOC_PERTURB_ makes glibc fill
+# every allocation, so memory allocated but never touched counts as well.
 expect "--plan --world-size 512 --tp 8 plans t5-11.3b without allocating" 0 \
-  'parameters +\| 11,307,321,344 \(1,41[0-9],[0-9,]+ per rank\)' -- \
-  $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 \
-  --plan --world-size 512 --mem-limit-gib 80
+  '^parameters 11,307,321,344 \(1,41[0-9],[0-9,]+ per rank\); planned peak [0-9]+ KiB per rank; maxrss [0-9]+ KiB, t5-tiny plan [0-9]+ KiB: [0-9-]+ KiB more < peak / 16$' -- \
+  bash -c "
+    [ -x /usr/bin/time ] || { echo '/usr/bin/time is not installed'; exit 1; }
+    export MALLOC_PERTURB_=165
+    /usr/bin/time -f 'maxrss_kb %M' $BIN/fsdp_perf --model t5-tiny --plan >$tmp/plan-tiny 2>&1 || exit 1
+    /usr/bin/time -f 'maxrss_kb %M' $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 \
+      --activation-checkpointing --tp 8 --plan --world-size 512 --mem-limit-gib 80 >$tmp/plan-big 2>&1 || exit 1
+    $PY - $tmp/plan-tiny $tmp/plan-big <<'PY'
+import re, sys
+tiny, big = (open(p).read() for p in sys.argv[1:])
+rss = lambda t: int(re.search(r'^maxrss_kb (\d+)$', t, re.M).group(1))
+params = re.search(r'^\| parameters +\| ([0-9,]+( \([0-9,]+ per rank\))?)', big, re.M).group(1)
+v, unit = re.search(r'^  total peak +([0-9.]+) (KiB|MiB|GiB)', big, re.M).groups()
+peak = float(v) * {'KiB': 1, 'MiB': 1024, 'GiB': 1024 ** 2}[unit]
+more = rss(big) - rss(tiny)
+print(f'parameters {params}; planned peak {peak:.0f} KiB per rank; maxrss {rss(big)} KiB, t5-tiny plan {rss(tiny)} KiB:'
+      f' {more} KiB more ' + ('<' if more < peak / 16 else '>=') + ' peak / 16')
+sys.exit(0 if more < peak / 16 else 1)
+PY"
 expect "the plan's FLOPs per rank are the model's / tp, all issued by the schedule" 0 \
   'FLOPs per rank per step: model 3.845e\+13 \(3 x forward\), hardware 5.123e\+13, issued by the schedule 5.123e\+13' -- \
   $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 \
