@@ -309,7 +309,7 @@ void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
   HostStream dev(uint64_t(rank) * 11 + 3);
   const int M = 4, steps = 3;
   const int64_t count = 3 * cfg.total_bytes() / int64_t(sizeof(T)) + 5;
-  const auto tag = [](int m, bool gradient) { return (m * 8) << 1 | int(gradient); };
+  const auto tag = [](int m) { return m * 8; };  // as Pipeline's: the direction is the communicator's
   const auto message = [&](int from, int m, bool gradient) {
     return values<T>(from + (gradient ? 5 : 0), int64_t(m) * 101, count);
   };
@@ -338,7 +338,8 @@ void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
         for (int m = 0; m < M; ++m) {
           CollectiveArgs a{Collective::Send, acts[size_t(m)].data(), nullptr, count, t};
           a.peer = peer;
-          a.tag = tag(m, false);
+          a.tag = tag(m);
+          a.direction = P2PDirection::Activations;
           pending.push_back(issue(a, MPI_COMM_WORLD));
           ++sends;
         }
@@ -350,7 +351,8 @@ void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
           act_in[size_t(m)].assign(size_t(count), T(-9.f));
           CollectiveArgs a{Collective::Recv, nullptr, act_in[size_t(m)].data(), count, t};
           a.peer = peer;
-          a.tag = tag(m, false);
+          a.tag = tag(m);
+          a.direction = P2PDirection::Activations;
           wait(issue(a, MPI_COMM_WORLD));
           ++recvs;
           expect(act_in[size_t(m)], message(peer, m, false));
@@ -359,7 +361,8 @@ void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
           grad_out[size_t(m)] = message(rank, m, true);
           CollectiveArgs g{Collective::Send, grad_out[size_t(m)].data(), nullptr, count, t};
           g.peer = peer;
-          g.tag = tag(m, true);
+          g.tag = tag(m);
+          g.direction = P2PDirection::Gradients;
           pending.push_back(issue(g, grads));
           ++sends;
         }
@@ -369,7 +372,8 @@ void pipeline_traffic(CommLibrary lib, CudaAwareness aware, DType t) {
           grad_in[size_t(m)].assign(size_t(count), T(-9.f));
           CollectiveArgs a{Collective::Recv, nullptr, grad_in[size_t(m)].data(), count, t};
           a.peer = peer;
-          a.tag = tag(m, true);
+          a.tag = tag(m);
+          a.direction = P2PDirection::Gradients;
           wait(issue(a, grads));
           ++recvs;
           expect(grad_in[size_t(m)], message(peer, m, true));

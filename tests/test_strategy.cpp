@@ -44,7 +44,7 @@ Schedule run_schedule(StrategyConfig cfg, int world, const ModelSpec& spec = mod
   auto b = make_counting_backend();
   const StepShape shape{2, 16, 12};
   Mesh mesh = Mesh::planned(layout_for(cfg, world, 0));
-  auto strategy = make_strategy(cfg, spec, *b, mesh, shape);
+  auto strategy = make_strategy(cfg, spec, *b, mesh, shape, pipeline_split(cfg, spec, shape));
   b->set_recorder(&s.rec);
   strategy->step(1, make_tokens(1, 1, 0, shape, spec.vocab));
   b->set_recorder(nullptr);

@@ -155,15 +155,15 @@ Request Backend::all_reduce_after(Request after, Buf buf, int64_t count, Comm& c
   return collective(a, comm);
 }
 
-Request Backend::send(CBuf buf, int64_t count, int peer, int tag, Comm& comm) {
+Request Backend::send(CBuf buf, int64_t count, int peer, int tag, P2PDirection direction, Comm& comm) {
   CollectiveArgs a{Collective::Send, buf.ptr, nullptr, count, buf.dtype};
-  a.peer = peer, a.tag = tag;
+  a.peer = peer, a.tag = tag, a.direction = direction;
   return collective(a, comm);
 }
 
-Request Backend::recv(Buf buf, int64_t count, int peer, int tag, Comm& comm) {
+Request Backend::recv(Buf buf, int64_t count, int peer, int tag, P2PDirection direction, Comm& comm) {
   CollectiveArgs a{Collective::Recv, nullptr, buf.ptr, count, buf.dtype};
-  a.peer = peer, a.tag = tag;
+  a.peer = peer, a.tag = tag, a.direction = direction;
   return collective(a, comm);
 }
 

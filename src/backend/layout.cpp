@@ -10,11 +10,15 @@ ParallelLayout ParallelLayout::make(int world, int rank, int shard, int tp, int 
   const std::pair<const char*, int> sizes[] = {{"--tp", tp}, {"--pp", pp}};
   for (const auto& [name, v] : sizes)
     if (v < 1) throw UsageError(std::string(name) + " " + std::to_string(v) + " is not allowed (must be >= 1)");
-  const int64_t inner = int64_t(pp) * tp;
-  if (world % inner != 0)
-    throw UsageError("--tp " + std::to_string(tp) + " x --pp " + std::to_string(pp) + " = " + std::to_string(inner) +
-                     " is not allowed with world size " + std::to_string(world) +
+  // The innermost axis first, so that each message names the flag that does not fit.
+  if (world % tp != 0)
+    throw UsageError("--tp " + std::to_string(tp) + " is not allowed with world size " + std::to_string(world) +
+                     " (must divide it: dp x tp = world)");
+  if (world % pp != 0 || (world / pp) % tp != 0)
+    throw UsageError("--pp " + std::to_string(pp) + " is not allowed with world size " + std::to_string(world) +
+                     (tp > 1 ? " and --tp " + std::to_string(tp) : std::string()) +
                      " (must divide it: pp x dp x tp = world)");
+  const int64_t inner = int64_t(pp) * tp;
   const int dp = int(world / inner);
   if (shard < 1 || shard > dp || dp % shard != 0)
     throw UsageError("--shard-size " + std::to_string(shard) + " is not allowed with world size " + std::to_string(world) +

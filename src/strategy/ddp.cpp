@@ -14,7 +14,7 @@
 #include <cstring>
 
 #include "shardbench/core/check.h"
-#include "shardbench/strategy/strategy.h"
+#include "shardbench/strategy/training_schedule.h"
 
 namespace sb {
 namespace {
@@ -31,8 +31,9 @@ struct Bucket {
 
 class DDP final : public TrainingSchedule {
  public:
-  DDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape)
-      : TrainingSchedule(cfg, spec, b, mesh, shape), offset_(units_.size()), bucket_of_(units_.size()) {
+  DDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape,
+      const PipelineSplit& split)
+      : TrainingSchedule(cfg, spec, b, mesh, shape, split), offset_(units_.size()), bucket_of_(units_.size()) {
     for (size_t u = 0; u < units_.size(); ++u) {
       offset_[u] = total_;
       total_ += units_[u].numel;
@@ -167,8 +168,8 @@ class DDP final : public TrainingSchedule {
 }  // namespace
 
 std::unique_ptr<Strategy> make_ddp(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
-                                   Mesh& mesh, const StepShape& shape) {
-  return std::make_unique<DDP>(cfg, spec, b, mesh, shape);
+                                   Mesh& mesh, const StepShape& shape, const PipelineSplit& split) {
+  return std::make_unique<DDP>(cfg, spec, b, mesh, shape, split);
 }
 
 }  // namespace sb

@@ -26,7 +26,7 @@
 #include <utility>
 
 #include "shardbench/core/check.h"
-#include "shardbench/strategy/strategy.h"
+#include "shardbench/strategy/training_schedule.h"
 
 namespace sb {
 namespace {
@@ -35,8 +35,9 @@ constexpr int kMaxAllGathersInFlight = 2;  // PyTorch limit_all_gathers
 
 class FSDP final : public TrainingSchedule {
  public:
-  FSDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape)
-      : TrainingSchedule(cfg, spec, b, mesh, shape),
+  FSDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape,
+       const PipelineSplit& split)
+      : TrainingSchedule(cfg, spec, b, mesh, shape, split),
         shards_(units_.size()),
         offset_(units_.size()),
         gathered_(units_.size()),
@@ -251,8 +252,8 @@ class FSDP final : public TrainingSchedule {
 }  // namespace
 
 std::unique_ptr<Strategy> make_fsdp(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
-                                    Mesh& mesh, const StepShape& shape) {
-  return std::make_unique<FSDP>(cfg, spec, b, mesh, shape);
+                                    Mesh& mesh, const StepShape& shape, const PipelineSplit& split) {
+  return std::make_unique<FSDP>(cfg, spec, b, mesh, shape, split);
 }
 
 }  // namespace sb

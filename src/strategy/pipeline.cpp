@@ -83,17 +83,6 @@ std::vector<int> balanced_cuts(const std::vector<double>& cost, int lo, int hi, 
 }  // namespace
 
 PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, int stages, int first_decoder_stage) {
-  // The plan builds a schedule per stage, each asking for the same split: the last one is
-  // kept, or --pp 1024 over 2048 blocks would repeat the O(stages x blocks^2) search 1024 times.
-  struct Last {
-    std::vector<double> cost;
-    int layers = 0, stages = 0, first_decoder_stage = 0;
-    PipelineSplit split;
-  };
-  static thread_local Last last;
-  if (last.cost == block_cost && last.layers == layers && last.stages == stages &&
-      last.first_decoder_stage == first_decoder_stage && !last.split.first.empty())
-    return last.split;
   const int blocks = 2 * layers;
   SB_ASSERT(int(block_cost.size()) == blocks, "one cost per block");
   if (stages > blocks)
@@ -122,8 +111,110 @@ PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, 
     p.first.push_back(s == 0 ? 0 : b < layers ? 1 + b : b == layers ? 1 + layers : 2 + b);
   }
   p.first.push_back(2 * layers + 3);
-  last = Last{block_cost, layers, stages, first_decoder_stage, p};
   return p;
+}
+
+Pipeline::Pipeline(Backend& b, const Mesh& mesh, T5Step& model, const PipelineSplit& split, int micro_batches)
+    : b_(b),
+      model_(model),
+      stage_(mesh.layout.pp_rank()),
+      stages_(mesh.layout.pp),
+      first_(split.first[size_t(stage_)]),
+      last_(split.first[size_t(stage_) + 1]),
+      sent_(size_t(micro_batches)) {
+  if (stages_ == 1) return;
+  activations_ = &mesh.comm(Axis::Pipeline);
+  // The stages that hold the root unit sum its gradients (one of them without: no group).
+  int holders = 0, mine = -1;
+  for (int s = 0; s < stages_; ++s) {
+    bool holds = false;
+    for (int k = split.first[size_t(s)]; k < split.first[size_t(s) + 1]; ++k) holds |= unit_of(k) == 0;
+    if (s == stage_ && holds) mine = holders;
+    holders += holds;
+  }
+  const MPI_Comm pipeline = mesh.mpi(Axis::Pipeline);
+  if (pipeline == MPI_COMM_NULL) {  // a planned mesh
+    gradients_ = make_planned_comm(stages_, stage_);
+    if (holders > 1 && mine >= 0) root_ = make_planned_comm(holders, mine);
+  } else {
+    MPI_CHECK(MPI_Comm_dup(pipeline, &gradients_mpi_));
+    gradients_ = b.make_comm(gradients_mpi_);
+    if (holders > 1) {
+      MPI_CHECK(MPI_Comm_split(pipeline, mine >= 0 ? 0 : MPI_UNDEFINED, stage_, &root_mpi_));
+      if (mine >= 0) root_ = b.make_comm(root_mpi_);
+    }
+  }
+  gradients_->set_axis(Axis::Pipeline);
+  if (root_) root_->set_axis(Axis::Pipeline);
+}
+
+Pipeline::~Pipeline() {
+  root_.reset();
+  gradients_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  for (MPI_Comm* c : {&gradients_mpi_, &root_mpi_})
+    if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
+}
+
+void Pipeline::receive_inputs(int m) {
+  if (stage_ == 0) return;
+  ScopedContext ctx(b_, Phase::Forward, unit_of(first_));
+  std::vector<Request> in;
+  const auto cut = model_.cut(first_);
+  for (size_t i = 0; i < cut.size(); ++i)
+    in.push_back(b_.recv(model_.cut_input(first_, m, int(i)), cut[i].numel, stage_ - 1, tag(m, int(i)),
+                         P2PDirection::Activations, *activations_));
+  for (Request r : in) b_.wait(r);
+}
+
+void Pipeline::send_outputs(int m) {
+  if (stage_ == stages_ - 1) return;
+  ScopedContext ctx(b_, Phase::Forward, unit_of(last_ - 1));
+  const auto cut = model_.cut(last_);
+  for (size_t i = 0; i < cut.size(); ++i)
+    sent_[size_t(m)].push_back(b_.send(model_.cut_output(last_, m, int(i)), cut[i].numel, stage_ + 1, tag(m, int(i)),
+                                       P2PDirection::Activations, *activations_));
+}
+
+void Pipeline::receive_output_grads(int m) {
+  for (Request r : sent_[size_t(m)]) b_.wait(r);  // received long since: its buffers may go
+  sent_[size_t(m)].clear();
+  if (stage_ == stages_ - 1) return;
+  ScopedContext ctx(b_, Phase::Backward, unit_of(last_ - 1));
+  std::vector<Request> in;
+  const auto cut = model_.cut(last_);
+  for (size_t i = 0; i < cut.size(); ++i)
+    in.push_back(b_.recv(model_.cut_grad_input(last_, int(i)), cut[i].grad_numel, stage_ + 1, tag(m, int(i)),
+                         P2PDirection::Gradients, *gradients_));
+  for (Request r : in) b_.wait(r);
+}
+
+void Pipeline::send_input_grads(int m) {
+  if (stage_ == 0) return;
+  ScopedContext ctx(b_, Phase::Backward, unit_of(first_));
+  const auto cut = model_.cut(first_);
+  for (size_t i = 0; i < cut.size(); ++i) {
+    const CBuf g = model_.cut_grad_output(first_, int(i));
+    const Buf copy = b_.alloc_buf(cut[i].grad_numel, g.dtype, MemCategory::CommBuffers);
+    b_.copy(copy, g, cut[i].grad_numel);
+    const Request r = b_.send(copy, cut[i].grad_numel, stage_ - 1, tag(m, int(i)), P2PDirection::Gradients,
+                              *gradients_);
+    b_.release_after(copy.ptr, r);
+    grad_sends_.push_back(r);
+  }
+}
+
+void Pipeline::wait_sends() {
+  for (Request r : grad_sends_) b_.wait(r);
+  grad_sends_.clear();
+}
+
+void Pipeline::sum_shared_root(Buf g, int64_t n) {
+  SB_ASSERT(root_, "this stage is in no embedding group");
+  ScopedContext ctx(b_, Phase::Backward, 0);
+  if (n > 0) b_.wait(b_.all_reduce(g, n, *root_));
 }
 
 }  // namespace sb

@@ -188,7 +188,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   full_units_ = model_units(cfg.model);
   // Pipeline: the stages of the root unit, by the pipeline stage that runs them (each such
   // stage reduces its own part of the root's gradient; the parts are then summed).
-  const PipelineSplit split = pipeline_split(cfg.strategy, cfg.model, cfg.shape);
+  const PipelineSplit& split = cfg.split;
   const auto& stages = run.model().stages();
   root_part_.assign(stages.size(), -1);
   for (size_t si = 0, last = size_t(-1); si < stages.size(); ++si)

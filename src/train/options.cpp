@@ -172,7 +172,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   // Root causes first: the pipeline's own limits (a stage per block at most, --pp-split),
   // then every size (the micro-batch count as typed: --micro-batches, or its default --pp),
   // then what follows from them.
-  pipeline_split(cfg.strategy, cfg.model, cfg.shape);
+  cfg.split = pipeline_split(cfg.strategy, cfg.model, cfg.shape);
   validate(cfg.model, cfg.shape, micro_batches ? micro_batches : pp, micro_batches ? "--micro-batches" : "--pp");
   check_tensor_parallel(cfg.model, int(tp));
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");

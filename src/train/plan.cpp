@@ -54,7 +54,7 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
   backend->set_recorder(&rec);
   Mesh mesh = Mesh::planned(layout);
   {
-    auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape);
+    auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape, cfg.split);
     const T5Step& model = strategy->model();
     p.first_stage = model.part().first;
     p.last_stage = model.part().last;

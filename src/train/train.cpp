@@ -230,7 +230,7 @@ class TrainingRun {
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());
-    strategy_ = make_strategy(cfg_.strategy, cfg_.model, *backend_, mesh_, cfg_.shape);
+    strategy_ = make_strategy(cfg_.strategy, cfg_.model, *backend_, mesh_, cfg_.shape, cfg_.split);
     if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, mesh_);
   }
 

@@ -624,7 +624,7 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOverMpiMatchCpu) {
       Backend* backends[2] = {&cpu(), gpu_mpi.get()};
       for (int i = 0; i < 2; ++i) {
         Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(T5Model::kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
       }
@@ -857,7 +857,7 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
     Backend* backends[2] = {&cpu(), &gpu()};
     for (int i = 0; i < 2; ++i) {
       Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-      auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+      auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
       for (int s = 1; s <= 3; ++s) losses[i] = strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
       for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
     }
@@ -908,7 +908,7 @@ TEST_F(CudaVsCpu, LowPrecisionDdpAndFsdpStepsOnOneRankMatchCpu) {
       Backend* backends[2] = {&cpu(), &gpu()};
       for (int i = 0; i < 2; ++i) {
         Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u)
           weights[i].push_back(strategy->gather_unit(int(u)));
@@ -1189,7 +1189,7 @@ TEST_F(CudaVsCpu, OptInPathsTrainAsTheCpu) {
         Collect rec;
         backends[i]->set_recorder(&rec);
         Mesh mesh = Mesh::split(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape);
+        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
         backends[i]->synchronize();
         ops[i] = rec.ops.size();

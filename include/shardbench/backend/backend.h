@@ -146,11 +146,18 @@ enum class Collective : int {
 // rank*count). Send/recv sends `send` to rank+1 and receives `recv` from rank-1.
 // Send and Recv are point to point: `count` elements of `send` to rank `peer`, or into
 // `recv` from `peer`, matched by `tag` (on NCCL, by issue order per communicator); only the
-// two ranks take part, so they start at once, in whatever order the ranks issue them.
+// two ranks take part, so they start at once, in whatever order the ranks issue them. Each
+// goes in a `direction` (P2PDirection), which a backend may keep apart from the other.
 // `after`: stream order. The collective starts once collective `after` has finished,
 // without the compute lane waiting for either (a CUDA stream waiting on an event; on CPU
 // the backend issues it as soon as it sees `after` complete). Collectives on one
 // communicator still start in issue order.
+// The two directions of a pipeline's point-to-point traffic: activations to the next stage,
+// their gradients back to the previous one. A backend may run them apart (CUDA: a stream
+// each, so a blocked send of one direction never holds up the other); MPI matching is by
+// communicator and tag, never by direction.
+enum class P2PDirection : int { Activations, Gradients };
+
 struct CollectiveArgs {
   Collective op = Collective::AllReduce;
   const void* send = nullptr;
@@ -162,6 +169,7 @@ struct CollectiveArgs {
   Request after = kNoRequest;
   int peer = -1;  // Send, Recv
   int tag = 0;    // Send, Recv
+  P2PDirection direction = P2PDirection::Activations;  // Send, Recv
 };
 
 // How the `count` of a backend call sizes its buffers (the conventions above).
@@ -425,9 +433,10 @@ class Backend {
   Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
   // all_reduce stream-ordered after collective `after` (see CollectiveArgs::after).
   Request all_reduce_after(Request after, Buf buf, int64_t count, Comm& comm);
-  // Point to point: `count` elements to or from rank `peer` of `comm`, matched by `tag`.
-  Request send(CBuf buf, int64_t count, int peer, int tag, Comm& comm);
-  Request recv(Buf buf, int64_t count, int peer, int tag, Comm& comm);
+  // Point to point: `count` elements to or from rank `peer` of `comm`, matched by `tag`,
+  // going in `direction`.
+  Request send(CBuf buf, int64_t count, int peer, int tag, P2PDirection direction, Comm& comm);
+  Request recv(Buf buf, int64_t count, int peer, int tag, P2PDirection direction, Comm& comm);
   virtual void wait(Request r) = 0;
   virtual bool test(Request r) = 0;
   // A collective waited on before any other backend call runs as one blocking call where

@@ -1,5 +1,5 @@
 // The parallel layout: world = pipeline stages × data-parallel replicas × shard group ×
-// tensor-parallel group, built once per run (layout_for in strategy.h) and handed to the
+// tensor-parallel group, built once per run (layout_for in strategy/config.h) and handed to the
 // plan, the mesh, the model and the result. ParallelLayout::make is the one place the sizes
 // are checked, and rank_at() the one place the rank order is defined: the tensor axis is
 // innermost (consecutive ranks, inside a node first), then the shard axis, the replicate
@@ -25,8 +25,9 @@ struct ParallelLayout {
   int shard = 1;      // data-parallel ranks sharing one copy of the model state (FSDP shard group)
   int tp = 1;         // tensor-parallel ranks splitting each layer (Megatron-LM)
 
-  // Throws UsageError naming the value unless every size is >= 1 and pp × shard × tp
-  // divides world (replicate = world / (pp × shard × tp)).
+  // Throws UsageError naming the flag as typed (--tp, then --pp, then --shard-size) unless
+  // every size is >= 1, tp divides world, pp × tp divides world and shard divides the
+  // data-parallel ranks world / (pp × tp) (replicate = world / (pp × shard × tp)).
   static ParallelLayout make(int world, int rank, int shard, int tp = 1, int pp = 1);
   ParallelLayout at_rank(int r) const;  // the same layout seen from rank r
 

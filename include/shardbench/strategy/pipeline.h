@@ -1,5 +1,7 @@
-// Pipeline parallelism (--pp S): which model stages each pipeline stage runs, and in which
-// order a pipeline stage runs the forwards and backwards of the micro-batches.
+// Pipeline parallelism (--pp S), in one home: which segments of the model each pipeline
+// stage runs (the split), in which order a stage runs the forwards and backwards of the
+// micro-batches (the schedule), and what a stage exchanges with its neighbours (Pipeline:
+// the communicators, the transfers across its cuts, the embedding group).
 //   one pass   M = 1 and S = 1: forward, then backward (every run without --pp)
 //   gpipe      all M forwards, then all M backwards (Huang et al., GPipe, NeurIPS 2019):
 //              the activations of every micro-batch are held at once
@@ -9,8 +11,15 @@
 // Micro-batches go forward and backward in ascending order in both schedules; a stage's
 // gradients accumulate over them and are reduced after the last one's backward.
 #pragma once
+#include <mpi.h>
+
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "shardbench/backend/backend.h"
+#include "shardbench/backend/layout.h"
+#include "shardbench/model/t5.h"
 
 namespace sb {
 
@@ -51,5 +60,63 @@ struct PipelineSplit {
 };
 PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, int stages,
                              int first_decoder_stage = -1);
+
+// One pipeline stage's side of the pipeline: the communicators it shares with its
+// neighbours, the transfers across its two cuts (T5Step::cut) and Megatron-LM's embedding
+// group. Activations go to the next stage on the mesh's pipeline communicator, their
+// gradients come back on a duplicate of it, so the two directions never match each other's
+// messages (and each has its P2PDirection: on CUDA, a stream of its own). A stage without a
+// neighbour on a side skips that side's transfers; without --pp every call does nothing.
+class Pipeline {
+ public:
+  // `model` runs the stage's segments, split.first[stage] .. split.first[stage + 1] - 1,
+  // for `micro_batches` micro-batches; the stage is the mesh's pipeline coordinate.
+  Pipeline(Backend& b, const Mesh& mesh, T5Step& model, const PipelineSplit& split, int micro_batches);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  int stage() const { return stage_; }
+  int stages() const { return stages_; }
+
+  // A forward action of micro-batch m: the stage's inputs from the previous stage (waited
+  // for) before its segments run, its outputs to the next stage after (not waited for: the
+  // micro-batch's backward waits, once the next stage has long received them).
+  void receive_inputs(int m);
+  void send_outputs(int m);
+  // A backward action of micro-batch m: the outputs' gradients from the next stage (waited
+  // for), then the inputs' gradients to the previous stage, sent from a copy (the model
+  // reuses its gradient buffers in the next action; the copy goes once the send has read it).
+  void receive_output_grads(int m);
+  void send_input_grads(int m);
+  // The end of a step's actions: every gradient sent has left.
+  void wait_sends();
+
+  // Megatron-LM's embedding group: the stages that hold the root unit (the shared embedding,
+  // the final norms, the LM head) each compute a part of its gradient; after the
+  // data-parallel reductions each adds the others' (`g`: n elements of this stage's reduced
+  // gradient of the root unit), so every copy takes the same Adam step. Only where this
+  // stage is one of two or more that hold it.
+  bool sums_shared_root() const { return root_ != nullptr; }
+  void sum_shared_root(Buf g, int64_t n);
+
+ private:
+  // The MPI tag of a transfer: the cut's tensor and the micro-batch (each direction has a
+  // communicator of its own, so the tags of the two never meet).
+  static int tag(int micro, int tensor) { return micro * 8 + tensor; }
+  int unit_of(int segment) const { return model_.stages()[size_t(segment)].unit; }
+
+  Backend& b_;
+  T5Step& model_;
+  int stage_ = 0, stages_ = 1;
+  int first_ = 0, last_ = 0;                   // this stage's segments [first_, last_)
+  Comm* activations_ = nullptr;                // the mesh's pipeline communicator
+  MPI_Comm gradients_mpi_ = MPI_COMM_NULL;     // a duplicate of it, for the gradients
+  std::unique_ptr<Comm> gradients_;
+  MPI_Comm root_mpi_ = MPI_COMM_NULL;          // the stages holding the root unit
+  std::unique_ptr<Comm> root_;
+  std::vector<std::vector<Request>> sent_;     // per micro-batch: its forward sends, waited on in its backward
+  std::vector<Request> grad_sends_;            // backward sends, waited on at the end of the step
+};
 
 }  // namespace sb

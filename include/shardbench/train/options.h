@@ -29,6 +29,7 @@ struct RunConfig {
   double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
   ComputeOptions compute;      // --attention-kernel, --fused-epilogues, --cuda-graphs (opt-in paths)
   StrategyConfig strategy;
+  PipelineSplit split;  // pipeline_split(strategy, model, shape): made once, by parse_options
 };
 
 // Parses argv for `kind`. Returns false when --help was printed. Throws UsageError.

@@ -755,10 +755,10 @@ class CudaBackend final : public Backend, private StagingDevice {
     const size_t count = size_t(a.count);
     // A tensor-parallel collective runs in the compute stream's order: the next layer needs
     // its result, and it must not queue behind the data-parallel collectives of comm_.
-    // A point-to-point send or receive runs on one of two streams by its tag's lowest bit (the
-    // pipeline's activations and gradients), so a blocked send of one direction never holds
-    // up the other (one NCCL communicator per direction: docs/architecture.md).
-    const cudaStream_t s = collective_info(a.op).point_to_point ? p2p_[a.tag & 1]
+    // A point-to-point send or receive runs on the stream of its direction (the pipeline's
+    // activations or gradients), so a blocked send of one direction never holds up the other
+    // (one NCCL communicator per direction: docs/architecture.md).
+    const cudaStream_t s = collective_info(a.op).point_to_point ? p2p_[int(a.direction)]
                            : c.axis() == int(Axis::Tensor)      ? compute_
                            : a.after == kNoRequest              ? comm_
                                                                 : ordered_;
@@ -988,7 +988,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
     const int lane = s == comm_ ? kCommLane : s == ordered_ ? kOrderedLane : s == compute_ ? kTensorLane
-                     : s == p2p_[0] ? kActivationLane : kGradientLane;
+                     : s == p2p_[int(P2PDirection::Activations)] ? kActivationLane : kGradientLane;
     timed(kind, lane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
     const cudaEvent_t done = done_event();
     CUDA_CHECK(cudaEventRecord(done, s));
@@ -1276,7 +1276,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   cudaDeviceProp prop_{};
   bool tf32_ = false;
   cudaStream_t compute_ = nullptr, comm_ = nullptr, ordered_ = nullptr;
-  cudaStream_t p2p_[2] = {nullptr, nullptr};  // pipeline sends and receives: activations, gradients
+  cudaStream_t p2p_[2] = {nullptr, nullptr};  // pipeline sends and receives, by P2PDirection
   cublasHandle_t cublas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
   cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after

@@ -1,0 +1,74 @@
+// The configuration of a strategy, in one place: the names of its choices and their
+// parsers, StrategyConfig and its label, the layout it runs on and the pipeline's split of
+// the model. Every program reads its flags into a StrategyConfig, and everything below
+// (the layout, the split, the strategy) is derived from it once.
+#pragma once
+#include <string>
+
+#include "shardbench/backend/backend.h"
+#include "shardbench/backend/layout.h"
+#include "shardbench/model/model.h"
+#include "shardbench/model/t5.h"
+#include "shardbench/strategy/pipeline.h"
+
+namespace sb {
+
+enum class StrategyKind { DDP, FSDP };
+enum class Sharding { Full, Hybrid, None, GradOp };
+enum class Prefetch { None, BackwardPre, BackwardPost };
+
+const char* sharding_name(Sharding s);
+const char* prefetch_name(Prefetch p);
+Sharding parse_sharding(const std::string& s);  // throws UsageError
+Prefetch parse_prefetch(const std::string& s);  // throws UsageError
+
+struct StrategyConfig {
+  StrategyKind kind = StrategyKind::FSDP;
+  Sharding sharding = Sharding::Full;
+  int shard_size = 0;          // hybrid only; full = the data-parallel ranks, none = 1
+  int tp = 1;                  // tensor-parallel group size (--tp): Megatron-LM inside each layer
+  int pp = 1;                  // pipeline stages (--pp)
+  int micro_batches = 1;       // micro-batches per step of a data-parallel rank (--micro-batches)
+  PipeSchedule pp_schedule = PipeSchedule::OneFOneB;  // --pp-schedule
+  int pp_split = -1;           // --pp-split: the first decoder stage, -1 balanced by FLOPs
+  double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)
+  Prefetch prefetch = Prefetch::BackwardPre;
+  bool forward_prefetch = false;
+  // FSDP's gradient reduction schedule. 1 (FullyShardedDataParallel, as the FSDP paper ran
+  // it): reduce-scatters run on their own stream and compute waits for them only at the end
+  // of backward. 2 (fully_shard): before issuing a unit's reduce-scatter, compute waits for
+  // the previous one (post_backward), which bounds the unsharded gradients alive to two.
+  int fsdp_version = 1;
+  bool checkpointing = false;
+  AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
+  // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
+  // parameters and Adam state; parameters gathered and computed in param_dtype (so are
+  // activations and gradients); gradients reduced in reduce_dtype.
+  DType param_dtype = DType::F32;
+  DType reduce_dtype = DType::F32;
+  // Loss scaling (fp16 gradients underflow without it): the loss gradient is multiplied by
+  // the scale and Adam divides it out. Dynamic, as PyTorch's (Sharded)GradScaler: a step
+  // whose reduced gradients hold an inf or NaN on any rank is skipped and the scale halved;
+  // after `loss_scale_growth_interval` good steps in a row it doubles.
+  float loss_scale = 1.f;  // static scale, or the initial one when dynamic
+  bool dynamic_loss_scale = false;
+  int loss_scale_growth_interval = 2000;
+  uint64_t seed = 0;
+  AdamConfig adam;
+
+  std::string label() const;  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
+};
+
+// The layout a configuration runs on `world` ranks, seen from `rank`: --pp pipeline stages
+// of consecutive groups of ranks, in each tensor-parallel groups of --tp consecutive ranks,
+// and over the world / (pp × tp) data-parallel ranks shard groups of all of them (full,
+// grad-op), of one rank (DDP, none) or of --shard-size (hybrid). The sizes are checked by
+// ParallelLayout::make (UsageError naming the flag).
+ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
+
+// The segments each pipeline stage runs: split_pipeline over the blocks' forward FLOPs (the
+// head's counted with the last decoder block), for a configuration and shape. Computed once
+// per configuration and handed to the strategy (every stage of a plan shares it).
+PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape);
+
+}  // namespace sb

@@ -1,0 +1,95 @@
+// The one training-step loop every strategy runs (TrainingSchedule::step). DDP and FSDP
+// differ only in their hooks: where a unit's parameters come from before its segment runs,
+// and what happens to its gradients once its last backward segment has run.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "shardbench/backend/backend.h"
+#include "shardbench/backend/layout.h"
+#include "shardbench/model/model.h"
+#include "shardbench/model/t5.h"
+#include "shardbench/strategy/config.h"
+#include "shardbench/strategy/pipeline.h"
+#include "shardbench/strategy/strategy.h"
+
+namespace sb {
+
+// Base for DDP and FSDP: owns the model step and runs the stage loop with hooks. Under
+// pipeline parallelism the step is the schedule's list of actions (pipeline_actions): a
+// forward action receives the stage's inputs from the previous stage, runs the forward of
+// its model stages and sends their outputs on; a backward action receives the outputs'
+// gradients, runs the backward and sends the inputs' gradients back (the transfers are
+// Pipeline's). Hooks fire for each micro-batch; gradients accumulate over the micro-batches,
+// and the strategies reduce them only in the last one's backward (first_micro(),
+// last_micro()). The root unit's tensors (embedding, final norms, LM head) used on several
+// stages are summed over those stages after the strategy's reductions (Pipeline's
+// embedding group).
+class TrainingSchedule : public Strategy {
+ public:
+  // `split`: the configuration's pipeline_split (config.h), computed once by the caller.
+  TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh,
+                   const StepShape& shape, const PipelineSplit& split);
+  double step(int step, const Tokens& tokens) override;
+  const T5Step& model() const override { return model_; }
+  float loss_scale() const override { return scale_; }
+  bool skipped_last_step() const override { return skipped_; }
+
+ protected:
+  // Stage indices in backward order, and for each unit its first/last stage in each pass.
+  struct UnitStages {
+    int first_forward = -1, last_forward = -1;
+    int first_backward = -1, last_backward = -1;  // positions in backward order
+  };
+  virtual CBuf params_for(int unit) = 0;             // before forward or backward of a stage
+  virtual Buf grads_for(int unit) = 0;               // before backward of a stage
+  virtual void before_forward(int pos) {}            // pos: position in forward order
+  virtual void after_forward(int pos) {}
+  virtual void before_backward(int pos) {}           // pos: position in backward order
+  virtual void after_backward(int pos) {}
+  virtual void finish_gradients() = 0;               // all reductions complete
+  virtual void optimizer_step(int step) = 0;
+  // What Adam reads (this rank's reduced gradients) and the group whose ranks hold
+  // different parts of it (the shard group): for the dynamic loss scale's inf/NaN check.
+  virtual CBuf reduced_gradients(int64_t& n) const = 0;
+
+  // This rank's reduced gradient of unit u (reduce dtype; what Adam reads of it): for the
+  // sum over the pipeline stages that share the root unit.
+  virtual Buf reduced_gradient(int unit, int64_t& n) = 0;
+
+  int forward_unit(int pos) const { return model_.stages()[pos].unit; }
+  int backward_stage(int pos) const { return int(model_.stages().size()) - 1 - pos; }
+  int backward_unit(int pos) const { return model_.stages()[backward_stage(pos)].unit; }
+  int num_stages() const { return int(model_.stages().size()); }
+  // This pipeline stage's positions: [forward_begin, forward_end) in forward order,
+  // [backward_begin, backward_end) in backward order (every position without --pp).
+  int forward_begin() const { return part_.first; }
+  int forward_end() const { return part_.last; }
+  int backward_begin() const { return num_stages() - part_.last; }
+  int backward_end() const { return num_stages() - part_.first; }
+  // The backward being run is of the step's first / last micro-batch.
+  bool first_micro() const { return backward_count_ == 0; }
+  bool last_micro() const { return backward_count_ == cfg_.micro_batches - 1; }
+
+  StrategyConfig cfg_;
+  Backend& b_;
+  Mesh& mesh_;
+  PipelinePart part_;  // this pipeline stage's model stages
+  T5Step model_;
+  std::vector<UnitSpec> units_;  // every unit; the ones this stage does not hold are empty
+  std::vector<UnitStages> unit_stages_;
+
+ private:
+  void forward_micro(int micro);
+  void backward_micro(int micro);
+  void sum_shared_root();
+  bool gradients_finite();
+  Pipeline pipeline_;      // this stage's transfers and communicators (after model_: it reads it)
+  int backward_count_ = 0;  // backward actions run in this step
+  float base_grad_scale_;  // 1 / global tokens
+  float scale_;            // current loss scale
+  int good_steps_ = 0;     // in a row, since the scale last changed
+  bool skipped_ = false;
+};
+
+}  // namespace sb

@@ -1,0 +1,72 @@
+// A strategy's configuration: the names of its choices, its label, its layout and the
+// pipeline's split.
+#include "shardbench/strategy/config.h"
+
+#include <string>
+#include <vector>
+
+#include "shardbench/core/check.h"
+
+namespace sb {
+
+const char* sharding_name(Sharding s) {
+  switch (s) {
+    case Sharding::Full: return "full";
+    case Sharding::Hybrid: return "hybrid";
+    case Sharding::None: return "none";
+    case Sharding::GradOp: return "grad-op";
+  }
+  return "?";
+}
+
+const char* prefetch_name(Prefetch p) {
+  switch (p) {
+    case Prefetch::None: return "none";
+    case Prefetch::BackwardPre: return "backward-pre";
+    case Prefetch::BackwardPost: return "backward-post";
+  }
+  return "?";
+}
+
+Sharding parse_sharding(const std::string& s) {
+  for (Sharding v : {Sharding::Full, Sharding::Hybrid, Sharding::None, Sharding::GradOp})
+    if (s == sharding_name(v)) return v;
+  throw UsageError("--sharding '" + s + "' is not allowed (allowed: full, hybrid, none, grad-op)");
+}
+
+Prefetch parse_prefetch(const std::string& s) {
+  for (Prefetch v : {Prefetch::None, Prefetch::BackwardPre, Prefetch::BackwardPost})
+    if (s == prefetch_name(v)) return v;
+  throw UsageError("--prefetch '" + s + "' is not allowed (allowed: none, backward-pre, backward-post)");
+}
+
+std::string StrategyConfig::label() const {
+  const std::string tensor = (tp > 1 ? "-tp" + std::to_string(tp) : "") + (pp > 1 ? "-pp" + std::to_string(pp) : "");
+  if (kind == StrategyKind::DDP) return "ddp" + tensor;
+  std::string l = std::string("fsdp-") + sharding_name(sharding);
+  if (sharding == Sharding::Hybrid) l += std::to_string(shard_size);
+  return l + tensor;
+}
+
+ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
+  // The shard group: every data-parallel rank (full, grad-op), --shard-size (hybrid), or one.
+  // make() checks --tp and --pp before the shard size, so a quotient of bad sizes is never used.
+  const int64_t inner = int64_t(c.tp) * c.pp;
+  int shard = 1;
+  if (c.kind == StrategyKind::FSDP && (c.sharding == Sharding::Full || c.sharding == Sharding::GradOp))
+    shard = inner >= 1 ? int(world / inner) : 1;
+  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid) shard = c.shard_size;
+  return ParallelLayout::make(world, rank, shard, c.tp, c.pp);
+}
+
+PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape) {
+  const int L = int(spec.layers);
+  if (c.pp == 1) return PipelineSplit{{0, 2 * L + 3}};
+  std::vector<double> cost;
+  for (int l = 0; l < L; ++l) cost.push_back(forward_flops_encoder_block(spec, shape, c.tp));
+  for (int l = 0; l < L; ++l) cost.push_back(forward_flops_decoder_block(spec, shape, c.tp));
+  cost.back() += forward_flops_head(spec, shape, c.tp);
+  return split_pipeline(cost, L, c.pp, c.pp_split);
+}
+
+}  // namespace sb
