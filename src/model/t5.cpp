@@ -145,7 +145,6 @@ struct T5Step::Impl {
   Buf dbias[2];                // [H, T, T] per stack, summed over the stack's blocks
                                // (fused: [num_buckets, H], the table's gradient)
   std::vector<Micro> micro;
-  Micro* mb = nullptr;         // the micro-batch being run
 
   Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at,
        TensorGroup g, PipelinePart pp)
@@ -212,13 +211,11 @@ struct T5Step::Impl {
     if (runs(Stage::Bridge) || runs(Stage::DecoderBlock) || runs(Stage::Head))
       d_hidden[1] = b.alloc_buf(int64_t(Nd) * d, dtype, ws);
     if (runs(Stage::Bridge) || runs(Stage::DecoderBlock)) d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
-    mb = &micro[0];
   }
 
   ~Impl() {
     for (Micro& m : micro) {
-      mb = &m;
-      for (size_t i = 0; i < stages.size(); ++i) release_saved(int(i));
+      for (size_t i = 0; i < stages.size(); ++i) release_saved(m, int(i));
       release_all(m.received);
       for (void* p : {(void*)m.enc_ids, (void*)m.dec_ids, (void*)m.labels, (void*)m.losses}) b.release(p);
     }
@@ -233,10 +230,10 @@ struct T5Step::Impl {
     return false;
   }
   bool local(int si) const { return si >= part.first && si < part.last; }
-  void use(int micro_batch) {
-    SB_ASSERT(micro_batch >= 0 && micro_batch < part.micro_batches, "micro-batch " + std::to_string(micro_batch) +
-                                                                         " out of range");
-    mb = &micro[size_t(micro_batch)];
+  // Micro-batch m's tensors: every call that runs or feeds one takes it from here.
+  Micro& micro_batch(int m) {
+    SB_ASSERT(m >= 0 && m < part.micro_batches, "micro-batch " + std::to_string(m) + " out of range");
+    return micro[size_t(m)];
   }
 
   int seq(int stack) const { return stack == 0 ? Te : Td; }
@@ -278,14 +275,14 @@ struct T5Step::Impl {
     owner.push_back(p);
     return p;
   }
-  Buf act(int si, int64_t n) { return alloc(mb->saved[si], n, MemCategory::Activations); }
+  Buf act(Micro& mb, int si, int64_t n) { return alloc(mb.saved[si], n, MemCategory::Activations); }
   void release_all(std::vector<void*>& owner) {
     for (void* p : owner) b.release(p);
     owner.clear();
   }
-  void release_saved(int si) {
-    release_all(mb->saved[si]);
-    mb->forwarded[si] = false;
+  void release_saved(Micro& mb, int si) {
+    release_all(mb.saved[si]);
+    mb.forwarded[si] = false;
   }
 
   // ---------------------------------------------------------------- tensor parallelism
@@ -325,7 +322,7 @@ struct T5Step::Impl {
 
   // out += Attn(q from a.xn, k/v from xkv). T5 does not scale scores by 1/sqrt(d_kv).
   // xkv [B*tk, d]; bias_stack: the stack whose position bias applies, -1 for none; out [B*tq, d].
-  void attention_forward(CBuf W, const Stage& s, const std::string& p, AttnState& a,
+  void attention_forward(const Micro& mb, CBuf W, const Stage& s, const std::string& p, AttnState& a,
                          CBuf xkv, int tq, int tk, int bias_stack, bool causal,
                          Buf out) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
@@ -334,14 +331,14 @@ struct T5Step::Impl {
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wk, d, 0.f, a.k, inner);   // k [B*tk, inner]
     b.gemm(false, true, B * tk, inner, d, 1.f, xkv, d, wv, d, 0.f, a.v, inner);   // v [B*tk, inner]
     if (fused()) {
-      b.attention_forward(a.ctx, a.lse, a.q, a.k, a.v, bias_stack >= 0 ? CBuf(mb->bias[bias_stack]) : CBuf(),
+      b.attention_forward(a.ctx, a.lse, a.q, a.k, a.v, bias_stack >= 0 ? CBuf(mb.bias[bias_stack]) : CBuf(),
                           bias_stack >= 0 ? buckets[bias_stack] : nullptr, attn_shape(tq, tk, causal));
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
       for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
         b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
                        dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
-      b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(mb->bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
+      b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(mb.bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
       for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
         b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
                        a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
@@ -356,7 +353,7 @@ struct T5Step::Impl {
   // dxn is written first). With bias_stack >= 0, dbias[bias_stack] += d/d(bias).
   // Tensor-parallel: dxn is summed over the group here; a separate dxkv holds this rank's
   // part of its sum (d_enc_out, summed once in the Bridge backward).
-  void attention_backward(CBuf W, Buf G, const Stage& s, const std::string& p,
+  void attention_backward(const Micro& mb, CBuf W, Buf G, const Stage& s, const std::string& p,
                           const AttnState& a, CBuf xkv, int tq, int tk, CBuf dout,
                           Buf dxn, Buf dxkv, int bias_stack, bool causal) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
@@ -379,7 +376,7 @@ struct T5Step::Impl {
       const AttentionShape shape = attn_shape(tq, tk, causal);
       float* work = alloc_f32(tmp, attention_workspace_floats(shape, with_bias), ws);
       b.attention_backward(dq, dk, dv, with_bias ? dbias[bias_stack] : Buf(), dctx, a.q, a.k, a.v, a.ctx, a.lse,
-                           with_bias ? CBuf(mb->bias[bias_stack]) : CBuf(), with_bias ? buckets[bias_stack] : nullptr,
+                           with_bias ? CBuf(mb.bias[bias_stack]) : CBuf(), with_bias ? buckets[bias_stack] : nullptr,
                            work, shape);
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
@@ -440,17 +437,17 @@ struct T5Step::Impl {
   // Pre-norm residual sub-layers: x1 = x + SelfAttn(ln1 x); [x2 = x1 + CrossAttn(ln2 x1,
   // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream (gated GELU:
   // out = r + wo (gelu_tanh(wi_0 ln_ff r) * wi_1 ln_ff r)).
-  void block_compute(int si, CBuf W, BlockState& st, Buf out) {
+  void block_compute(const Micro& mb, int si, CBuf W, BlockState& st, Buf out) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const CBuf x = mb->hidden[stack][s.layer];
+    const CBuf x = mb.hidden[stack][s.layer];
     b.rmsnorm_forward_residual(st.self.xn, st.self.rstd, st.x1, x, param(W, s, "ln1"), N, d, kNormEps);
-    attention_forward(W, s, "self", st.self, st.self.xn, T, T, stack, /*causal=*/stack == 1, st.x1);
+    attention_forward(mb, W, s, "self", st.self, st.self.xn, T, T, stack, /*causal=*/stack == 1, st.x1);
     CBuf r = st.x1;
     std::string ln_ff = "ln2";
     if (stack == 1) {
       b.rmsnorm_forward_residual(st.cross.xn, st.cross.rstd, st.x2, st.x1, param(W, s, "ln2"), N, d, kNormEps);
-      attention_forward(W, s, "cross", st.cross, mb->enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
+      attention_forward(mb, W, s, "cross", st.cross, mb.enc_out, Td, Te, /*bias_stack=*/-1, false, st.x2);
       r = st.x2;
       ln_ff = "ln3";
     }
@@ -470,10 +467,10 @@ struct T5Step::Impl {
   // d_hidden[stack] holds d(out) on entry and d(x) on exit. The stack's accumulators
   // (dbias[stack], and d_enc_out in the decoder) start at zero in its last block's backward,
   // the first to add to them; a pipeline stage without that block receives them instead.
-  void block_backward(int si, CBuf W, Buf G, const BlockState& st) {
+  void block_backward(const Micro& mb, int si, CBuf W, Buf G, const BlockState& st) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
-    const CBuf x = mb->hidden[stack][s.layer];
+    const CBuf x = mb.hidden[stack][s.layer];
     const Buf dy = d_hidden[stack];  // [N, d], the residual stream's gradient
     if (s.layer == L - 1) {
       b.fill(dbias[stack], 0.f, dbias_numel(stack));
@@ -512,11 +509,11 @@ struct T5Step::Impl {
       release_all(tff);
     }
     if (stack == 1) {  // cross-attention: K/V gradients flow to the encoder output
-      attention_backward(W, G, s, "cross", st.cross, mb->enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
+      attention_backward(mb, W, G, s, "cross", st.cross, mb.enc_out, Td, Te, dy, dxn, d_enc_out, -1, false);
       b.rmsnorm_backward(dy, grad(G, s, "ln2"), dxn, st.x1, param(W, s, "ln2"), st.cross.rstd, N, d);
       ready(s, "ln2");
     }
-    attention_backward(W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, stack, stack == 1);
+    attention_backward(mb, W, G, s, "self", st.self, st.self.xn, T, T, dy, dxn, dxn, stack, stack == 1);
     b.rmsnorm_backward(dy, grad(G, s, "ln1"), dxn, x, param(W, s, "ln1"), st.self.rstd, N, d);
     ready(s, "ln1");
     if (s.layer == 0 && fused()) {  // every block of the stack has added its d(table) by now
@@ -532,119 +529,119 @@ struct T5Step::Impl {
   // The stack's last block is on a later pipeline stage: its blocks there need the table.
   bool stack_continues(int stack) const { return (stack == 0 ? L : 2 * L + 1) >= part.last; }
 
-  void block_forward(int si, CBuf W) {
+  void block_forward(Micro& mb, int si, CBuf W) {
     const Stage& s = stages[si];
     const int stack = stack_of(s), T = seq(stack);
-    const Buf out = act(si, int64_t(B) * T * d);  // [N, d], the next block's input
+    const Buf out = act(mb, si, int64_t(B) * T * d);  // [N, d], the next block's input
     if (s.layer == 0 && fused()) {  // the stack's table, read by every block of the stack
-      mb->bias[stack] = act(si, table_numel());
-      b.copy(mb->bias[stack], param(W, s, "rel_bias"), table_numel());
-      if (stack_continues(stack)) mb->table[stack] = mb->bias[stack];
+      mb.bias[stack] = act(mb, si, table_numel());
+      b.copy(mb.bias[stack], param(W, s, "rel_bias"), table_numel());
+      if (stack_continues(stack)) mb.table[stack] = mb.bias[stack];
     } else if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
-      mb->bias[stack] = act(si, int64_t(H) * T * T);
-      b.position_bias_forward(mb->bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
+      mb.bias[stack] = act(mb, si, int64_t(H) * T * T);
+      b.position_bias_forward(mb.bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
       if (stack_continues(stack)) {
-        mb->table[stack] = act(si, table_numel());
-        b.copy(mb->table[stack], param(W, s, "rel_bias"), table_numel());
+        mb.table[stack] = act(mb, si, table_numel());
+        b.copy(mb.table[stack], param(W, s, "rel_bias"), table_numel());
       }
     } else if (!local(si - 1)) {  // a pipeline stage's first block: the table it was sent
       if (fused()) {
-        mb->bias[stack] = mb->table[stack];
+        mb.bias[stack] = mb.table[stack];
       } else {
-        mb->bias[stack] = act(si, int64_t(H) * T * T);
-        b.position_bias_forward(mb->bias[stack], mb->table[stack], buckets[stack], H, T, T);
+        mb.bias[stack] = act(mb, si, int64_t(H) * T * T);
+        b.position_bias_forward(mb.bias[stack], mb.table[stack], buckets[stack], H, T, T);
       }
     }
     if (checkpointing) {  // keep only the input (owned by the previous stage) and the output
       std::vector<void*> tmp;
       BlockState st = alloc_block(tmp, MemCategory::Workspace, stack);
-      block_compute(si, W, st, out);
+      block_compute(mb, si, W, st, out);
       release_all(tmp);
     } else {
-      mb->block_state[si] = alloc_block(mb->saved[si], MemCategory::Activations, stack);
-      block_compute(si, W, mb->block_state[si], out);
+      mb.block_state[si] = alloc_block(mb.saved[si], MemCategory::Activations, stack);
+      block_compute(mb, si, W, mb.block_state[si], out);
     }
-    mb->hidden[stack][s.layer + 1] = out;
+    mb.hidden[stack][s.layer + 1] = out;
   }
 
-  void block_backward_stage(int si, CBuf W, Buf G) {
+  void block_backward_stage(Micro& mb, int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     const int stack = stack_of(s);
     if (checkpointing) {  // recompute into the (identical) output still held by this stage
-      mb->block_state[si] = alloc_block(mb->saved[si], MemCategory::Activations, stack);
-      block_compute(si, W, mb->block_state[si], mb->hidden[stack][s.layer + 1]);
+      mb.block_state[si] = alloc_block(mb.saved[si], MemCategory::Activations, stack);
+      block_compute(mb, si, W, mb.block_state[si], mb.hidden[stack][s.layer + 1]);
     }
-    block_backward(si, W, G, mb->block_state[si]);
+    block_backward(mb, si, W, G, mb.block_state[si]);
   }
 
   // ---------------------------------------------------------------- root stages
-  void embed_forward(int si, CBuf W) {
-    mb->hidden[0][0] = act(si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
-    b.embedding_forward(mb->hidden[0][0], param(W, stages[si], "shared"), mb->enc_ids, Ne, d);
-    tp_all_reduce(mb->hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
+  void embed_forward(Micro& mb, int si, CBuf W) {
+    mb.hidden[0][0] = act(mb, si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
+    b.embedding_forward(mb.hidden[0][0], param(W, stages[si], "shared"), mb.enc_ids, Ne, d);
+    tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
   }
-  void embed_backward(int si, Buf G) {
-    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], mb->enc_ids, Ne, d);
+  void embed_backward(Micro& mb, int si, Buf G) {
+    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
     ready(stages[si], "shared");  // after the Head's and the Bridge's contributions
   }
 
-  void bridge_forward(int si, CBuf W) {
+  void bridge_forward(Micro& mb, int si, CBuf W) {
     const Stage& s = stages[si];
-    mb->enc_out = act(si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
-    mb->bridge_rstd = alloc_f32(mb->saved[si], Ne, MemCategory::Activations);
-    b.rmsnorm_forward(mb->enc_out, mb->bridge_rstd, mb->hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
+    mb.enc_out = act(mb, si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
+    mb.bridge_rstd = alloc_f32(mb.saved[si], Ne, MemCategory::Activations);
+    b.rmsnorm_forward(mb.enc_out, mb.bridge_rstd, mb.hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
                       kNormEps);
-    mb->hidden[1][0] = act(si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
-    b.embedding_forward(mb->hidden[1][0], param(W, s, "shared"), mb->dec_ids, Nd, d);
-    tp_all_reduce(mb->hidden[1][0], int64_t(Nd) * d);
+    mb.hidden[1][0] = act(mb, si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
+    b.embedding_forward(mb.hidden[1][0], param(W, s, "shared"), mb.dec_ids, Nd, d);
+    tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d);
   }
-  void bridge_backward(int si, CBuf W, Buf G) {
+  void bridge_backward(Micro& mb, int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
-    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb->dec_ids, Nd, d);
+    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb.dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
     tp_all_reduce(d_enc_out, int64_t(Ne) * d);  // every decoder block's cross K/V part, summed once
-    b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb->hidden[0][L],
-                       param(W, s, "encoder.final_norm"), mb->bridge_rstd, Ne, d);
+    b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb.hidden[0][L],
+                       param(W, s, "encoder.final_norm"), mb.bridge_rstd, Ne, d);
     ready(s, "encoder.final_norm");
   }
 
   // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha;
   // untied: logits = hn lm_head^T (T5ForConditionalGeneration rescales only a tied head).
-  void head_forward(int si, CBuf W) {
+  void head_forward(Micro& mb, int si, CBuf W) {
     const Stage& s = stages[si];
     const float rescale = head_rescale();
-    mb->head_hn = act(si, int64_t(Nd) * d);  // [Nd, d]
-    mb->head_rstd = alloc_f32(mb->saved[si], Nd, MemCategory::Activations);
-    mb->logits = act(si, int64_t(Nd) * V);   // [Nd, V]
-    b.rmsnorm_forward(mb->head_hn, mb->head_rstd, mb->hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
+    mb.head_hn = act(mb, si, int64_t(Nd) * d);  // [Nd, d]
+    mb.head_rstd = alloc_f32(mb.saved[si], Nd, MemCategory::Activations);
+    mb.logits = act(mb, si, int64_t(Nd) * V);   // [Nd, V]
+    b.rmsnorm_forward(mb.head_hn, mb.head_rstd, mb.hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
-    b.gemm(false, true, Nd, V, d, rescale, mb->head_hn, d, param(W, s, head_weight()), d, 0.f, mb->logits, V);
-    if (!split()) return b.cross_entropy(mb->logits, mb->losses, mb->labels, Nd, V, grad_scale);  // logits := dlogits
+    b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, param(W, s, head_weight()), d, 0.f, mb.logits, V);
+    if (!split()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
     std::vector<void*> tmp;
     float* row_max = alloc_f32(tmp, Nd, MemCategory::Workspace);
     float* sums = alloc_f32(tmp, 2 * int64_t(Nd), MemCategory::Workspace);
-    b.cross_entropy_max(mb->logits, row_max, Nd, V);
+    b.cross_entropy_max(mb.logits, row_max, Nd, V);
     b.wait(b.collective({Collective::AllReduce, row_max, row_max, Nd, DType::F32, ReduceOp::Max}, *tp.comm));
-    b.cross_entropy_sums(mb->logits, row_max, mb->labels, sums, Nd, V);
+    b.cross_entropy_sums(mb.logits, row_max, mb.labels, sums, Nd, V);
     tp_all_reduce(sums, 2 * int64_t(Nd));
-    b.cross_entropy_finish(mb->logits, mb->losses, row_max, sums, mb->labels, Nd, V, grad_scale);  // logits := dlogits
+    b.cross_entropy_finish(mb.logits, mb.losses, row_max, sums, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
-  void head_backward(int si, CBuf W, Buf G) {
+  void head_backward(Micro& mb, int si, CBuf W, Buf G) {
     const Stage& s = stages[si];
     const float rescale = head_rescale();
     std::vector<void*> tmp;
     const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
     // dhead += r · dlogits^T hn [V, d];  dhn = r · dlogits head [Nd, d]  (head: shared or lm_head)
-    b.gemm(true, false, V, d, Nd, rescale, mb->logits, V, mb->head_hn, d, 1.f, grad(G, s, head_weight()), d);
+    b.gemm(true, false, V, d, Nd, rescale, mb.logits, V, mb.head_hn, d, 1.f, grad(G, s, head_weight()), d);
     if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
-    b.gemm(false, false, Nd, d, V, rescale, mb->logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
+    b.gemm(false, false, Nd, d, V, rescale, mb.logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
     tp_all_reduce(dhn, int64_t(Nd) * d);
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
-    b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, mb->hidden[1][L],
-                       param(W, s, "decoder.final_norm"), mb->head_rstd, Nd, d);
+    b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, mb.hidden[1][L],
+                       param(W, s, "decoder.final_norm"), mb.head_rstd, Nd, d);
     ready(s, "decoder.final_norm");
     release_all(tmp);
   }
@@ -652,32 +649,32 @@ struct T5Step::Impl {
   // ---------------------------------------------------------------- dispatch
   void forward(int si, CBuf W, int m) {
     check_stage(si);
-    use(m);
-    release_saved(si);  // a repeated forward replaces the earlier one
+    Micro& mb = micro_batch(m);
+    release_saved(mb, si);  // a repeated forward replaces the earlier one
     switch (stages[si].kind) {
-      case Stage::EncoderEmbed: embed_forward(si, W); break;
+      case Stage::EncoderEmbed: embed_forward(mb, si, W); break;
       case Stage::EncoderBlock:
-      case Stage::DecoderBlock: block_forward(si, W); break;
-      case Stage::Bridge: bridge_forward(si, W); break;
-      case Stage::Head: head_forward(si, W); break;
+      case Stage::DecoderBlock: block_forward(mb, si, W); break;
+      case Stage::Bridge: bridge_forward(mb, si, W); break;
+      case Stage::Head: head_forward(mb, si, W); break;
     }
-    mb->forwarded[si] = true;
+    mb.forwarded[si] = true;
   }
 
   void backward(int si, CBuf W, Buf G, int m) {
     check_stage(si);
-    use(m);
-    SB_ASSERT(mb->forwarded[si], std::string("backward of stage ") + std::to_string(si) +
+    Micro& mb = micro_batch(m);
+    SB_ASSERT(mb.forwarded[si], std::string("backward of stage ") + std::to_string(si) +
                                  " without its forward");
     switch (stages[si].kind) {
-      case Stage::EncoderEmbed: embed_backward(si, G); break;
+      case Stage::EncoderEmbed: embed_backward(mb, si, G); break;
       case Stage::EncoderBlock:
-      case Stage::DecoderBlock: block_backward_stage(si, W, G); break;
-      case Stage::Bridge: bridge_backward(si, W, G); break;
-      case Stage::Head: head_backward(si, W, G); break;
+      case Stage::DecoderBlock: block_backward_stage(mb, si, W, G); break;
+      case Stage::Bridge: bridge_backward(mb, si, W, G); break;
+      case Stage::Head: head_backward(mb, si, W, G); break;
     }
-    release_saved(si);
-    if (si == part.first) release_all(mb->received);  // its inputs from the previous pipeline stage
+    release_saved(mb, si);
+    if (si == part.first) release_all(mb.received);  // its inputs from the previous pipeline stage
   }
 
   void check_stage(int si) const {
@@ -706,13 +703,13 @@ struct T5Step::Impl {
     }
     return c;
   }
-  Buf& cut_buffer(int k, CutKind kind) {
+  Buf& cut_buffer(Micro& mb, int k, CutKind kind) const {
     switch (kind) {
-      case CutKind::EncoderHidden: return mb->hidden[0][size_t(k - 1)];
-      case CutKind::EncoderTable: return mb->table[0];
-      case CutKind::DecoderHidden: return mb->hidden[1][size_t(k - L - 2)];
-      case CutKind::EncoderOutput: return mb->enc_out;
-      case CutKind::DecoderTable: return mb->table[1];
+      case CutKind::EncoderHidden: return mb.hidden[0][size_t(k - 1)];
+      case CutKind::EncoderTable: return mb.table[0];
+      case CutKind::DecoderHidden: return mb.hidden[1][size_t(k - L - 2)];
+      case CutKind::EncoderOutput: return mb.enc_out;
+      case CutKind::DecoderTable: return mb.table[1];
     }
     SB_FATAL("unknown cut tensor");
   }
@@ -752,7 +749,7 @@ void T5Step::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::
 void T5Step::set_tokens(const Tokens& t, int micro) {
   Impl& m = *impl_;
   if (!m.b.holds_data()) return;  // the plan: no tokens are built for it
-  m.use(micro);
+  Micro& mb = m.micro_batch(micro);
   SB_ASSERT(int64_t(t.enc_ids.size()) == m.Ne, "enc_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.dec_ids.size()) == m.Nd, "dec_ids size does not match the step shape");
   SB_ASSERT(int64_t(t.labels.size()) == m.Nd, "labels size does not match the step shape");
@@ -767,9 +764,9 @@ void T5Step::set_tokens(const Tokens& t, int micro) {
     for (int& id : out) id = id >= m.vocab_begin && id < m.vocab_begin + m.V ? id - m.vocab_begin : -1;
     m.b.upload(dst, out.data(), out.size() * sizeof(int));
   };
-  upload(m.mb->enc_ids, t.enc_ids);
-  upload(m.mb->dec_ids, t.dec_ids);
-  upload(m.mb->labels, t.labels);
+  upload(mb.enc_ids, t.enc_ids);
+  upload(mb.dec_ids, t.dec_ids);
+  upload(mb.labels, t.labels);
 }
 
 void T5Step::forward(int stage, CBuf params, int micro) { impl_->forward(stage, params, micro); }
@@ -795,17 +792,16 @@ std::vector<T5Step::CutTensor> T5Step::cut(int k) const {
 
 Buf T5Step::cut_input(int k, int micro, int i) {
   Impl& m = *impl_;
-  m.use(micro);
+  Micro& mb = m.micro_batch(micro);
   const auto c = m.cut(k);
-  const Buf x = m.alloc(m.mb->received, c[size_t(i)].second.numel, MemCategory::Activations);
-  m.cut_buffer(k, c[size_t(i)].first) = x;
+  const Buf x = m.alloc(mb.received, c[size_t(i)].second.numel, MemCategory::Activations);
+  m.cut_buffer(mb, k, c[size_t(i)].first) = x;
   return x;
 }
 
 CBuf T5Step::cut_output(int k, int micro, int i) {
   Impl& m = *impl_;
-  m.use(micro);
-  return m.cut_buffer(k, m.cut(k)[size_t(i)].first);
+  return m.cut_buffer(m.micro_batch(micro), k, m.cut(k)[size_t(i)].first);
 }
 
 Buf T5Step::cut_grad_input(int k, int i) { return impl_->cut_gradient(impl_->cut(k)[size_t(i)].first); }
