@@ -20,7 +20,7 @@ echo "programs: $BIN"
 # --- 1. a run the watchdog ends is recorded as failed, and every tool reads it so ---
 # One rank, held in the publish step (test hook) past --timeout-s: the watchdog records it.
 expect "a run held past --timeout-s: the watchdog ends it and records it" 1 "recorded the run as failed in $T/stuck.h5" -- \
-  env SHARDBENCH_TEST_PUBLISH_DELAY_S=8 timeout 60 $BIN/fsdp_perf "${TINY[@]}" --timeout-s 2 --out $T/stuck.h5
+  env SHARDBENCH_INJECT_FAULT=publish-delay=8 timeout 60 $BIN/fsdp_perf "${TINY[@]}" --timeout-s 2 --out $T/stuck.h5
 expect "failed record: shardbench_h5.py --status says failed" 0 "stuck.h5: failed$" -- \
   $PY $ROOT/analysis/shardbench_h5.py --status $T/stuck.h5
 expect "failed record: summarize lists it as failed" 0 "fsdp-full +t5-tiny +1 +2 +8 .* failed$" -- \
@@ -130,7 +130,7 @@ expect "collective_perf: unknown arguments in the order given" 2 "not expected: 
   $BIN/collective_perf --foo --bar
 # A SIGKILL of every rank while the result is written leaves its temporary; the next run to
 # the same --out removes it (its writer's lock is gone) and says so.
-SHARDBENCH_TEST_PUBLISH_DELAY_S=60 "${MPI2[@]}" -x SHARDBENCH_TEST_PUBLISH_DELAY_S $BIN/fsdp_perf "${TINY[@]}" \
+SHARDBENCH_INJECT_FAULT=publish-delay=60 "${MPI2[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/fsdp_perf "${TINY[@]}" \
   --out $T/killed.h5 >"$tmp/out" 2>&1 &
 launcher=$!
 for i in $(seq 150); do ls $T/killed.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.2; done
@@ -156,7 +156,7 @@ if [ -e $T/other.h5.elsewhere.4242.tmp ] && [ ! -e $T/other.h5.gone.4243.failed.
   ok "another host's recent temporary is kept, its hour-old one removed"
 else ls -la $T >"$tmp/out"; bad "another host's recent temporary is kept, its hour-old one removed"; fi
 # A live writer's temporary is never taken for stale: a run to the same --out leaves it.
-SHARDBENCH_TEST_PUBLISH_DELAY_S=4 $BIN/fsdp_perf "${TINY[@]}" --out $T/live.h5 >"$tmp/live" 2>&1 &
+SHARDBENCH_INJECT_FAULT=publish-delay=4 $BIN/fsdp_perf "${TINY[@]}" --out $T/live.h5 >"$tmp/live" 2>&1 &
 writer=$!
 for i in $(seq 150); do ls $T/live.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.2; done
 expect "a plan recorded to the same --out meanwhile (out-of-memory)" 3 "wrote $T/live.h5" -- \

@@ -133,9 +133,9 @@ pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/
 # Two runs with the same --out: both pass the start-up check, both hold their result under
 # a temporary of their own until publishing (delayed here so they overlap); exactly one
 # takes the name, the other exits 6 naming the suffixed file that keeps its result.
-MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S)
+MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_INJECT_FAULT)
 for w in 1 2; do
-  SHARDBENCH_TEST_PUBLISH_DELAY_S=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
+  SHARDBENCH_INJECT_FAULT=publish-delay=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
 done
 rc1=0 rc2=0
 wait %1 || rc1=$?
@@ -171,7 +171,7 @@ if mount -t tmpfs -o size=512k tmpfs $D 2>/dev/null; then
   # (Open MPI 4.1's OMPIO reports success for the refused writes: the read-back catches it.)
   expect "disk filling during the collective write: the cause, exit 1, nothing published" 1 \
     "(failed \(HDF5\)|does not read back).*: No space left on device: '$D/' has 0 bytes free" -- \
-    env SHARDBENCH_TEST_WRITE_DELAY_S=1 "${MPIRUN[@]}" -x SHARDBENCH_TEST_WRITE_DELAY_S $BIN/ddp_perf "${TINY[@]}" --out $D/y.h5
+    env SHARDBENCH_INJECT_FAULT=write-delay=1 "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/ddp_perf "${TINY[@]}" --out $D/y.h5
   wait $filler
   rm -f $D/filler
   if [ -n "$(ls -A $D)" ]; then ls -la $D >"$tmp/out"; bad "disk filled during the write: no file left"; else ok "disk filled during the write: no file left"; fi
@@ -181,7 +181,7 @@ else
 fi
 # SIGTERM (scancel, a time limit) while the result is being written: the temporary goes too.
 # The publish is held back (test hook) so that the signal arrives with the temporary open.
-SHARDBENCH_TEST_PUBLISH_DELAY_S=60 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_TEST_PUBLISH_DELAY_S \
+SHARDBENCH_INJECT_FAULT=publish-delay=60 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_INJECT_FAULT \
   $BIN/ddp_perf "${TINY[@]}" --out $T/term.h5 >"$tmp/out" 2>&1 &
 pid=$!
 for i in $(seq 600); do ls $T/term.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.1; done

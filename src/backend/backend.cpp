@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 #include "shardbench/backend/comm_staging.h"
 
 namespace sb {
@@ -143,7 +144,7 @@ Request Backend::collective(const CollectiveArgs& a, Comm&) {
 }
 
 // The training strategies' gradient reductions sum (a test-only fault averages instead).
-static ReduceOp gradient_op() { return injected_fault("wrong-reduction-scale") ? ReduceOp::Avg : ReduceOp::Sum; }
+static ReduceOp gradient_op() { return injected_fault(Fault::WrongReductionScale) ? ReduceOp::Avg : ReduceOp::Sum; }
 
 Request Backend::all_reduce(Buf buf, int64_t count, Comm& comm) {
   return collective({Collective::AllReduce, buf.ptr, buf.ptr, count, buf.dtype, gradient_op(), 0}, comm);

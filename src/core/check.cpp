@@ -12,7 +12,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <ctime>
 
 namespace sb {
@@ -162,11 +161,6 @@ int64_t h5_check(int64_t rc, const char* call, const char* file, int line) {
     fatal(std::string(call) + " failed (HDF5)" + (cause.empty() ? "" : ": " + cause), file, line);
   }
   return rc;
-}
-
-bool injected_fault(const char* fault) {
-  static const char* chosen = std::getenv("SHARDBENCH_INJECT_FAULT");
-  return chosen && std::strcmp(chosen, fault) == 0;
 }
 
 }  // namespace sb

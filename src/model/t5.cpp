@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 #include "shardbench/model/t5.h"
 
 namespace sb {
@@ -408,7 +409,7 @@ struct T5Step::Impl {
     b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
     b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
     b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
-    if (!injected_fault("tp-skip-attention-all-reduce")) tp_all_reduce(dxn, int64_t(B) * tq * d);
+    if (!injected_fault(Fault::TpSkipAttentionAllReduce)) tp_all_reduce(dxn, int64_t(B) * tq * d);
     release_all(tmp);
   }
 

@@ -26,6 +26,7 @@
 #include <utility>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 #include "shardbench/strategy/training_schedule.h"
 
 namespace sb {
@@ -170,7 +171,7 @@ class FSDP final : public TrainingSchedule {
     const int u = backward_unit(pos);
     if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < backward_end()) prefetch(backward_unit(pos + 1));
     if (unit_stages_[u].last_backward == pos) {
-      if (!(u == 1 && injected_fault("stale-prefetch"))) free_gathered(u);  // the fault: never re-gathered
+      if (!(u == 1 && injected_fault(Fault::StalePrefetch))) free_gathered(u);  // the fault: never re-gathered
       if (last_micro()) reduce_gradients(u);
     }
   }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 
 namespace sb {
 
@@ -113,7 +114,7 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     finish_gradients();
   }
   sum_shared_root();
-  if (injected_fault("drop-grad-shard") && mesh_.layout.rank == mesh_.layout.world - 1) {
+  if (injected_fault(Fault::DropGradShard) && mesh_.layout.rank == mesh_.layout.world - 1) {
     int64_t n = 0;
     const CBuf g = reduced_gradients(n);
     b_.fill(Buf(const_cast<void*>(g.ptr), g.dtype), 0.f, n / 4);

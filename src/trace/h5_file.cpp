@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 #include "shardbench/trace/h5.h"
 
 namespace sb {
@@ -177,10 +178,11 @@ ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t 
   H5_CHECK(H5Pset_coll_metadata_write(fapl, true));
   H5_CHECK(H5Pset_file_locking(fapl, false, true));  // the lock above is the one that counts
   file_ = H5_CHECK(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
-  // Test only: hold the temporary open before any table is written, so that a test can fill
-  // the disk after the space check passed (the other ranks wait in the first collective).
-  if (const char* delay = std::getenv("SHARDBENCH_TEST_WRITE_DELAY_S"))
-    if (rank == 0) sleep(unsigned(std::atoi(delay)));
+  // Test only (core/fault.h): hold the temporary open before any table is written, so that
+  // a test can fill the disk after the space check passed (the other ranks wait in the first
+  // collective).
+  if (const InjectedFault delay = injected_fault(Fault::WriteDelay))
+    if (rank == 0) sleep(delay.seconds);
 }
 
 ResultFile::~ResultFile() {
@@ -254,8 +256,8 @@ void ResultFile::write_rows(const std::string& name, const std::vector<Column>& 
 void ResultFile::commit() {
   int rank = 0;
   MPI_CHECK(MPI_Comm_rank(comm_, &rank));
-  if (const char* delay = std::getenv("SHARDBENCH_TEST_PUBLISH_DELAY_S"))  // test only: races, signals
-    if (rank == 0) sleep(unsigned(std::atoi(delay)));
+  if (const InjectedFault delay = injected_fault(Fault::PublishDelay))  // test only: races, signals
+    if (rank == 0) sleep(delay.seconds);
   H5_CHECK(H5Fclose(file_));
   file_ = -1;
   MPI_CHECK(MPI_Barrier(comm_));

@@ -71,13 +71,6 @@ std::string disk_space_cause();
 // Free bytes for an unprivileged writer on the filesystem holding `dir`; -1 if unknown.
 int64_t free_bytes(const std::string& dir);
 
-// Test-only fault injection: true when the environment variable SHARDBENCH_INJECT_FAULT
-// names `fault`. The tests use it to show that --check catches each fault:
-//   drop-grad-shard        the last rank loses a quarter of its reduced gradients
-//   wrong-reduction-scale  gradients are averaged instead of summed (scaled by 1/world)
-//   stale-prefetch         FSDP unit 1 keeps the parameters gathered in an earlier step
-bool injected_fault(const char* fault);
-
 }  // namespace sb
 
 #define SB_FATAL(msg) ::sb::fatal((msg), __FILE__, __LINE__)

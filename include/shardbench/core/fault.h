@@ -1,0 +1,56 @@
+// Test-only fault injection, in one home. The environment variable SHARDBENCH_INJECT_FAULT
+// names one fault of the list below, as NAME or, for a delay, NAME=SECONDS (mpirun passes it
+// to every rank with -x); the code asks injected_fault() at the one place each fault acts.
+// Nothing else in the programs reads a test-only variable. A name that is not in the list
+// ends the run (SB_FATAL) the first time any fault is asked for, so a misspelt fault cannot
+// let a test pass without having happened.
+//
+//   fault                          acts in                         what it does / the test that injects it
+//   drop-grad-shard                strategy/training_schedule.cpp  the last rank zeroes a quarter of its reduced
+//                                                                  gradients before Adam; --check fails at step 1
+//                                                                  (tests/mpi_tests.sh, "injected fault")
+//   wrong-reduction-scale          backend/backend.cpp             the strategies' gradient reductions average
+//                                                                  instead of summing (scaled by 1/ranks); --check
+//                                                                  fails at step 1 (tests/mpi_tests.sh)
+//   stale-prefetch                 strategy/fsdp.cpp               FSDP unit 1 keeps the parameters gathered in an
+//                                                                  earlier step; --check fails at step 2
+//                                                                  (tests/mpi_tests.sh)
+//   tp-skip-attention-all-reduce   model/t5.cpp                    the attention's input gradient is not summed over
+//                                                                  the tensor-parallel group; --check fails against
+//                                                                  the full model (tests/tp_tests.sh)
+//   write-delay=S                  trace/h5_file.cpp               rank 0 holds a new result's temporary open S
+//                                                                  seconds before any table is written, so a test
+//                                                                  can fill the disk mid-write (tests/mpi_tests.sh,
+//                                                                  "disk filling during the collective write")
+//   publish-delay=S                trace/h5_file.cpp               rank 0 waits S seconds before publishing a result,
+//                                                                  so that runs overlap, a signal or the watchdog
+//                                                                  finds the temporary open (tests/mpi_tests.sh,
+//                                                                  tests/bad_input_tests.sh)
+//
+// docs/reliability.md, "Injected faults", says what each shows.
+#pragma once
+#include <string>
+
+namespace sb {
+
+enum class Fault { DropGradShard, WrongReductionScale, StalePrefetch, TpSkipAttentionAllReduce, WriteDelay, PublishDelay };
+
+// Whether `f` is the injected fault, and for a delay its seconds.
+struct InjectedFault {
+  bool on = false;
+  unsigned seconds = 0;
+  explicit operator bool() const { return on; }
+};
+InjectedFault injected_fault(Fault f);
+
+// What SHARDBENCH_INJECT_FAULT's value `v` chooses (nothing for an empty value); throws
+// UsageError naming the faults for a value that is none of them. injected_fault() reads
+// the variable through it once.
+struct FaultChoice {
+  bool any = false;
+  Fault fault = Fault::DropGradShard;
+  unsigned seconds = 0;
+};
+FaultChoice parse_fault_choice(const std::string& v);
+
+}  // namespace sb
