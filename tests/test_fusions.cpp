@@ -118,7 +118,7 @@ StepResult run_step(Backend& b, const ModelSpec& spec, const StepShape& x, bool 
   StepResult r;
   T5Model m(b, spec, x, ckpt, t, 1.f, a);
   b.set_recorder(&r.count);
-  const auto& st = m.step->stages();
+  const auto& st = m.step->pieces();
   for (size_t i = 0; i < st.size(); ++i) m.step->forward(int(i), m.params[st[i].unit]);
   const auto& units = m.step->units();
   for (size_t u = 0; u < units.size(); ++u) b.fill(m.grads[u], 0.f, units[u].numel);

@@ -49,7 +49,7 @@ TEST(KernelBench, UnfusedAttentionIsTheStepsSequence) {
     {
       T5Model m(*b, spec, shape, false, t);
       b->set_recorder(&step_ops);
-      const auto& st = m.step->stages();
+      const auto& st = m.step->pieces();
       for (size_t i = 0; i < st.size(); ++i) {
         b->set_context(Phase::Forward, st[i].unit);
         m.step->forward(int(i), m.params[st[i].unit]);

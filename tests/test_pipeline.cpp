@@ -1,6 +1,6 @@
 // Pipeline parallelism: the action lists of GPipe and 1F1B (every micro-batch forward once,
 // then backward once; at most S − s in flight under 1F1B), and the split of the model's
-// stages over pipeline stages (balanced by cost, the first decoder stage when given, the
+// pieces over pipeline stages (balanced by cost, the first decoder stage when given, the
 // embedding, bridge and head with their blocks, the limits refused in one line).
 #include <gtest/gtest.h>
 
@@ -49,8 +49,8 @@ TEST(Pipeline, OneFOneBWarmsUpThenAlternates) {
       }
 }
 
-TEST(Pipeline, SplitBalancesBlocksAndPlacesTheRootStages) {
-  // 4 + 4 blocks of equal cost on 4 stages: 2 blocks each; model stages: 0 embedding,
+TEST(Pipeline, SplitBalancesBlocksAndPlacesTheRootPieces) {
+  // 4 + 4 blocks of equal cost on 4 stages: 2 blocks each; pieces: 0 embedding,
   // 1-4 encoder blocks, 5 bridge, 6-9 decoder blocks, 10 head.
   const std::vector<double> equal(8, 1.0);
   EXPECT_EQ(split_pipeline(equal, 4, 4).first, (std::vector<int>{0, 3, 5, 8, 11}));

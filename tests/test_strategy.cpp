@@ -130,7 +130,7 @@ TEST(Schedule, DdpBucketsCoverTheModelFirstBucketSmall) {
   EXPECT_GE(first, 1 << 20);
   EXPECT_LT(first, 4 << 20);
   for (size_t i = 1; i + 1 < s.rec.comm.size(); ++i) EXPECT_GE(s.rec.comm[i].bytes, 4 << 20);
-  // Buckets launch during backward, before the step's last stage (overlap), except the
+  // Buckets launch during backward, before the step's last piece (overlap), except the
   // one holding the root unit, which completes last.
   int during = 0;
   for (const auto& e : s.rec.comm) during += e.unit > 0;
@@ -282,7 +282,7 @@ TEST(Schedule, HybridAllReduceIsStreamOrderedAfterItsReduceScatter) {
 }
 
 // A collective names the unit it gathers or reduces: in backward every block is gathered
-// once and every unit reduced once, whatever stage issued the (prefetched) all-gather.
+// once and every unit reduced once, whatever piece issued the (prefetched) all-gather.
 TEST(Schedule, CollectivesNameTheirTargetUnit) {
   for (Prefetch p : {Prefetch::BackwardPre, Prefetch::BackwardPost, Prefetch::None}) {
     SCOPED_TRACE(prefetch_name(p));
@@ -306,13 +306,13 @@ TEST(Schedule, CollectivesNameTheirTargetUnit) {
     EXPECT_EQ(gathered_bwd, blocks);
     EXPECT_EQ(reduced, all);
   }
-  // Prefetched: the all-gather issued during a stage names the next unit, not the stage's.
+  // Prefetched: the all-gather issued during a piece names the next unit, not the piece's.
   Schedule s = run_schedule(fsdp(Sharding::Full), 4);
   int prefetched = 0;
   for (size_t i = 1; i < s.rec.all.size(); ++i) {
     const OpEvent& e = s.rec.all[i];
     if (e.kind != OpKind::AllGather || e.phase != Phase::Backward) continue;
-    for (size_t j = i; j-- > 0;)  // the stage issuing it: the unit of the latest compute op
+    for (size_t j = i; j-- > 0;)  // the piece issuing it: the unit of the latest compute op
       if (s.rec.all[j].kind == OpKind::Gemm) {
         prefetched += s.rec.all[j].unit != e.unit;
         break;

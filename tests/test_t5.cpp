@@ -21,19 +21,19 @@ namespace sb {
 namespace {
 
 
-// The shared fixture plus the stage loops these tests drive.
+// The shared fixture plus the loops over the pieces these tests drive.
 struct Harness : T5Model {
   using T5Model::T5Model;
 
   void forward() {
-    const auto& st = step->stages();
+    const auto& st = step->pieces();
     for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
   }
-  // Zeroes every unit's gradient (before its first backward stage), then runs backward.
+  // Zeroes every unit's gradient (before its first backward piece), then runs backward.
   void backward() {
     const auto& units = step->units();
     for (size_t u = 0; u < units.size(); ++u) b.fill(grads[u], 0.f, units[u].numel);
-    const auto& st = step->stages();
+    const auto& st = step->pieces();
     for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
   }
   double loss() { return step->loss_sum() * grad_scale; }  // the mean the gradient is of
@@ -55,24 +55,24 @@ double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& ref)
   return std::sqrt(d / std::max(n, 1e-300));
 }
 
-TEST(T5Step, StagesFollowTheHeader) {
+TEST(T5Step, PiecesFollowTheHeader) {
   auto b = make_counting_backend();
   const ModelSpec spec = model_preset("t5-tiny");
   T5Step step(spec, *b, DType::F32, tiny_shape(), false, 1.f);
-  const auto& st = step.stages();
+  const auto& st = step.pieces();
   const int L = int(spec.layers);
   ASSERT_EQ(int(st.size()), 2 * L + 3);
-  EXPECT_EQ(st[0].kind, Stage::EncoderEmbed);
-  EXPECT_EQ(st[L + 1].kind, Stage::Bridge);
-  EXPECT_EQ(st.back().kind, Stage::Head);
+  EXPECT_EQ(st[0].kind, Piece::EncoderEmbed);
+  EXPECT_EQ(st[L + 1].kind, Piece::Bridge);
+  EXPECT_EQ(st.back().kind, Piece::Head);
   for (int l = 0; l < L; ++l) {
-    EXPECT_EQ(st[1 + l].kind, Stage::EncoderBlock);
+    EXPECT_EQ(st[1 + l].kind, Piece::EncoderBlock);
     EXPECT_EQ(st[1 + l].unit, 1 + l);
-    EXPECT_EQ(st[L + 2 + l].kind, Stage::DecoderBlock);
+    EXPECT_EQ(st[L + 2 + l].kind, Piece::DecoderBlock);
     EXPECT_EQ(st[L + 2 + l].unit, 1 + L + l);
     EXPECT_EQ(st[L + 2 + l].layer, l);
   }
-  EXPECT_STREQ(stage_kind_name(Stage::Head), "head");
+  EXPECT_STREQ(piece_kind_name(Piece::Head), "head");
 }
 
 // Central differences on every tensor of every unit. The FD loss is the mean cross-entropy
@@ -295,11 +295,11 @@ TEST(T5Step, TensorParallelRankCountsItsShareAndItsAllReduces) {
     T5Step step(spec, *b, DType::F32, x, false, 1.f, AttentionImpl::Unfused, TensorGroup{tp, 1, comm.get()});
     std::vector<Buf> p;
     for (const UnitSpec& u : step.units()) p.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Parameters));
-    const int S = int(step.stages().size());
-    for (int i = 0; i < S; ++i) step.forward(i, p[step.stages()[i].unit]);
+    const int S = int(step.pieces().size());
+    for (int i = 0; i < S; ++i) step.forward(i, p[step.pieces()[i].unit]);
     EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x, tp), 1e-9 * forward_flops(spec, x, tp));
     EXPECT_EQ(count.all_reduces, 2 * spec.layers + 3 * spec.layers + 4);  // + 2 embeddings, max, sums
-    for (int i = S - 1; i >= 0; --i) step.backward(i, p[step.stages()[i].unit], p[step.stages()[i].unit]);
+    for (int i = S - 1; i >= 0; --i) step.backward(i, p[step.pieces()[i].unit], p[step.pieces()[i].unit]);
     EXPECT_NEAR(counted_gemm_flops(*b) * tp, model_flops_per_step(spec, x), 1e-9 * model_flops_per_step(spec, x));
     EXPECT_EQ(count.all_reduces, 2 * (5 * spec.layers) + 4 + 2);  // + the head's and the encoder output's
     for (const Buf& q : p) b->release(q.ptr);
@@ -366,7 +366,7 @@ TEST(T5Step, ActivationsAreReleasedAndCountingMatchesCpu) {
 // The gated block keeps the gate's two inputs (wi_0 and wi_1 outputs, [N, d_ff] each) for its
 // backward beside the gated output: two arrays more than ReLU's block per layer, and that
 // is all the plan adds (fp32 and bf16). Plan = what the CPU backend allocates, with and
-// without checkpointing (where the gate's arrays are per-stage workspace instead).
+// without checkpointing (where the gate's arrays are per-piece workspace instead).
 TEST(T5Step, GatedModelIsAccountedExactly) {
   const StepShape x{2, 7, 5};
   const int act = int(MemCategory::Activations);

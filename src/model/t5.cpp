@@ -1,17 +1,17 @@
-// The T5 training step (Hugging Face T5 semantics) as forward/backward stages, every
+// The T5 training step (Hugging Face T5 semantics) as forward/backward pieces, every
 // tensor touched through Backend calls only (the counting backend hands out fake pointers).
 //
-// Data flow between stages (N_e = B*T_e encoder tokens, N_d = B*T_d decoder tokens):
+// Data flow between pieces (N_e = B*T_e encoder tokens, N_d = B*T_d decoder tokens):
 //   forward:  enc_h[0] → encoder blocks → enc_h[L] → Bridge → enc_out (cross-attn K/V)
 //             dec_h[0] → decoder blocks → dec_h[L] → Head → losses, dlogits
 //   backward: d_dec [N_d,d] and d_enc [N_e,d] hold d(loss)/d(hidden) and are updated in
-//             place stage by stage; d_enc_out [N_e,d] sums every decoder block's cross-attn
+//             place piece by piece; d_enc_out [N_e,d] sums every decoder block's cross-attn
 //             K/V input gradient and is consumed by the Bridge backward.
 // Attention runs unfused (batched GEMMs around a softmax over a held [B, H, tq, tk]
 // tensor, the reference) or fused (Backend::attention_forward/backward, which read the
 // rel_bias table directly and save only each row's logsumexp); AttentionImpl picks.
-// Each stage owns what it allocates in forward (its output included) and frees it in its
-// backward; the output of stage s is read by stage s+1 in both directions, and s+1's
+// Each piece owns what it allocates in forward (its output included) and frees it in its
+// backward; the output of piece s is read by piece s+1 in both directions, and s+1's
 // backward runs before s's, so the ownership is safe.
 #include <cmath>
 #include <string>
@@ -31,13 +31,13 @@ AttentionImpl parse_attention_impl(const std::string& s) {
   throw UsageError("--attention '" + s + "' is not allowed (allowed: fused, unfused)");
 }
 
-const char* stage_kind_name(Stage::Kind k) {
+const char* piece_kind_name(Piece::Kind k) {
   switch (k) {
-    case Stage::EncoderEmbed: return "encoder_embed";
-    case Stage::EncoderBlock: return "encoder_block";
-    case Stage::Bridge: return "bridge";
-    case Stage::DecoderBlock: return "decoder_block";
-    case Stage::Head: return "head";
+    case Piece::EncoderEmbed: return "encoder_embed";
+    case Piece::EncoderBlock: return "encoder_block";
+    case Piece::Bridge: return "bridge";
+    case Piece::DecoderBlock: return "decoder_block";
+    case Piece::Head: return "head";
   }
   return "?";
 }
@@ -93,8 +93,8 @@ struct BlockState {
   Buf h;                     // [N, d_ff] after ReLU, or gelu_tanh(u) * v
 };
 
-// One micro-batch's tensors: its tokens and losses, and what its forward stages produce and
-// save (owned by the producing stage's saved list, freed by its backward).
+// One micro-batch's tensors: its tokens and losses, and what its forward pieces produce and
+// save (owned by the producing piece's saved list, freed by its backward).
 struct Micro {
   int* enc_ids = nullptr;         // [Ne] (EncoderEmbed); tensor-parallel: this rank's rows, -1 elsewhere
   int* dec_ids = nullptr;         // [Nd] (Bridge)
@@ -109,11 +109,11 @@ struct Micro {
   Buf head_hn;                    // [Nd, d] decoder output after its final norm
   float* head_rstd = nullptr;     // [Nd] (fp32)
   Buf logits;                     // [Nd, V]; holds dlogits after the Head forward
-  std::vector<std::vector<void*>> saved;  // per stage: what its forward allocated
-  std::vector<BlockState> block_state;    // per stage (blocks only)
-  std::vector<bool> forwarded;            // per stage: saved state is live
+  std::vector<std::vector<void*>> saved;  // per piece: what its forward allocated
+  std::vector<BlockState> block_state;    // per piece (blocks only)
+  std::vector<bool> forwarded;            // per piece: saved state is live
   std::vector<void*> received;            // what the previous pipeline stage sent (its first
-                                          // local stage's inputs), freed by that stage's backward
+                                          // local piece's inputs), freed by that piece's backward
 };
 
 }  // namespace
@@ -127,19 +127,19 @@ struct T5Step::Impl {
   float grad_scale;
   AttentionImpl attention;
   TensorGroup tp;
-  PipelinePart part;  // [part.first, part.last) of stages, part.micro_batches
+  PipelinePart part;  // [part.first, part.last) of pieces, part.micro_batches
   T5Step::GradReadyHook grad_ready;
   std::vector<UnitSpec> units;
-  std::vector<Stage> stages;
+  std::vector<Piece> pieces;
 
   // This rank's part under tensor parallelism: H heads, ff of d_ff, V vocabulary rows from
   // vocab_begin (the whole model for a group of one).
   int B, Te, Td, d, ff, H, dkv, inner, V, L, Ne, Nd;
   int vocab_begin = 0;
 
-  // Live across the step (Workspace, constructor to destructor), only where a local stage
+  // Live across the step (Workspace, constructor to destructor), only where a local piece
   // uses them. The gradient accumulators are shared by the micro-batches: a backward action
-  // runs a micro-batch's local stages through before the next action starts.
+  // runs a micro-batch's local pieces through before the next action starts.
   int* buckets[2] = {};        // per stack (0 encoder, 1 decoder): [T*T], fused [2T-1] by j-i
   Buf d_hidden[2];             // d_enc [Ne,d], d_dec [Nd,d]
   Buf d_enc_out;               // [Ne, d]
@@ -161,29 +161,29 @@ struct T5Step::Impl {
     vocab_begin = V * tp.rank;
     Ne = B * Te, Nd = B * Td;
 
-    stages.push_back({Stage::EncoderEmbed, 0, 0});
-    for (int l = 0; l < L; ++l) stages.push_back({Stage::EncoderBlock, 1 + l, l});
-    stages.push_back({Stage::Bridge, 0, 0});
-    for (int l = 0; l < L; ++l) stages.push_back({Stage::DecoderBlock, 1 + L + l, l});
-    stages.push_back({Stage::Head, 0, 0});
-    if (part.last < 0) part.last = int(stages.size());
-    SB_ASSERT(0 <= part.first && part.first < part.last && part.last <= int(stages.size()) &&
+    pieces.push_back({Piece::EncoderEmbed, 0, 0});
+    for (int l = 0; l < L; ++l) pieces.push_back({Piece::EncoderBlock, 1 + l, l});
+    pieces.push_back({Piece::Bridge, 0, 0});
+    for (int l = 0; l < L; ++l) pieces.push_back({Piece::DecoderBlock, 1 + L + l, l});
+    pieces.push_back({Piece::Head, 0, 0});
+    if (part.last < 0) part.last = int(pieces.size());
+    SB_ASSERT(0 <= part.first && part.first < part.last && part.last <= int(pieces.size()) &&
                   part.micro_batches >= 1, "bad pipeline part");
 
     const MemCategory ws = MemCategory::Workspace;
     micro.resize(size_t(part.micro_batches));
     for (Micro& m : micro) {
-      m.saved.resize(stages.size());
-      m.block_state.resize(stages.size());
-      m.forwarded.assign(stages.size(), false);
+      m.saved.resize(pieces.size());
+      m.block_state.resize(pieces.size());
+      m.forwarded.assign(pieces.size(), false);
       m.hidden[0].assign(L + 1, Buf());
       m.hidden[1].assign(L + 1, Buf());
-      if (runs(Stage::EncoderEmbed)) m.enc_ids = b.alloc_ints(Ne, ws);
-      if (runs(Stage::Bridge)) m.dec_ids = b.alloc_ints(Nd, ws);
-      if (runs(Stage::Head)) m.labels = b.alloc_ints(Nd, ws);
+      if (runs(Piece::EncoderEmbed)) m.enc_ids = b.alloc_ints(Ne, ws);
+      if (runs(Piece::Bridge)) m.dec_ids = b.alloc_ints(Nd, ws);
+      if (runs(Piece::Head)) m.labels = b.alloc_ints(Nd, ws);
     }
     for (int st = 0; st < 2; ++st) {
-      if (!runs(st == 0 ? Stage::EncoderBlock : Stage::DecoderBlock)) continue;
+      if (!runs(st == 0 ? Piece::EncoderBlock : Piece::DecoderBlock)) continue;
       const int T = seq(st);
       if (fused()) {  // the bucket of j - i, for j - i = -(T-1) .. T-1
         std::vector<int> rel(b.holds_data() ? size_t(2 * T - 1) : 0);
@@ -205,18 +205,18 @@ struct T5Step::Impl {
       }
       dbias[st] = b.alloc_buf(int64_t(H) * T * T, dtype, ws);
     }
-    if (runs(Stage::Head))
+    if (runs(Piece::Head))
       for (Micro& m : micro) m.losses = b.alloc_floats(Nd, ws);
-    if (runs(Stage::EncoderEmbed) || runs(Stage::EncoderBlock) || runs(Stage::Bridge))
+    if (runs(Piece::EncoderEmbed) || runs(Piece::EncoderBlock) || runs(Piece::Bridge))
       d_hidden[0] = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
-    if (runs(Stage::Bridge) || runs(Stage::DecoderBlock) || runs(Stage::Head))
+    if (runs(Piece::Bridge) || runs(Piece::DecoderBlock) || runs(Piece::Head))
       d_hidden[1] = b.alloc_buf(int64_t(Nd) * d, dtype, ws);
-    if (runs(Stage::Bridge) || runs(Stage::DecoderBlock)) d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
+    if (runs(Piece::Bridge) || runs(Piece::DecoderBlock)) d_enc_out = b.alloc_buf(int64_t(Ne) * d, dtype, ws);
   }
 
   ~Impl() {
     for (Micro& m : micro) {
-      for (size_t i = 0; i < stages.size(); ++i) release_saved(m, int(i));
+      for (size_t i = 0; i < pieces.size(); ++i) release_saved(m, int(i));
       release_all(m.received);
       for (void* p : {(void*)m.enc_ids, (void*)m.dec_ids, (void*)m.labels, (void*)m.losses}) b.release(p);
     }
@@ -224,13 +224,13 @@ struct T5Step::Impl {
     for (void* p : bufs) b.release(p);
   }
 
-  // Whether this pipeline stage runs a model stage of kind k.
-  bool runs(Stage::Kind k) const {
-    for (int si = part.first; si < part.last; ++si)
-      if (stages[size_t(si)].kind == k) return true;
+  // Whether this pipeline stage runs a piece of kind k.
+  bool runs(Piece::Kind k) const {
+    for (int pi = part.first; pi < part.last; ++pi)
+      if (pieces[size_t(pi)].kind == k) return true;
     return false;
   }
-  bool local(int si) const { return si >= part.first && si < part.last; }
+  bool local(int pi) const { return pi >= part.first && pi < part.last; }
   // Micro-batch m's tensors: every call that runs or feeds one takes it from here.
   Micro& micro_batch(int m) {
     SB_ASSERT(m >= 0 && m < part.micro_batches, "micro-batch " + std::to_string(m) + " out of range");
@@ -248,17 +248,17 @@ struct T5Step::Impl {
   AttentionShape attn_shape(int tq, int tk, bool causal) const {
     return AttentionShape{B, H, tq, tk, dkv, int(spec.num_buckets), causal};
   }
-  static int stack_of(const Stage& s) { return s.kind == Stage::DecoderBlock ? 1 : 0; }
+  static int stack_of(const Piece& s) { return s.kind == Piece::DecoderBlock ? 1 : 0; }
 
-  CBuf param(CBuf W, const Stage& s, const std::string& name) const {
+  CBuf param(CBuf W, const Piece& s, const std::string& name) const {
     return W + units[s.unit].tensor(name).offset;
   }
-  Buf grad(Buf G, const Stage& s, const std::string& name) const {
+  Buf grad(Buf G, const Piece& s, const std::string& name) const {
     return G + units[s.unit].tensor(name).offset;
   }
   // Tensor `name` of s's unit has its final gradient of this step (the last write to it was
   // just issued): the strategy's hook, as autograd's post-accumulate-grad hook.
-  void ready(const Stage& s, const std::string& name) const {
+  void ready(const Piece& s, const std::string& name) const {
     if (!grad_ready) return;
     const std::vector<TensorSpec>& t = units[s.unit].tensors;
     for (size_t i = 0; i < t.size(); ++i)
@@ -276,14 +276,14 @@ struct T5Step::Impl {
     owner.push_back(p);
     return p;
   }
-  Buf act(Micro& mb, int si, int64_t n) { return alloc(mb.saved[si], n, MemCategory::Activations); }
+  Buf act(Micro& mb, int pi, int64_t n) { return alloc(mb.saved[pi], n, MemCategory::Activations); }
   void release_all(std::vector<void*>& owner) {
     for (void* p : owner) b.release(p);
     owner.clear();
   }
-  void release_saved(Micro& mb, int si) {
-    release_all(mb.saved[si]);
-    mb.forwarded[si] = false;
+  void release_saved(Micro& mb, int pi) {
+    release_all(mb.saved[pi]);
+    mb.forwarded[pi] = false;
   }
 
   // ---------------------------------------------------------------- tensor parallelism
@@ -323,7 +323,7 @@ struct T5Step::Impl {
 
   // out += Attn(q from a.xn, k/v from xkv). T5 does not scale scores by 1/sqrt(d_kv).
   // xkv [B*tk, d]; bias_stack: the stack whose position bias applies, -1 for none; out [B*tq, d].
-  void attention_forward(const Micro& mb, CBuf W, const Stage& s, const std::string& p, AttnState& a,
+  void attention_forward(const Micro& mb, CBuf W, const Piece& s, const std::string& p, AttnState& a,
                          CBuf xkv, int tq, int tk, int bias_stack, bool causal,
                          Buf out) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
@@ -354,7 +354,7 @@ struct T5Step::Impl {
   // dxn is written first). With bias_stack >= 0, dbias[bias_stack] += d/d(bias).
   // Tensor-parallel: dxn is summed over the group here; a separate dxkv holds this rank's
   // part of its sum (d_enc_out, summed once in the Bridge backward).
-  void attention_backward(const Micro& mb, CBuf W, Buf G, const Stage& s, const std::string& p,
+  void attention_backward(const Micro& mb, CBuf W, Buf G, const Piece& s, const std::string& p,
                           const AttnState& a, CBuf xkv, int tq, int tk, CBuf dout,
                           Buf dxn, Buf dxkv, int bias_stack, bool causal) {
     const CBuf wq = param(W, s, p + ".q"), wk = param(W, s, p + ".k");
@@ -438,8 +438,8 @@ struct T5Step::Impl {
   // Pre-norm residual sub-layers: x1 = x + SelfAttn(ln1 x); [x2 = x1 + CrossAttn(ln2 x1,
   // enc_out)]; out = r + wo relu(wi ln_ff r), r the last residual stream (gated GELU:
   // out = r + wo (gelu_tanh(wi_0 ln_ff r) * wi_1 ln_ff r)).
-  void block_compute(const Micro& mb, int si, CBuf W, BlockState& st, Buf out) {
-    const Stage& s = stages[si];
+  void block_compute(const Micro& mb, int pi, CBuf W, BlockState& st, Buf out) {
+    const Piece& s = pieces[pi];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
     const CBuf x = mb.hidden[stack][s.layer];
     b.rmsnorm_forward_residual(st.self.xn, st.self.rstd, st.x1, x, param(W, s, "ln1"), N, d, kNormEps);
@@ -468,8 +468,8 @@ struct T5Step::Impl {
   // d_hidden[stack] holds d(out) on entry and d(x) on exit. The stack's accumulators
   // (dbias[stack], and d_enc_out in the decoder) start at zero in its last block's backward,
   // the first to add to them; a pipeline stage without that block receives them instead.
-  void block_backward(const Micro& mb, int si, CBuf W, Buf G, const BlockState& st) {
-    const Stage& s = stages[si];
+  void block_backward(const Micro& mb, int pi, CBuf W, Buf G, const BlockState& st) {
+    const Piece& s = pieces[pi];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
     const CBuf x = mb.hidden[stack][s.layer];
     const Buf dy = d_hidden[stack];  // [N, d], the residual stream's gradient
@@ -530,74 +530,74 @@ struct T5Step::Impl {
   // The stack's last block is on a later pipeline stage: its blocks there need the table.
   bool stack_continues(int stack) const { return (stack == 0 ? L : 2 * L + 1) >= part.last; }
 
-  void block_forward(Micro& mb, int si, CBuf W) {
-    const Stage& s = stages[si];
+  void block_forward(Micro& mb, int pi, CBuf W) {
+    const Piece& s = pieces[pi];
     const int stack = stack_of(s), T = seq(stack);
-    const Buf out = act(mb, si, int64_t(B) * T * d);  // [N, d], the next block's input
+    const Buf out = act(mb, pi, int64_t(B) * T * d);  // [N, d], the next block's input
     if (s.layer == 0 && fused()) {  // the stack's table, read by every block of the stack
-      mb.bias[stack] = act(mb, si, table_numel());
+      mb.bias[stack] = act(mb, pi, table_numel());
       b.copy(mb.bias[stack], param(W, s, "rel_bias"), table_numel());
       if (stack_continues(stack)) mb.table[stack] = mb.bias[stack];
     } else if (s.layer == 0) {  // the stack's position bias, reused by every block of the stack
-      mb.bias[stack] = act(mb, si, int64_t(H) * T * T);
+      mb.bias[stack] = act(mb, pi, int64_t(H) * T * T);
       b.position_bias_forward(mb.bias[stack], param(W, s, "rel_bias"), buckets[stack], H, T, T);
       if (stack_continues(stack)) {
-        mb.table[stack] = act(mb, si, table_numel());
+        mb.table[stack] = act(mb, pi, table_numel());
         b.copy(mb.table[stack], param(W, s, "rel_bias"), table_numel());
       }
-    } else if (!local(si - 1)) {  // a pipeline stage's first block: the table it was sent
+    } else if (!local(pi - 1)) {  // a pipeline stage's first block: the table it was sent
       if (fused()) {
         mb.bias[stack] = mb.table[stack];
       } else {
-        mb.bias[stack] = act(mb, si, int64_t(H) * T * T);
+        mb.bias[stack] = act(mb, pi, int64_t(H) * T * T);
         b.position_bias_forward(mb.bias[stack], mb.table[stack], buckets[stack], H, T, T);
       }
     }
-    if (checkpointing) {  // keep only the input (owned by the previous stage) and the output
+    if (checkpointing) {  // keep only the input (owned by the previous piece) and the output
       std::vector<void*> tmp;
       BlockState st = alloc_block(tmp, MemCategory::Workspace, stack);
-      block_compute(mb, si, W, st, out);
+      block_compute(mb, pi, W, st, out);
       release_all(tmp);
     } else {
-      mb.block_state[si] = alloc_block(mb.saved[si], MemCategory::Activations, stack);
-      block_compute(mb, si, W, mb.block_state[si], out);
+      mb.block_state[pi] = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
+      block_compute(mb, pi, W, mb.block_state[pi], out);
     }
     mb.hidden[stack][s.layer + 1] = out;
   }
 
-  void block_backward_stage(Micro& mb, int si, CBuf W, Buf G) {
-    const Stage& s = stages[si];
+  void block_backward_piece(Micro& mb, int pi, CBuf W, Buf G) {
+    const Piece& s = pieces[pi];
     const int stack = stack_of(s);
-    if (checkpointing) {  // recompute into the (identical) output still held by this stage
-      mb.block_state[si] = alloc_block(mb.saved[si], MemCategory::Activations, stack);
-      block_compute(mb, si, W, mb.block_state[si], mb.hidden[stack][s.layer + 1]);
+    if (checkpointing) {  // recompute into the (identical) output still held by this piece
+      mb.block_state[pi] = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
+      block_compute(mb, pi, W, mb.block_state[pi], mb.hidden[stack][s.layer + 1]);
     }
-    block_backward(mb, si, W, G, mb.block_state[si]);
+    block_backward(mb, pi, W, G, mb.block_state[pi]);
   }
 
-  // ---------------------------------------------------------------- root stages
-  void embed_forward(Micro& mb, int si, CBuf W) {
-    mb.hidden[0][0] = act(mb, si, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
-    b.embedding_forward(mb.hidden[0][0], param(W, stages[si], "shared"), mb.enc_ids, Ne, d);
+  // ---------------------------------------------------------------- root pieces
+  void embed_forward(Micro& mb, int pi, CBuf W) {
+    mb.hidden[0][0] = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
+    b.embedding_forward(mb.hidden[0][0], param(W, pieces[pi], "shared"), mb.enc_ids, Ne, d);
     tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
   }
-  void embed_backward(Micro& mb, int si, Buf G) {
-    b.embedding_backward(grad(G, stages[si], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
-    ready(stages[si], "shared");  // after the Head's and the Bridge's contributions
+  void embed_backward(Micro& mb, int pi, Buf G) {
+    b.embedding_backward(grad(G, pieces[pi], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
+    ready(pieces[pi], "shared");  // after the Head's and the Bridge's contributions
   }
 
-  void bridge_forward(Micro& mb, int si, CBuf W) {
-    const Stage& s = stages[si];
-    mb.enc_out = act(mb, si, int64_t(Ne) * d);  // [Ne, d] encoder final norm
-    mb.bridge_rstd = alloc_f32(mb.saved[si], Ne, MemCategory::Activations);
+  void bridge_forward(Micro& mb, int pi, CBuf W) {
+    const Piece& s = pieces[pi];
+    mb.enc_out = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] encoder final norm
+    mb.bridge_rstd = alloc_f32(mb.saved[pi], Ne, MemCategory::Activations);
     b.rmsnorm_forward(mb.enc_out, mb.bridge_rstd, mb.hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
                       kNormEps);
-    mb.hidden[1][0] = act(mb, si, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
+    mb.hidden[1][0] = act(mb, pi, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
     b.embedding_forward(mb.hidden[1][0], param(W, s, "shared"), mb.dec_ids, Nd, d);
     tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d);
   }
-  void bridge_backward(Micro& mb, int si, CBuf W, Buf G) {
-    const Stage& s = stages[si];
+  void bridge_backward(Micro& mb, int pi, CBuf W, Buf G) {
+    const Piece& s = pieces[pi];
     b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb.dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
     tp_all_reduce(d_enc_out, int64_t(Ne) * d);  // every decoder block's cross K/V part, summed once
@@ -608,12 +608,12 @@ struct T5Step::Impl {
 
   // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha;
   // untied: logits = hn lm_head^T (T5ForConditionalGeneration rescales only a tied head).
-  void head_forward(Micro& mb, int si, CBuf W) {
-    const Stage& s = stages[si];
+  void head_forward(Micro& mb, int pi, CBuf W) {
+    const Piece& s = pieces[pi];
     const float rescale = head_rescale();
-    mb.head_hn = act(mb, si, int64_t(Nd) * d);  // [Nd, d]
-    mb.head_rstd = alloc_f32(mb.saved[si], Nd, MemCategory::Activations);
-    mb.logits = act(mb, si, int64_t(Nd) * V);   // [Nd, V]
+    mb.head_hn = act(mb, pi, int64_t(Nd) * d);  // [Nd, d]
+    mb.head_rstd = alloc_f32(mb.saved[pi], Nd, MemCategory::Activations);
+    mb.logits = act(mb, pi, int64_t(Nd) * V);   // [Nd, V]
     b.rmsnorm_forward(mb.head_hn, mb.head_rstd, mb.hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
     b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, param(W, s, head_weight()), d, 0.f, mb.logits, V);
@@ -630,8 +630,8 @@ struct T5Step::Impl {
     b.cross_entropy_finish(mb.logits, mb.losses, row_max, sums, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
-  void head_backward(Micro& mb, int si, CBuf W, Buf G) {
-    const Stage& s = stages[si];
+  void head_backward(Micro& mb, int pi, CBuf W, Buf G) {
+    const Piece& s = pieces[pi];
     const float rescale = head_rescale();
     std::vector<void*> tmp;
     const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
@@ -648,48 +648,48 @@ struct T5Step::Impl {
   }
 
   // ---------------------------------------------------------------- dispatch
-  void forward(int si, CBuf W, int m) {
-    check_stage(si);
+  void forward(int pi, CBuf W, int m) {
+    check_piece(pi);
     Micro& mb = micro_batch(m);
-    release_saved(mb, si);  // a repeated forward replaces the earlier one
-    switch (stages[si].kind) {
-      case Stage::EncoderEmbed: embed_forward(mb, si, W); break;
-      case Stage::EncoderBlock:
-      case Stage::DecoderBlock: block_forward(mb, si, W); break;
-      case Stage::Bridge: bridge_forward(mb, si, W); break;
-      case Stage::Head: head_forward(mb, si, W); break;
+    release_saved(mb, pi);  // a repeated forward replaces the earlier one
+    switch (pieces[pi].kind) {
+      case Piece::EncoderEmbed: embed_forward(mb, pi, W); break;
+      case Piece::EncoderBlock:
+      case Piece::DecoderBlock: block_forward(mb, pi, W); break;
+      case Piece::Bridge: bridge_forward(mb, pi, W); break;
+      case Piece::Head: head_forward(mb, pi, W); break;
     }
-    mb.forwarded[si] = true;
+    mb.forwarded[pi] = true;
   }
 
-  void backward(int si, CBuf W, Buf G, int m) {
-    check_stage(si);
+  void backward(int pi, CBuf W, Buf G, int m) {
+    check_piece(pi);
     Micro& mb = micro_batch(m);
-    SB_ASSERT(mb.forwarded[si], std::string("backward of stage ") + std::to_string(si) +
+    SB_ASSERT(mb.forwarded[pi], std::string("backward of piece ") + std::to_string(pi) +
                                  " without its forward");
-    switch (stages[si].kind) {
-      case Stage::EncoderEmbed: embed_backward(mb, si, G); break;
-      case Stage::EncoderBlock:
-      case Stage::DecoderBlock: block_backward_stage(mb, si, W, G); break;
-      case Stage::Bridge: bridge_backward(mb, si, W, G); break;
-      case Stage::Head: head_backward(mb, si, W, G); break;
+    switch (pieces[pi].kind) {
+      case Piece::EncoderEmbed: embed_backward(mb, pi, G); break;
+      case Piece::EncoderBlock:
+      case Piece::DecoderBlock: block_backward_piece(mb, pi, W, G); break;
+      case Piece::Bridge: bridge_backward(mb, pi, W, G); break;
+      case Piece::Head: head_backward(mb, pi, W, G); break;
     }
-    release_saved(mb, si);
-    if (si == part.first) release_all(mb.received);  // its inputs from the previous pipeline stage
+    release_saved(mb, pi);
+    if (pi == part.first) release_all(mb.received);  // its inputs from the previous pipeline stage
   }
 
-  void check_stage(int si) const {
-    SB_ASSERT(local(si), "stage " + std::to_string(si) + " is not run here (stages " + std::to_string(part.first) +
+  void check_piece(int pi) const {
+    SB_ASSERT(local(pi), "piece " + std::to_string(pi) + " is not run here (pieces " + std::to_string(part.first) +
                              " to " + std::to_string(part.last - 1) + ")");
   }
 
   // ---------------------------------------------------------------- pipeline cuts
-  // The cut before stage k: encoder region k = 1 .. L + 1 (before encoder block k - 1, or
+  // The cut before piece k: encoder region k = 1 .. L + 1 (before encoder block k - 1, or
   // the bridge), decoder region k = L + 2 .. 2L + 2 (before decoder block k - L - 2, or the
   // head). Each tensor: its buffer in the micro-batch's state, and its gradient.
   enum class CutKind { EncoderHidden, EncoderTable, DecoderHidden, EncoderOutput, DecoderTable };
   std::vector<std::pair<CutKind, T5Step::CutTensor>> cut(int k) const {
-    SB_ASSERT(k >= 1 && k < int(stages.size()), "no cut before stage " + std::to_string(k));
+    SB_ASSERT(k >= 1 && k < int(pieces.size()), "no cut before piece " + std::to_string(k));
     std::vector<std::pair<CutKind, T5Step::CutTensor>> c;
     const int64_t enc = int64_t(Ne) * d, dec = int64_t(Nd) * d;
     if (k <= L + 1) {
@@ -737,11 +737,11 @@ const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const TensorGroup& T5Step::tensor_group() const { return impl_->tp; }
 const PipelinePart& T5Step::part() const { return impl_->part; }
 bool T5Step::holds_unit(int unit) const {
-  for (int si = impl_->part.first; si < impl_->part.last; ++si)
-    if (impl_->stages[size_t(si)].unit == unit) return true;
+  for (int pi = impl_->part.first; pi < impl_->part.last; ++pi)
+    if (impl_->pieces[size_t(pi)].unit == unit) return true;
   return false;
 }
-const std::vector<Stage>& T5Step::stages() const { return impl_->stages; }
+const std::vector<Piece>& T5Step::pieces() const { return impl_->pieces; }
 DType T5Step::dtype() const { return impl_->dtype; }
 AttentionImpl T5Step::attention() const { return impl_->attention; }
 void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
@@ -758,7 +758,7 @@ void T5Step::set_tokens(const Tokens& t, int micro) {
     for (int id : *ids)
       SB_ASSERT(id >= 0 && id < m.spec.vocab, "token id " + std::to_string(id) + " out of vocabulary");
   // Tensor-parallel: ids as rows of this rank's vocabulary slice, -1 where another rank's.
-  // Each stage takes the ids it uses: the encoder's, the decoder's, the labels.
+  // Each piece takes the ids it uses: the encoder's, the decoder's, the labels.
   auto upload = [&](int* dst, const std::vector<int>& ids) {
     if (!dst) return;
     std::vector<int> out(ids);
@@ -770,12 +770,12 @@ void T5Step::set_tokens(const Tokens& t, int micro) {
   upload(mb.labels, t.labels);
 }
 
-void T5Step::forward(int stage, CBuf params, int micro) { impl_->forward(stage, params, micro); }
-void T5Step::backward(int stage, CBuf params, Buf grads, int micro) { impl_->backward(stage, params, grads, micro); }
+void T5Step::forward(int piece, CBuf params, int micro) { impl_->forward(piece, params, micro); }
+void T5Step::backward(int piece, CBuf params, Buf grads, int micro) { impl_->backward(piece, params, grads, micro); }
 
 double T5Step::loss_sum() {
   Impl& m = *impl_;
-  if (!m.b.holds_data() || !m.runs(Stage::Head)) return 0;  // the plan; a stage without the head
+  if (!m.b.holds_data() || !m.runs(Piece::Head)) return 0;  // the plan; a piece without the head
   double sum = 0;
   std::vector<float> host(m.Nd);
   for (const Micro& mb : m.micro) {

@@ -65,16 +65,16 @@ std::set<Shape> step_gemms(sb::ModelSpec spec, const sb::StepShape& shape) {
   auto counting = sb::make_counting_backend();
   sb::T5Step step(spec, *counting, sb::DType::F32, shape, false, 1.0f);
   Collect rec(step.units());
-  const int n = int(step.stages().size());
+  const int n = int(step.pieces().size());
   float* params = counting->alloc_floats(1, sb::MemCategory::Parameters);  // never read
   step.set_tokens(sb::make_tokens(1, 1, 0, shape, spec.vocab));
   for (int s = 0; s < n; ++s) {
-    counting->set_context(sb::Phase::Forward, step.stages()[s].unit);
+    counting->set_context(sb::Phase::Forward, step.pieces()[s].unit);
     counting->set_recorder(&rec);
     step.forward(s, params);
   }
   for (int s = n - 1; s >= 0; --s) {
-    counting->set_context(sb::Phase::Backward, step.stages()[s].unit);
+    counting->set_context(sb::Phase::Backward, step.pieces()[s].unit);
     step.backward(s, params, params);
   }
   counting->set_recorder(nullptr);

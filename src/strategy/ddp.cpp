@@ -129,7 +129,7 @@ class DDP final : public TrainingSchedule {
   }
 
   void finish_gradients() override {
-    // Tensors no local stage produced a gradient for (a pipeline stage's part of the root
+    // Tensors no local piece produced a gradient for (a pipeline stage's part of the root
     // unit: the final norms of another stage) are ready, as zeros, now: as PyTorch's
     // find_unused_parameters marks them at the end of backward.
     for (size_t i = next_bucket_; i < buckets_.size(); ++i) launch(buckets_[i]);

@@ -15,9 +15,9 @@
 // compute wait for the previous unit's reduce-scatter before issuing the next and frees the
 // previous unsharded gradient then. Either way, hybrid's all-reduce across replicas is
 // issued right after its reduce-scatter, ordered after it on the communication streams.
-// A collective is tagged with the unit it gathers or reduces, not the stage issuing it.
+// A collective is tagged with the unit it gathers or reduces, not the piece issuing it.
 // The root unit (embeddings, final norms) is not freed after forward: it is used again
-// right away by the first backward stage.
+// right away by the first backward piece.
 // Mixed precision (param_dtype P, reduce_dtype R), as FSDP2's MixedPrecisionPolicy: each
 // rank casts its fp32 shard into its slice of the P gather buffer and all-gathers in place;
 // backward writes P gradients, cast to R (when R differs) before the reduce-scatter; Adam
@@ -148,7 +148,7 @@ class FSDP final : public TrainingSchedule {
   }
   void after_forward(int pos) override {
     const int u = forward_unit(pos);
-    if (sharded() && unit_stages_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
+    if (sharded() && unit_pieces_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
   }
 
   // ---- gradients ----
@@ -158,7 +158,7 @@ class FSDP final : public TrainingSchedule {
   // zeroed before the first one's backward and reduced after the last one's.
   void before_backward(int pos) override {
     const int u = backward_unit(pos);
-    if (unit_stages_[u].first_backward == pos && first_micro()) {
+    if (unit_pieces_[u].first_backward == pos && first_micro()) {
       if (separate_grad())
         full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
       b_.fill(grads_for(u), 0.f, shards_[u].padded);
@@ -170,7 +170,7 @@ class FSDP final : public TrainingSchedule {
   void after_backward(int pos) override {
     const int u = backward_unit(pos);
     if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < backward_end()) prefetch(backward_unit(pos + 1));
-    if (unit_stages_[u].last_backward == pos) {
+    if (unit_pieces_[u].last_backward == pos) {
       if (!(u == 1 && injected_fault(Fault::StalePrefetch))) free_gathered(u);  // the fault: never re-gathered
       if (last_micro()) reduce_gradients(u);
     }

@@ -49,10 +49,10 @@ int micro_batches_in_flight(PipeSchedule schedule, int stages, int stage, int mi
   return most;
 }
 
-int PipelineSplit::stage_of(int model_stage) const {
+int PipelineSplit::stage_of(int piece) const {
   for (size_t s = 0; s + 1 < first.size(); ++s)
-    if (model_stage < first[s + 1]) return int(s);
-  SB_FATAL("model stage " + std::to_string(model_stage) + " outside the pipeline");
+    if (piece < first[s + 1]) return int(s);
+  SB_FATAL("piece " + std::to_string(piece) + " outside the pipeline");
 }
 
 namespace {
@@ -102,9 +102,9 @@ PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, 
     const std::vector<int> dec = balanced_cuts(block_cost, layers, blocks, stages - k);
     starts.insert(starts.end(), dec.begin(), dec.end());
   }
-  // Blocks to model stages: encoder block i is model stage 1 + i, the bridge is 1 + L,
-  // decoder block i is 2 + L + i; the embedding (0) joins encoder block 0's stage, the bridge
-  // decoder block 0's stage.
+  // Blocks to pieces: encoder block i is piece 1 + i, the bridge is 1 + L, decoder block i
+  // is 2 + L + i; the embedding (0) joins encoder block 0's stage, the bridge decoder block
+  // 0's stage.
   PipelineSplit p;
   for (int s = 0; s < stages; ++s) {
     const int b = starts[size_t(s)];

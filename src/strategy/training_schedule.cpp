@@ -47,25 +47,25 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
       model_(spec, b, cfg.param_dtype, micro_shape(shape, cfg.micro_batches), cfg.checkpointing,
              grad_scale(shape, mesh.layout.dp()) * cfg.loss_scale, cfg.attention, tensor_group(mesh), part_),
       units_(model_.units()),
-      unit_stages_(units_.size()),
+      unit_pieces_(units_.size()),
       pipeline_(b, mesh, model_, split, cfg.micro_batches),
       base_grad_scale_(grad_scale(shape, mesh.layout.dp())),
       scale_(cfg.loss_scale) {
   for (size_t u = 0; u < units_.size(); ++u)
     if (!model_.holds_unit(int(u))) units_[u] = UnitSpec{units_[u].kind, units_[u].layer, units_[u].name, {}, 0};
   for (int pos = forward_begin(); pos < forward_end(); ++pos) {
-    UnitStages& f = unit_stages_[forward_unit(pos)];
+    UnitPieces& f = unit_pieces_[forward_unit(pos)];
     if (f.first_forward < 0) f.first_forward = pos;
     f.last_forward = pos;
   }
   for (int pos = backward_begin(); pos < backward_end(); ++pos) {
-    UnitStages& r = unit_stages_[backward_unit(pos)];
+    UnitPieces& r = unit_pieces_[backward_unit(pos)];
     if (r.first_backward < 0) r.first_backward = pos;
     r.last_backward = pos;
   }
 }
 
-// A forward action: the stage's inputs, its model stages' forward, its outputs on.
+// A forward action: the stage's inputs, its pieces' forward, its outputs on.
 void TrainingSchedule::forward_micro(int m) {
   pipeline_.receive_inputs(m);
   for (int pos = forward_begin(); pos < forward_end(); ++pos) {
@@ -78,7 +78,7 @@ void TrainingSchedule::forward_micro(int m) {
   pipeline_.send_outputs(m);
 }
 
-// A backward action: the outputs' gradients, the model stages' backward in reverse, the
+// A backward action: the outputs' gradients, the pieces' backward in reverse, the
 // inputs' gradients back.
 void TrainingSchedule::backward_micro(int m) {
   pipeline_.receive_output_grads(m);
@@ -86,7 +86,7 @@ void TrainingSchedule::backward_micro(int m) {
     const int u = backward_unit(pos);
     ScopedContext ctx(b_, Phase::Backward, u);
     before_backward(pos);
-    model_.backward(backward_stage(pos), params_for(u), grads_for(u), m);
+    model_.backward(backward_piece(pos), params_for(u), grads_for(u), m);
     after_backward(pos);
   }
   pipeline_.send_input_grads(m);

@@ -118,14 +118,14 @@ struct StepCheck::Reference {
 namespace {
 
 // A data-parallel rank's step as the run computes it: each micro-batch's forward then
-// backward, the gradients accumulated over them in order (grads[k] = unit k's); a stage of
-// the root unit adds into its pipeline stage's part (root_part[stage] >= 0) when there are
+// backward, the gradients accumulated over them in order (grads[k] = unit k's); a piece of
+// the root unit adds into its pipeline stage's part (root_part[piece] >= 0) when there are
 // several. Returns the loss summed over the micro-batches.
 double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int micro_batches,
                         const std::vector<int>& root_part) {
-  const auto& stages = model.step->stages();
+  const auto& pieces = model.step->pieces();
   const auto& units = model.step->units();
-  const int S = int(stages.size());
+  const int S = int(pieces.size());
   for (size_t k = 0; k < units.size(); ++k) b.fill(model.grads[k], 0.f, units[k].numel);
   for (const Buf& g : model.root_parts) b.fill(g, 0.f, units[0].numel);
   double loss = 0;
@@ -136,11 +136,11 @@ double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int m
     };
     model.step->set_tokens(micro_batches == 1 ? tokens : Tokens{slice(tokens.enc_ids), slice(tokens.dec_ids),
                                                                slice(tokens.labels)});
-    for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[stages[pos].unit]);
+    for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[pieces[pos].unit]);
     for (int pos = 0; pos < S; ++pos) {
-      const int si = S - 1 - pos, k = stages[si].unit;
-      const bool part = !model.root_parts.empty() && root_part[size_t(si)] >= 0;
-      model.step->backward(si, model.params[k], part ? model.root_parts[size_t(root_part[size_t(si)])] : model.grads[k]);
+      const int pi = S - 1 - pos, k = pieces[pi].unit;
+      const bool part = !model.root_parts.empty() && root_part[size_t(pi)] >= 0;
+      model.step->backward(pi, model.params[k], part ? model.root_parts[size_t(root_part[size_t(pi)])] : model.grads[k]);
     }
     loss += model.step->loss_sum();
   }
@@ -186,16 +186,16 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   u_ = u;
   eta1_ = half_smallest_subnormal(R);
   full_units_ = model_units(cfg.model);
-  // Pipeline: the stages of the root unit, by the pipeline stage that runs them (each such
+  // Pipeline: the pieces of the root unit, by the pipeline stage that runs them (each such
   // stage reduces its own part of the root's gradient; the parts are then summed).
   const PipelineSplit& split = cfg.split;
-  const auto& stages = run.model().stages();
-  root_part_.assign(stages.size(), -1);
-  for (size_t si = 0, last = size_t(-1); si < stages.size(); ++si)
-    if (stages[si].unit == 0) {
-      const size_t s = size_t(split.stage_of(int(si)));
+  const auto& pieces = run.model().pieces();
+  root_part_.assign(pieces.size(), -1);
+  for (size_t pi = 0, last = size_t(-1); pi < pieces.size(); ++pi)
+    if (pieces[pi].unit == 0) {
+      const size_t s = size_t(split.stage_of(int(pi)));
       if (s != last) ++root_parts_, last = s;
-      root_part_[si] = root_parts_ - 1;
+      root_part_[pi] = root_parts_ - 1;
     }
   for (int t = 0; t < layout_.tp; ++t) split_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
   tp_mpi_ = mesh.mpi(Axis::Tensor);

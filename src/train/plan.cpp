@@ -37,8 +37,8 @@ class PeakRecorder : public Recorder {
 }  // namespace
 
 namespace {
-// "encoder embedding", "encoder block 3", "bridge", "decoder block 0", "head" in stage order.
-std::vector<std::string> stage_names(const RunConfig& cfg) {
+// "encoder embedding", "encoder block 3", "bridge", "decoder block 0", "head": the pieces in order.
+std::vector<std::string> piece_names(const RunConfig& cfg) {
   std::vector<std::string> n = {"encoder embedding"};
   for (int l = 0; l < cfg.model.layers; ++l) n.push_back("encoder block " + std::to_string(l));
   n.push_back("bridge");
@@ -56,8 +56,8 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
   {
     auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape, cfg.split);
     const T5Step& model = strategy->model();
-    p.first_stage = model.part().first;
-    p.last_stage = model.part().last;
+    p.first_piece = model.part().first;
+    p.last_piece = model.part().last;
     for (size_t u = 0; u < model.units().size(); ++u)
       if (model.holds_unit(int(u))) p.params += model.units()[u].numel;
     const double before = counted_gemm_flops(*backend);
@@ -136,14 +136,14 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                 model, hw, issued);
   o << line;
   if (plan.stages.size() > 1) {
-    const auto& names = stage_names(cfg);
+    const auto& names = piece_names(cfg);
     std::snprintf(line, sizeof line, "pipeline: %d stages, %d micro-batches, %s (the peak above: stage %d)\n",
                   int(plan.stages.size()), sc.micro_batches, pipe_schedule_name(sc.pp_schedule), plan.worst_stage);
     o << line;
     for (size_t s = 0; s < plan.stages.size(); ++s) {
       const StagePlan& st = plan.stages[s];
       std::snprintf(line, sizeof line, "  stage %zu: %s .. %s, %s parameters, peak %s, GEMM FLOPs %.4g\n", s,
-                    names[size_t(st.first_stage)].c_str(), names[size_t(st.last_stage - 1)].c_str(),
+                    names[size_t(st.first_piece)].c_str(), names[size_t(st.last_piece - 1)].c_str(),
                     with_commas(st.params).c_str(), human_bytes(double(st.peak_total)).c_str(), st.counted_flops);
       o << line;
     }
@@ -219,8 +219,9 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
                  pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StagePlan& st = p.stages[s];
+      // first_stage / last_stage: the stage's pieces [first, last) (the schema's names, kept).
       std::fprintf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
-                   "\"params\": %lld, \"ops\": [\n", st.first_stage, st.last_stage,
+                   "\"params\": %lld, \"ops\": [\n", st.first_piece, st.last_piece,
                    p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
       ops(st, int(s), "      ");
       std::fprintf(f, "    ]}%s\n", s + 1 < p.stages.size() ? "," : "");

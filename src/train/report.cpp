@@ -207,18 +207,18 @@ std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
     a.push_back(Attr::integer(std::string("peak_") + mem_category_name(MemCategory(c)), p.peak[c]));
     a.push_back(Attr::integer(std::string("at_peak_") + mem_category_name(MemCategory(c)), p.at_peak[c]));
   }
-  // Each pipeline stage (one without --pp), as comma-separated lists: its first model stage
+  // Each pipeline stage (one without --pp), as comma-separated lists: its first piece
   // (then the total), planned peak, GEMM FLOPs and parameters.
   std::string first, peaks, flops, params;
   char num[64];
   for (const StagePlan& st : p.stages) {
-    first += std::to_string(st.first_stage) + ",";
+    first += std::to_string(st.first_piece) + ",";
     peaks += std::to_string(st.peak_total) + ",";
     std::snprintf(num, sizeof num, "%.17g,", st.counted_flops);
     flops += num;
     params += std::to_string(st.params) + ",";
   }
-  first += std::to_string(p.stages.back().last_stage);
+  first += std::to_string(p.stages.back().last_piece);
   for (std::string* l : {&peaks, &flops, &params}) l->pop_back();
   a.push_back(Attr::integer("pp_size", p.layout.pp));
   a.push_back(Attr::str("stage_first", first));

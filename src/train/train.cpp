@@ -124,7 +124,7 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events, DType dtype)
   return flops / t;
 }
 
-// One run of ddp_perf or fsdp_perf; each stage of the protocol is one method.
+// One run of ddp_perf or fsdp_perf; each part of the protocol is one method.
 class TrainingRun {
  public:
   TrainingRun(const RunConfig& cfg, int rank, int world)

@@ -820,7 +820,7 @@ struct Model : T5Model {
   using T5Model::T5Model;
 
   double forward_backward() {
-    const auto& st = step->stages();
+    const auto& st = step->pieces();
     for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
     const double loss = step->loss_sum() * grad_scale;
     for (size_t u = 0; u < grads.size(); ++u) b.fill(grads[u], 0.f, step->units()[u].numel);

@@ -59,7 +59,7 @@ enum class MemCategory : int {
   OptimizerState,  // Adam moments
   Activations,     // saved for backward
   CommBuffers,     // gathered units, unsharded gradients before reduction
-  Workspace,       // temporaries of one operation or stage, inputs
+  Workspace,       // temporaries of one operation or model piece, inputs
   kCount
 };
 constexpr int kMemCategories = int(MemCategory::kCount);

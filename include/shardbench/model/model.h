@@ -127,8 +127,8 @@ void validate(const ModelSpec& spec, const StepShape& shape = StepShape{}, int64
               const char* micro_flag = "--micro-batches");
 
 // Matmul FLOPs (2·m·n·k each) of one forward pass, attention scores/context and LM head
-// included (the gated feed-forward has three GEMMs, ReLU's two). Per stage kind so the
-// schedule and the tests can check each stage. With `tp`, one rank's share of a
+// included (the gated feed-forward has three GEMMs, ReLU's two). Per piece kind so the
+// schedule and the tests can check each piece. With `tp`, one rank's share of a
 // tensor-parallel group of tp: every matmul is split (heads, d_ff or vocabulary), so each
 // rank runs 1/tp of the FLOPs; nothing replicated is a matmul.
 double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x, int tp = 1);

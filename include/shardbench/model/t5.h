@@ -1,9 +1,10 @@
-// The T5 training step as a sequence of stages, each the forward or backward of one piece
-// of one FSDP unit, expressed through Backend calls only. A strategy drives the stages and
-// decides where each unit's parameters come from (a gathered buffer, a replica) and where
-// its gradients go; the model never knows which.
+// The T5 training step as a sequence of pieces (the model's own division of the step; a
+// pipeline *stage* is a group of ranks that runs consecutive pieces), each belonging to one
+// FSDP unit and run forward or backward through Backend calls only. A strategy drives the
+// pieces and decides where each unit's parameters come from (a gathered buffer, a replica)
+// and where its gradients go; the model never knows which.
 //
-// Forward order (stages()):          unit
+// Forward order (pieces()):          unit
 //   EncoderEmbed   shared[enc_ids]          root
 //   EncoderBlock × L                         encoder.l
 //   Bridge         encoder final norm;       root
@@ -13,7 +14,7 @@
 //   Head           decoder final norm,       root
 //                  LM head (tied: shared after × d_model^-0.5;
 //                  untied: lm_head), softmax cross-entropy
-// Backward runs the same stages in reverse. The root unit appears three times; its
+// Backward runs the same pieces in reverse. The root unit appears three times; its
 // gradients are complete after the backward of EncoderEmbed (the last one).
 #pragma once
 #include <cstdint>
@@ -33,12 +34,12 @@ enum class AttentionImpl { Unfused, Fused };
 const char* attention_impl_name(AttentionImpl a);          // "unfused", "fused"
 AttentionImpl parse_attention_impl(const std::string& s);  // throws UsageError
 
-struct Stage {
+struct Piece {
   enum Kind { EncoderEmbed, EncoderBlock, Bridge, DecoderBlock, Head } kind;
   int unit;   // index into model_units()
-  int layer;  // block index within its stack, 0 for root stages
+  int layer;  // block index within its stack, 0 for root pieces
 };
-const char* stage_kind_name(Stage::Kind k);
+const char* piece_kind_name(Piece::Kind k);
 
 // One rank's tokens for one step: [batch * len] each, row-major by sequence.
 struct Tokens {
@@ -68,7 +69,7 @@ struct TensorGroup {
 };
 
 // The part of the step a pipeline stage runs (docs/architecture.md, "The pipeline axis"):
-// stages [first, last) in forward order (last -1: to the end), for each of `micro_batches`
+// pieces [first, last) in forward order (last -1: to the end), for each of `micro_batches`
 // micro-batches of the step shape. Each micro-batch has its own tokens, losses and saved
 // activations; the gradients of every micro-batch accumulate into the same buffers.
 struct PipelinePart {
@@ -94,8 +95,8 @@ class T5Step {
   const std::vector<UnitSpec>& units() const;  // this rank's part of each unit
   const TensorGroup& tensor_group() const;
   const PipelinePart& part() const;
-  bool holds_unit(int unit) const;  // a stage of this part belongs to the unit
-  const std::vector<Stage>& stages() const;  // forward order
+  bool holds_unit(int unit) const;  // a piece of this part belongs to the unit
+  const std::vector<Piece>& pieces() const;  // forward order
   DType dtype() const;
   AttentionImpl attention() const;
 
@@ -105,10 +106,10 @@ class T5Step {
   // `params` points at the unit's full flat parameter (layout: units()[unit].tensors).
   // Saves what backward needs (category Activations); with checkpointing a block saves
   // only its input and recomputes the rest in backward.
-  void forward(int stage, CBuf params, int micro = 0);
+  void forward(int piece, CBuf params, int micro = 0);
   // Accumulates (+=) into `grads`, the unit's full flat gradient, which the caller zeroes
-  // before the unit's first backward stage. Frees the stage's saved activations.
-  void backward(int stage, CBuf params, Buf grads, int micro = 0);
+  // before the unit's first backward piece. Frees the piece's saved activations.
+  void backward(int piece, CBuf params, Buf grads, int micro = 0);
 
   // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
   void set_grad_scale(float grad_scale);
@@ -124,9 +125,9 @@ class T5Step {
   // without the Head.
   double loss_sum();
 
-  // ---- pipeline cuts: what crosses from stage k - 1 to stage k (0 < k < stages) ----
-  // The tensors the earlier side sends forward after its last stage's forward, each with
-  // the size of the gradient the later side sends back after its first stage's backward:
+  // ---- pipeline cuts: what crosses from piece k - 1 to piece k (0 < k < pieces) ----
+  // The tensors the earlier side sends forward after its last piece's forward, each with
+  // the size of the gradient the later side sends back after its first piece's backward:
   // the hidden state; after the bridge also the encoder output (the cross-attention's keys
   // and values of every later decoder block); inside a stack the stack's position-bias
   // table (its gradient: what the later blocks added to the stack's accumulated d(bias)).
@@ -135,10 +136,10 @@ class T5Step {
     int64_t numel, grad_numel;
   };
   std::vector<CutTensor> cut(int k) const;
-  Buf cut_input(int k, int micro, int i);    // later side, before stage k's forward: receive tensor i here
-  CBuf cut_output(int k, int micro, int i);  // earlier side, after stage k - 1's forward: send this
-  Buf cut_grad_input(int k, int i);          // earlier side, before stage k - 1's backward: receive its gradient here
-  CBuf cut_grad_output(int k, int i) const;  // later side, after stage k's backward: send this gradient
+  Buf cut_input(int k, int micro, int i);    // later side, before piece k's forward: receive tensor i here
+  CBuf cut_output(int k, int micro, int i);  // earlier side, after piece k - 1's forward: send this
+  Buf cut_grad_input(int k, int i);          // earlier side, before piece k - 1's backward: receive its gradient here
+  CBuf cut_grad_output(int k, int i) const;  // later side, after piece k's backward: send this gradient
 
  private:
   struct Impl;

@@ -66,7 +66,7 @@ struct StrategyConfig {
 // ParallelLayout::make (UsageError naming the flag).
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
 
-// The segments each pipeline stage runs: split_pipeline over the blocks' forward FLOPs (the
+// The pieces each pipeline stage runs: split_pipeline over the blocks' forward FLOPs (the
 // head's counted with the last decoder block), for a configuration and shape. Computed once
 // per configuration and handed to the strategy (every stage of a plan shares it).
 PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape);

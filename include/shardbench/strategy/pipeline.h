@@ -1,5 +1,5 @@
-// Pipeline parallelism (--pp S), in one home: which segments of the model each pipeline
-// stage runs (the split), in which order a stage runs the forwards and backwards of the
+// Pipeline parallelism (--pp S), in one home: which pieces of the model (T5Step's) each
+// pipeline stage runs (the split), in which order a stage runs the forwards and backwards of the
 // micro-batches (the schedule), and what a stage exchanges with its neighbours (Pipeline:
 // the communicators, the transfers across its cuts, the embedding group).
 //   one pass   M = 1 and S = 1: forward, then backward (every run without --pp)
@@ -43,9 +43,9 @@ double pipeline_bubble(int stages, int micro_batches);
 // The micro-batches whose activations a stage holds at most at once under the schedule.
 int micro_batches_in_flight(PipeSchedule schedule, int stages, int stage, int micro_batches);
 
-// How the model's stages (the T5Step's, in forward order: the encoder embedding, the L
+// How the model's pieces (the T5Step's, in forward order: the encoder embedding, the L
 // encoder blocks, the bridge, the L decoder blocks, the head) are split over S pipeline
-// stages: stage s runs [first[s], first[s + 1]). Every pipeline stage gets at least one
+// stages: stage s runs pieces [first[s], first[s + 1]). Every pipeline stage gets at least one
 // block; the encoder embedding goes with encoder block 0, the bridge (encoder final norm,
 // decoder embedding) with decoder block 0, the head with the last decoder block.
 // `block_cost[i]`: the cost of block i of the 2L (encoder blocks, then decoder blocks; the
@@ -55,8 +55,8 @@ int micro_batches_in_flight(PipeSchedule schedule, int stages, int stage, int mi
 // stages than blocks and for a first decoder stage that leaves a side without a stage or
 // with more stages than its blocks.
 struct PipelineSplit {
-  std::vector<int> first;  // S + 1 entries: first model stage of each pipeline stage, then the total
-  int stage_of(int model_stage) const;
+  std::vector<int> first;  // S + 1 entries: first piece of each pipeline stage, then the total
+  int stage_of(int piece) const;  // the pipeline stage that runs `piece`
 };
 PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, int stages,
                              int first_decoder_stage = -1);
@@ -69,7 +69,7 @@ PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, 
 // neighbour on a side skips that side's transfers; without --pp every call does nothing.
 class Pipeline {
  public:
-  // `model` runs the stage's segments, split.first[stage] .. split.first[stage + 1] - 1,
+  // `model` runs the stage's pieces, split.first[stage] .. split.first[stage + 1] - 1,
   // for `micro_batches` micro-batches; the stage is the mesh's pipeline coordinate.
   Pipeline(Backend& b, const Mesh& mesh, T5Step& model, const PipelineSplit& split, int micro_batches);
   ~Pipeline();
@@ -80,7 +80,7 @@ class Pipeline {
   int stages() const { return stages_; }
 
   // A forward action of micro-batch m: the stage's inputs from the previous stage (waited
-  // for) before its segments run, its outputs to the next stage after (not waited for: the
+  // for) before its pieces run, its outputs to the next stage after (not waited for: the
   // micro-batch's backward waits, once the next stage has long received them).
   void receive_inputs(int m);
   void send_outputs(int m);
@@ -104,12 +104,12 @@ class Pipeline {
   // The MPI tag of a transfer: the cut's tensor and the micro-batch (each direction has a
   // communicator of its own, so the tags of the two never meet).
   static int tag(int micro, int tensor) { return micro * 8 + tensor; }
-  int unit_of(int segment) const { return model_.stages()[size_t(segment)].unit; }
+  int unit_of(int piece) const { return model_.pieces()[size_t(piece)].unit; }
 
   Backend& b_;
   T5Step& model_;
   int stage_ = 0, stages_ = 1;
-  int first_ = 0, last_ = 0;                   // this stage's segments [first_, last_)
+  int first_ = 0, last_ = 0;                   // this stage's pieces [first_, last_)
   Comm* activations_ = nullptr;                // the mesh's pipeline communicator
   MPI_Comm gradients_mpi_ = MPI_COMM_NULL;     // a duplicate of it, for the gradients
   std::unique_ptr<Comm> gradients_;

@@ -1,6 +1,7 @@
 // The one training-step loop every strategy runs (TrainingSchedule::step). DDP and FSDP
-// differ only in their hooks: where a unit's parameters come from before its segment runs,
-// and what happens to its gradients once its last backward segment has run.
+// differ only in their hooks: where a unit's parameters come from before its piece of the
+// model (T5Step's pieces) runs, and what happens to its gradients once its last backward
+// piece has run.
 #pragma once
 #include <memory>
 #include <vector>
@@ -15,10 +16,10 @@
 
 namespace sb {
 
-// Base for DDP and FSDP: owns the model step and runs the stage loop with hooks. Under
-// pipeline parallelism the step is the schedule's list of actions (pipeline_actions): a
+// Base for DDP and FSDP: owns the model step and runs the loop over its pieces with hooks.
+// Under pipeline parallelism the step is the schedule's list of actions (pipeline_actions): a
 // forward action receives the stage's inputs from the previous stage, runs the forward of
-// its model stages and sends their outputs on; a backward action receives the outputs'
+// its pieces and sends their outputs on; a backward action receives the outputs'
 // gradients, runs the backward and sends the inputs' gradients back (the transfers are
 // Pipeline's). Hooks fire for each micro-batch; gradients accumulate over the micro-batches,
 // and the strategies reduce them only in the last one's backward (first_micro(),
@@ -36,13 +37,13 @@ class TrainingSchedule : public Strategy {
   bool skipped_last_step() const override { return skipped_; }
 
  protected:
-  // Stage indices in backward order, and for each unit its first/last stage in each pass.
-  struct UnitStages {
+  // For each unit its first/last piece in each pass (positions in that pass's order).
+  struct UnitPieces {
     int first_forward = -1, last_forward = -1;
     int first_backward = -1, last_backward = -1;  // positions in backward order
   };
-  virtual CBuf params_for(int unit) = 0;             // before forward or backward of a stage
-  virtual Buf grads_for(int unit) = 0;               // before backward of a stage
+  virtual CBuf params_for(int unit) = 0;             // before forward or backward of a piece
+  virtual Buf grads_for(int unit) = 0;               // before backward of a piece
   virtual void before_forward(int pos) {}            // pos: position in forward order
   virtual void after_forward(int pos) {}
   virtual void before_backward(int pos) {}           // pos: position in backward order
@@ -57,16 +58,16 @@ class TrainingSchedule : public Strategy {
   // sum over the pipeline stages that share the root unit.
   virtual Buf reduced_gradient(int unit, int64_t& n) = 0;
 
-  int forward_unit(int pos) const { return model_.stages()[pos].unit; }
-  int backward_stage(int pos) const { return int(model_.stages().size()) - 1 - pos; }
-  int backward_unit(int pos) const { return model_.stages()[backward_stage(pos)].unit; }
-  int num_stages() const { return int(model_.stages().size()); }
-  // This pipeline stage's positions: [forward_begin, forward_end) in forward order,
+  int forward_unit(int pos) const { return model_.pieces()[pos].unit; }
+  int backward_piece(int pos) const { return int(model_.pieces().size()) - 1 - pos; }
+  int backward_unit(int pos) const { return model_.pieces()[backward_piece(pos)].unit; }
+  int num_pieces() const { return int(model_.pieces().size()); }
+  // This pipeline stage's pieces: [forward_begin, forward_end) in forward order,
   // [backward_begin, backward_end) in backward order (every position without --pp).
   int forward_begin() const { return part_.first; }
   int forward_end() const { return part_.last; }
-  int backward_begin() const { return num_stages() - part_.last; }
-  int backward_end() const { return num_stages() - part_.first; }
+  int backward_begin() const { return num_pieces() - part_.last; }
+  int backward_end() const { return num_pieces() - part_.first; }
   // The backward being run is of the step's first / last micro-batch.
   bool first_micro() const { return backward_count_ == 0; }
   bool last_micro() const { return backward_count_ == cfg_.micro_batches - 1; }
@@ -74,10 +75,10 @@ class TrainingSchedule : public Strategy {
   StrategyConfig cfg_;
   Backend& b_;
   Mesh& mesh_;
-  PipelinePart part_;  // this pipeline stage's model stages
+  PipelinePart part_;  // this pipeline stage's pieces
   T5Step model_;
   std::vector<UnitSpec> units_;  // every unit; the ones this stage does not hold are empty
-  std::vector<UnitStages> unit_stages_;
+  std::vector<UnitPieces> unit_pieces_;
 
  private:
   void forward_micro(int micro);

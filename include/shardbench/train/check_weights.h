@@ -52,7 +52,7 @@ class StepCheck {
   MPI_Comm pp_mpi_ = MPI_COMM_NULL;                  // the run's pipeline
   double gamma_ = 0, eta_ = 0;  // of n = the data-parallel ranks' terms
   double u_ = 0, eta1_ = 0;     // R's unit roundoff, half its smallest subnormal
-  std::vector<int> root_part_;  // per model stage of the root unit: its pipeline stage's part, else -1
+  std::vector<int> root_part_;  // per piece of the root unit: its pipeline stage's part, else -1
   int root_parts_ = 0;          // pipeline stages that hold the root unit
   float scale_ = 1;
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step

@@ -13,7 +13,7 @@ namespace sb {
 
 // One pipeline stage's plan (the whole step without --pp).
 struct StagePlan {
-  int first_stage = 0, last_stage = 0;  // the model stages it runs, [first, last)
+  int first_piece = 0, last_piece = 0;  // the pieces it runs, [first, last)
   MemBytes peak{};              // per category, each at its own peak
   MemBytes at_peak{};           // per category at the moment of the total peak
   int64_t peak_total = 0;
