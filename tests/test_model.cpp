@@ -292,15 +292,15 @@ TEST(Layout, TensorParallelSizesMustDivide) {
   }
 }
 
-// The parts of a tensor-parallel group tile every split tensor exactly once and hold the
-// replicated ones whole; the parameters per rank are the split tensors / tp plus the norms.
+// The parts of a tensor-parallel group tile every partitioned tensor exactly once and hold the
+// replicated ones whole; the parameters per rank are the partitioned tensors / tp plus the norms.
 TEST(Model, TensorParallelPartsTileTheFullModel) {
   const ModelSpec s = model_preset("t5-small");
   const auto full = model_units(s);
   for (int tp : {2, 4}) {
     std::vector<std::vector<float>> covered;
     for (const UnitSpec& u : full) covered.emplace_back(u.numel, 0.f);
-    int64_t replicated = 0, split = 0;
+    int64_t replicated = 0, partitioned = 0;
     for (int r = 0; r < tp; ++r) {
       const auto part = model_units(s, {tp, r});
       ASSERT_EQ(part.size(), full.size());
@@ -309,16 +309,16 @@ TEST(Model, TensorParallelPartsTileTheFullModel) {
         place_in_full_unit(part[k], full[k], ones.data(), placed.data());
         for (const TensorSpec& t : part[k].tensors)
           for (int64_t i = 0; i < full[k].tensor(t.name).numel(); ++i)
-            covered[k][full[k].tensor(t.name).offset + i] += t.split() ? placed[full[k].tensor(t.name).offset + i]
+            covered[k][full[k].tensor(t.name).offset + i] += t.partitioned() ? placed[full[k].tensor(t.name).offset + i]
                                                                        : (r == 0 ? 1.f : 0.f);
         if (r == 0)
-          for (const TensorSpec& t : part[k].tensors) (t.split() ? split : replicated) += t.numel();
+          for (const TensorSpec& t : part[k].tensors) (t.partitioned() ? partitioned : replicated) += t.numel();
       }
     }
     for (size_t k = 0; k < full.size(); ++k)
       for (float c : covered[k]) ASSERT_EQ(c, 1.f) << "tp " << tp << " unit " << full[k].name;
-    EXPECT_EQ(param_count_per_rank(s, tp), split + replicated);
-    EXPECT_EQ(param_count(s), split * tp + replicated);
+    EXPECT_EQ(param_count_per_rank(s, tp), partitioned + replicated);
+    EXPECT_EQ(param_count(s), partitioned * tp + replicated);
   }
 }
 
@@ -338,7 +338,7 @@ TEST(Model, TensorParallelNamesTheDimensionThatDoesNotDivide) {
   EXPECT_THROW(check_tensor_parallel(odd, 2), UsageError);
 }
 
-// A rank's FLOPs are the model's / tp: every matmul is split.
+// A rank's FLOPs are the model's / tp: every matmul is partitioned.
 TEST(Model, TensorParallelFlopsAreTheModelsShare) {
   const ModelSpec s = model_preset("t5-small");
   const StepShape x{3, 7, 5};

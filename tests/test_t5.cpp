@@ -277,7 +277,7 @@ TEST(T5Step, CountsExactlyTheModelAndHardwareFlops) {
   }
 }
 
-// A tensor-parallel rank counts 1/tp of the model's FLOPs (every matmul is split), and issues
+// A tensor-parallel rank counts 1/tp of the model's FLOPs (every matmul is partitioned), and issues
 // Megatron-LM's all-reduces: per block 2 (encoder) or 3 (decoder) each way.
 TEST(T5Step, TensorParallelRankCountsItsShareAndItsAllReduces) {
   const ModelSpec spec = model_preset("t5-small");

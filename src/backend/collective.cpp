@@ -17,16 +17,16 @@ double none(int) { return 0.0; }                                // a receive sen
 
 constexpr int kRows = int(Collective::kCount);
 const CollectiveInfo kTable[kRows] = {
-    // op                     name              nccl-tests          recorded as            count                reduces rooted in_place p2p    bus factor
-    {Collective::AllReduce,     "all-reduce",     "all_reduce_perf",     OpKind::AllReduce,     CountIs::Whole,      true,   false, true, false,  twice_all_but_one},
-    {Collective::AllGather,     "all-gather",     "all_gather_perf",     OpKind::AllGather,     CountIs::RankSend,   false,  false, true, false,  all_but_one},
-    {Collective::ReduceScatter, "reduce-scatter", "reduce_scatter_perf", OpKind::ReduceScatter, CountIs::RankRecv,   true,   false, true, false,  all_but_one},
-    {Collective::Broadcast,     "broadcast",      "broadcast_perf",      OpKind::Broadcast,     CountIs::Whole,      false,  true,  true, false,  one},
-    {Collective::Reduce,        "reduce",         "reduce_perf",         OpKind::Reduce,        CountIs::Whole,      true,   true,  true, false,  one},
-    {Collective::AllToAll,      "all-to-all",     "alltoall_perf",       OpKind::AllToAll,      CountIs::WholeSplit, false,  false, false, false, all_but_one},
-    {Collective::SendRecv,      "send-recv",      "sendrecv_perf",       OpKind::SendRecv,      CountIs::Whole,      false,  false, false, false, one},
-    {Collective::Send,          "send",           nullptr,               OpKind::Send,          CountIs::Whole,      false,  false, false, true,  one},
-    {Collective::Recv,          "recv",           nullptr,               OpKind::Recv,          CountIs::Whole,      false,  false, false, true,  none},
+    // op                     name              nccl-tests          recorded as            count                  reduces rooted in_place p2p    bus factor
+    {Collective::AllReduce,     "all-reduce",     "all_reduce_perf",     OpKind::AllReduce,     CountIs::Whole,        true,   false, true, false,  twice_all_but_one},
+    {Collective::AllGather,     "all-gather",     "all_gather_perf",     OpKind::AllGather,     CountIs::RankSend,     false,  false, true, false,  all_but_one},
+    {Collective::ReduceScatter, "reduce-scatter", "reduce_scatter_perf", OpKind::ReduceScatter, CountIs::RankRecv,     true,   false, true, false,  all_but_one},
+    {Collective::Broadcast,     "broadcast",      "broadcast_perf",      OpKind::Broadcast,     CountIs::Whole,        false,  true,  true, false,  one},
+    {Collective::Reduce,        "reduce",         "reduce_perf",         OpKind::Reduce,        CountIs::Whole,        true,   true,  true, false,  one},
+    {Collective::AllToAll,      "all-to-all",     "alltoall_perf",       OpKind::AllToAll,      CountIs::WholeDivided, false,  false, false, false, all_but_one},
+    {Collective::SendRecv,      "send-recv",      "sendrecv_perf",       OpKind::SendRecv,      CountIs::Whole,        false,  false, false, false, one},
+    {Collective::Send,          "send",           nullptr,               OpKind::Send,          CountIs::Whole,        false,  false, false, true,  one},
+    {Collective::Recv,          "recv",           nullptr,               OpKind::Recv,          CountIs::Whole,        false,  false, false, true,  none},
 };
 
 // The table is indexed by the enum: a row out of place would name the wrong collective.

@@ -109,7 +109,7 @@ Comm& Mesh::comm(Axis a) const {
   return *comms_[size_t(a)];
 }
 
-Mesh Mesh::split(Backend& b, MPI_Comm world, const ParallelLayout& layout) {
+Mesh Mesh::from_world(Backend& b, MPI_Comm world, const ParallelLayout& layout) {
   int size = 0, rank = 0;
   MPI_CHECK(MPI_Comm_size(world, &size));
   MPI_CHECK(MPI_Comm_rank(world, &rank));

@@ -286,7 +286,7 @@ struct Case {
 struct Bench {
   const Options& o;
   Backend& b;
-  Mesh& mesh;  // shard/replicate split for hybrid; world = shard × replicate
+  Mesh& mesh;  // shard and replicate groups for hybrid; world = shard × replicate
   Comm& world_comm;
   int rank, n;
   Case c{};
@@ -642,7 +642,7 @@ std::unique_ptr<Side> make_side(const Options& o, const CommLibrary* comm) {
   side->comm = comm ? comm_library_name(*comm) : "mpi";
   side->backend = comm ? make_backend(o.backend, *comm) : make_backend(o.backend);
   side->backend->set_blocking_when_waited(!o.nonblocking);
-  side->mesh = Mesh::split(*side->backend, MPI_COMM_WORLD, o.layout);
+  side->mesh = Mesh::from_world(*side->backend, MPI_COMM_WORLD, o.layout);
   side->world = side->backend->make_comm(MPI_COMM_WORLD);
   return side;
 }

@@ -83,7 +83,7 @@ BenchSizes bench_sizes(BenchOp op, int64_t size_bytes, DType dtype, int n, int s
     case CountIs::Whole:
       s.send = s.recv = s.arg = count;
       break;
-    case CountIs::WholeSplit:
+    case CountIs::WholeDivided:
       count = count / parts * parts;
       s.send = s.recv = s.arg = count;
       break;

@@ -33,7 +33,7 @@ void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t se
     float* out = dst + (lo - first);
     if (t.init == InitKind::Ones) {
       b.fill(out, 1.0f, hi - lo);
-    } else if (b.holds_data()) {  // the plan's backend holds no values: no loop over a split tensor's rows
+    } else if (b.holds_data()) {  // the plan's backend holds no values: no loop over a partitioned tensor's rows
       // Element e of the full tensor gets u(key, e), so a tensor-parallel rank's block (its
       // rows, or in each row its columns) initialises to the full tensor's values there.
       const uint64_t key = combine_key(combine_key(seed, uint64_t(unit_index)), ti);

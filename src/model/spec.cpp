@@ -179,20 +179,21 @@ const TensorSpec& UnitSpec::tensor(const std::string& n) const {
 }
 
 namespace {
-enum class Split { None, Rows, Cols };  // which dimension a tensor-parallel rank holds a slice of
+enum class PartitionBy { None, Rows, Cols };  // which dimension a tensor-parallel rank holds a slice of
 
 struct UnitBuilder {
   UnitSpec u;
-  TensorSplit tp;
-  void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale, Split split = Split::None) {
+  TensorPartition tp;
+  void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale,
+           PartitionBy by = PartitionBy::None) {
     TensorSpec t;
     t.name = name;
     t.full_rows = rows;
     t.full_cols = cols;
-    t.rows = split == Split::Rows ? rows / tp.size : rows;
-    t.cols = split == Split::Cols ? cols / tp.size : cols;
-    t.row_begin = split == Split::Rows ? t.rows * tp.rank : 0;
-    t.col_begin = split == Split::Cols ? t.cols * tp.rank : 0;
+    t.rows = by == PartitionBy::Rows ? rows / tp.size : rows;
+    t.cols = by == PartitionBy::Cols ? cols / tp.size : cols;
+    t.row_begin = by == PartitionBy::Rows ? t.rows * tp.rank : 0;
+    t.col_begin = by == PartitionBy::Cols ? t.cols * tp.rank : 0;
     t.offset = u.numel;
     t.init = init;
     t.init_scale = scale;
@@ -200,21 +201,21 @@ struct UnitBuilder {
     u.tensors.push_back(t);
   }
   // A Linear [out, in]: uniform(±1/sqrt(in)) keeps activations O(1) through the stack.
-  // Column-parallel (Megatron's term: the output split, our rows) or row-parallel (the input).
-  void linear(const std::string& name, int64_t out, int64_t in, Split split) {
-    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)), split);
+  // Column-parallel (Megatron's term: the output partitioned, our rows) or row-parallel (the input).
+  void linear(const std::string& name, int64_t out, int64_t in, PartitionBy by) {
+    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)), by);
   }
   void norm(const std::string& name, int64_t d) { add(name, 1, d, InitKind::Ones, 0.f); }
   void attention(const std::string& p, const ModelSpec& s) {
-    linear(p + ".q", s.inner(), s.d_model, Split::Rows);
-    linear(p + ".k", s.inner(), s.d_model, Split::Rows);
-    linear(p + ".v", s.inner(), s.d_model, Split::Rows);
-    linear(p + ".o", s.d_model, s.inner(), Split::Cols);
+    linear(p + ".q", s.inner(), s.d_model, PartitionBy::Rows);
+    linear(p + ".k", s.inner(), s.d_model, PartitionBy::Rows);
+    linear(p + ".v", s.inner(), s.d_model, PartitionBy::Rows);
+    linear(p + ".o", s.d_model, s.inner(), PartitionBy::Cols);
   }
 };
 }  // namespace
 
-std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
+std::vector<UnitSpec> model_units(const ModelSpec& s, TensorPartition tp) {
   SB_ASSERT(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "bad tensor-parallel rank");
   if (tp.size > 1) check_tensor_parallel(s, tp.size);
   std::vector<UnitSpec> units;
@@ -222,10 +223,10 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
     UnitBuilder b{{}, tp};
     b.u.kind = UnitKind::Root;
     b.u.name = "root";
-    b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f, Split::Rows);  // vocab-parallel
+    b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f, PartitionBy::Rows);  // vocab-parallel
     b.norm("encoder.final_norm", s.d_model);
     b.norm("decoder.final_norm", s.d_model);
-    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model, Split::Rows);  // vocab-parallel
+    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model, PartitionBy::Rows);  // vocab-parallel
     units.push_back(b.u);
   }
   for (int stack = 0; stack < 2; ++stack) {
@@ -235,7 +236,7 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
       b.u.kind = dec ? UnitKind::DecoderBlock : UnitKind::EncoderBlock;
       b.u.layer = l;
       b.u.name = std::string(dec ? "decoder." : "encoder.") + std::to_string(l);
-      if (l == 0) b.add("rel_bias", s.num_buckets, s.heads, InitKind::Uniform, 0.5f, Split::Cols);  // by head
+      if (l == 0) b.add("rel_bias", s.num_buckets, s.heads, InitKind::Uniform, 0.5f, PartitionBy::Cols);  // by head
       b.norm("ln1", s.d_model);
       b.attention("self", s);
       b.norm("ln2", s.d_model);
@@ -244,12 +245,12 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorSplit tp) {
         b.norm("ln3", s.d_model);
       }
       if (s.ffn == FfnKind::GatedGelu) {
-        b.linear("wi_0", s.d_ff, s.d_model, Split::Rows);
-        b.linear("wi_1", s.d_ff, s.d_model, Split::Rows);
+        b.linear("wi_0", s.d_ff, s.d_model, PartitionBy::Rows);
+        b.linear("wi_1", s.d_ff, s.d_model, PartitionBy::Rows);
       } else {
-        b.linear("wi", s.d_ff, s.d_model, Split::Rows);
+        b.linear("wi", s.d_ff, s.d_model, PartitionBy::Rows);
       }
-      b.linear("wo", s.d_model, s.d_ff, Split::Cols);
+      b.linear("wo", s.d_model, s.d_ff, PartitionBy::Cols);
       units.push_back(b.u);
     }
   }

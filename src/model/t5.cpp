@@ -287,16 +287,16 @@ struct T5Step::Impl {
   }
 
   // ---------------------------------------------------------------- tensor parallelism
-  bool split() const { return tp.size > 1; }
+  bool tensor_parallel() const { return tp.size > 1; }
   // Sums x over the tensor-parallel group (in place), on the critical path.
   void tp_all_reduce(Buf x, int64_t n) {
-    if (split()) b.wait(b.all_reduce(x, n, *tp.comm));
+    if (tensor_parallel()) b.wait(b.all_reduce(x, n, *tp.comm));
   }
   // out [n] += the group's sum of `product` (a row-parallel GEMM that writes its result
   // into dst with the given beta): one rank adds into out directly.
   template <class Product>
   void add_row_parallel(Buf out, int64_t n, Product&& product) {
-    if (!split()) return product(out, 1.f);
+    if (!tensor_parallel()) return product(out, 1.f);
     std::vector<void*> tmp;
     const Buf part = alloc(tmp, n, MemCategory::Workspace);
     product(part, 0.f);
@@ -617,7 +617,7 @@ struct T5Step::Impl {
     b.rmsnorm_forward(mb.head_hn, mb.head_rstd, mb.hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
     b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, param(W, s, head_weight()), d, 0.f, mb.logits, V);
-    if (!split()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
+    if (!tensor_parallel()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
     std::vector<void*> tmp;

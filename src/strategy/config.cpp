@@ -66,7 +66,7 @@ PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, con
   for (int l = 0; l < L; ++l) cost.push_back(forward_flops_encoder_block(spec, shape, c.tp));
   for (int l = 0; l < L; ++l) cost.push_back(forward_flops_decoder_block(spec, shape, c.tp));
   cost.back() += forward_flops_head(spec, shape, c.tp);
-  return split_pipeline(cost, L, c.pp, c.pp_split);
+  return split_pipeline(cost, L, c.pp, c.first_decoder_stage);
 }
 
 }  // namespace sb

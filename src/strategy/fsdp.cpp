@@ -1,5 +1,5 @@
 // FSDP (PyTorch FullyShardedDataParallel semantics, docs/references.md §5): one flat
-// parameter per unit, padded to a multiple of the shard group and split into equal
+// parameter per unit, padded to a multiple of the shard group and divided into equal
 // contiguous shards. Each rank owns fp32 shards of the parameters, gradients and Adam state
 // of every unit; Adam runs on the shards only.
 //   full    (ZeRO-3)  all-gather before forward, free after; gather again for backward;

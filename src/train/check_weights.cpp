@@ -20,16 +20,18 @@
 // A dropped shard, a wrong reduction factor or stale parameters break 2; a wrong optimizer 3.
 //
 // Tensor parallelism (--tp N) reorders the sums of the row-parallel layers, so a micro-batch
-// gradient of the split model is not the full model's bit for bit. Two references then:
+// gradient of the tensor-parallel model is not the full model's bit for bit. Two references
+// then:
 //   the tensor-parallel reference: the ranks of the first tensor-parallel group recompute
-//     every data-parallel rank's micro-batch with the split model, over a duplicate of their
-//     own group's communicator (the same kernels, shapes and collective algorithm as every
-//     group, so the same values): 2, 3 and 4 hold against it exactly as above, with n the
-//     data-parallel degree; 4 also requires the replicated tensors (norms) to be identical
+//     every data-parallel rank's micro-batch with the tensor-parallel model, over a duplicate
+//     of their own group's communicator (the same kernels, shapes and collective algorithm
+//     as every group, so the same values): 2, 3 and 4 hold against it exactly as above, with
+//     n the data-parallel degree; 4 also requires the replicated tensors (norms) to be identical
 //     on every rank of a tensor-parallel group;
-//   the split itself: rank 0's full model computes the same micro-batches, and each tensor
-//     of the summed gradient of the split model must agree with the full model's in norm,
-//     within a multiple of the compute type's unit roundoff (docs/reliability.md).
+//   the tensor-parallel model itself: rank 0's full model computes the same micro-batches,
+//     and each tensor of the summed gradient of the tensor-parallel model must agree with the
+//     full model's in norm, within a multiple of the compute type's unit roundoff
+//     (docs/reliability.md).
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -84,12 +86,12 @@ struct RefModel {
 };
 
 // Rank 0's single-rank model: one micro-batch (one data-parallel rank's shapes) at a time.
-// With tensor parallelism, also this rank's part of the split reference (the first group).
+// With tensor parallelism, also this rank's part of the tensor-parallel reference (the first group).
 struct StepCheck::Reference {
   std::unique_ptr<Backend> b;
   RefModel full;                      // rank 0: the run's dtype, or fp32 under tensor parallelism
-  RefModel split;                     // the first tensor-parallel group: the run's dtype
-  RefModel split32;                   // ... and in fp32 when that is not fp32
+  RefModel tp;                        // the first tensor-parallel group: the run's dtype
+  RefModel tp32;                      // ... and in fp32 when that is not fp32
   std::vector<float*> p, m, v;        // rank 0, per unit: fp32 weights and Adam moments for step 3
   Buf reduce_buf;                     // one unit in reduce dtype, for the R rounding
   float* f32 = nullptr;               // one unit in fp32
@@ -197,13 +199,13 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
       if (s != last) ++root_parts_, last = s;
       root_part_[pi] = root_parts_ - 1;
     }
-  for (int t = 0; t < layout_.tp; ++t) split_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
+  for (int t = 0; t < layout_.tp; ++t) tp_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
   tp_mpi_ = mesh.mpi(Axis::Tensor);
   pp_mpi_ = mesh.mpi(Axis::Pipeline);
   weights_ = gather_weights();
   const bool tensor_parallel = layout_.tp > 1;
-  const bool split_reference = tensor_parallel && layout_.group_index(Axis::Tensor) == 0;
-  if (rank_ != 0 && !split_reference) return;
+  const bool tp_reference = tensor_parallel && layout_.group_index(Axis::Tensor) == 0;
+  if (rank_ != 0 && !tp_reference) return;
   ref_ = std::make_unique<Reference>();
   Reference& r = *ref_;
   r.b = make_backend(cfg.backend, cfg.comm);  // the run's library: NCCL refuses ranks sharing a GPU
@@ -213,17 +215,17 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   for (const UnitSpec& unit : full_units_) largest = std::max(largest, unit.numel);
   r.reduce_buf = r.b->alloc_buf(largest, R, MemCategory::Workspace);
   r.f32 = r.b->alloc_floats(largest, MemCategory::Workspace);
-  if (split_reference) {  // collective over the first tensor-parallel group
+  if (tp_reference) {  // collective over the first tensor-parallel group
     MPI_CHECK(MPI_Comm_dup(tp_mpi_, &r.tp_mpi));
     r.tp_comm = r.b->make_comm(r.tp_mpi);
     r.tp_comm->set_axis(Axis::Tensor);
     const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
-    r.make(r.split, cfg, P, scale, group, root_parts_);
-    if (P != DType::F32) r.make(r.split32, cfg, DType::F32, scale, group, root_parts_);
+    r.make(r.tp, cfg, P, scale, group, root_parts_);
+    if (P != DType::F32) r.make(r.tp32, cfg, DType::F32, scale, group, root_parts_);
   }
   if (rank_ != 0) return;
   // Without tensor parallelism the full model is the reference (the run's dtype); with it,
-  // the full model checks the split, in fp32 (the split's math does not depend on the type).
+  // the full model checks the tensor-parallel model, in fp32 (whose math does not depend on the type).
   r.make(r.full, cfg, tensor_parallel ? DType::F32 : P, scale, {}, root_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
@@ -245,7 +247,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
 StepCheck::~StepCheck() {
   if (!ref_) return;
   Reference& r = *ref_;
-  for (RefModel* m : {&r.full, &r.split, &r.split32}) r.release(*m);
+  for (RefModel* m : {&r.full, &r.tp, &r.tp32}) r.release(*m);
   for (size_t k = 0; k < r.p.size(); ++k)
     for (void* q : {(void*)r.p[k], (void*)r.m[k], (void*)r.v[k]}) r.b->release(q);
   r.b->release(r.reduce_buf.ptr);
@@ -266,10 +268,10 @@ std::vector<float> StepCheck::assemble(int u, const std::vector<float>& mine, bo
   std::vector<float> all(size_t(n) * T), full(full_units_[u].numel);
   MPI_CHECK(MPI_Allgather(mine.data(), int(n), MPI_FLOAT, all.data(), int(n), MPI_FLOAT, tp_mpi_));
   for (int t = 0; t < T; ++t) {
-    const UnitSpec& part = split_units_[t][u];
+    const UnitSpec& part = tp_units_[t][u];
     place_in_full_unit(part, full_units_[u], all.data() + t * n, full.data());
     for (const TensorSpec& ts : part.tensors)
-      if (!ts.split() && t > 0)
+      if (!ts.partitioned() && t > 0)
         replicas_differ |= !std::equal(all.data() + ts.offset, all.data() + ts.offset + ts.numel(),
                                        all.data() + t * n + ts.offset);
   }
@@ -279,11 +281,11 @@ std::vector<float> StepCheck::assemble(int u, const std::vector<float>& mine, bo
 // Unit u as every rank sees it: assembled from its tensor-parallel parts where a stage holds
 // it, then sent from the first stage that does to every other (collective over the world).
 // Sets `replicas_differ` when the copies of the stages, shard groups or replicas holding it
-// are not bit-identical, `split_differ` when a tensor-parallel group's replicated tensors are not.
-std::vector<float> StepCheck::whole_unit(int u, bool gradient, bool& replicas_differ, bool& split_differ) {
+// are not bit-identical, `tp_copies_differ` when a tensor-parallel group's replicated tensors are not.
+std::vector<float> StepCheck::whole_unit(int u, bool gradient, bool& replicas_differ, bool& tp_copies_differ) {
   const bool holds = run_.model().holds_unit(u);
   std::vector<float> w;
-  if (holds) w = assemble(u, gradient ? run_.gather_unit_grad(u) : run_.gather_unit(u), split_differ);
+  if (holds) w = assemble(u, gradient ? run_.gather_unit_grad(u) : run_.gather_unit(u), tp_copies_differ);
   const uint64_t h = holds ? fnv1a({w}) : 0;
   uint64_t lo = holds ? h : UINT64_MAX, hi = h;
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD));
@@ -300,12 +302,12 @@ std::vector<float> StepCheck::whole_unit(int u, bool gradient, bool& replicas_di
 
 std::vector<std::vector<float>> StepCheck::gather_weights() {
   std::vector<std::vector<float>> w;
-  bool differ = false, split_differ = false;
-  for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(whole_unit(int(k), false, differ, split_differ));
+  bool differ = false, tp_copies_differ = false;
+  for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(whole_unit(int(k), false, differ, tp_copies_differ));
   // 4. Replicas (and the ranks of a shard group, and the pipeline stages that share the
   // root unit) hold the same weights, bit for bit; so do the ranks of a tensor-parallel
-  // group in the tensors none of them splits.
-  int flags[2] = {differ, split_differ};
+  // group in the tensors none of them partitions (the norms).
+  int flags[2] = {differ, tp_copies_differ};
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
   if (flags[0]) fail(steps_, "the ranks' copies of the weights differ (a replica, shard or pipeline stage went its own way)");
   if (flags[1]) fail(steps_, "a replicated tensor differs between the ranks of a tensor-parallel group");
@@ -321,8 +323,8 @@ void StepCheck::before_step(int step) { scale_ = run_.loss_scale(); }
 void StepCheck::after_step(int step, bool skipped) {
   steps_ = step;
   std::vector<std::vector<float>> grads;
-  bool differ = false, split_differ = false;  // the reduced gradients' copies: caught with the weights
-  for (size_t k = 0; k < full_units_.size(); ++k) grads.push_back(whole_unit(int(k), true, differ, split_differ));
+  bool differ = false, tp_copies_differ = false;  // the reduced gradients' copies: caught with the weights
+  for (size_t k = 0; k < full_units_.size(); ++k) grads.push_back(whole_unit(int(k), true, differ, tp_copies_differ));
   std::vector<std::vector<float>> next = gather_weights();
   if (ref_) {
     const MicroBatchSums sums = reference_gradients(step);
@@ -335,9 +337,9 @@ void StepCheck::after_step(int step, bool skipped) {
 }
 
 // 2. The micro-batch gradients of every data-parallel rank at the run's weights, summed
-// exactly on rank 0: from the split reference when the run is tensor-parallel (collective
+// exactly on rank 0: from the tensor-parallel reference when the run is tensor-parallel (collective
 // over the first tensor-parallel group), else from the full model. Under tensor parallelism
-// rank 0 also sums the fp32 split's and the fp32 full model's, and compares them.
+// rank 0 also sums the fp32 tensor-parallel model's and the fp32 full model's, and compares them.
 StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   Reference& r = *ref_;
   const DType R = cfg_.strategy.reduce_dtype;
@@ -348,20 +350,20 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   // the run reduces it), added into sum (and |.| into abs).
   auto accumulate = [&](RefModel& m, DType round_to, std::vector<std::vector<double>>& sum,
                         std::vector<std::vector<double>>* abs, bool& nonfinite) {
-    const bool split = m.step->tensor_group().size > 1;
+    const bool partitioned = m.step->tensor_group().size > 1;
     for (size_t k = 0; k < U; ++k) {
       const int64_t numel = m.step->units()[k].numel;
       // The terms the run reduces: the unit's gradient, or the root's part of each stage.
       const std::vector<Buf> terms = k == 0 && !m.root_parts.empty() ? m.root_parts : std::vector<Buf>{m.grads[k]};
       for (const Buf& term : terms) {
         std::vector<float> g = reduced_on_host(*r.b, term, numel, round_to, r.reduce_buf, r.f32);
-        if (split) {
+        if (partitioned) {
           std::vector<float> all(rank_ == 0 ? size_t(numel) * T : 0);
           MPI_CHECK(MPI_Gather(g.data(), int(numel), MPI_FLOAT, all.data(), int(numel), MPI_FLOAT, 0, r.tp_mpi));
           if (rank_ != 0) continue;
           g.assign(full_units_[k].numel, 0.f);
           for (int t = 0; t < T; ++t)
-            place_in_full_unit(split_units_[t][k], full_units_[k], all.data() + t * numel, g.data());
+            place_in_full_unit(tp_units_[t][k], full_units_[k], all.data() + t * numel, g.data());
         }
         if (sum[k].empty()) sum[k].assign(g.size(), 0.0);
         if (abs && (*abs)[k].empty()) (*abs)[k].assign(g.size(), 0.0);
@@ -374,7 +376,7 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     }
   };
   std::vector<RefModel*> models;
-  for (RefModel* m : {&r.split, &r.split32, &r.full})
+  for (RefModel* m : {&r.tp, &r.tp32, &r.full})
     if (m->step) {
       m->step->set_grad_scale(scale);
       for (size_t k = 0; k < U; ++k) {
@@ -388,44 +390,44 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     }
   MicroBatchSums sums;
   sums.sum.resize(U), sums.abs_sum.resize(U);
-  std::vector<std::vector<double>> split32(U), full32(U);  // the split's own check
-  std::vector<double> split32_loss, full32_loss;
+  std::vector<std::vector<double>> tp32_sum(U), full32_sum(U);  // the tensor-parallel model against the full one
+  std::vector<double> tp32_loss, full32_loss;
   bool ignored = false;
   for (int dp_rank = 0; dp_rank < layout_.dp(); ++dp_rank) {
     const Tokens tokens =
         make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
     for (RefModel* m : models) {
       const double loss = forward_backward(*r.b, *m, tokens, cfg_.strategy.micro_batches, root_part_);
-      if (m == &r.split || (m == &r.full && T == 1)) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
-      if (m == &r.split32 || (m == &r.split && !r.split32.step)) {
-        accumulate(*m, DType::F32, split32, nullptr, ignored);
-        split32_loss.push_back(loss);
+      if (m == &r.tp || (m == &r.full && T == 1)) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+      if (m == &r.tp32 || (m == &r.tp && !r.tp32.step)) {
+        accumulate(*m, DType::F32, tp32_sum, nullptr, ignored);
+        tp32_loss.push_back(loss);
       }
       if (m == &r.full && T > 1) {
-        accumulate(*m, DType::F32, full32, nullptr, ignored);
+        accumulate(*m, DType::F32, full32_sum, nullptr, ignored);
         full32_loss.push_back(loss);
       }
     }
   }
-  if (rank_ == 0 && T > 1) check_split(step, split32, full32, split32_loss, full32_loss);
+  if (rank_ == 0 && T > 1) check_tp_against_full(step, tp32_sum, full32_sum, tp32_loss, full32_loss);
   return sums;
 }
 
-// The split model against the full one, both in fp32: each micro-batch's loss within
-// kSplitLoss (relative), and each tensor of the summed gradient within kSplitGradient of the
+// The tensor-parallel model against the full one, both in fp32: each micro-batch's loss within
+// kTpLoss (relative), and each tensor of the summed gradient within kTpGradient of the
 // full model's in norm (relative). docs/reliability.md says why these are not derived bounds.
-void StepCheck::check_split(int step, const std::vector<std::vector<double>>& split,
-                            const std::vector<std::vector<double>>& full, const std::vector<double>& split_loss,
-                            const std::vector<double>& full_loss) {
-  for (size_t i = 0; i < split_loss.size(); ++i) {
-    const double rel = std::fabs(split_loss[i] - full_loss[i]) / std::max(std::fabs(full_loss[i]), 1e-30);
-    worst_split_loss_ = std::max(worst_split_loss_, rel);
-    if (!(rel <= kSplitLoss)) {
+void StepCheck::check_tp_against_full(int step, const std::vector<std::vector<double>>& tp,
+                                      const std::vector<std::vector<double>>& full, const std::vector<double>& tp_loss,
+                                      const std::vector<double>& full_loss) {
+  for (size_t i = 0; i < tp_loss.size(); ++i) {
+    const double rel = std::fabs(tp_loss[i] - full_loss[i]) / std::max(std::fabs(full_loss[i]), 1e-30);
+    worst_tp_loss_ = std::max(worst_tp_loss_, rel);
+    if (!(rel <= kTpLoss)) {
       char text[256];
       std::snprintf(text, sizeof text,
                     "data-parallel rank %zu's micro-batch: the tensor-parallel loss %.9g differs from the full "
                     "model's %.9g by %.3g (relative; allowed %g)",
-                    i, split_loss[i], full_loss[i], rel, kSplitLoss);
+                    i, tp_loss[i], full_loss[i], rel, kTpLoss);
       fail(step, text);
     }
   }
@@ -433,17 +435,17 @@ void StepCheck::check_split(int step, const std::vector<std::vector<double>>& sp
     for (const TensorSpec& t : full_units_[k].tensors) {
       double diff = 0, norm = 0;
       for (int64_t i = t.offset; i < t.offset + t.numel(); ++i) {
-        diff += (split[k][i] - full[k][i]) * (split[k][i] - full[k][i]);
+        diff += (tp[k][i] - full[k][i]) * (tp[k][i] - full[k][i]);
         norm += full[k][i] * full[k][i];
       }
       const double rel = norm > 0 ? std::sqrt(diff / norm) : diff > 0 ? HUGE_VAL : 0.0;
-      worst_split_ = std::max(worst_split_, rel);
-      if (!(rel <= kSplitGradient)) {
+      worst_tp_gradient_ = std::max(worst_tp_gradient_, rel);
+      if (!(rel <= kTpGradient)) {
         char text[256];
         std::snprintf(text, sizeof text,
                       "unit %s tensor %s: the tensor-parallel gradient differs from the full model's by %.3g of "
                       "its norm (allowed %g)",
-                      full_units_[k].name.c_str(), t.name.c_str(), rel, kSplitGradient);
+                      full_units_[k].name.c_str(), t.name.c_str(), rel, kTpGradient);
         fail(step, text);
       }
     }
@@ -551,7 +553,7 @@ bool StepCheck::finish(double& worst_ratio) {
       std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in fp32, "
                   "micro-batch losses within %.3g (allowed %g) and gradients within %.3g of their norm, tensor by "
                   "tensor (allowed %g), relative\n",
-                  layout_.tp - 1, worst_split_loss_, kSplitLoss, worst_split_, kSplitGradient);
+                  layout_.tp - 1, worst_tp_loss_, kTpLoss, worst_tp_gradient_, kTpGradient);
     if (!ok) std::printf("check: first failure: %s\n", failure_.c_str());
     std::fflush(stdout);
   }

@@ -168,7 +168,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.tp = int(tp);
   cfg.strategy.pp = int(pp);
   if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
-  cfg.strategy.pp_split = pp_split ? int(pp_split) : -1;
+  cfg.strategy.first_decoder_stage = pp_split ? int(pp_split) : -1;
   // Root causes first: the pipeline's own limits (a stage per block at most, --pp-split),
   // then every size (the micro-batch count as typed: --micro-batches, or its default --pp),
   // then what follows from them.

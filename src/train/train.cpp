@@ -226,7 +226,7 @@ class TrainingRun {
   void set_up() {
     rss_start_ = rss_bytes("VmRSS:");
     trace_.device = backend_->device_name();
-    mesh_ = Mesh::split(*backend_, MPI_COMM_WORLD, layout_);
+    mesh_ = Mesh::from_world(*backend_, MPI_COMM_WORLD, layout_);
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());

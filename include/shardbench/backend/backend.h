@@ -175,7 +175,7 @@ struct CollectiveArgs {
 // How the `count` of a backend call sizes its buffers (the conventions above).
 enum class CountIs : int {
   Whole,        // both buffers (all-reduce, broadcast, reduce, send/recv)
-  WholeSplit,   // both buffers, count/ranks to each peer: a multiple of the ranks (all-to-all)
+  WholeDivided, // both buffers, count/ranks to each peer: a multiple of the ranks (all-to-all)
   RankSend,     // each rank's send buffer; the receive buffer is ranks × count (all-gather)
   RankRecv,     // each rank's receive buffer; the send buffer is ranks × count (reduce-scatter)
 };
@@ -223,7 +223,7 @@ struct AttentionShape {
   int64_t ld() const { return int64_t(heads) * d_kv; }
 };
 // The bias-table gradient is reduced deterministically (no order-dependent atomics): the
-// backward splits the keys into chunks of kAttentionKeyChunk; the pass over chunk c of
+// backward divides the keys into chunks of kAttentionKeyChunk; the pass over chunk c of
 // (batch b, head h) sums dS along each diagonal (fixed j - i) over the queries in
 // ascending order into its own slot partial[b][h][c][tq + chunk - 1]; a second pass sums
 // the slots per (head, j - i) over b then c, and a third adds each j - i into its

@@ -53,7 +53,7 @@ StagingConfig parse_staging_config(const char* slot_bytes, const char* slots);
 StagingConfig staging_config_from_env();
 
 // Elements of one rank's block: the send count of all-gather, the receive count of
-// reduce-scatter, count/ranks of all-to-all, the whole count otherwise. Chunks split blocks.
+// reduce-scatter, count/ranks of all-to-all, the whole count otherwise. Chunks divide blocks.
 int64_t block_elements(const CollectiveArgs& a, int ranks);
 // Host elements a chunk of one block element occupies in a slot (send and receive parts):
 // ranks for all-gather and reduce-scatter (in place on the host), 2·ranks for all-to-all,
@@ -63,7 +63,7 @@ int64_t slot_elements_per_block_element(Collective op, int ranks);
 struct Chunk {
   int64_t first = 0, count = 0;  // elements of the block
 };
-// Splits a block of `block` elements into chunks whose slot footprint fits `slot_bytes`
+// Divides a block of `block` elements into chunks whose slot footprint fits `slot_bytes`
 // (and whose count fits MPI's int), in order and without gaps; none when block is 0.
 std::vector<Chunk> plan_chunks(Collective op, int64_t block, int ranks, int elem_size, int64_t slot_bytes);
 

@@ -4,7 +4,7 @@
 // are checked, and rank_at() the one place the rank order is defined: the tensor axis is
 // innermost (consecutive ranks, inside a node first), then the shard axis, the replicate
 // axis, and the pipeline stage outermost. Along an axis, a rank's group is the ranks that
-// differ from it in that coordinate only. The mesh splits one communicator per axis.
+// differ from it in that coordinate only. The mesh makes one communicator per axis.
 #pragma once
 #include <mpi.h>
 
@@ -23,7 +23,7 @@ struct ParallelLayout {
   int pp = 1;         // pipeline stages
   int replicate = 1;  // copies of the model state (data-parallel replicas of a shard group)
   int shard = 1;      // data-parallel ranks sharing one copy of the model state (FSDP shard group)
-  int tp = 1;         // tensor-parallel ranks splitting each layer (Megatron-LM)
+  int tp = 1;         // tensor-parallel ranks partitioning each layer (Megatron-LM)
 
   // Throws UsageError naming the flag as typed (--tp, then --pp, then --shard-size) unless
   // every size is >= 1, tp divides world, pp × tp divides world and shard divides the
@@ -60,10 +60,10 @@ struct ShardInfo {
 };
 ShardInfo shard_of(int64_t numel, int shards, int index);
 
-// The layout plus one communicator per axis, looked up by axis. `split` meshes split MPI
-// communicators; a planned mesh (for the memory plan of any world size) has communicators
-// that never communicate. Each communicator knows its axis, so every collective on it is
-// recorded with the axis it ran on.
+// The layout plus one communicator per axis, looked up by axis. A mesh from_world() has MPI
+// communicators (one MPI_Comm_split per axis); a planned mesh (for the memory plan of any
+// world size) has communicators that never communicate. Each communicator knows its axis,
+// so every collective on it is recorded with the axis it ran on.
 struct Mesh {
   ParallelLayout layout;
 
@@ -72,7 +72,7 @@ struct Mesh {
   MPI_Comm world() const { return world_; }                // what it was split from (not owned)
 
   // `layout` must be `world`'s size and this process's rank in it.
-  static Mesh split(Backend& b, MPI_Comm world, const ParallelLayout& layout);
+  static Mesh from_world(Backend& b, MPI_Comm world, const ParallelLayout& layout);
   static Mesh planned(const ParallelLayout& layout);
   Mesh() = default;
   Mesh(Mesh&&) noexcept;

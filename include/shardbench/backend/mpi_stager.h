@@ -1,4 +1,4 @@
-// The host side of the CUDA backend's collectives over MPI: each collective is split into
+// The host side of the CUDA backend's collectives over MPI: each collective is divided into
 // chunks (comm_staging.h) that pass three steps —
 //   staged:    D2H copy of its inputs into a pinned host slot (device pointers: inputs ready)
 //   in flight: the MPI call (non-blocking on host slots; blocking on device pointers, the only

@@ -48,10 +48,10 @@ const char* unit_kind_name(UnitKind k);
 enum class InitKind { Ones, Uniform };
 
 // The part of the model one rank of a tensor-parallel group holds (Shoeybi et al. 2019,
-// Megatron-LM §3): attention q, k, v split by heads (rows) and o by its input (columns);
-// the feed-forward wi split by rows and wo by columns; the relative position bias by heads;
-// the embedding (and the LM head it is tied to) by vocabulary rows; norms replicated.
-struct TensorSplit {
+// Megatron-LM §3): attention q, k, v partitioned by heads (rows) and o by its input
+// (columns); the feed-forward wi by rows and wo by columns; the relative position bias by
+// heads; the embedding (and the LM head it is tied to) by vocabulary rows; norms replicated.
+struct TensorPartition {
   int size = 1, rank = 0;
 };
 
@@ -62,10 +62,10 @@ struct TensorSpec {
   InitKind init = InitKind::Uniform;
   float init_scale = 0.f;      // half-width of the uniform init
   // Where the block sits in the full tensor [full_rows, full_cols]: rows row_begin.. and
-  // columns col_begin.. (the whole tensor when it is not split).
+  // columns col_begin.. (the whole tensor when it is replicated).
   int64_t full_rows = 0, full_cols = 0, row_begin = 0, col_begin = 0;
   int64_t numel() const { return rows * cols; }
-  bool split() const { return rows != full_rows || cols != full_cols; }
+  bool partitioned() const { return rows != full_rows || cols != full_cols; }
   // Element (r, c) of the block as an index of the full tensor.
   int64_t full_index(int64_t r, int64_t c) const { return (row_begin + r) * full_cols + col_begin + c; }
 };
@@ -83,15 +83,15 @@ struct UnitSpec {
 };
 
 // The units as rank `tp.rank` of a tensor-parallel group of `tp.size` holds them (the whole
-// model by default). Unit and tensor order do not depend on the split.
-std::vector<UnitSpec> model_units(const ModelSpec& spec, TensorSplit tp = {});
+// model by default). Unit and tensor order do not depend on the partition.
+std::vector<UnitSpec> model_units(const ModelSpec& spec, TensorPartition tp = {});
 
 // THE parameter count: sum of every unit's numel (agrees with Hugging Face's T5).
 int64_t param_count(const ModelSpec& spec);
 // Parameters one rank of a tensor-parallel group of `tp` holds (the replicated norms whole).
 int64_t param_count_per_rank(const ModelSpec& spec, int tp);
 
-// Throws UsageError unless `tp` >= 1 divides the heads, d_ff and vocab (the split
+// Throws UsageError unless `tp` >= 1 divides the heads, d_ff and vocab (the partitioned
 // dimensions), naming the first that does not and its divisors.
 void check_tensor_parallel(const ModelSpec& spec, int tp);
 
@@ -129,7 +129,7 @@ void validate(const ModelSpec& spec, const StepShape& shape = StepShape{}, int64
 // Matmul FLOPs (2·m·n·k each) of one forward pass, attention scores/context and LM head
 // included (the gated feed-forward has three GEMMs, ReLU's two). Per piece kind so the
 // schedule and the tests can check each piece. With `tp`, one rank's share of a
-// tensor-parallel group of tp: every matmul is split (heads, d_ff or vocabulary), so each
+// tensor-parallel group of tp: every matmul is partitioned (heads, d_ff or vocabulary), so each
 // rank runs 1/tp of the FLOPs; nothing replicated is a matmul.
 double forward_flops_encoder_block(const ModelSpec& s, const StepShape& x, int tp = 1);
 double forward_flops_decoder_block(const ModelSpec& s, const StepShape& x, int tp = 1);
@@ -137,7 +137,7 @@ double forward_flops_head(const ModelSpec& s, const StepShape& x, int tp = 1);
 double forward_flops(const ModelSpec& s, const StepShape& x, int tp = 1);
 // Model FLOPs of a training step = 3 × forward. Hardware FLOPs add the recomputed block
 // forwards when activation checkpointing is on. With `pp`, a rank's average over the
-// pipeline stages that split the step (the stages' own shares differ by their split).
+// pipeline stages (the stages' own shares differ by the pipeline split).
 double model_flops_per_step(const ModelSpec& s, const StepShape& x, int tp = 1, int pp = 1);
 double hardware_flops_per_step(const ModelSpec& s, const StepShape& x, bool checkpointing, int tp = 1, int pp = 1);
 

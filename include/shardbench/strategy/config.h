@@ -30,7 +30,7 @@ struct StrategyConfig {
   int pp = 1;                  // pipeline stages (--pp)
   int micro_batches = 1;       // micro-batches per step of a data-parallel rank (--micro-batches)
   PipeSchedule pp_schedule = PipeSchedule::OneFOneB;  // --pp-schedule
-  int pp_split = -1;           // --pp-split: the first decoder stage, -1 balanced by FLOPs
+  int first_decoder_stage = -1;  // --pp-split: where the decoder starts, -1 balanced by FLOPs
   double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)
   Prefetch prefetch = Prefetch::BackwardPre;
   bool forward_prefetch = false;

@@ -1,5 +1,5 @@
 // --check: each step of a run against a single-rank reference on rank 0 (and, under tensor
-// parallelism, a split reference on the first tensor-parallel group), with tolerances from an
+// parallelism, a tensor-parallel reference on the first tensor-parallel group), with tolerances from an
 // error analysis (docs/reliability.md). Every method is collective over MPI_COMM_WORLD.
 #pragma once
 #include <memory>
@@ -26,17 +26,18 @@ class StepCheck {
     std::vector<std::vector<double>> sum, abs_sum;
     bool micro_nonfinite = false;
   };
-  // How far the split model may be from the full one, both in fp32 (relative): a micro-batch's
+  // How far the tensor-parallel model may be from the full one, both in fp32 (relative): a micro-batch's
   // loss (reordered sums: a few unit roundoffs), and a tensor's gradient in norm (a ReLU whose
   // input lies within rounding of zero may take the other branch: percents on small models).
-  // Chosen from measurements, not derived (docs/reliability.md); a broken split is off by O(1).
-  static constexpr double kSplitLoss = 1e-5, kSplitGradient = 0.1;
+  // Chosen from measurements, not derived (docs/reliability.md); a broken one is off by O(1).
+  static constexpr double kTpLoss = 1e-5, kTpGradient = 0.1;
   std::vector<float> assemble(int unit, const std::vector<float>& mine, bool& replicas_differ);
-  std::vector<float> whole_unit(int unit, bool gradient, bool& replicas_differ, bool& split_differ);
+  std::vector<float> whole_unit(int unit, bool gradient, bool& replicas_differ, bool& tp_copies_differ);
   std::vector<std::vector<float>> gather_weights();
   MicroBatchSums reference_gradients(int step);
-  void check_split(int step, const std::vector<std::vector<double>>& split, const std::vector<std::vector<double>>& full,
-                   const std::vector<double>& split_loss, const std::vector<double>& full_loss);
+  void check_tp_against_full(int step, const std::vector<std::vector<double>>& tp,
+                             const std::vector<std::vector<double>>& full, const std::vector<double>& tp_loss,
+                             const std::vector<double>& full_loss);
   void check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
                        bool skipped);
   void check_update(int step, const std::vector<std::vector<float>>& grads,
@@ -47,7 +48,7 @@ class StepCheck {
   ParallelLayout layout_;
   int rank_, world_, steps_ = 0;
   std::vector<UnitSpec> full_units_;                 // the full model's units
-  std::vector<std::vector<UnitSpec>> split_units_;   // per tensor-parallel rank, its part
+  std::vector<std::vector<UnitSpec>> tp_units_;      // per tensor-parallel rank, its part
   MPI_Comm tp_mpi_ = MPI_COMM_NULL;                  // the run's tensor-parallel group
   MPI_Comm pp_mpi_ = MPI_COMM_NULL;                  // the run's pipeline
   double gamma_ = 0, eta_ = 0;  // of n = the data-parallel ranks' terms
@@ -58,7 +59,7 @@ class StepCheck {
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step
   std::unique_ptr<Reference> ref_;           // rank 0
   std::string failure_;                      // rank 0: the first failure
-  double worst_ratio_ = 0, max_update_diff_ = 0, worst_split_ = 0, worst_split_loss_ = 0;
+  double worst_ratio_ = 0, max_update_diff_ = 0, worst_tp_gradient_ = 0, worst_tp_loss_ = 0;
   long long undetermined_ = 0, checked_ = 0;
 };
 
