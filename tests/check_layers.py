@@ -4,11 +4,12 @@
 Layers, bottom first (docs/architecture.md draws them); a folder may include its own
 headers and those of any lower layer, never a higher one nor a neighbour on its own layer:
 
-  0 core       errors, formatting, fp16/bf16, counter-based RNG, CLI helpers
-  1 backend    compute, memory, collectives (CPU, counting, CUDA) and the collective table
+  0 core       errors, formatting, fp16/bf16, counter-based RNG, CLI helpers, test faults
+  1 backend    compute, memory, collectives (CPU, counting, CUDA), the collective table,
+               the parallel layout and its mesh
   2 model      T5 shapes and the training step        trace   recorder, HDF5 files
-  3 strategy   DDP/FSDP schedules, parallel layout    run     environment, provenance,
-                                                               watchdog, the MPI main
+  3 strategy   configuration, the step loop, DDP,     run     environment, provenance,
+               FSDP, the pipeline                              watchdog, the MPI main
   4 train      ddp_perf/fsdp_perf protocol            bench   collective_perf
   5 programs   the mains
 
