@@ -136,6 +136,7 @@ def write_result(path, sched, sim, cluster, args, label):
         a["dp_size"] = sched["dp_size"]
         a["micro_batches"] = sched.get("micro_batches", 1)
         a["pp_schedule"] = sched.get("pp_schedule", "1f1b")
+        a["grad_accumulation"] = sched.get("grad_accumulation", "unsharded")
         a["pipeline_bubble_theory"] = sched.get("pipeline_bubble_theory", 0.0)
         a["replicas"] = sched["replicas"]
         a["ranks_per_node"] = min(sched["world_size"], cluster["gpus_per_node"])
@@ -220,6 +221,10 @@ def parse_args(argv):
     ap.add_argument("--micro-batches", type=int, default=None,
                     help="micro-batches per step of a data-parallel rank for the -pp<S> labels, as the programs' "
                          "--micro-batches (must divide --batch) (default: the programs', S)")
+    ap.add_argument("--grad-accumulation", choices=("unsharded", "sharded"), default=None,
+                    help="how the fsdp labels accumulate gradients over --micro-batches, as fsdp_perf's "
+                         "--grad-accumulation: unsharded (held to the last micro-batch) or sharded (reduce-scattered "
+                         "after each) (default: fsdp_perf's, unsharded)")
     ap.add_argument("--pp-schedule", choices=("gpipe", "1f1b"), default=None,
                     help="pipeline schedule of the -pp<S> labels, as the programs' --pp-schedule (default: theirs, 1f1b)")
     ap.add_argument("--reduce-dtype", choices=PRECISIONS, default=None,
@@ -351,6 +356,8 @@ def points_to_project(a, cluster, gpus, batches):
                             args += ["--micro-batches", str(a.micro_batches)]
                         if a.pp_schedule is not None:
                             args += ["--pp-schedule", a.pp_schedule]
+                    if a.grad_accumulation is not None and strategy_labels.program(label) == "fsdp_perf":
+                        args += ["--grad-accumulation", a.grad_accumulation]
                     # the preset, or the preset and its overrides, then the label the program prints
                     tag = model_shapes.tag(entry)
                     printed = strategy_labels.resolve(label, cluster["gpus_per_node"], n)[2]

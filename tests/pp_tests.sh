@@ -154,6 +154,42 @@ expect "--plan --world-size 64 --pp 4 --tp 8: one line per stage" 0 '^  stage 3:
   $BIN/fsdp_perf --model t5-11.3b --batch 8 --seq-len 512 --dtype bf16 --activation-checkpointing --tp 8 --pp 4 \
   --plan --world-size 64 --mem-limit-gib 80
 
+# --- FSDP over micro-batches: unsharded gradients held to the last (PyTorch's no_sync,
+# the default), or reduce-scattered after every micro-batch (--grad-accumulation sharded) ---
+for args in "--sharding full" "--sharding hybrid --shard-size 2 --dtype bf16" "--sharding none" \
+            "--sharding full --pp 2 --fsdp-version 2"; do
+  expect "--grad-accumulation sharded, $args, M 4: --check" 0 "$check_pattern" -- \
+    "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" $args --micro-batches 4 --grad-accumulation sharded --check \
+    --out "$T/ga-$(echo "$args" | tr -c 'a-z0-9\n-' '_').h5"
+done
+"${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding full --micro-batches 4 --out $T/ga-held.h5 >/dev/null 2>&1
+expect "sharded accumulation reduce-scatters every unit once per micro-batch, held accumulation once per step" 0 \
+  '^ok per step: held [0-9]+ sharded [0-9]+ = 4 x' -- $PY -c "
+import h5py
+def per_step(p):
+    f = h5py.File(p); e = f['events'][()]
+    names = [x.decode() if isinstance(x, bytes) else x for x in f['events'].attrs['op_names']]
+    rs = e[(e['op'] == names.index('reduce-scatter')) & (e['step'] == 2) & (e['rank'] == 0)]
+    assert f.attrs['grad_accumulation'] in (b'sharded', 'sharded', b'unsharded', 'unsharded')
+    return len(rs), len(set(rs['unit']))
+held, units = per_step('$T/ga-held.h5')
+sharded, units2 = per_step('$T/ga---sharding_full.h5')
+assert held == units == units2 and sharded == 4 * held, (held, sharded, units)
+print('ok per step: held', held, 'sharded', sharded, '= 4 x', units, 'units')"
+expect "the plan: sharded accumulation holds one unit's unsharded gradient, held accumulation every unit's" 0 \
+  '^ok comm buffers' -- bash -c "
+    plan() { $BIN/fsdp_perf --model t5-small --plan --world-size 8 --batch 8 --micro-batches \$1 --grad-accumulation \$2 |
+             sed -n 's/^  comm_buffers *\([0-9.]*\) \([KMG]\)iB.*/\1 \2/p'; }
+    $PY - \"\$(plan 1 unsharded)\" \"\$(plan 4 unsharded)\" \"\$(plan 4 sharded)\" <<'PY'
+import sys
+b = lambda s: float(s.split()[0]) * {'K': 2**10, 'M': 2**20, 'G': 2**30}[s.split()[1]]
+one, held, sharded = map(b, sys.argv[1:])
+assert held > 1.5 * one and sharded < 1.1 * one, (one, held, sharded)
+print(f'ok comm buffers M 1 {one / 2**20:.1f} MiB; M 4 held {held / 2**20:.1f} MiB, sharded {sharded / 2**20:.1f} MiB')
+PY"
+expect "--grad-accumulation takes unsharded or sharded" 2 "--grad-accumulation 'eager' is not allowed \(allowed: unsharded, sharded\)" -- \
+  $BIN/fsdp_perf --grad-accumulation eager --plan
+
 # --- bad values: one line, exit 2, nothing written ---
 expect "--pp not dividing the world" 2 '--pp 3 is not allowed with world size 4 \(must divide it' -- \
   "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --pp 3 --micro-batches 1 --out $T/bad.h5

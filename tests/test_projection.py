@@ -240,6 +240,20 @@ class Pipeline(unittest.TestCase):
             pm.simulate(sched, self.compute_only())
 
 
+    def test_sharded_accumulation_reduce_scatters_every_micro_batch(self):
+        plans = {ga: project.plan_schedule(["fsdp_perf", "--sharding", "full", "--model", "t5-2.28b", "--layers", "4",
+                                            "--seq-len", "512", "--dtype", "bf16", "--pp", "2", "--micro-batches", "4",
+                                            "--batch", "8", "--grad-accumulation", ga], 16, 80,
+                                           os.path.join(ROOT, "build", "bin")) for ga in ("unsharded", "sharded")}
+        scatters = {ga: sum(row[0] == p["op_names"].index("reduce-scatter") for st in p["stages"] for row in st["ops"])
+                    for ga, p in plans.items()}
+        self.assertEqual(scatters["sharded"], 4 * scatters["unsharded"])
+        self.assertEqual(plans["sharded"]["grad_accumulation"], "sharded")
+        self.assertLess(plans["sharded"]["memory"]["peak_total"], plans["unsharded"]["memory"]["peak_total"])
+        c = pm.load_cluster(self.A100)
+        held, sharded = (pm.simulate(plans[ga], c) for ga in ("unsharded", "sharded"))
+        self.assertGreater(sharded["communication"], held["communication"])
+
     def test_the_nic_sharing_bound_is_the_time_sends_and_cross_node_reductions_overlap(self):
         import projection_checks as checks
         (one_node, two_nodes) = checks.nic_sharing(layouts=(("ddp-tp2-pp2", 32),), gpus=(8, 32), micro_batches=4)

@@ -40,6 +40,16 @@ Prefetch parse_prefetch(const std::string& s) {
   throw UsageError("--prefetch '" + s + "' is not allowed (allowed: none, backward-pre, backward-post)");
 }
 
+const char* grad_accumulation_name(GradAccumulation g) {
+  return g == GradAccumulation::Sharded ? "sharded" : "unsharded";
+}
+
+GradAccumulation parse_grad_accumulation(const std::string& s) {
+  for (GradAccumulation v : {GradAccumulation::Unsharded, GradAccumulation::Sharded})
+    if (s == grad_accumulation_name(v)) return v;
+  throw UsageError("--grad-accumulation '" + s + "' is not allowed (allowed: unsharded, sharded)");
+}
+
 std::string StrategyConfig::label() const {
   const std::string tensor = (tp > 1 ? "-tp" + std::to_string(tp) : "") + (pp > 1 ? "-pp" + std::to_string(pp) : "");
   if (kind == StrategyKind::DDP) return "ddp" + tensor;

@@ -18,11 +18,18 @@
 // A collective is tagged with the unit it gathers or reduces, not the piece issuing it.
 // The root unit (embeddings, final norms) is not freed after forward: it is used again
 // right away by the first backward piece.
+// Over a step's micro-batches (--grad-accumulation): unsharded (the default, PyTorch's
+// no_sync()) holds each unit's unsharded gradient until the last micro-batch's backward and
+// reduces it once; sharded reduces after every micro-batch's backward and adds the result
+// into the gradient shard (the first micro-batch's reduction writes it). The add waits for
+// its reduction, so it is done before the next unit's reduction is issued (or at the end
+// of backward): at most one partial shard is alive, as FSDP2's post-backward holds one.
 // Mixed precision (param_dtype P, reduce_dtype R), as FSDP2's MixedPrecisionPolicy: each
 // rank casts its fp32 shard into its slice of the P gather buffer and all-gathers in place;
 // backward writes P gradients, cast to R (when R differs) before the reduce-scatter; Adam
 // reads the R gradient shard. Without sharding, a persistent P copy of the parameters is
 // refreshed after each optimizer step.
+#include <algorithm>
 #include <utility>
 
 #include "shardbench/core/check.h"
@@ -79,8 +86,12 @@ class FSDP final : public TrainingSchedule {
  private:
   bool sharded() const { return mesh_.layout.shard > 1; }
   bool low_precision() const { return cfg_.param_dtype != DType::F32; }
-  // Backward writes into a separate unsharded gradient (rather than the shard itself).
-  bool separate_grad() const { return sharded() || cfg_.param_dtype != cfg_.reduce_dtype; }
+  bool reduce_every_micro() const { return cfg_.reduces_every_micro_batch(); }
+  // Backward writes into a separate unsharded gradient (rather than the shard itself); so it
+  // does when each micro-batch is reduced, or the next one's backward would add to a sum.
+  bool separate_grad() const {
+    return sharded() || cfg_.param_dtype != cfg_.reduce_dtype || reduce_every_micro();
+  }
   bool keep_after_forward(int u) const { return u == 0 || cfg_.sharding == Sharding::GradOp; }
 
   // Unit u's shards at `shard` gathered as fp32 on the host: no backend memory, so checks
@@ -155,10 +166,12 @@ class FSDP final : public TrainingSchedule {
   Buf grads_for(int u) override { return separate_grad() ? full_grad_[u] : grads_ + offset_[u]; }
 
   // Gradients accumulate over a step's micro-batches: the unsharded gradient is allocated and
-  // zeroed before the first one's backward and reduced after the last one's.
+  // zeroed before the first one's backward and reduced after the last one's (or, sharded,
+  // before and after each one's).
   void before_backward(int pos) override {
     const int u = backward_unit(pos);
-    if (unit_pieces_[u].first_backward == pos && first_micro()) {
+    if (unit_pieces_[u].first_backward == pos && (first_micro() || reduce_every_micro())) {
+      if (previous_scatter_.first == u) complete_previous_scatter();  // FSDP2: its input is this buffer
       if (separate_grad())
         full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
       b_.fill(grads_for(u), 0.f, shards_[u].padded);
@@ -172,7 +185,7 @@ class FSDP final : public TrainingSchedule {
     if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < backward_end()) prefetch(backward_unit(pos + 1));
     if (unit_pieces_[u].last_backward == pos) {
       if (!(u == 1 && injected_fault(Fault::StalePrefetch))) free_gathered(u);  // the fault: never re-gathered
-      if (last_micro()) reduce_gradients(u);
+      if (last_micro() || reduce_every_micro()) reduce_gradients(u);
     }
   }
 
@@ -182,7 +195,12 @@ class FSDP final : public TrainingSchedule {
   // for it before the next unit's reduce-scatter (FSDP2: at most two exist at once).
   void reduce_gradients(int u) {
     if (cfg_.fsdp_version == 2) complete_previous_scatter();
+    complete_partial();
     const ShardInfo& s = shards_[u];
+    // The first micro-batch's reduction writes the shard; a later one's a partial shard that
+    // complete_partial adds in.
+    const bool into_shard = !reduce_every_micro() || first_micro();
+    const Buf out = into_shard ? grads_ + offset_[u] : b_.alloc_buf(s.size, cfg_.reduce_dtype, MemCategory::CommBuffers);
     if (cfg_.param_dtype != cfg_.reduce_dtype && sharded()) {  // the reduce-scatter input in R
       const Buf reduced = b_.alloc_buf(s.padded, cfg_.reduce_dtype, MemCategory::CommBuffers);
       b_.cast(reduced, full_grad_[u], s.padded);
@@ -192,7 +210,7 @@ class FSDP final : public TrainingSchedule {
     ScopedContext target(b_, b_.phase(), u);
     Request scatter = kNoRequest;
     if (sharded()) {
-      scatter = b_.reduce_scatter(full_grad_[u], grads_ + offset_[u], s.size, mesh_.comm(Axis::Shard));
+      scatter = b_.reduce_scatter(full_grad_[u], out, s.size, mesh_.comm(Axis::Shard));
       if (cfg_.fsdp_version == 2) {
         previous_scatter_ = {u, scatter};
       } else {
@@ -201,24 +219,43 @@ class FSDP final : public TrainingSchedule {
         full_grad_[u] = Buf();
       }
     } else if (separate_grad()) {  // unsharded, P → R
-      b_.cast(grads_ + offset_[u], full_grad_[u], s.size);
+      b_.cast(out, full_grad_[u], s.size);
       b_.release(full_grad_[u].ptr);
       full_grad_[u] = Buf();
     }
-    if (mesh_.layout.replicate > 1)
-      reductions_.push_back(b_.all_reduce_after(scatter, grads_ + offset_[u], s.size, mesh_.comm(Axis::Replicate)));
+    Request across = kNoRequest;
+    if (mesh_.layout.replicate > 1) {
+      across = b_.all_reduce_after(scatter, out, s.size, mesh_.comm(Axis::Replicate));
+      reductions_.push_back(across);
+    }
+    if (!into_shard) partial_ = {u, out, across != kNoRequest ? across : scatter};
+  }
+  // Sharded accumulation: once its reduction is done, add the partial shard into the shard.
+  // Each request is waited on once: the plan's schedule lists every wait it issues.
+  void complete_partial() {
+    if (partial_.unit < 0) return;
+    const auto [u, buf, r] = partial_;
+    if (r != kNoRequest) {
+      b_.wait(r);
+      reductions_.erase(std::remove(reductions_.begin(), reductions_.end(), r), reductions_.end());
+    }
+    b_.add(grads_ + offset_[u], buf, shards_[u].size);
+    b_.release(buf.ptr);
+    partial_ = Partial{};
   }
   // FSDP2: compute waits for the previous reduce-scatter, then frees its input.
   void complete_previous_scatter() {
     const auto [u, r] = previous_scatter_;
     if (u < 0) return;
     b_.wait(r);
+    if (partial_.done == r) partial_.done = kNoRequest;  // its partial shard is ready too
     b_.release(full_grad_[u].ptr);
     full_grad_[u] = Buf();
     previous_scatter_ = {-1, kNoRequest};
   }
   void finish_gradients() override {
     complete_previous_scatter();
+    complete_partial();
     for (Request r : reductions_) b_.wait(r);
     reductions_.clear();
   }
@@ -248,6 +285,11 @@ class FSDP final : public TrainingSchedule {
   int gathers_in_flight_ = 0;
   std::pair<int, Request> previous_scatter_{-1, kNoRequest};  // FSDP2: unit, request
   std::vector<Request> reductions_;  // outstanding reduce-scatters and all-reduces
+  struct Partial {
+    int unit = -1;
+    Buf buf;                   // a later micro-batch's reduced shard, reduce dtype
+    Request done = kNoRequest;  // its last reduction
+  } partial_;
 };
 
 }  // namespace

@@ -123,15 +123,17 @@ namespace {
 // backward, the gradients accumulated over them in order (grads[k] = unit k's); a piece of
 // the root unit adds into its pipeline stage's part (root_part[piece] >= 0) when there are
 // several. Returns the loss summed over the micro-batches.
+// The gradient of a rank's step (every micro-batch accumulated), or with only >= 0 of that
+// one micro-batch alone.
 double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int micro_batches,
-                        const std::vector<int>& root_part) {
+                        const std::vector<int>& root_part, int only = -1) {
   const auto& pieces = model.step->pieces();
   const auto& units = model.step->units();
   const int S = int(pieces.size());
   for (size_t k = 0; k < units.size(); ++k) b.fill(model.grads[k], 0.f, units[k].numel);
   for (const Buf& g : model.root_parts) b.fill(g, 0.f, units[0].numel);
   double loss = 0;
-  for (int m = 0; m < micro_batches; ++m) {
+  for (int m = only < 0 ? 0 : only; m < (only < 0 ? micro_batches : only + 1); ++m) {
     auto slice = [&](const std::vector<int>& v) {
       const size_t n = v.size() / size_t(micro_batches);
       return std::vector<int>(v.begin() + long(n * m), v.begin() + long(n * (m + 1)));
@@ -397,8 +399,20 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     const Tokens tokens =
         make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
     for (RefModel* m : models) {
-      const double loss = forward_backward(*r.b, *m, tokens, cfg_.strategy.micro_batches, root_part_);
-      if (m == &r.tp || (m == &r.full && T == 1)) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+      const int M = cfg_.strategy.micro_batches;
+      const bool terms = m == &r.tp || (m == &r.full && T == 1);  // the run's reduced terms
+      double loss = 0;
+      if (terms && cfg_.strategy.reduces_every_micro_batch()) {
+        // Sharded accumulation reduces each micro-batch's gradient: one term per micro-batch.
+        for (int mb = 0; mb < M; ++mb) {
+          loss += forward_backward(*r.b, *m, tokens, M, root_part_, mb);
+          accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+        }
+        if (m == &r.tp && !r.tp32.step) loss = forward_backward(*r.b, *m, tokens, M, root_part_);  // whole, below
+      } else {
+        loss = forward_backward(*r.b, *m, tokens, M, root_part_);
+        if (terms) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+      }
       if (m == &r.tp32 || (m == &r.tp && !r.tp32.step)) {
         accumulate(*m, DType::F32, tp32_sum, nullptr, ignored);
         tp32_loss.push_back(loss);
@@ -475,8 +489,10 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
   const double tol = cfg_.check_tolerance;
   for (size_t k = 0; k < units.size(); ++k) {
     // The terms summed: one per data-parallel rank; for the root unit under pipeline
-    // parallelism one per rank and stage holding it (each stage reduces its part).
-    const int terms = n * (k == 0 ? root_parts_ : 1);
+    // parallelism one per rank and stage holding it (each stage reduces its part); with
+    // sharded accumulation, each of those per micro-batch.
+    const int terms = n * (k == 0 ? root_parts_ : 1) *
+                      (cfg_.strategy.reduces_every_micro_batch() ? cfg_.strategy.micro_batches : 1);
     const double gamma = (terms - 1) * u_ / (1 - (terms - 1) * u_), eta = (terms - 1) * eta1_;
     for (size_t i = 0; i < grads[k].size(); ++i) {
       // (+ the double sum's own rounding, terms·2^-53·Σ|g|, for rigour)

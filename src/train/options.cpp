@@ -26,6 +26,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   // A flag given twice takes its last value, so scripts can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
+  std::string grad_accumulation = "unsharded";
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1, pp = 1;
   int64_t micro_batches = 0, pp_split = 0;
@@ -136,6 +137,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     num.integer("--fsdp-version", fsdp_version, 1, 2,
                 "gradient reduction schedule: 1 (reduce-scatters waited on at the end of backward) | "
                 "2 (each waits for the previous one)");
+    app.add_option("--grad-accumulation", grad_accumulation,
+                   "over --micro-batches: unsharded (hold each unit's unsharded gradient, reduce after the last, "
+                   "as PyTorch's no_sync) | sharded (reduce-scatter after every micro-batch into the shard)")
+        ->capture_default_str();
   }
   if (!parse_command_line(app, argc, argv)) return false;
   if (list_models) {  // what slurm/sweep checks a matrix's models against
@@ -229,6 +234,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (!ddp) {
     cfg.strategy.sharding = parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);
+    cfg.strategy.grad_accumulation = parse_grad_accumulation(grad_accumulation);
     cfg.strategy.fsdp_version = int(fsdp_version);
     if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid)
       throw UsageError("--shard-size is only allowed with --sharding hybrid");

@@ -163,9 +163,10 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
                (long long)m.d_model, (long long)m.d_ff, (long long)m.layers, (long long)m.heads, (long long)m.d_kv,
                (long long)m.vocab, ffn_kind_name(m.ffn), int(m.tie_embeddings));
   std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
-               "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d,\n",
+               "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d, \"grad_accumulation\": \"%s\",\n",
                p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
-               (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing));
+               (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing),
+               cfg.strategy.reduces_every_micro_batch() ? "sharded" : "unsharded");
   // The mesh as rank 0 sees it: each axis's size and the ranks of rank 0's group along it
   // (the rank order is the programs' own), so readers need not re-derive groups.
   std::fprintf(f, "  \"tp_size\": %d, \"dp_size\": %d, \"pp_size\": %d, \"replicas\": %d,\n  \"axes\": {",

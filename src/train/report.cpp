@@ -61,6 +61,8 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
     rows.push_back({"backward prefetch", prefetch_name(c.strategy.prefetch)});
     rows.push_back({"forward prefetch", c.strategy.forward_prefetch ? "on" : "off"});
     rows.push_back({"FSDP version", std::to_string(c.strategy.fsdp_version)});
+    if (c.strategy.micro_batches > 1)
+      rows.push_back({"gradient accumulation", grad_accumulation_name(c.strategy.grad_accumulation)});
   }
   out("+--------------------------------+----------------------------------+\n");
   for (const auto& [k, v] : rows) out("| %-30s | %-32s |\n", k.c_str(), v.c_str());
@@ -152,6 +154,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
       Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
       Attr::integer("fsdp_version", c.strategy.kind == StrategyKind::DDP ? 0 : c.strategy.fsdp_version),
+      Attr::str("grad_accumulation", c.strategy.kind == StrategyKind::DDP ? "unsharded"
+                                                                         : grad_accumulation_name(c.strategy.grad_accumulation)),
       Attr::integer("activation_checkpointing", c.strategy.checkpointing),
       Attr::str("attention", attention_impl_name(c.strategy.attention)),
       Attr::str("attention_kernel", attention_kernel_name(c.compute.attention_kernel)),

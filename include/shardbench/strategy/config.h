@@ -16,11 +16,18 @@ namespace sb {
 enum class StrategyKind { DDP, FSDP };
 enum class Sharding { Full, Hybrid, None, GradOp };
 enum class Prefetch { None, BackwardPre, BackwardPost };
+// How FSDP accumulates a unit's gradient over a step's micro-batches (--grad-accumulation):
+// unsharded (PyTorch's no_sync()): the unsharded gradient is held over every micro-batch and
+// reduced once, after the last; sharded: reduced after every micro-batch and added into the
+// gradient shard (M times the reduce traffic, one unit's unsharded gradient at a time).
+enum class GradAccumulation { Unsharded, Sharded };
 
 const char* sharding_name(Sharding s);
 const char* prefetch_name(Prefetch p);
 Sharding parse_sharding(const std::string& s);  // throws UsageError
 Prefetch parse_prefetch(const std::string& s);  // throws UsageError
+const char* grad_accumulation_name(GradAccumulation g);
+GradAccumulation parse_grad_accumulation(const std::string& s);  // throws UsageError
 
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
@@ -39,6 +46,7 @@ struct StrategyConfig {
   // of backward. 2 (fully_shard): before issuing a unit's reduce-scatter, compute waits for
   // the previous one (post_backward), which bounds the unsharded gradients alive to two.
   int fsdp_version = 1;
+  GradAccumulation grad_accumulation = GradAccumulation::Unsharded;  // FSDP, with micro-batches
   bool checkpointing = false;
   AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
   // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
@@ -56,7 +64,12 @@ struct StrategyConfig {
   uint64_t seed = 0;
   AdamConfig adam;
 
-  std::string label() const;  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
+  std::string label() const;
+  // FSDP with --grad-accumulation sharded over several micro-batches: each micro-batch's
+  // gradient is reduced on its own (what the strategy does and --check bounds).
+  bool reduces_every_micro_batch() const {
+    return kind == StrategyKind::FSDP && grad_accumulation == GradAccumulation::Sharded && micro_batches > 1;
+  }  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
 };
 
 // The layout a configuration runs on `world` ranks, seen from `rank`: --pp pipeline stages
