@@ -144,7 +144,7 @@ def stage_of(run, rank):
 
 
 def held_units(m, first, last):
-    """The units of model stages [first, last): 0 the root (embedding, bridge, head), encoder
+    """The units of pieces [first, last): 0 the root (embedding, bridge, head), encoder
     blocks 1..L, decoder blocks L+1..2L."""
     L, held = m["layers"], set()
     for k in range(first, last):
@@ -153,17 +153,17 @@ def held_units(m, first, last):
 
 
 def cut_messages(m, k):
-    """The tensors that cross the pipeline cut before model stage k, per micro-batch, in the
+    """The tensors that cross the pipeline cut before piece k, per micro-batch, in the
     order they are sent: [(name, bytes forward, bytes of the gradient sent back)]. The hidden
     state (batch / M x seq x d_model); after the bridge, before a decoder block, the encoder
     output (batch / M x encoder seq x d_model); inside a stack, its position-bias table
-    (num_buckets x heads / tp; its gradient heads / tp x seq x seq, or the table's size with
-    fused attention). Every tensor in the run's dtype."""
+    (num_buckets x heads / tp; its gradient the table's size too: a stage folds its blocks'
+    d(bias) into the table's gradient before the cut). Every tensor in the run's dtype."""
     es, L, M = DTYPE_BYTES[m["dtype"]], m["layers"], m.get("micro_batches", 1)
     b, d = m["batch_per_rank"] // M, m["d_model"]
     te, td, h = m["enc_seq_len"], m["dec_seq_len"], m["heads"] // m.get("tp_size", 1)
     table = m["num_buckets"] * h
-    dbias = lambda t: table if m.get("attention") == "fused" else h * t * t  # noqa: E731
+    dbias = lambda t: table  # noqa: E731  (either attention path: the table's gradient)
     if k <= L + 1:
         l, out = k - 1, [("encoder hidden state", b * te * d, b * te * d)]
         if 1 <= l < L:
@@ -178,7 +178,7 @@ def cut_messages(m, k):
 
 
 def cut_tensors(L, k):
-    """What crosses the pipeline cut before model stage k: the hidden state; after the bridge,
+    """What crosses the pipeline cut before piece k: the hidden state; after the bridge,
     before a decoder block, the encoder output; inside a stack, its position-bias table."""
     if k <= L + 1:
         return 1 + (1 <= k - 1 < L)
@@ -463,7 +463,7 @@ def tensor_parallel_counts(m, stages):
 
 def check_tensor_parallel(c, m, g, at, stages):
     """The tensor-parallel all-reduces of one rank's step, by unit and phase, against the
-    formula for the model stages it runs; each over the rank's tensor-parallel group."""
+    formula for the pieces it runs; each over the rank's tensor-parallel group."""
     t = g[g["axis_name"] == "tp"]
     c.expect(bool((t["op_name"] == "all-reduce").all()), f"{at}: a tensor-parallel collective other than all-reduce")
     c.expect(bool((t["ranks"] == m["tp_size"]).all()), f"{at}: a tensor-parallel collective not over tp_size ranks")

@@ -78,9 +78,10 @@ done
 # tensors once per micro-batch, of its bytes (tests/pipeline_checks.py transfers). pp 4,
 # M 4, t5-tiny (d_model 32, 2 heads, 32 buckets), fp32: the hidden state 1 x 12 x 32 x 4 B =
 # 1536 (decoder 1 x 8 x 32 x 4 = 1024), the encoder output 1536, a position-bias table
-# 32 x 2 x 4 = 256, its gradient 2 x 12 x 12 x 4 = 1152 (decoder 2 x 8 x 8 x 4 = 512).
+# 32 x 2 x 4 = 256, and its gradient the same 256 (each stage folds its blocks' d(bias)
+# into the table's gradient before the cut; it used to send d(bias), 2 x 12 x 12 x 4 = 1152).
 expect "the sends name their peers (s + 1 forward, s - 1 backward), carry the cut's bytes, and count 2 M (S - 1) plus the split's extra tensors" 0 \
-  'sends 48 .*0->1 forward 4 x \[1536, 256\]; 1->2 forward 4 x \[1536\]; 1->0 backward 4 x \[1536, 1152\]; 2->3 forward 4 x \[1024, 1536, 256\]; 2->1 backward 4 x \[1536\]; 3->2 backward 4 x \[1024, 1536, 512\]$' -- \
+  'sends 48 .*0->1 forward 4 x \[1536, 256\]; 1->2 forward 4 x \[1536\]; 1->0 backward 4 x \[1536, 256\]; 2->3 forward 4 x \[1024, 1536, 256\]; 2->1 backward 4 x \[1536\]; 3->2 backward 4 x \[1024, 1536, 256\]$' -- \
   $PY $ROOT/tests/pipeline_checks.py transfers $T/pp4-1f1b.h5
 expect "every pipeline trace's sends and receives: peers and bytes (bf16, dp, tp, fused)" 0 \
   '^ok .*pp2-tp2.h5: step 3: sends 8 \(2 pipeline\(s\) .*0->2 forward 2 x \[3072\]; 2->0 backward 2 x \[3072\]$' -- \

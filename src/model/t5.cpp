@@ -13,6 +13,7 @@
 // Each piece owns what it allocates in forward (its output included) and frees it in its
 // backward; the output of piece s is read by piece s+1 in both directions, and s+1's
 // backward runs before s's, so the ownership is safe.
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -145,6 +146,11 @@ struct T5Step::Impl {
   Buf d_enc_out;               // [Ne, d]
   Buf dbias[2];                // [H, T, T] per stack, summed over the stack's blocks
                                // (fused: [num_buckets, H], the table's gradient)
+  // Unfused, where a pipeline cut divides the stack: the table's gradient [num_buckets, H]
+  // that crosses the cut (received from the later stage, this stage's blocks' d(bias) folded
+  // in, sent to the earlier one), not the [H, T, T] d(bias): the same sum, exact, at the
+  // table's size (32 MiB -> a few KiB per micro-batch for t5-11.3b).
+  Buf dtable[2];
   std::vector<Micro> micro;
 
   Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at,
@@ -204,6 +210,7 @@ struct T5Step::Impl {
         b.upload(buckets[st] + int64_t(i) * T, row.data(), row.size() * sizeof(int));
       }
       dbias[st] = b.alloc_buf(int64_t(H) * T * T, dtype, ws);
+      if (stack_divided(st)) dtable[st] = b.alloc_buf(table_numel(), dtype, ws);
     }
     if (runs(Piece::Head))
       for (Micro& m : micro) m.losses = b.alloc_floats(Nd, ws);
@@ -220,7 +227,8 @@ struct T5Step::Impl {
       release_all(m.received);
       for (void* p : {(void*)m.enc_ids, (void*)m.dec_ids, (void*)m.labels, (void*)m.losses}) b.release(p);
     }
-    void* bufs[] = {buckets[0], buckets[1], dbias[0].ptr, dbias[1].ptr, d_hidden[0].ptr, d_hidden[1].ptr, d_enc_out.ptr};
+    void* bufs[] = {buckets[0], buckets[1], dbias[0].ptr, dbias[1].ptr, dtable[0].ptr, dtable[1].ptr,
+                    d_hidden[0].ptr, d_hidden[1].ptr, d_enc_out.ptr};
     for (void* p : bufs) b.release(p);
   }
 
@@ -231,6 +239,17 @@ struct T5Step::Impl {
     return false;
   }
   bool local(int pi) const { return pi >= part.first && pi < part.last; }
+  // A pipeline stage starts at piece pi (part.stage_starts: also in --check's reference).
+  bool starts_stage(int pi) const {
+    return std::find(part.stage_starts.begin(), part.stage_starts.end(), pi) != part.stage_starts.end();
+  }
+  // A stage starts inside stack st's blocks (pieces 1 .. L, or L + 2 .. 2L + 1), after its first.
+  bool stack_divided(int st) const {
+    const int first = st == 0 ? 1 : L + 2;
+    for (int pi = first + 1; pi < first + L; ++pi)
+      if (starts_stage(pi)) return true;
+    return false;
+  }
   // Micro-batch m's tensors: every call that runs or feeds one takes it from here.
   Micro& micro_batch(int m) {
     SB_ASSERT(m >= 0 && m < part.micro_batches, "micro-batch " + std::to_string(m) + " out of range");
@@ -245,6 +264,8 @@ struct T5Step::Impl {
   float head_rescale() const { return spec.tie_embeddings ? 1.f / std::sqrt(float(d)) : 1.f; }
   int64_t table_numel() const { return spec.num_buckets * H; }
   int64_t dbias_numel(int stack) const { return fused() ? table_numel() : int64_t(H) * seq(stack) * seq(stack); }
+  // The table's gradient a pipeline cut carries: dbias when fused (table-sized), else dtable.
+  Buf table_gradient(int stack) const { return fused() ? dbias[stack] : dtable[stack]; }
   AttentionShape attn_shape(int tq, int tk, bool causal) const {
     return AttentionShape{B, H, tq, tk, dkv, int(spec.num_buckets), causal};
   }
@@ -467,7 +488,9 @@ struct T5Step::Impl {
 
   // d_hidden[stack] holds d(out) on entry and d(x) on exit. The stack's accumulators
   // (dbias[stack], and d_enc_out in the decoder) start at zero in its last block's backward,
-  // the first to add to them; a pipeline stage without that block receives them instead.
+  // the first to add to them; a pipeline stage without that block receives them instead
+  // (unfused: the table's gradient in dtable, while dbias starts at zero in the stage's
+  // last block of the stack, and its first folds dbias into dtable).
   void block_backward(const Micro& mb, int pi, CBuf W, Buf G, const BlockState& st) {
     const Piece& s = pieces[pi];
     const int stack = stack_of(s), T = seq(stack), N = B * T;
@@ -475,7 +498,10 @@ struct T5Step::Impl {
     const Buf dy = d_hidden[stack];  // [N, d], the residual stream's gradient
     if (s.layer == L - 1) {
       b.fill(dbias[stack], 0.f, dbias_numel(stack));
+      if (dtable[stack]) b.fill(dtable[stack], 0.f, table_numel());
       if (stack == 1) b.fill(d_enc_out, 0.f, int64_t(Ne) * d);
+    } else if (dtable[stack] && starts_stage(pi + 1)) {  // the later stages' sum is in dtable
+      b.fill(dbias[stack], 0.f, dbias_numel(stack));
     }
     std::vector<void*> tmp;
     const Buf dxn = alloc(tmp, int64_t(N) * d, MemCategory::Workspace);  // [N, d] d(normed input)
@@ -520,6 +546,12 @@ struct T5Step::Impl {
     if (s.layer == 0 && fused()) {  // every block of the stack has added its d(table) by now
       b.add(grad(G, s, "rel_bias"), dbias[stack], table_numel());
       ready(s, "rel_bias");
+    } else if (dtable[stack] && (s.layer == 0 || starts_stage(pi))) {  // a stage's first block of the stack
+      b.position_bias_backward(dtable[stack], dbias[stack], buckets[stack], H, T, T);
+      if (s.layer == 0) {  // the whole stack's sum: into the table's gradient
+        b.add(grad(G, s, "rel_bias"), dtable[stack], table_numel());
+        ready(s, "rel_bias");
+      }  // else dtable crosses the cut before this block
     } else if (s.layer == 0) {  // every block of the stack has added its d(bias) by now
       b.position_bias_backward(grad(G, s, "rel_bias"), dbias[stack], buckets[stack], H, T, T);
       ready(s, "rel_bias");
@@ -695,12 +727,12 @@ struct T5Step::Impl {
     if (k <= L + 1) {
       const int l = k - 1;  // the first encoder block after the cut (L: the bridge)
       c.push_back({CutKind::EncoderHidden, {"encoder hidden state", enc, enc}});
-      if (l >= 1 && l < L) c.push_back({CutKind::EncoderTable, {"encoder position bias", table_numel(), dbias_numel(0)}});
+      if (l >= 1 && l < L) c.push_back({CutKind::EncoderTable, {"encoder position bias", table_numel(), table_numel()}});
     } else {
       const int l = k - L - 2;  // the first decoder block after the cut (L: the head)
       c.push_back({CutKind::DecoderHidden, {"decoder hidden state", dec, dec}});
       if (l < L) c.push_back({CutKind::EncoderOutput, {"encoder output", enc, enc}});
-      if (l >= 1 && l < L) c.push_back({CutKind::DecoderTable, {"decoder position bias", table_numel(), dbias_numel(1)}});
+      if (l >= 1 && l < L) c.push_back({CutKind::DecoderTable, {"decoder position bias", table_numel(), table_numel()}});
     }
     return c;
   }
@@ -717,10 +749,10 @@ struct T5Step::Impl {
   Buf cut_gradient(CutKind kind) const {
     switch (kind) {
       case CutKind::EncoderHidden: return d_hidden[0];
-      case CutKind::EncoderTable: return dbias[0];
+      case CutKind::EncoderTable: return table_gradient(0);
       case CutKind::DecoderHidden: return d_hidden[1];
       case CutKind::EncoderOutput: return d_enc_out;
-      case CutKind::DecoderTable: return dbias[1];
+      case CutKind::DecoderTable: return table_gradient(1);
     }
     SB_FATAL("unknown cut tensor");
   }

@@ -25,7 +25,8 @@ StepShape micro_shape(const StepShape& shape, int micro_batches) {
 }
 PipelinePart part_of(const StrategyConfig& c, const PipelineSplit& split, const Mesh& mesh) {
   const int s = mesh.layout.pp_rank();
-  return {split.first[size_t(s)], split.first[size_t(s) + 1], c.micro_batches};
+  return {split.first[size_t(s)], split.first[size_t(s) + 1], c.micro_batches,
+          std::vector<int>(split.first.begin(), split.first.end() - 1)};
 }
 // Sequences m·B/M .. (m+1)·B/M − 1 of a rank's tokens.
 Tokens micro_tokens(const Tokens& t, int micro, int micro_batches) {

@@ -101,8 +101,10 @@ struct StepCheck::Reference {
   // One micro-batch at a time (the run's micro-batch shape), `root_parts` root gradients.
   void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int root_parts) {
     const StepShape micro{cfg.shape.batch / cfg.strategy.micro_batches, cfg.shape.enc_len, cfg.shape.dec_len};
+    PipelinePart whole;  // every piece, the table's gradient folded where the run's stages start
+    whole.stage_starts.assign(cfg.split.first.begin(), cfg.split.first.end() - 1);
     r.step = std::make_unique<T5Step>(cfg.model, *b, dtype, micro, cfg.strategy.checkpointing, grad_scale,
-                                      cfg.strategy.attention, tp);  // the run's attention path
+                                      cfg.strategy.attention, tp, whole);  // the run's attention path
     for (const UnitSpec& u : r.step->units()) {
       r.params.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Parameters));
       r.grads.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Gradients));

@@ -75,6 +75,10 @@ struct TensorGroup {
 struct PipelinePart {
   int first = 0, last = -1;
   int micro_batches = 1;
+  // The first piece of every pipeline stage (the split's): where a stack's position-bias
+  // gradient crosses a cut, folded into the table's gradient (unfused attention). --check's
+  // reference runs every piece but folds at the same places, so its sums are the run's.
+  std::vector<int> stage_starts;
 };
 
 class T5Step {
