@@ -10,6 +10,7 @@ packages=(
   libcli11-dev                         # command-line options
   libgtest-dev libbenchmark-dev        # tests, micro-benchmarks
   time                                 # tests: /usr/bin/time -f %M, a plan's resident high-water mark
+  xz-utils                             # tests: the GPU window's bundles (tar -J)
   python3-numpy python3-h5py python3-matplotlib python3-pandas  # analysis (/usr/bin/python3)
 )
 missing=()

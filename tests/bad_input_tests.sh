@@ -156,13 +156,19 @@ if [ -e $T/other.h5.elsewhere.4242.tmp ] && [ ! -e $T/other.h5.gone.4243.failed.
   ok "another host's recent temporary is kept, its hour-old one removed"
 else ls -la $T >"$tmp/out"; bad "another host's recent temporary is kept, its hour-old one removed"; fi
 # A live writer's temporary is never taken for stale: a run to the same --out leaves it.
-SHARDBENCH_INJECT_FAULT=publish-delay=4 $BIN/fsdp_perf "${TINY[@]}" --out $T/live.h5 >"$tmp/live" 2>&1 &
+# The writer is stopped (SIGSTOP) once its temporary exists, so it is still writing however
+# slowly the machine runs the plan beside it, and continued afterwards; its steps (seconds
+# even on an idle machine, longer on a busy one) and a short delay before publishing leave
+# the poll below ample time to see the temporary first.
+SHARDBENCH_INJECT_FAULT=publish-delay=3 $BIN/fsdp_perf "${TINY[@]}" --steps 3000 --out $T/live.h5 >"$tmp/live" 2>&1 &
 writer=$!
-for i in $(seq 150); do ls $T/live.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.2; done
+for i in $(seq 300); do ls $T/live.h5.*.tmp >/dev/null 2>&1 && break; sleep 0.1; done
+kill -STOP $writer
 expect "a plan recorded to the same --out meanwhile (out-of-memory)" 3 "wrote $T/live.h5" -- \
   $BIN/fsdp_perf --model t5-tiny --plan --mem-limit-gib 0.000001 --out $T/live.h5
 if ls $T/live.h5.*.tmp >/dev/null 2>&1; then ok "a live writer's temporary is left alone"
 else ls -la $T >"$tmp/out"; bad "a live writer's temporary is left alone"; fi
+kill -CONT $writer
 wait $writer
 rc=$?
 if [ $rc -eq 6 ] && [ -f $T/live-2.h5 ]; then ok "the live writer finishes, its result kept aside (exit 6)"

@@ -131,11 +131,12 @@ if [ -e $T/killed.h5 ]; then bad "killed run leaves no result"; else ok "killed 
 pkill -9 -f "fsdp_perf --model t5-small --batch 2 --seq-len 64 --steps 1000" 2>/dev/null || true
 
 # Two runs with the same --out: both pass the start-up check, both hold their result under
-# a temporary of their own until publishing (delayed here so they overlap); exactly one
-# takes the name, the other exits 6 naming the suffixed file that keeps its result.
+# a temporary of their own until publishing (delayed here so they overlap: 10 s, so that a
+# busy machine starting the second mpirun late still has them overlap); exactly one takes
+# the name, the other exits 6 naming the suffixed file that keeps its result.
 MPI2=(timeout 300 mpirun -np 2 --oversubscribe --bind-to none -x SHARDBENCH_INJECT_FAULT)
 for w in 1 2; do
-  SHARDBENCH_INJECT_FAULT=publish-delay=3 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
+  SHARDBENCH_INJECT_FAULT=publish-delay=10 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --out $T/race.h5 >"$tmp/race$w" 2>&1 &
 done
 rc1=0 rc2=0
 wait %1 || rc1=$?
