@@ -256,8 +256,10 @@ class Pipeline(unittest.TestCase):
 
     def test_the_nic_sharing_bound_is_the_time_sends_and_cross_node_reductions_overlap(self):
         import projection_checks as checks
-        (one_node, two_nodes) = checks.nic_sharing(layouts=(("ddp-tp2-pp2", 32),), gpus=(8, 32), micro_batches=4)
+        (one_node, two_nodes) = checks.nic_sharing(layouts=(("ddp-tp2-pp2", 32),), gpus=(8, 32), micro_batches=8)
         self.assertEqual(one_node["overlap"], 0.0)  # 4 ranks a stage: the sends stay on the node
+        # 8 micro-batches: the last sends still run when the data-parallel all-reduce starts
+        # (at 4 they end first since the position-bias gradient crosses at table size)
         self.assertGreater(two_nodes["overlap"], 0.0)
         self.assertLessEqual(two_nodes["overlap"], min(two_nodes["sends"], two_nodes["dp"]))
         self.assertLess(two_nodes["overlap"], 0.01 * two_nodes["step"])
