@@ -16,7 +16,11 @@ TEST(Fault, EveryFaultOfTheListByItsName) {
   const std::pair<const char*, Fault> named[] = {{"drop-grad-shard", Fault::DropGradShard},
                                                  {"wrong-reduction-scale", Fault::WrongReductionScale},
                                                  {"stale-prefetch", Fault::StalePrefetch},
-                                                 {"tp-skip-attention-all-reduce", Fault::TpSkipAttentionAllReduce}};
+                                                 {"tp-skip-attention-all-reduce", Fault::TpSkipAttentionAllReduce},
+                                                 {"tp-skip-feed-forward-all-reduce", Fault::TpSkipFeedForwardAllReduce},
+                                                 {"tp-wrong-head-shard", Fault::TpWrongHeadShard},
+                                                 {"tp-wrong-vocab-offset", Fault::TpWrongVocabOffset},
+                                                 {"tp-bf16-gradient-all-reduce", Fault::TpBf16GradientAllReduce}};
   for (const auto& [name, fault] : named) {
     const FaultChoice c = parse_fault_choice(name);
     EXPECT_TRUE(c.any) << name;
@@ -46,6 +50,7 @@ TEST(Fault, AnythingElseIsRefusedNamingTheList) {
 TEST(Fault, NoneWithoutTheVariable) {
   if (std::getenv("SHARDBENCH_INJECT_FAULT")) GTEST_SKIP() << "SHARDBENCH_INJECT_FAULT is set";
   for (Fault f : {Fault::DropGradShard, Fault::WrongReductionScale, Fault::StalePrefetch,
-                  Fault::TpSkipAttentionAllReduce, Fault::WriteDelay, Fault::PublishDelay})
+                  Fault::TpSkipAttentionAllReduce, Fault::TpSkipFeedForwardAllReduce, Fault::TpWrongHeadShard,
+                  Fault::TpWrongVocabOffset, Fault::TpBf16GradientAllReduce, Fault::WriteDelay, Fault::PublishDelay})
     EXPECT_FALSE(injected_fault(f));
 }

@@ -19,6 +19,10 @@ constexpr FaultInfo kFaults[] = {
     {Fault::WrongReductionScale, "wrong-reduction-scale", false},
     {Fault::StalePrefetch, "stale-prefetch", false},
     {Fault::TpSkipAttentionAllReduce, "tp-skip-attention-all-reduce", false},
+    {Fault::TpSkipFeedForwardAllReduce, "tp-skip-feed-forward-all-reduce", false},
+    {Fault::TpWrongHeadShard, "tp-wrong-head-shard", false},
+    {Fault::TpWrongVocabOffset, "tp-wrong-vocab-offset", false},
+    {Fault::TpBf16GradientAllReduce, "tp-bf16-gradient-all-reduce", false},
     {Fault::WriteDelay, "write-delay", true},
     {Fault::PublishDelay, "publish-delay", true},
 };

@@ -5,6 +5,7 @@
 #include <map>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/fault.h"
 #include "shardbench/model/model.h"
 
 namespace sb {
@@ -184,16 +185,18 @@ enum class PartitionBy { None, Rows, Cols };  // which dimension a tensor-parall
 struct UnitBuilder {
   UnitSpec u;
   TensorPartition tp;
+  // `block`: which rank's block of a partitioned tensor this rank holds (its own: -1).
   void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale,
-           PartitionBy by = PartitionBy::None) {
+           PartitionBy by = PartitionBy::None, int block = -1) {
+    if (block < 0) block = tp.rank;
     TensorSpec t;
     t.name = name;
     t.full_rows = rows;
     t.full_cols = cols;
     t.rows = by == PartitionBy::Rows ? rows / tp.size : rows;
     t.cols = by == PartitionBy::Cols ? cols / tp.size : cols;
-    t.row_begin = by == PartitionBy::Rows ? t.rows * tp.rank : 0;
-    t.col_begin = by == PartitionBy::Cols ? t.cols * tp.rank : 0;
+    t.row_begin = by == PartitionBy::Rows ? t.rows * block : 0;
+    t.col_begin = by == PartitionBy::Cols ? t.cols * block : 0;
     t.offset = u.numel;
     t.init = init;
     t.init_scale = scale;
@@ -202,14 +205,16 @@ struct UnitBuilder {
   }
   // A Linear [out, in]: uniform(±1/sqrt(in)) keeps activations O(1) through the stack.
   // Column-parallel (Megatron's term: the output partitioned, our rows) or row-parallel (the input).
-  void linear(const std::string& name, int64_t out, int64_t in, PartitionBy by) {
-    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)), by);
+  void linear(const std::string& name, int64_t out, int64_t in, PartitionBy by, int block = -1) {
+    add(name, out, in, InitKind::Uniform, 1.0f / std::sqrt(float(in)), by, block);
   }
   void norm(const std::string& name, int64_t d) { add(name, 1, d, InitKind::Ones, 0.f); }
   void attention(const std::string& p, const ModelSpec& s) {
-    linear(p + ".q", s.inner(), s.d_model, PartitionBy::Rows);
-    linear(p + ".k", s.inner(), s.d_model, PartitionBy::Rows);
-    linear(p + ".v", s.inner(), s.d_model, PartitionBy::Rows);
+    // Injected fault (tests only): q, k and v hold the next rank's heads, o and the bias this rank's.
+    const int heads = injected_fault(Fault::TpWrongHeadShard) ? (tp.rank + 1) % tp.size : tp.rank;
+    linear(p + ".q", s.inner(), s.d_model, PartitionBy::Rows, heads);
+    linear(p + ".k", s.inner(), s.d_model, PartitionBy::Rows, heads);
+    linear(p + ".v", s.inner(), s.d_model, PartitionBy::Rows, heads);
     linear(p + ".o", s.d_model, s.inner(), PartitionBy::Cols);
   }
 };

@@ -165,6 +165,7 @@ struct T5Step::Impl {
     d = int(s.d_model), ff = int(s.d_ff / tp.size), H = int(s.heads / tp.size), dkv = int(s.d_kv);
     inner = H * dkv, V = int(s.vocab / tp.size), L = int(s.layers);
     vocab_begin = V * tp.rank;
+    if (g.size > 1 && injected_fault(Fault::TpWrongVocabOffset)) vocab_begin += 1;  // tests only: off by one token
     Ne = B * Te, Nd = B * Td;
 
     pieces.push_back({Piece::EncoderEmbed, 0, 0});
@@ -309,19 +310,32 @@ struct T5Step::Impl {
 
   // ---------------------------------------------------------------- tensor parallelism
   bool tensor_parallel() const { return tp.size > 1; }
-  // Sums x over the tensor-parallel group (in place), on the critical path.
-  void tp_all_reduce(Buf x, int64_t n) {
-    if (tensor_parallel()) b.wait(b.all_reduce(x, n, *tp.comm));
+  // What a sum over the group carries: an activation (forward) or an input gradient (backward).
+  enum class Flow { Forward, Backward };
+  // Sums x [n] over the tensor-parallel group, in place, on the critical path. Injected
+  // faults (tests only): `skipped` removes this all-reduce; tp-bf16-gradient-all-reduce sums
+  // an fp32 run's input gradients in bf16, as a 16-bit wire format would.
+  void tp_all_reduce(Buf x, int64_t n, Flow flow, bool skipped = false) {
+    if (!tensor_parallel() || skipped) return;
+    if (flow == Flow::Backward && x.dtype == DType::F32 && injected_fault(Fault::TpBf16GradientAllReduce)) {
+      const Buf h = b.alloc_buf(n, DType::BF16, MemCategory::Workspace);
+      b.cast(h, x, n);
+      b.wait(b.all_reduce(h, n, *tp.comm));
+      b.cast(x, h, n);
+      b.release(h.ptr);
+      return;
+    }
+    b.wait(b.all_reduce(x, n, *tp.comm));
   }
   // out [n] += the group's sum of `product` (a row-parallel GEMM that writes its result
-  // into dst with the given beta): one rank adds into out directly.
+  // into dst with the given beta): one rank adds into out directly. `skipped`: see above.
   template <class Product>
-  void add_row_parallel(Buf out, int64_t n, Product&& product) {
+  void add_row_parallel(Buf out, int64_t n, Product&& product, bool skipped = false) {
     if (!tensor_parallel()) return product(out, 1.f);
     std::vector<void*> tmp;
     const Buf part = alloc(tmp, n, MemCategory::Workspace);
     product(part, 0.f);
-    tp_all_reduce(part, n);
+    tp_all_reduce(part, n, Flow::Forward, skipped);
     b.add(out, part, n);
     release_all(tmp);
   }
@@ -430,7 +444,7 @@ struct T5Step::Impl {
     b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
     b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
     b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
-    if (!injected_fault(Fault::TpSkipAttentionAllReduce)) tp_all_reduce(dxn, int64_t(B) * tq * d);
+    tp_all_reduce(dxn, int64_t(B) * tq * d, Flow::Backward, bool(injected_fault(Fault::TpSkipAttentionAllReduce)));
     release_all(tmp);
   }
 
@@ -483,7 +497,7 @@ struct T5Step::Impl {
     }
     add_row_parallel(out, int64_t(N) * d, [&](Buf dst, float beta) {  // out += h Wo^T
       b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, beta, dst, d);
-    });
+    }, bool(injected_fault(Fault::TpSkipFeedForwardAllReduce)));
   }
 
   // d_hidden[stack] holds d(out) on entry and d(x) on exit. The stack's accumulators
@@ -530,7 +544,7 @@ struct T5Step::Impl {
         ready(s, "wi");
         b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
       }
-      tp_all_reduce(dxn, int64_t(N) * d);
+      tp_all_reduce(dxn, int64_t(N) * d, Flow::Backward);
       b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
       ready(s, ln_ff);
       release_all(tff);
@@ -611,7 +625,7 @@ struct T5Step::Impl {
   void embed_forward(Micro& mb, int pi, CBuf W) {
     mb.hidden[0][0] = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
     b.embedding_forward(mb.hidden[0][0], param(W, pieces[pi], "shared"), mb.enc_ids, Ne, d);
-    tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d);  // vocabulary-parallel: one rank holds each row
+    tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d, Flow::Forward);  // vocabulary-parallel: one rank holds each row
   }
   void embed_backward(Micro& mb, int pi, Buf G) {
     b.embedding_backward(grad(G, pieces[pi], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
@@ -626,13 +640,13 @@ struct T5Step::Impl {
                       kNormEps);
     mb.hidden[1][0] = act(mb, pi, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
     b.embedding_forward(mb.hidden[1][0], param(W, s, "shared"), mb.dec_ids, Nd, d);
-    tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d);
+    tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d, Flow::Forward);
   }
   void bridge_backward(Micro& mb, int pi, CBuf W, Buf G) {
     const Piece& s = pieces[pi];
     b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb.dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
-    tp_all_reduce(d_enc_out, int64_t(Ne) * d);  // every decoder block's cross K/V part, summed once
+    tp_all_reduce(d_enc_out, int64_t(Ne) * d, Flow::Backward);  // every decoder block's cross K/V part, summed once
     b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb.hidden[0][L],
                        param(W, s, "encoder.final_norm"), mb.bridge_rstd, Ne, d);
     ready(s, "encoder.final_norm");
@@ -658,7 +672,7 @@ struct T5Step::Impl {
     b.cross_entropy_max(mb.logits, row_max, Nd, V);
     b.wait(b.collective({Collective::AllReduce, row_max, row_max, Nd, DType::F32, ReduceOp::Max}, *tp.comm));
     b.cross_entropy_sums(mb.logits, row_max, mb.labels, sums, Nd, V);
-    tp_all_reduce(sums, 2 * int64_t(Nd));
+    tp_all_reduce(sums, 2 * int64_t(Nd), Flow::Forward);
     b.cross_entropy_finish(mb.logits, mb.losses, row_max, sums, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
@@ -671,7 +685,7 @@ struct T5Step::Impl {
     b.gemm(true, false, V, d, Nd, rescale, mb.logits, V, mb.head_hn, d, 1.f, grad(G, s, head_weight()), d);
     if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
     b.gemm(false, false, Nd, d, V, rescale, mb.logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
-    tp_all_reduce(dhn, int64_t(Nd) * d);
+    tp_all_reduce(dhn, int64_t(Nd) * d, Flow::Backward);
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
     b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, mb.hidden[1][L],
                        param(W, s, "decoder.final_norm"), mb.head_rstd, Nd, d);

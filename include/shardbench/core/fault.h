@@ -5,26 +5,43 @@
 // ends the run (SB_FATAL) the first time any fault is asked for, so a misspelt fault cannot
 // let a test pass without having happened.
 //
-//   fault                          acts in                         what it does / the test that injects it
-//   drop-grad-shard                strategy/training_schedule.cpp  the last rank zeroes a quarter of its reduced
+//   fault                           acts in                        what it does / the test that injects it
+//   drop-grad-shard                 strategy/training_schedule.cpp the last rank zeroes a quarter of its reduced
 //                                                                  gradients before Adam; --check fails at step 1
 //                                                                  (tests/mpi_tests.sh, "injected fault")
-//   wrong-reduction-scale          backend/backend.cpp             the strategies' gradient reductions average
-//                                                                  instead of summing (scaled by 1/ranks); --check
-//                                                                  fails at step 1 (tests/mpi_tests.sh)
-//   stale-prefetch                 strategy/fsdp.cpp               FSDP unit 1 keeps the parameters gathered in an
+//   wrong-reduction-scale           backend/backend.cpp            the strategies' gradient reductions average instead
+//                                                                  of summing (scaled by 1/ranks); --check fails at
+//                                                                  step 1 (tests/mpi_tests.sh)
+//   stale-prefetch                  strategy/fsdp.cpp              FSDP unit 1 keeps the parameters gathered in an
 //                                                                  earlier step; --check fails at step 2
 //                                                                  (tests/mpi_tests.sh)
-//   tp-skip-attention-all-reduce   model/t5.cpp                    the attention's input gradient is not summed over
-//                                                                  the tensor-parallel group; --check fails against
-//                                                                  the full model (tests/tp_tests.sh)
-//   write-delay=S                  trace/h5_file.cpp               rank 0 holds a new result's temporary open S
-//                                                                  seconds before any table is written, so a test
-//                                                                  can fill the disk mid-write (tests/mpi_tests.sh,
-//                                                                  "disk filling during the collective write")
-//   publish-delay=S                trace/h5_file.cpp               rank 0 waits S seconds before publishing a result,
-//                                                                  so that runs overlap, a signal or the watchdog
-//                                                                  finds the temporary open (tests/mpi_tests.sh,
+//   tp-skip-attention-all-reduce    model/t5.cpp                   the attention's input gradient is not summed over
+//                                                                  the tensor-parallel group; --check fails against the
+//                                                                  full model (tests/tp_tests.sh)
+//   tp-skip-feed-forward-all-reduce model/t5.cpp                   the feed-forward block's row-parallel output (wo's
+//                                                                  product) is not summed over the tensor-parallel
+//                                                                  group in forward; --check fails against the full
+//                                                                  model (tests/tp_tests.sh)
+//   tp-wrong-head-shard             model/spec.cpp                 each tensor-parallel rank's attention q, k and v
+//                                                                  hold the next rank's heads, its o and position bias
+//                                                                  its own; --check fails against the full model
+//                                                                  (tests/tp_tests.sh)
+//   tp-wrong-vocab-offset           model/t5.cpp                   each tensor-parallel rank's vocabulary range starts
+//                                                                  one token late (its embedding rows and labels);
+//                                                                  --check fails against the full model
+//                                                                  (tests/tp_tests.sh)
+//   tp-bf16-gradient-all-reduce     model/t5.cpp                   an fp32 run sums its input gradients over the
+//                                                                  tensor-parallel group in bf16 (each rank's part and
+//                                                                  the sum rounded, as a 16-bit wire format would);
+//                                                                  --check fails against the full model
+//                                                                  (tests/tp_tests.sh)
+//   write-delay=S                   trace/h5_file.cpp              rank 0 holds a new result's temporary open S seconds
+//                                                                  before any table is written, so a test can fill the
+//                                                                  disk mid-write (tests/mpi_tests.sh, "disk filling
+//                                                                  during the collective write")
+//   publish-delay=S                 trace/h5_file.cpp              rank 0 waits S seconds before publishing a result,
+//                                                                  so that runs overlap, a signal or the watchdog finds
+//                                                                  the temporary open (tests/mpi_tests.sh,
 //                                                                  tests/bad_input_tests.sh)
 //
 // docs/reliability.md, "Injected faults", says what each shows.
@@ -33,7 +50,18 @@
 
 namespace sb {
 
-enum class Fault { DropGradShard, WrongReductionScale, StalePrefetch, TpSkipAttentionAllReduce, WriteDelay, PublishDelay };
+enum class Fault {
+  DropGradShard,
+  WrongReductionScale,
+  StalePrefetch,
+  TpSkipAttentionAllReduce,
+  TpSkipFeedForwardAllReduce,
+  TpWrongHeadShard,
+  TpWrongVocabOffset,
+  TpBf16GradientAllReduce,
+  WriteDelay,
+  PublishDelay
+};
 
 // Whether `f` is the injected fault, and for a delay its seconds.
 struct InjectedFault {
