@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Tensor parallelism (--tp, Megatron-LM's split) combined with every data-parallel strategy:
-# --check against the split and the full single-rank references, the tensor-parallel
+# --check against the split reference and the full model in lockstep (a correct split passes,
+# five deliberately wrong ones fail, each named in one line), the tensor-parallel
 # all-reduces per block read from the trace against the formula, plan = measured peak, the
 # plan of any world without allocating, and bad values refused in one line (exit 2).
 # Ends with "N passed, N failed".
@@ -10,7 +11,7 @@ MPI4=(timeout 300 mpirun -np 4 --oversubscribe --bind-to none)
 MPI8=(timeout 300 mpirun -np 8 --oversubscribe --bind-to none)
 TINY=(--model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1)
 check_pattern='check: .* -> PASS'
-split_pattern='check: tensor parallelism: the split reference on ranks 0-[0-9]+; against the full model'
+split_pattern='check: tensor parallelism: the split reference on ranks 0-[0-9]+; against the full model in lockstep .* -> PASS$'
 T=$tmp/traces
 mkdir -p "$T"
 
@@ -30,19 +31,19 @@ for dtype in fp32 bf16; do
 done
 # hybrid needs replicas of a shard group: tp 2 × (replicate 2 × shard 2) on 8 ranks
 for dtype in fp32 bf16; do
-  expect "tp 2 x dp 4, fsdp hybrid 2, $dtype --check" 0 "$check_pattern" -- \
+  expect "tp 2 x dp 4, fsdp hybrid 2, $dtype --check" 0 "$split_pattern" -- \
     "${MPI8[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --sharding hybrid --shard-size 2 --dtype $dtype --check \
     --out $T/hybrid-$dtype.h5
 done
 # tp 4 × dp 1: the whole world one tensor-parallel group (t5-tiny has 2 heads: 4 here)
 for dtype in fp32 bf16; do
-  expect "tp 4 x dp 1, fsdp full, $dtype --check" 0 "$check_pattern" -- \
+  expect "tp 4 x dp 1, fsdp full, $dtype --check" 0 "$split_pattern" -- \
     "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --heads 4 --tp 4 --dtype $dtype --check --out $T/tp4-$dtype.h5
 done
 expect "tp 2, gated-GELU feed-forward (wi_0, wi_1 split), untied LM head (vocabulary-parallel), bf16 --check" 0 \
-  "$check_pattern" -- "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --ffn gated-gelu --tie-embeddings no --dtype bf16 \
+  "$split_pattern" -- "${MPI4[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --ffn gated-gelu --tie-embeddings no --dtype bf16 \
   --check --out $T/gated-untied-bf16.h5
-expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scale) --check" 0 "$check_pattern" -- \
+expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scale) --check" 0 "$split_pattern" -- \
   "${MPI4[@]}" $BIN/ddp_perf "${TINY[@]}" --tp 2 --attention fused --activation-checkpointing --dtype fp16 --check \
   --out $T/ddp-fused-ckpt-fp16.h5
 
@@ -61,13 +62,26 @@ r = shardbench_h5.load('$T/fsdp_perf_--sharding_full-bf16.h5'); m = r.meta
 print('tp', m['tp_size'], 'dp', m['dp_size'], 'shard', m['shard_size'], 'replicas', m['replicas'], 'groups',
       r.group(1, 'tp'), r.group(1, 'dp_shard'))"
 
-# A broken split: the attention's input gradient not summed over the group. The split
-# reference runs the same code, so it agrees with the run; the full model does not (and the
-# norms' gradients, no longer the same on every rank of a group, part the replicas).
-expect "injected fault tp-skip-attention-all-reduce: --check fails on the split" 4 \
-  'against the full model in fp32, .* gradients within ([1-9]|0\.[1-9])[0-9.e+]* of their norm' -- \
-  env SHARDBENCH_INJECT_FAULT=tp-skip-attention-all-reduce "${MPI4[@]}" -x SHARDBENCH_INJECT_FAULT \
-  $BIN/fsdp_perf "${TINY[@]}" --tp 2 --check
+# A broken split, five ways (SHARDBENCH_INJECT_FAULT, include/shardbench/core/fault.h). The
+# split reference runs the same code, so it agrees with the run; the lockstep names the first
+# sum over the group that leaves its rounding bound of the full model's. The last is the
+# tightness probe: an fp32 run whose input gradients are summed over the group in bf16 (each
+# part and the sum rounded to 8 bits) is within 0.0063 of the gradients' norm, inside the
+# former check's 0.1; its rounding bound is 2^-24 per rounding.
+first_difference='check: tensor parallelism: first difference: step 1: data-parallel rank 0.s step,'
+faults=(
+  "tp-skip-attention-all-reduce|backward of decoder block 1: the group.s sum of the cross-attention input gradient, element [0-9]+ of 512, .* x its rounding bound"
+  "tp-skip-feed-forward-all-reduce|forward of encoder block 0: the group.s sum of the feed-forward output, element [0-9]+ of 768, .* x its rounding bound"
+  "tp-wrong-head-shard|forward of encoder block 0: the group.s sum of the self-attention output, element [0-9]+ of 768, .* x its rounding bound"
+  "tp-wrong-vocab-offset|forward of the encoder embedding: the group.s sum of the encoder embedding, element [0-9]+ of 768, .* x its rounding bound"
+  "tp-bf16-gradient-all-reduce|backward of the head: the group.s sum of the LM head input gradient, element [0-9]+ of 512, .* apart, [0-9.e+]+ x its rounding bound"
+)
+for f in "${faults[@]}"; do
+  fault=${f%%|*}
+  expect "injected fault $fault: --check fails, naming the sum" 4 "$first_difference ${f#*|}" -- \
+    env SHARDBENCH_INJECT_FAULT=$fault "${MPI4[@]}" -x SHARDBENCH_INJECT_FAULT \
+    $BIN/fsdp_perf "${TINY[@]}" --tp 2 --check --out $T/fault-$fault.h5
+done
 
 # --- the plan: any world, nothing allocated; per-rank parameters and FLOPs are the share ---
 # "Without allocating": the process's resident high-water mark (/usr/bin/time's maxrss) is

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardbench/backend/backend.h"
+#include "shardbench/backend/exact_sum.h"
 #include "shardbench/core/check.h"
 #include "shardbench/core/half.h"
 #include "shardbench/core/format.h"
@@ -149,15 +150,16 @@ struct AttnBias {
   }
 };
 
-// C[m,n] (ldc) = alpha A B^T-or-not + beta C, row-major, fp32.
-void sgemm(bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+// C[m,n] (ldc) = A B^T-or-not + beta C, row-major, fp32; `exact`: ComputeOptions::exact_sums.
+void sgemm(bool exact, bool ta, bool tb, int m, int n, int k, const float* a, int lda, const float* b, int ldb,
            float beta, float* c, int ldc) {
+  if (exact) return exact_sgemm(ta, tb, m, n, k, 1.f, a, lda, b, ldb, beta, c, ldc);
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, m, n, k,
               1.f, a, lda, b, ldb, beta, c, ldc);
 }
 
 // One query tile of one (batch, head): online softmax over key tiles in ascending order.
-void attention_forward_tile(float* o, float* lse, const float* q, const float* k, const float* v,
+void attention_forward_tile(bool exact, float* o, float* lse, const float* q, const float* k, const float* v,
                             const AttnBias& bias, const AttentionShape& s, int h, int i0) {
   const int D = s.d_kv, ld = int(s.ld()), br = std::min(kAttnTile, s.tq - i0);
   std::vector<float> S(kAttnTile * kAttnTile), acc(size_t(kAttnTile) * D, 0.f);
@@ -165,7 +167,7 @@ void attention_forward_tile(float* o, float* lse, const float* q, const float* k
   for (int j0 = 0; j0 < s.tk; j0 += kAttnTile) {
     if (s.causal && j0 > i0 + br - 1) break;  // every key of the tile is masked
     const int bc = std::min(kAttnTile, s.tk - j0);
-    sgemm(false, true, br, bc, D, q + int64_t(i0) * ld, ld, k + int64_t(j0) * ld, ld, 0.f, S.data(), kAttnTile);
+    sgemm(exact, false, true, br, bc, D, q + int64_t(i0) * ld, ld, k + int64_t(j0) * ld, ld, 0.f, S.data(), kAttnTile);
     for (int r = 0; r < br; ++r) {
       const int i = i0 + r;
       float* row = S.data() + r * kAttnTile;
@@ -185,7 +187,7 @@ void attention_forward_tile(float* o, float* lse, const float* q, const float* k
       m[r] = mx;
       for (int c = 0; c < bc; ++c) l[r] += (row[c] = std::exp(row[c] - mx));
     }
-    sgemm(false, false, br, D, bc, S.data(), kAttnTile, v + int64_t(j0) * ld, ld, 1.f, acc.data(), D);
+    sgemm(exact, false, false, br, D, bc, S.data(), kAttnTile, v + int64_t(j0) * ld, ld, 1.f, acc.data(), D);
   }
   for (int r = 0; r < br; ++r) {
     const float inv = 1.f / l[r];
@@ -195,7 +197,7 @@ void attention_forward_tile(float* o, float* lse, const float* q, const float* k
 }
 
 // o, q [B*tq, ld] and k, v [B*tk, ld]; lse [B, H, tq].
-void attention_forward_f32(float* o, float* lse, const float* q, const float* k, const float* v,
+void attention_forward_f32(bool exact, float* o, float* lse, const float* q, const float* k, const float* v,
                            const AttnBias& bias, const AttentionShape& s) {
   const int64_t ld = s.ld();
   for (int b = 0; b < s.batch; ++b)
@@ -203,7 +205,7 @@ void attention_forward_f32(float* o, float* lse, const float* q, const float* k,
       const int64_t qo = int64_t(b) * s.tq * ld + int64_t(h) * s.d_kv;
       const int64_t ko = int64_t(b) * s.tk * ld + int64_t(h) * s.d_kv;
       for (int i0 = 0; i0 < s.tq; i0 += kAttnTile)
-        attention_forward_tile(o + qo, lse + (int64_t(b) * s.heads + h) * s.tq, q + qo, k + ko, v + ko, bias, s,
+        attention_forward_tile(exact, o + qo, lse + (int64_t(b) * s.heads + h) * s.tq, q + qo, k + ko, v + ko, bias, s,
                                h, i0);
     }
 }
@@ -227,14 +229,16 @@ void add_diagonals(float* slot, const float* dS, int br, int bc, int tq, int i0)
 
 // Key chunk [j0, j0+bc) of one (batch, head): dK, dV of the chunk, dQ accumulated (the CPU
 // runs the chunks one after another, so the order is fixed), the bias partial sums.
-void attention_backward_chunk(const AttnHead& a, const AttnBias& bias, const AttentionShape& s, int h, int j0) {
+void attention_backward_chunk(bool exact, const AttnHead& a, const AttnBias& bias, const AttentionShape& s, int h,
+                              int j0) {
   const int D = s.d_kv, ld = int(s.ld()), bc = std::min(kAttnTile, s.tk - j0);
   std::vector<float> P(kAttnTile * kAttnTile), dS(kAttnTile * kAttnTile);
   std::vector<float> dk(size_t(kAttnTile) * D, 0.f), dv(size_t(kAttnTile) * D, 0.f);
   const int first = s.causal ? j0 / kAttnTile * kAttnTile : 0;  // earlier rows see none of these keys
   for (int i0 = first; i0 < s.tq; i0 += kAttnTile) {
     const int br = std::min(kAttnTile, s.tq - i0);
-    sgemm(false, true, br, bc, D, a.q + int64_t(i0) * ld, ld, a.k + int64_t(j0) * ld, ld, 0.f, P.data(), kAttnTile);
+    sgemm(exact, false, true, br, bc, D, a.q + int64_t(i0) * ld, ld, a.k + int64_t(j0) * ld, ld, 0.f, P.data(),
+          kAttnTile);
     for (int r = 0; r < br; ++r)
       for (int c = 0; c < bc; ++c) {
         const int i = i0 + r, j = j0 + c;
@@ -242,16 +246,18 @@ void attention_backward_chunk(const AttnHead& a, const AttnBias& bias, const Att
         p = s.causal && j > i ? 0.f : std::exp(p + bias.at(h, i, j) - a.lse[i]);
       }
     const float* dout = a.dout + int64_t(i0) * ld;
-    sgemm(true, false, bc, D, br, P.data(), kAttnTile, dout, ld, 1.f, dv.data(), D);               // dV += P^T dO
-    sgemm(false, true, br, bc, D, dout, ld, a.v + int64_t(j0) * ld, ld, 0.f, dS.data(), kAttnTile);  // dP = dO V^T
+    sgemm(exact, true, false, bc, D, br, P.data(), kAttnTile, dout, ld, 1.f, dv.data(), D);  // dV += P^T dO
+    sgemm(exact, false, true, br, bc, D, dout, ld, a.v + int64_t(j0) * ld, ld, 0.f, dS.data(),
+          kAttnTile);  // dP = dO V^T
     for (int r = 0; r < br; ++r)
       for (int c = 0; c < bc; ++c) {
         float& g = dS[r * kAttnTile + c];
         g = P[r * kAttnTile + c] * (g - a.drow[i0 + r]);  // dS = P ⊙ (dP − Σ dO⊙O)
       }
-    sgemm(true, false, bc, D, br, dS.data(), kAttnTile, a.q + int64_t(i0) * ld, ld, 1.f, dk.data(), D);  // dK += dS^T Q
-    sgemm(false, false, br, D, bc, dS.data(), kAttnTile, a.k + int64_t(j0) * ld, ld, 1.f, a.dq + int64_t(i0) * ld,
-          ld);  // dQ += dS K
+    sgemm(exact, true, false, bc, D, br, dS.data(), kAttnTile, a.q + int64_t(i0) * ld, ld, 1.f, dk.data(),
+          D);  // dK += dS^T Q
+    sgemm(exact, false, false, br, D, bc, dS.data(), kAttnTile, a.k + int64_t(j0) * ld, ld, 1.f,
+          a.dq + int64_t(i0) * ld, ld);  // dQ += dS K
     if (a.slot) add_diagonals(a.slot, dS.data(), br, bc, s.tq, i0);
   }
   for (int c = 0; c < bc; ++c)
@@ -287,7 +293,7 @@ void reduce_bias_gradient(float* dtable, const float* partial, float* rel, const
     }
 }
 
-void attention_backward_f32(float* dq, float* dk, float* dv, float* dtable, const float* dout, const float* q,
+void attention_backward_f32(bool exact, float* dq, float* dk, float* dv, float* dtable, const float* dout, const float* q,
                             const float* k, const float* v, const float* o, const float* lse, const AttnBias& bias,
                             float* ws, const AttentionShape& s) {
   const int64_t ld = s.ld(), rows = int64_t(s.batch) * s.heads * s.tq;
@@ -314,7 +320,7 @@ void attention_backward_f32(float* dq, float* dk, float* dv, float* dtable, cons
         if (slot) std::fill(slot, slot + W, 0.f);
         const AttnHead a{q + qo, k + ko, v + ko, dout + qo, lse + bh * s.tq, drow + bh * s.tq,
                          dq + qo, dk + ko, dv + ko, slot};
-        attention_backward_chunk(a, bias, s, h, c * kAttentionKeyChunk);
+        attention_backward_chunk(exact, a, bias, s, h, c * kAttentionKeyChunk);
       }
     }
   if (bias.table)
@@ -431,8 +437,11 @@ class CpuBackend final : public Backend {
       F32View c(C, span(M, N, ldc, sc, batch), /*read=*/beta != 0.f || !dense);
       const auto opa = ta ? CblasTrans : CblasNoTrans, opb = tb ? CblasTrans : CblasNoTrans;
       for (int i = 0; i < batch; ++i)
-        cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta,
-                    c.p + i * sc, ldc);
+        if (options_.exact_sums)
+          exact_sgemm(ta, tb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta, c.p + i * sc, ldc);
+        else
+          cblas_sgemm(CblasRowMajor, opa, opb, M, N, K, alpha, a.p + i * sa, lda, b.p + i * sb, ldb, beta,
+                      c.p + i * sc, ldc);
       if (relu)  // dense and one matrix: gemm_relu's contract
         for (int64_t i = 0; i < int64_t(M) * N; ++i) c.p[i] = c.p[i] > 0.f ? c.p[i] : 0.f;
     }
@@ -708,7 +717,7 @@ class CpuBackend final : public Backend {
     {
       F32View ov(o, nq, false);
       const F32View qv(q, nq), kv(k, nk), vv(v, nk), tv(table, int64_t(s.num_buckets) * s.heads);
-      attention_forward_f32(ov.p, lse, qv.p, kv.p, vv.p, AttnBias{tv.p, rel_buckets, s.heads, s.tq}, s);
+      attention_forward_f32(options_.exact_sums, ov.p, lse, qv.p, kv.p, vv.p, AttnBias{tv.p, rel_buckets, s.heads, s.tq}, s);
     }
     done(OpKind::Gemm, t0, es * (2 * nq + 2 * nk), attention_flops(s, false), attention_gemm_shape(s, false).data());
   }
@@ -724,7 +733,7 @@ class CpuBackend final : public Backend {
       F32View dtv(table ? dtable : Buf(), int64_t(s.num_buckets) * s.heads, true);
       const F32View gv(dout, nq), qv(q, nq), kv(k, nk), vv(v, nk), ov(o, nq);
       const F32View tv(table, int64_t(s.num_buckets) * s.heads);
-      attention_backward_f32(dqv.p, dkv.p, dvv.p, dtv.p, gv.p, qv.p, kv.p, vv.p, ov.p, lse,
+      attention_backward_f32(options_.exact_sums, dqv.p, dkv.p, dvv.p, dtv.p, gv.p, qv.p, kv.p, vv.p, ov.p, lse,
                              AttnBias{tv.p, rel_buckets, s.heads, s.tq}, workspace, s);
     }
     done(OpKind::Gemm, t0, es * (4 * nq + 4 * nk), attention_flops(s, true), attention_gemm_shape(s, true).data());
@@ -764,11 +773,18 @@ class CpuBackend final : public Backend {
                           int vocab) override {
     const double t0 = start_compute();
     const F32View lv(logits, int64_t(n) * vocab);
+    std::vector<float> terms;
     for (int i = 0; i < n; ++i) {
       const float* row = lv.p + int64_t(i) * vocab;
-      double sum = 0;
-      for (int j = 0; j < vocab; ++j) sum += std::exp(row[j] - row_max[i]);
-      sums[i] = float(sum);
+      if (options_.exact_sums) {  // the terms as the double sum below takes them, summed exactly
+        terms.resize(size_t(vocab));
+        for (int j = 0; j < vocab; ++j) terms[size_t(j)] = std::exp(row[j] - row_max[i]);
+        sums[i] = exact_sum(terms.data(), vocab);
+      } else {
+        double sum = 0;
+        for (int j = 0; j < vocab; ++j) sum += std::exp(row[j] - row_max[i]);
+        sums[i] = float(sum);
+      }
       sums[n + i] = labels[i] >= 0 ? row[labels[i]] : 0.f;
     }
     done(OpKind::Elementwise, t0, dtype_size(logits.dtype) * int64_t(n) * vocab);

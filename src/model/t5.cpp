@@ -130,6 +130,7 @@ struct T5Step::Impl {
   TensorGroup tp;
   PipelinePart part;  // [part.first, part.last) of pieces, part.micro_batches
   T5Step::GradReadyHook grad_ready;
+  T5Step::GroupSumHook* sum_hook = nullptr;  // --check's lockstep only
   std::vector<UnitSpec> units;
   std::vector<Piece> pieces;
 
@@ -310,32 +311,47 @@ struct T5Step::Impl {
 
   // ---------------------------------------------------------------- tensor parallelism
   bool tensor_parallel() const { return tp.size > 1; }
+  // The sums over the group are made one by one: tensor-parallel, or the full model in
+  // --check's lockstep (T5Step::GroupSumHook).
+  bool group_sums() const { return tensor_parallel() || sum_hook; }
+  // `acc` just took one more term rounded once (for the lockstep's rounding budget).
+  void rounded(CBuf acc, int64_t n) {
+    if (sum_hook) sum_hook->rounded(acc, n);
+  }
   // What a sum over the group carries: an activation (forward) or an input gradient (backward).
   enum class Flow { Forward, Backward };
-  // Sums x [n] over the tensor-parallel group, in place, on the critical path. Injected
-  // faults (tests only): `skipped` removes this all-reduce; tp-bf16-gradient-all-reduce sums
-  // an fp32 run's input gradients in bf16, as a 16-bit wire format would.
-  void tp_all_reduce(Buf x, int64_t n, Flow flow, bool skipped = false) {
-    if (!tensor_parallel() || skipped) return;
-    if (flow == Flow::Backward && x.dtype == DType::F32 && injected_fault(Fault::TpBf16GradientAllReduce)) {
-      const Buf h = b.alloc_buf(n, DType::BF16, MemCategory::Workspace);
-      b.cast(h, x, n);
-      b.wait(b.all_reduce(h, n, *tp.comm));
-      b.cast(x, h, n);
-      b.release(h.ptr);
-      return;
-    }
-    b.wait(b.all_reduce(x, n, *tp.comm));
+  // Sums (or maxes) x [n] over the tensor-parallel group, in place, on the critical path;
+  // `what` names it for the lockstep. Injected faults (tests only): `skipped` removes this
+  // all-reduce; tp-bf16-gradient-all-reduce sums an fp32 run's input gradients in bf16, as a
+  // 16-bit wire format would.
+  void tp_all_reduce(Buf x, int64_t n, Flow flow, const std::string& what, bool skipped = false,
+                     ReduceOp op = ReduceOp::Sum) {
+    auto reduce = [&] {
+      if (!tensor_parallel() || skipped) return;
+      if (flow == Flow::Backward && x.dtype == DType::F32 && injected_fault(Fault::TpBf16GradientAllReduce)) {
+        const Buf h = b.alloc_buf(n, DType::BF16, MemCategory::Workspace);
+        b.cast(h, x, n);
+        b.wait(b.all_reduce(h, n, *tp.comm));
+        b.cast(x, h, n);
+        b.release(h.ptr);
+        return;
+      }
+      b.wait(op == ReduceOp::Sum ? b.all_reduce(x, n, *tp.comm)
+                                 : b.collective({Collective::AllReduce, x.ptr, x.ptr, n, x.dtype, op}, *tp.comm));
+    };
+    if (sum_hook) return sum_hook->sum(x, n, op, what, reduce);
+    reduce();
   }
   // out [n] += the group's sum of `product` (a row-parallel GEMM that writes its result
   // into dst with the given beta): one rank adds into out directly. `skipped`: see above.
   template <class Product>
-  void add_row_parallel(Buf out, int64_t n, Product&& product, bool skipped = false) {
-    if (!tensor_parallel()) return product(out, 1.f);
+  void add_row_parallel(Buf out, int64_t n, const std::string& what, Product&& product, bool skipped = false) {
+    if (!group_sums()) return product(out, 1.f);
     std::vector<void*> tmp;
     const Buf part = alloc(tmp, n, MemCategory::Workspace);
     product(part, 0.f);
-    tp_all_reduce(part, n, Flow::Forward, skipped);
+    rounded(part, n);
+    tp_all_reduce(part, n, Flow::Forward, what, skipped);
     b.add(out, part, n);
     release_all(tmp);
   }
@@ -379,7 +395,7 @@ struct T5Step::Impl {
         b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
                        a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
     }
-    add_row_parallel(out, int64_t(B) * tq * d, [&](Buf dst, float beta) {  // out += ctx Wo^T
+    add_row_parallel(out, int64_t(B) * tq * d, p + "-attention output", [&](Buf dst, float beta) {  // out += ctx Wo^T
       b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, beta, dst, d);
     });
   }
@@ -442,9 +458,13 @@ struct T5Step::Impl {
     b.gemm(true, false, inner, d, B * tk, 1.f, dv, inner, xkv, d, 1.f, gv, d);   // dWv += dv^T xkv
     ready(s, p + ".v");
     b.gemm(false, false, B * tq, d, inner, 1.f, dq, inner, wq, d, 0.f, dxn, d);  // dxn = dq Wq
+    rounded(dxn, int64_t(B) * tq * d);
     b.gemm(false, false, B * tk, d, inner, 1.f, dk, inner, wk, d, 1.f, dxkv, d); // dxkv += dk Wk
+    rounded(dxkv, int64_t(B) * tk * d);
     b.gemm(false, false, B * tk, d, inner, 1.f, dv, inner, wv, d, 1.f, dxkv, d); // dxkv += dv Wv
-    tp_all_reduce(dxn, int64_t(B) * tq * d, Flow::Backward, bool(injected_fault(Fault::TpSkipAttentionAllReduce)));
+    rounded(dxkv, int64_t(B) * tk * d);
+    tp_all_reduce(dxn, int64_t(B) * tq * d, Flow::Backward, p + "-attention input gradient",
+                  bool(injected_fault(Fault::TpSkipAttentionAllReduce)));
     release_all(tmp);
   }
 
@@ -495,7 +515,7 @@ struct T5Step::Impl {
     } else {
       b.gemm_relu(false, true, N, ff, d, 1.f, st.xn_ff, d, param(W, s, "wi"), d, 0.f, st.h, ff);  // h [N, ff]
     }
-    add_row_parallel(out, int64_t(N) * d, [&](Buf dst, float beta) {  // out += h Wo^T
+    add_row_parallel(out, int64_t(N) * d, "feed-forward output", [&](Buf dst, float beta) {  // out += h Wo^T
       b.gemm(false, true, N, d, ff, 1.f, st.h, ff, param(W, s, "wo"), ff, beta, dst, d);
     }, bool(injected_fault(Fault::TpSkipFeedForwardAllReduce)));
   }
@@ -537,14 +557,17 @@ struct T5Step::Impl {
         b.gemm(true, false, ff, d, N, 1.f, du, ff, st.xn_ff, d, 1.f, grad(G, s, "wi_0"), d);  // dWi_0 += du^T xn
         ready(s, "wi_0");
         b.gemm(false, false, N, d, ff, 1.f, du, ff, param(W, s, "wi_0"), d, 0.f, dxn, d);     // dxn = du Wi_0
+        rounded(dxn, int64_t(N) * d);
         b.gemm(false, false, N, d, ff, 1.f, dv, ff, param(W, s, "wi_1"), d, 1.f, dxn, d);     // dxn += dv Wi_1
+        rounded(dxn, int64_t(N) * d);
       } else {
         b.relu_backward(dh, st.h, int64_t(N) * ff);
         b.gemm(true, false, ff, d, N, 1.f, dh, ff, st.xn_ff, d, 1.f, grad(G, s, "wi"), d);  // dWi += dh^T xn
         ready(s, "wi");
         b.gemm(false, false, N, d, ff, 1.f, dh, ff, param(W, s, "wi"), d, 0.f, dxn, d);     // dxn = dh Wi
+        rounded(dxn, int64_t(N) * d);
       }
-      tp_all_reduce(dxn, int64_t(N) * d, Flow::Backward);
+      tp_all_reduce(dxn, int64_t(N) * d, Flow::Backward, "feed-forward input gradient");
       b.rmsnorm_backward(dy, grad(G, s, ln_ff), dxn, r, param(W, s, ln_ff), st.rstd_ff, N, d);
       ready(s, ln_ff);
       release_all(tff);
@@ -625,7 +648,7 @@ struct T5Step::Impl {
   void embed_forward(Micro& mb, int pi, CBuf W) {
     mb.hidden[0][0] = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
     b.embedding_forward(mb.hidden[0][0], param(W, pieces[pi], "shared"), mb.enc_ids, Ne, d);
-    tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d, Flow::Forward);  // vocabulary-parallel: one rank holds each row
+    tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d, Flow::Forward, "encoder embedding");  // vocabulary-parallel: one rank holds each row
   }
   void embed_backward(Micro& mb, int pi, Buf G) {
     b.embedding_backward(grad(G, pieces[pi], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
@@ -640,13 +663,13 @@ struct T5Step::Impl {
                       kNormEps);
     mb.hidden[1][0] = act(mb, pi, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
     b.embedding_forward(mb.hidden[1][0], param(W, s, "shared"), mb.dec_ids, Nd, d);
-    tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d, Flow::Forward);
+    tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d, Flow::Forward, "decoder embedding");
   }
   void bridge_backward(Micro& mb, int pi, CBuf W, Buf G) {
     const Piece& s = pieces[pi];
     b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb.dec_ids, Nd, d);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
-    tp_all_reduce(d_enc_out, int64_t(Ne) * d, Flow::Backward);  // every decoder block's cross K/V part, summed once
+    tp_all_reduce(d_enc_out, int64_t(Ne) * d, Flow::Backward, "encoder output gradient (the cross-attention K/V's)");  // every decoder block's cross K/V part, summed once
     b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb.hidden[0][L],
                        param(W, s, "encoder.final_norm"), mb.bridge_rstd, Ne, d);
     ready(s, "encoder.final_norm");
@@ -663,16 +686,17 @@ struct T5Step::Impl {
     b.rmsnorm_forward(mb.head_hn, mb.head_rstd, mb.hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
     b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, param(W, s, head_weight()), d, 0.f, mb.logits, V);
-    if (!tensor_parallel()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
+    if (!group_sums()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
     std::vector<void*> tmp;
     float* row_max = alloc_f32(tmp, Nd, MemCategory::Workspace);
     float* sums = alloc_f32(tmp, 2 * int64_t(Nd), MemCategory::Workspace);
     b.cross_entropy_max(mb.logits, row_max, Nd, V);
-    b.wait(b.collective({Collective::AllReduce, row_max, row_max, Nd, DType::F32, ReduceOp::Max}, *tp.comm));
+    tp_all_reduce(row_max, Nd, Flow::Forward, "cross-entropy row maxima", false, ReduceOp::Max);
     b.cross_entropy_sums(mb.logits, row_max, mb.labels, sums, Nd, V);
-    tp_all_reduce(sums, 2 * int64_t(Nd), Flow::Forward);
+    rounded(sums, 2 * int64_t(Nd));
+    tp_all_reduce(sums, 2 * int64_t(Nd), Flow::Forward, "cross-entropy sums (Σexp; the label's logit)");
     b.cross_entropy_finish(mb.logits, mb.losses, row_max, sums, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
@@ -685,7 +709,8 @@ struct T5Step::Impl {
     b.gemm(true, false, V, d, Nd, rescale, mb.logits, V, mb.head_hn, d, 1.f, grad(G, s, head_weight()), d);
     if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
     b.gemm(false, false, Nd, d, V, rescale, mb.logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
-    tp_all_reduce(dhn, int64_t(Nd) * d, Flow::Backward);
+    rounded(dhn, int64_t(Nd) * d);
+    tp_all_reduce(dhn, int64_t(Nd) * d, Flow::Backward, "LM head input gradient");
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
     b.rmsnorm_backward(d_hidden[1], grad(G, s, "decoder.final_norm"), dhn, mb.hidden[1][L],
                        param(W, s, "decoder.final_norm"), mb.head_rstd, Nd, d);
@@ -792,6 +817,7 @@ DType T5Step::dtype() const { return impl_->dtype; }
 AttentionImpl T5Step::attention() const { return impl_->attention; }
 void T5Step::set_grad_scale(float grad_scale) { impl_->grad_scale = grad_scale; }
 void T5Step::set_grad_ready_hook(GradReadyHook hook) { impl_->grad_ready = std::move(hook); }
+void T5Step::set_group_sum_hook(GroupSumHook* hook) { impl_->sum_hook = hook; }
 
 void T5Step::set_tokens(const Tokens& t, int micro) {
   Impl& m = *impl_;

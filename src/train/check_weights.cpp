@@ -28,10 +28,10 @@
 //     as every group, so the same values): 2, 3 and 4 hold against it exactly as above, with
 //     n the data-parallel degree; 4 also requires the replicated tensors (norms) to be identical
 //     on every rank of a tensor-parallel group;
-//   the tensor-parallel model itself: rank 0's full model computes the same micro-batches,
-//     and each tensor of the summed gradient of the tensor-parallel model must agree with the
-//     full model's in norm, within a multiple of the compute type's unit roundoff
-//     (docs/reliability.md).
+//   the tensor-parallel model itself: the same group runs it against rank 0's full model in
+//     lockstep (train/tp_lockstep.h), on every data-parallel rank's micro-batches: each sum
+//     over the group within its rounding bound of the full model's, then set to it; each
+//     gradient and the loss equal to the full model's.
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
@@ -41,6 +41,7 @@
 #include "shardbench/core/check.h"
 #include "shardbench/model/t5.h"
 #include "shardbench/train/check_weights.h"
+#include "shardbench/train/tp_lockstep.h"
 
 namespace sb {
 namespace {
@@ -86,12 +87,11 @@ struct RefModel {
 };
 
 // Rank 0's single-rank model: one micro-batch (one data-parallel rank's shapes) at a time.
-// With tensor parallelism, also this rank's part of the tensor-parallel reference (the first group).
+// With tensor parallelism, instead this rank's part of the tensor-parallel reference (the first group).
 struct StepCheck::Reference {
   std::unique_ptr<Backend> b;
-  RefModel full;                      // rank 0: the run's dtype, or fp32 under tensor parallelism
+  RefModel full;                      // rank 0 without tensor parallelism: the run's dtype
   RefModel tp;                        // the first tensor-parallel group: the run's dtype
-  RefModel tp32;                      // ... and in fp32 when that is not fp32
   std::vector<float*> p, m, v;        // rank 0, per unit: fp32 weights and Adam moments for step 3
   Buf reduce_buf;                     // one unit in reduce dtype, for the R rounding
   float* f32 = nullptr;               // one unit in fp32
@@ -225,12 +225,11 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
     r.tp_comm->set_axis(Axis::Tensor);
     const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
     r.make(r.tp, cfg, P, scale, group, root_parts_);
-    if (P != DType::F32) r.make(r.tp32, cfg, DType::F32, scale, group, root_parts_);
+    lockstep_ = std::make_unique<TpLockstep>(cfg, tp_mpi_);  // and the tensor-parallel model itself
   }
   if (rank_ != 0) return;
-  // Without tensor parallelism the full model is the reference (the run's dtype); with it,
-  // the full model checks the tensor-parallel model, in fp32 (whose math does not depend on the type).
-  r.make(r.full, cfg, tensor_parallel ? DType::F32 : P, scale, {}, root_parts_);
+  // Without tensor parallelism the full model is the reference (the run's dtype).
+  if (!tensor_parallel) r.make(r.full, cfg, P, scale, {}, root_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
     r.m.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
@@ -251,7 +250,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
 StepCheck::~StepCheck() {
   if (!ref_) return;
   Reference& r = *ref_;
-  for (RefModel* m : {&r.full, &r.tp, &r.tp32}) r.release(*m);
+  for (RefModel* m : {&r.full, &r.tp}) r.release(*m);
   for (size_t k = 0; k < r.p.size(); ++k)
     for (void* q : {(void*)r.p[k], (void*)r.m[k], (void*)r.v[k]}) r.b->release(q);
   r.b->release(r.reduce_buf.ptr);
@@ -343,7 +342,7 @@ void StepCheck::after_step(int step, bool skipped) {
 // 2. The micro-batch gradients of every data-parallel rank at the run's weights, summed
 // exactly on rank 0: from the tensor-parallel reference when the run is tensor-parallel (collective
 // over the first tensor-parallel group), else from the full model. Under tensor parallelism
-// rank 0 also sums the fp32 tensor-parallel model's and the fp32 full model's, and compares them.
+// the group also runs each data-parallel rank's step in the lockstep (tp_lockstep.h).
 StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   Reference& r = *ref_;
   const DType R = cfg_.strategy.reduce_dtype;
@@ -380,7 +379,7 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     }
   };
   std::vector<RefModel*> models;
-  for (RefModel* m : {&r.tp, &r.tp32, &r.full})
+  for (RefModel* m : {&r.tp, &r.full})
     if (m->step) {
       m->step->set_grad_scale(scale);
       for (size_t k = 0; k < U; ++k) {
@@ -394,77 +393,32 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     }
   MicroBatchSums sums;
   sums.sum.resize(U), sums.abs_sum.resize(U);
-  std::vector<std::vector<double>> tp32_sum(U), full32_sum(U);  // the tensor-parallel model against the full one
-  std::vector<double> tp32_loss, full32_loss;
-  bool ignored = false;
   for (int dp_rank = 0; dp_rank < layout_.dp(); ++dp_rank) {
     const Tokens tokens =
         make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
     for (RefModel* m : models) {
       const int M = cfg_.strategy.micro_batches;
-      const bool terms = m == &r.tp || (m == &r.full && T == 1);  // the run's reduced terms
-      double loss = 0;
-      if (terms && cfg_.strategy.reduces_every_micro_batch()) {
+      if (cfg_.strategy.reduces_every_micro_batch()) {
         // Sharded accumulation reduces each micro-batch's gradient: one term per micro-batch.
         for (int mb = 0; mb < M; ++mb) {
-          loss += forward_backward(*r.b, *m, tokens, M, root_part_, mb);
+          forward_backward(*r.b, *m, tokens, M, root_part_, mb);
           accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
         }
-        if (m == &r.tp && !r.tp32.step) loss = forward_backward(*r.b, *m, tokens, M, root_part_);  // whole, below
       } else {
-        loss = forward_backward(*r.b, *m, tokens, M, root_part_);
-        if (terms) accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
+        forward_backward(*r.b, *m, tokens, M, root_part_);
+        accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
       }
-      if (m == &r.tp32 || (m == &r.tp && !r.tp32.step)) {
-        accumulate(*m, DType::F32, tp32_sum, nullptr, ignored);
-        tp32_loss.push_back(loss);
-      }
-      if (m == &r.full && T > 1) {
-        accumulate(*m, DType::F32, full32_sum, nullptr, ignored);
-        full32_loss.push_back(loss);
+    }
+    if (lockstep_) {
+      const std::string diff = lockstep_->check(weights_, tokens, scale);
+      if (!diff.empty() && tp_failure_.empty()) {
+        tp_failure_ = "step " + std::to_string(step) + ": data-parallel rank " + std::to_string(dp_rank) +
+                      "'s step, " + diff;
+        fail(step, "the tensor-parallel model departs from the full model (its first difference above)");
       }
     }
   }
-  if (rank_ == 0 && T > 1) check_tp_against_full(step, tp32_sum, full32_sum, tp32_loss, full32_loss);
   return sums;
-}
-
-// The tensor-parallel model against the full one, both in fp32: each micro-batch's loss within
-// kTpLoss (relative), and each tensor of the summed gradient within kTpGradient of the
-// full model's in norm (relative). docs/reliability.md says why these are not derived bounds.
-void StepCheck::check_tp_against_full(int step, const std::vector<std::vector<double>>& tp,
-                                      const std::vector<std::vector<double>>& full, const std::vector<double>& tp_loss,
-                                      const std::vector<double>& full_loss) {
-  for (size_t i = 0; i < tp_loss.size(); ++i) {
-    const double rel = std::fabs(tp_loss[i] - full_loss[i]) / std::max(std::fabs(full_loss[i]), 1e-30);
-    worst_tp_loss_ = std::max(worst_tp_loss_, rel);
-    if (!(rel <= kTpLoss)) {
-      char text[256];
-      std::snprintf(text, sizeof text,
-                    "data-parallel rank %zu's micro-batch: the tensor-parallel loss %.9g differs from the full "
-                    "model's %.9g by %.3g (relative; allowed %g)",
-                    i, tp_loss[i], full_loss[i], rel, kTpLoss);
-      fail(step, text);
-    }
-  }
-  for (size_t k = 0; k < full_units_.size(); ++k)
-    for (const TensorSpec& t : full_units_[k].tensors) {
-      double diff = 0, norm = 0;
-      for (int64_t i = t.offset; i < t.offset + t.numel(); ++i) {
-        diff += (tp[k][i] - full[k][i]) * (tp[k][i] - full[k][i]);
-        norm += full[k][i] * full[k][i];
-      }
-      const double rel = norm > 0 ? std::sqrt(diff / norm) : diff > 0 ? HUGE_VAL : 0.0;
-      worst_tp_gradient_ = std::max(worst_tp_gradient_, rel);
-      if (!(rel <= kTpGradient)) {
-        char text[256];
-        std::snprintf(text, sizeof text,
-                      "unit %s tensor %s: the tensor-parallel gradient differs from the full model's by %.3g of "
-                      "its norm (allowed %g)",
-                      full_units_[k].name.c_str(), t.name.c_str(), rel, kTpGradient);
-        fail(step, text);
-      }
-    }
 }
 
 void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
@@ -567,11 +521,13 @@ bool StepCheck::finish(double& worst_ratio) {
         "Adam's sign is set by rounding), Adam updates within %.3g, replicas identical -> %s\n",
         steps_, layout_.dp(), worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,
         max_update_diff_, ok ? "PASS" : "FAIL");
-    if (layout_.tp > 1)
-      std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in fp32, "
-                  "micro-batch losses within %.3g (allowed %g) and gradients within %.3g of their norm, tensor by "
-                  "tensor (allowed %g), relative\n",
-                  layout_.tp - 1, worst_tp_loss_, kTpLoss, worst_tp_gradient_, kTpGradient);
+    if (lockstep_)
+      std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in "
+                  "lockstep (fp32, every product and sum rounded once): %lld sums over the group (%lld elements) "
+                  "within %.3g x their rounding bound; gradients (%lld elements) and losses compared for equality -> %s\n",
+                  layout_.tp - 1, lockstep_->sums(), lockstep_->sum_elements(), lockstep_->worst_ratio(),
+                  lockstep_->gradient_elements(), tp_failure_.empty() ? "PASS" : "FAIL");
+    if (!tp_failure_.empty()) std::printf("check: tensor parallelism: first difference: %s\n", tp_failure_.c_str());
     if (!ok) std::printf("check: first failure: %s\n", failure_.c_str());
     std::fflush(stdout);
   }

@@ -269,6 +269,10 @@ struct ComputeOptions {
   // CUDA Graphs: the compute between two collectives (or allocations, copies from the host,
   // synchronisations) captured and launched as one graph.
   bool graphs = false;
+  // Every GEMM element (fused attention's included) and every cross-entropy sum computed
+  // exactly and rounded once (backend/exact_sum.h): the same value whatever the shape.
+  // --check's tensor-parallel lockstep only; the CPU backend has it.
+  bool exact_sums = false;
 };
 
 struct AdamConfig {

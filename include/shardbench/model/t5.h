@@ -124,6 +124,24 @@ class T5Step {
   using GradReadyHook = std::function<void(int unit, int tensor)>;
   void set_grad_ready_hook(GradReadyHook hook);
 
+  // --check only: what the step sums over its tensor-parallel group, as it makes each sum
+  // (the tensor-parallel lockstep, train/tp_lockstep.h). With a hook, a step of a group of
+  // one (the full model) makes the same sums at the same places, with nothing to sum: each
+  // row-parallel product into a buffer of its own, the cross-entropy in the parallel's three
+  // kernels. The step does not own the hook.
+  class GroupSumHook {
+   public:
+    virtual ~GroupSumHook() = default;
+    // acc [n], which a coming sum reads, was just written with one more term rounded once
+    // (a GEMM's product, a kernel's sum).
+    virtual void rounded(CBuf acc, int64_t n) = 0;
+    // x [n] holds this rank's part of a sum over the group (`op`: sum or max), which `what`
+    // names. The hook calls `reduce` once, which sums x in place (nothing in a group of one,
+    // or where an injected fault removes the all-reduce), and may then set x's values.
+    virtual void sum(Buf x, int64_t n, ReduceOp op, const std::string& what, const std::function<void()>& reduce) = 0;
+  };
+  void set_group_sum_hook(GroupSumHook* hook);
+
   // Sum over this rank's tokens (every micro-batch) of the cross-entropy, valid after the
   // Head forwards (every rank of a tensor-parallel group has the same); 0 on a pipeline stage
   // without the Head.

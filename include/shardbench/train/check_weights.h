@@ -1,6 +1,8 @@
 // --check: each step of a run against a single-rank reference on rank 0 (and, under tensor
-// parallelism, a tensor-parallel reference on the first tensor-parallel group), with tolerances from an
-// error analysis (docs/reliability.md). Every method is collective over MPI_COMM_WORLD.
+// parallelism, a tensor-parallel reference on the first tensor-parallel group, and that
+// group's tensor-parallel model against the full model in lockstep: train/tp_lockstep.h),
+// with tolerances from an error analysis (docs/reliability.md). Every method is collective
+// over MPI_COMM_WORLD.
 #pragma once
 #include <memory>
 #include <string>
@@ -10,6 +12,8 @@
 #include "shardbench/train/options.h"
 
 namespace sb {
+
+class TpLockstep;
 
 class StepCheck {
  public:
@@ -26,18 +30,10 @@ class StepCheck {
     std::vector<std::vector<double>> sum, abs_sum;
     bool micro_nonfinite = false;
   };
-  // How far the tensor-parallel model may be from the full one, both in fp32 (relative): a micro-batch's
-  // loss (reordered sums: a few unit roundoffs), and a tensor's gradient in norm (a ReLU whose
-  // input lies within rounding of zero may take the other branch: percents on small models).
-  // Chosen from measurements, not derived (docs/reliability.md); a broken one is off by O(1).
-  static constexpr double kTpLoss = 1e-5, kTpGradient = 0.1;
   std::vector<float> assemble(int unit, const std::vector<float>& mine, bool& replicas_differ);
   std::vector<float> whole_unit(int unit, bool gradient, bool& replicas_differ, bool& tp_copies_differ);
   std::vector<std::vector<float>> gather_weights();
   MicroBatchSums reference_gradients(int step);
-  void check_tp_against_full(int step, const std::vector<std::vector<double>>& tp,
-                             const std::vector<std::vector<double>>& full, const std::vector<double>& tp_loss,
-                             const std::vector<double>& full_loss);
   void check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
                        bool skipped);
   void check_update(int step, const std::vector<std::vector<float>>& grads,
@@ -58,8 +54,10 @@ class StepCheck {
   float scale_ = 1;
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step
   std::unique_ptr<Reference> ref_;           // rank 0
+  std::unique_ptr<TpLockstep> lockstep_;     // the first tensor-parallel group (tp_lockstep.h)
   std::string failure_;                      // rank 0: the first failure
-  double worst_ratio_ = 0, max_update_diff_ = 0, worst_tp_gradient_ = 0, worst_tp_loss_ = 0;
+  std::string tp_failure_;                   // rank 0: the lockstep's first difference
+  double worst_ratio_ = 0, max_update_diff_ = 0;
   long long undetermined_ = 0, checked_ = 0;
 };
 

@@ -836,6 +836,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   // (so it allocates none inside a capture) and the segments. The workspace (32 MiB, as
   // cuBLAS's own default on Hopper) is library memory outside the ledger, like cuBLAS's.
   void set_compute_options(const ComputeOptions& o) override {
+    if (o.exact_sums) throw UsageError("exact sums (--check's tensor-parallel lockstep) run on the CPU backend only");
     boundary();
     if (graphs_ && !o.graphs) {  // its executable graphs may still run: wait, then destroy them
       CUDA_CHECK(cudaStreamSynchronize(compute_));
