@@ -106,6 +106,8 @@ def write_events(f, sched, stages):
     ds.attrs["op_names"] = sched["op_names"]
     ds.attrs["phase_names"] = sched["phase_names"]
     ds.attrs["axis_names"] = sched["axis_names"]
+    if "unit_names" in sched:
+        ds.attrs["unit_names"] = sched["unit_names"]
     mesh = np.zeros(len(stages), dtype=[("rank", "<i4")] + [(a, "<i4") for a in sched["axis_names"]])
     for stage, (rank, _) in enumerate(stages):  # the first rank of each stage: index 0 on every other axis
         mesh[stage]["rank"] = rank
@@ -120,7 +122,7 @@ def write_result(path, sched, sim, cluster, args, label):
     fits = mem["fits"]
     with h5py.File(path, "w") as f:
         a = f.attrs
-        a["schema_version"] = 3
+        a["schema_version"] = 4 if "unit_names" in sched else 3  # a schedule from before the units had names
         a["projected"] = 1
         a["program"] = strategy_labels.program(label)
         a["strategy"] = "ddp" if a["program"] == "ddp_perf" else "fsdp"

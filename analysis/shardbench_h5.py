@@ -21,10 +21,11 @@ import h5py
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 3  # what the programs write now
-# 3 added each collective's mesh axis and the /mesh table; 2 target units and bytes sent;
-# older files read without them.
-READABLE_SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4  # what the programs write now
+# 4 split the root unit into embedding, bridge and head (unit k is piece k's) and names the
+# units (/events unit_names); 3 added each collective's mesh axis and the /mesh table; 2
+# target units and bytes sent; older files read without them.
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
 AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # the /mesh columns, outermost first
 # Exit status of an analysis tool that skipped unreadable inputs and worked on the rest
 # (0 all read, 1 the tool's own verdict, 2 bad input or nothing readable).
@@ -116,6 +117,8 @@ class Run:
             op_names = names(f["events"]) if "events" in f else []
             phase_names = names(f["events"], "phase_names") if "events" in f else []
             axis_names = names(f["events"], "axis_names") if "events" in f and "axis_names" in f["events"].attrs else []
+            self.unit_names = (names(f["events"], "unit_names")
+                               if "events" in f and "unit_names" in f["events"].attrs else [])
             self.mesh = _table(f["mesh"]) if "mesh" in f else pd.DataFrame()
             self.memory = table("memory")
             self.peaks = table("memory_peaks")
@@ -125,6 +128,20 @@ class Run:
             self.events["duration"] = self.events["end"] - self.events["start"]
             if "axis" in self.events and axis_names:
                 self.events["axis_name"] = [axis_names[a] if 0 <= a < len(axis_names) else "" for a in self.events["axis"]]
+
+    def unit_name(self, unit):
+        """What an event's unit code names: /events unit_names (schema 4: 'embedding',
+        'encoder.0', ..., 'bridge', 'decoder.0', ..., 'head'), or in older files their
+        numbering: 0 the root (embedding, final norms, LM head), 1…L the encoder blocks,
+        L+1…2L the decoder blocks. 'no unit' for -1."""
+        if unit < 0:
+            return "no unit"
+        if self.unit_names:
+            return self.unit_names[unit] if unit < len(self.unit_names) else f"unit {unit}"
+        layers = int(self.meta.get("layers", 0))
+        if unit == 0:
+            return "root"
+        return f"encoder.{unit - 1}" if unit <= layers else f"decoder.{unit - layers - 1}"
 
     def group(self, rank, axis):
         """The ranks of `rank`'s group along `axis` (a name of AXES), read from /mesh: those

@@ -74,15 +74,6 @@ def in_steps(frame, steps):
     return frame[keep]
 
 
-def unit_name(unit, layers):
-    """FSDP unit numbering of docs/trace-format.md: 0 root, 1…L encoder, L+1…2L decoder."""
-    if unit < 0:
-        return "no unit"
-    if unit == 0:
-        return "root"
-    return f"encoder {unit}" if unit <= layers else f"decoder {unit - layers}"
-
-
 COLLECTIVES = {"all-reduce", "all-gather", "reduce-scatter", "broadcast", "reduce", "all-to-all", "send-recv", "send",
                "recv"}
 
@@ -122,7 +113,6 @@ def metadata_events(run, ranks, lanes_of, projected):
 
 def operation_events(run, e):
     """One complete ('X') slice per operation, sorted by start within each rank and lane."""
-    layers = int(run.meta.get("layers", 0))
     e = e.sort_values(["rank", "lane", "start"], kind="stable")
     # What the file says of each collective (schema 2: its ranks and the bytes this rank sent,
     # nccl-tests' bus factor applied by the program; schema 3: its mesh axis, whose group the
@@ -142,7 +132,7 @@ def operation_events(run, e):
     phases = e["phase_name"].astype(str).tolist()
     for (rank, lane, step, unit, start, end, nbytes, flops, m, n, k, batch, trans, ts, dur), op, phase, nranks, \
             sent, axis, peer in zip(zip(*cols), ops, phases, ranks_col, sent_col, axis_col, peer_col):
-        uname = units.get(unit) or units.setdefault(unit, unit_name(unit, layers))
+        uname = units.get(unit) or units.setdefault(unit, run.unit_name(unit))
         args = {"step": step, "phase": phase, "unit": uname, "operation": op, "bytes": nbytes}
         if op == "gemm":
             args["shape"] = f"{m}×{n}×{k}"

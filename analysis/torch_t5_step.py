@@ -166,8 +166,11 @@ def uniform_pm1(key, n):
 
 # ---------------------------------------------------------------- the model
 def unit_layout(a):
-    """Every unit's tensors in shardbench's order (model_units in spec.cpp): (name, shape,
-    init scale or None for ones). The order gives each tensor's index in its init key."""
+    """Every tensor by its random stream (TensorSpec::stream_block in model.h): block 0 the
+    tensors outside the blocks (shardbench's first layout, one root unit; its units now are
+    embedding, bridge and head: model_units in spec.cpp), blocks 1..2L the encoder's, then the
+    decoder's: (name, shape, init scale or None for ones). The order gives each tensor's
+    index in its init key."""
     inner = a.heads * a.d_kv
 
     def linear(name, out, inp):

@@ -125,6 +125,8 @@ def check_completed(c, run, ranks, steps):
     for _, pr in p.iterrows():  # each rank's peak equals its pipeline stage's plan
         c.expect(int(pr["total"]) == int(stage_peak[stage_of(run, int(pr["rank"]))]),
                  f"rank {int(pr['rank'])}: measured peak {int(pr['total'])} != its stage's plan")
+    if run.meta.get("schema_version", 0) >= 4:  # the events' unit codes, named
+        c.expect(run.unit_names == unit_names(run.meta["layers"]), f"/events unit_names {run.unit_names}")
     check_bytes(c, run)
     if run.meta.get("pp_size", 1) > 1:
         check_pipeline(c, run)
@@ -144,12 +146,19 @@ def stage_of(run, rank):
 
 
 def held_units(m, first, last):
-    """The units of pieces [first, last): 0 the root (embedding, bridge, head), encoder
-    blocks 1..L, decoder blocks L+1..2L."""
-    L, held = m["layers"], set()
-    for k in range(first, last):
-        held.add(0 if k in (0, L + 1, 2 * L + 2) else k if k <= L else k - 1)
+    """The units of model pieces [first, last): piece k's own unit k (0 the embedding,
+    encoder blocks 1..L, L+1 the bridge, decoder blocks L+2..2L+1, 2L+2 the head), and the
+    embedding where the bridge (its decoder tokens) or a tied head (its LM head) runs."""
+    L, held = m["layers"], set(range(first, last))
+    if first <= L + 1 < last or (int(m.get("tie_embeddings", 1)) and last == 2 * L + 3):
+        held.add(0)
     return held
+
+
+def unit_names(layers):
+    """The units' names in order (model_units in src/model/spec.cpp)."""
+    return (["embedding"] + [f"encoder.{l}" for l in range(layers)] + ["bridge"] +
+            [f"decoder.{l}" for l in range(layers)] + ["head"])
 
 
 def cut_messages(m, k):
@@ -353,6 +362,13 @@ def check_pipeline(c, run):
                  f"step {step}: {len(g)} sends, expected {per_pipeline} per pipeline x {pipelines} "
                  f"(2 M (S - 1) = {2 * M * (S - 1)} and the split's encoder output and tables)")
         c.expect(len(recvs[recvs["step"] == step]) == len(g), f"step {step}: receives and sends differ in number")
+    # Each stage holds the units its pieces use: the stages' parameters add up to the model's
+    # plus one embedding (a tensor-parallel rank's rows) per further stage that holds it.
+    holders = [s for s in range(S) if 0 in held_units(m, first[s], first[s + 1])]
+    embedding = m["vocab"] * m["d_model"] // m.get("tp_size", 1)
+    stage_params = [int(x) for x in plan_list(run, "stage_params", 0)]
+    c.expect(sum(stage_params) == m.get("param_count_per_rank", m["param_count"]) + (len(holders) - 1) * embedding,
+             f"stages' parameters {stage_params}: not the model's plus {len(holders) - 1} embedding copies")
     check_transfers(c, run)
     check_pairs(c, run)
     check_order(c, run)
@@ -432,10 +448,11 @@ def tensor_parallel_counts(m, stages):
     """{(unit, phase): [bytes of each tensor-parallel all-reduce]} of one step of the model
     stages `stages`, Megatron-LM's conjugate collectives: per encoder block 2 forward
     (attention o, feed-forward wo) and 2 backward (their inputs' gradients) of batch × seq ×
-    d_model elements; per decoder block 3 and 3 (with cross-attention); the root's
-    vocabulary-parallel embeddings (encoder, decoder: forward), the parallel cross-entropy's
-    row max and sums (fp32), the head's input gradient and the encoder output's summed
-    cross-attention gradient (backward). Activation checkpointing repeats each block's forward
+    d_model elements; per decoder block 3 and 3 (with cross-attention); the vocabulary-parallel
+    embeddings (encoder: the embedding's piece; decoder: the bridge's; forward), the parallel
+    cross-entropy's row max and sums (fp32) and the head's input gradient (the head's), the
+    encoder output's summed cross-attention gradient (the bridge's, backward). Each is recorded
+    under the unit of the piece running (piece k's unit is k). Activation checkpointing repeats each block's forward
     ones in backward; each micro-batch has its own."""
     es, L, M = DTYPE_BYTES[m["dtype"]], m["layers"], m.get("micro_batches", 1)
     b = m["batch_per_rank"] // M
@@ -450,14 +467,14 @@ def tensor_parallel_counts(m, stages):
             add(k, "forward", [ne * d * es] * 2)
             add(k, "backward", [ne * d * es] * 2 * (2 if ckpt else 1))
         elif k == L + 1:
-            add(0, "forward", [nd * d * es])
-            add(0, "backward", [ne * d * es])
+            add(k, "forward", [nd * d * es])
+            add(k, "backward", [ne * d * es])
         elif k <= 2 * L + 1:
-            add(k - 1, "forward", [nd * d * es] * 3)
-            add(k - 1, "backward", [nd * d * es] * 3 * (2 if ckpt else 1))
+            add(k, "forward", [nd * d * es] * 3)
+            add(k, "backward", [nd * d * es] * 3 * (2 if ckpt else 1))
         else:
-            add(0, "forward", [nd * 4, 2 * nd * 4])
-            add(0, "backward", [nd * d * es])
+            add(k, "forward", [nd * 4, 2 * nd * 4])
+            add(k, "backward", [nd * d * es])
     return {k: sorted(v) for k, v in want.items()}
 
 

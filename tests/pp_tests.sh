@@ -38,6 +38,95 @@ for r in "${runs[@]}"; do
     --out $T/$name.h5
 done
 
+# --- each stage holds what its pieces use: the embedding on the stages that look tokens up
+# (the first, the bridge's: where the decoder starts) and, tied, the last; the bridge's
+# encoder.final_norm with the bridge; the head (decoder.final_norm, an untied lm_head) on the
+# last. --check on 4 ranks, untied (T5 v1.1's block, small shapes) and tied (t5-tiny), DDP
+# and FSDP full, with the decoder starting on the last stage and earlier: pp 2 --pp-split 1
+# and pp 4 --pp-split 3 (last), pp 2 with a long decoder (the bridge on stage 0, balanced)
+# and pp 4 --pp-split 2 (earlier); the embedding's copies summed over its holders only ---
+UNTIED=(--model t5-v1_1-small --d-model 64 --d-ff 128 --heads 4 --d-kv 16 --vocab 256 --batch 4 --steps 2 --warmup 1)
+TIED=(--model t5-tiny --batch 4 --steps 2 --warmup 1)
+placements=(
+  "pp2-last|--layers 2 --seq-len 12 --dec-seq-len 8 --pp 2 --pp-split 1"
+  "pp2-earlier|--layers 2 --seq-len 4 --dec-seq-len 16 --pp 2"
+  "pp4-last|--layers 4 --seq-len 12 --dec-seq-len 8 --pp 4 --pp-split 3"
+  "pp4-earlier|--layers 2 --seq-len 12 --dec-seq-len 8 --pp 4 --pp-split 2"
+)
+for model in untied tied; do
+  if [ $model = untied ]; then shape=("${UNTIED[@]}"); else shape=("${TIED[@]}"); fi
+  for x in "${placements[@]}"; do
+    IFS='|' read -r where flags <<<"$x"
+    read -r -a flag_list <<<"$flags"
+    for program in "ddp_perf" "fsdp_perf --sharding full"; do
+      read -r -a prog <<<"$program"
+      expect "$model $where ${prog[0]} --check (the embedding on its stages)" 0 "$check_pattern" -- \
+        "${MPI4[@]}" $BIN/"${prog[@]}" "${shape[@]}" "${flag_list[@]}" --check --out $T/units-$model-$where-${prog[0]}.h5
+    done
+  done
+done
+# The traces of those runs: the stages' parameters are the model's plus one embedding per
+# further stage holding it, the units named (tests/check_trace.py).
+expect "the stages' parameters in the traces: the model's plus the embedding's copies" 0 '^ok .*units-tied-pp4-earlier-fsdp_perf.h5' -- \
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/units-untied-pp2-last-ddp_perf.h5 \
+  $T/units-untied-pp2-earlier-fsdp_perf.h5 $T/units-tied-pp2-earlier-ddp_perf.h5 $T/units-tied-pp4-last-fsdp_perf.h5 \
+  $T/units-tied-pp4-earlier-fsdp_perf.h5
+
+# The plan of every stage (--schedule-json): each stage's units are those its pieces use
+# (the embedding where the encoder embedding, the bridge or a tied head runs; the head unit
+# on the last stage only), its parameters their sum, and the stages' parameters the model's
+# plus exactly the embedding's further copies (a tensor-parallel rank's parts under --tp).
+plan_units() {  # plan_units JSON FLAGS...: fsdp_perf's plan with FLAGS as JSON, its stages' units checked
+  local json=$1
+  shift
+  $BIN/fsdp_perf "$@" --schedule-json "$json" >/dev/null || return 1
+  $PY -c "
+import json, sys
+j = json.load(open(sys.argv[1]))
+L, S, stages, tp = j['layers'], j['pp_size'], j['stages'], j['tp_size']
+params = [x['params'] for x in stages]
+# The stages that look tokens up (the encoder embedding's, the bridge's) or, tied, project
+# onto the embedding (the head's): a copy of the embedding (a tensor-parallel rank's rows) each.
+def uses(x):
+    pieces = range(x['first_stage'], x['last_stage'])
+    return 0 in pieces or L + 1 in pieces or bool(j['tie_embeddings'] and 2 * L + 2 in pieces)
+holders = [s for s, x in enumerate(stages) if uses(x)]
+embedding = j['vocab'] * j['d_model'] // tp
+model = j['param_count'] if tp == 1 else sum(j['unit_params'])  # a tensor-parallel rank's part
+assert sum(params) == model + (len(holders) - 1) * embedding, \\
+    f'stages {params}: {sum(params) - model} parameters beyond the model, not {len(holders) - 1} embedding copies'
+# Each stage's units: those its pieces use, its parameters their sum; the head on the last.
+names, sizes = j['unit_names'], j['unit_params']
+e, head = names.index('embedding'), names.index('head')
+for s, x in enumerate(stages):
+    units = x['units']
+    assert (e in units) == (s in holders), f'stage {s}: units {units}'
+    assert (head in units) == (s == S - 1), f'stage {s} and the head (lm_head, decoder.final_norm)'
+    assert params[s] == sum(sizes[u] for u in units), f'stage {s}: {params[s]} parameters, units {units}'
+print('ok', params, 'embedding on', holders, 'head', sizes[head])" "$json"
+}
+XL=(--model flan-t5-xl --pp 4 --micro-batches 2 --plan --world-size 8)
+expect "flan-t5-xl --pp 4: no lm_head on stage 0, no shared on the last stage (the decoder starts on stage 1)" 0 \
+  '^ok \[741139456, 743240704, 715196416, 715978752\] embedding on \[0, 1\] head 65800192$' -- \
+  plan_units $tmp/xl.json "${XL[@]}"
+expect "flan-t5-xl --pp 4 --pp-split 2: the last stage without shared" 0 'embedding on \[0, 2\] head 65800192$' -- \
+  plan_units $tmp/xl2.json "${XL[@]}" --pp-split 2
+expect "flan-t5-xl --pp 4 --pp-split 3: the decoder's first stage, the last, looks its tokens up" 0 \
+  'embedding on \[0, 3\]' -- \
+  plan_units $tmp/xl3.json "${XL[@]}" --pp-split 3
+expect "t5-2.28b --pp 4 --tp 2 (tied): the last stage's LM head is the embedding, a tensor-parallel rank's rows" 0 \
+  'embedding on \[0, 1, 3\] head 2048$' -- \
+  plan_units $tmp/tied.json --model t5-2.28b --pp 4 --tp 2 --micro-batches 2 --plan --world-size 16
+expect "the plan names the embedding's stages" 0 \
+  '^  the embedding \(65,798,144 parameters\) on stages 0, 1: a copy on each, its gradient summed over them$' -- \
+  $BIN/fsdp_perf "${XL[@]}"
+expect "the plan names the head's stage: lm_head on the last stage alone" 0 \
+  '^  the head \(decoder\.final_norm, lm_head: 65,800,192 parameters\) on stage 3 alone$' -- \
+  $BIN/fsdp_perf "${XL[@]}"
+expect "the plan of a tied model: the head's LM head is the embedding" 0 \
+  '^  the head \(decoder\.final_norm: 1,024 parameters\) on stage 1 alone, its LM head the embedding$' -- \
+  $BIN/fsdp_perf --model t5-611m --pp 2 --plan --world-size 2
+
 # One micro-batch alone (--batch 1 --micro-batches 1, the micro-batch of the M-micro-batch
 # runs above): its activations, per stage, are what each micro-batch in flight holds.
 check "one micro-batch on 2 stages (the activations' unit)" "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none \

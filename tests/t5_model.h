@@ -53,7 +53,7 @@ struct T5Model {
     const auto& units = step->units();
     for (size_t u = 0; u < units.size(); ++u) {
       float* master = b.alloc_floats(units[u].numel, MemCategory::Workspace);
-      init_unit_params(b, units[u], int(u), kSeed, master, 0, units[u].numel);
+      init_unit_params(b, units[u], kSeed, master, 0, units[u].numel);
       params.push_back(b.alloc_buf(units[u].numel, dtype, MemCategory::Parameters));
       b.cast(params.back(), master, units[u].numel);
       b.release(master);

@@ -119,10 +119,10 @@ StepResult run_step(Backend& b, const ModelSpec& spec, const StepShape& x, bool 
   T5Model m(b, spec, x, ckpt, t, 1.f, a);
   b.set_recorder(&r.count);
   const auto& st = m.step->pieces();
-  for (size_t i = 0; i < st.size(); ++i) m.step->forward(int(i), m.params[st[i].unit]);
+  for (size_t i = 0; i < st.size(); ++i) m.step->forward(int(i), by_unit(m.params));
   const auto& units = m.step->units();
   for (size_t u = 0; u < units.size(); ++u) b.fill(m.grads[u], 0.f, units[u].numel);
-  for (int i = int(st.size()) - 1; i >= 0; --i) m.step->backward(i, m.params[st[i].unit], m.grads[st[i].unit]);
+  for (int i = int(st.size()) - 1; i >= 0; --i) m.step->backward(i, by_unit(m.params), by_unit(m.grads));
   b.set_recorder(nullptr);
   r.loss = m.step->loss_sum();
   for (size_t u = 0; u < units.size(); ++u) r.grads.push_back(download_f32(b, m.grads[u], units[u].numel));

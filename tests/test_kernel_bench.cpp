@@ -52,11 +52,11 @@ TEST(KernelBench, UnfusedAttentionIsTheStepsSequence) {
       const auto& st = m.step->pieces();
       for (size_t i = 0; i < st.size(); ++i) {
         b->set_context(Phase::Forward, st[i].unit);
-        m.step->forward(int(i), m.params[st[i].unit]);
+        m.step->forward(int(i), by_unit(m.params));
       }
       for (int i = int(st.size()) - 1; i >= 0; --i) {
         b->set_context(Phase::Backward, st[i].unit);
-        m.step->backward(i, m.params[st[i].unit], m.grads[st[i].unit]);
+        m.step->backward(i, by_unit(m.params), by_unit(m.grads));
       }
       b->set_recorder(nullptr);
     }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <set>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -101,15 +102,22 @@ TEST(Model, T5V11AndFlanT5PresetsAreTheReleasedCheckpoints) {
   EXPECT_TRUE(model_preset("t5-11.3b").tie_embeddings);
 }
 
-TEST(Model, GatedUnitsHoldWi0Wi1AndTheUntiedHeadSitsInTheRoot) {
+TEST(Model, GatedUnitsHoldWi0Wi1AndTheUntiedHeadSitsInTheHeadUnit) {
   const ModelSpec s = model_preset("t5-v1_1-small");
   const auto units = model_units(s);
-  std::vector<std::string> root;
-  for (const auto& t : units[0].tensors) root.push_back(t.name);
-  // PyTorch's registration order: shared, the two final norms, lm_head (last).
-  EXPECT_EQ(root, (std::vector<std::string>{"shared", "encoder.final_norm", "decoder.final_norm", "lm_head"}));
-  EXPECT_EQ(units[0].tensor("lm_head").numel(), s.vocab * s.d_model);
-  for (size_t u = 1; u < units.size(); ++u) {
+  auto names = [](const UnitSpec& u) {
+    std::vector<std::string> n;
+    for (const auto& t : u.tensors) n.push_back(t.name);
+    return n;
+  };
+  const size_t bridge = size_t(1 + s.layers);
+  EXPECT_EQ(names(units[0]), std::vector<std::string>{"shared"});
+  EXPECT_EQ(names(units[bridge]), std::vector<std::string>{"encoder.final_norm"});
+  EXPECT_EQ(names(units.back()), (std::vector<std::string>{"decoder.final_norm", "lm_head"}));
+  EXPECT_EQ(units.back().tensor("lm_head").numel(), s.vocab * s.d_model);
+  EXPECT_EQ(names(model_units(model_preset("t5-small")).back()), std::vector<std::string>{"decoder.final_norm"});
+  for (size_t u = 1; u + 1 < units.size(); ++u) {
+    if (u == bridge) continue;
     const auto& t = units[u].tensors;
     ASSERT_GE(t.size(), 3u);
     EXPECT_EQ(t[t.size() - 3].name, "wi_0");
@@ -167,10 +175,15 @@ TEST(Model, SizesBeyondWhatIsCountedAreRefusedNamingTheFlags) {
 TEST(Model, UnitsTileTheirFlatParameter) {
   const ModelSpec s = model_preset("t5-small");
   const auto units = model_units(s);
-  ASSERT_EQ(units.size(), size_t(1 + 2 * s.layers));
-  EXPECT_EQ(units[0].kind, UnitKind::Root);
+  const int64_t L = s.layers;
+  ASSERT_EQ(units.size(), size_t(3 + 2 * L));  // one per piece
+  EXPECT_EQ(units[0].kind, UnitKind::Embedding);
   EXPECT_EQ(units[1].kind, UnitKind::EncoderBlock);
-  EXPECT_EQ(units[1 + s.layers].kind, UnitKind::DecoderBlock);
+  EXPECT_EQ(units[1 + L].kind, UnitKind::Bridge);
+  EXPECT_EQ(units[2 + L].kind, UnitKind::DecoderBlock);
+  EXPECT_EQ(units[2 + L].name, "decoder.0");
+  EXPECT_EQ(units.back().kind, UnitKind::Head);
+  EXPECT_EQ(units.back().name, "head");
   for (const auto& u : units) {
     int64_t next = 0;
     for (const auto& t : u.tensors) {
@@ -181,8 +194,32 @@ TEST(Model, UnitsTileTheirFlatParameter) {
   }
   // The relative attention bias lives in the first block of each stack only.
   EXPECT_NO_THROW(units[1].tensor("rel_bias"));
-  EXPECT_NO_THROW(units[1 + s.layers].tensor("rel_bias"));
+  EXPECT_NO_THROW(units[2 + L].tensor("rel_bias"));
   EXPECT_EQ(units[2].numel + s.num_buckets * s.heads, units[1].numel);
+}
+
+// A tensor's random stream does not depend on the unit holding it: the blocks number 1..2L,
+// the tensors outside them 0 in the order shared, encoder.final_norm, decoder.final_norm,
+// lm_head (the single root unit the model first had), so splitting that root left the
+// initial weights as they were.
+TEST(Model, RandomStreamsNameTheTensorNotItsUnit) {
+  const ModelSpec s = model_preset("flan-t5-small");
+  const int L = int(s.layers);
+  std::map<std::string, std::pair<int, int>> outside;
+  std::set<std::pair<int, int>> seen;
+  for (const UnitSpec& u : model_units(s))
+    for (size_t i = 0; i < u.tensors.size(); ++i) {
+      const TensorSpec& t = u.tensors[i];
+      EXPECT_TRUE(seen.insert({t.stream_block, t.stream_index}).second) << u.name << "." << t.name;
+      if (!is_block(u.kind)) {
+        outside[t.name] = {t.stream_block, t.stream_index};
+        continue;
+      }
+      const int block = (u.kind == UnitKind::EncoderBlock ? 1 : 1 + L) + u.layer;
+      EXPECT_EQ(std::make_pair(t.stream_block, t.stream_index), std::make_pair(block, int(i))) << u.name << "." << t.name;
+    }
+  EXPECT_EQ(outside, (std::map<std::string, std::pair<int, int>>{
+                         {"shared", {0, 0}}, {"encoder.final_norm", {0, 1}}, {"decoder.final_norm", {0, 2}}, {"lm_head", {0, 3}}}));
 }
 
 TEST(Model, FlopsFormula) {

@@ -1,7 +1,8 @@
 // Pipeline parallelism: the action lists of GPipe and 1F1B (every micro-batch forward once,
 // then backward once; at most S − s in flight under 1F1B), and the split of the model's
 // pieces over pipeline stages (balanced by cost, the first decoder stage when given, the
-// embedding, bridge and head with their blocks, the limits refused in one line).
+// embedding, bridge and head with their blocks, the limits refused in one line), and which
+// stages hold which unit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -49,7 +50,7 @@ TEST(Pipeline, OneFOneBWarmsUpThenAlternates) {
       }
 }
 
-TEST(Pipeline, SplitBalancesBlocksAndPlacesTheRootPieces) {
+TEST(Pipeline, SplitBalancesBlocksAndPlacesEmbeddingBridgeAndHead) {
   // 4 + 4 blocks of equal cost on 4 stages: 2 blocks each; pieces: 0 embedding,
   // 1-4 encoder blocks, 5 bridge, 6-9 decoder blocks, 10 head.
   const std::vector<double> equal(8, 1.0);
@@ -66,6 +67,50 @@ TEST(Pipeline, SplitBalancesBlocksAndPlacesTheRootPieces) {
   EXPECT_EQ(p.stage_of(0), 0);
   EXPECT_EQ(p.stage_of(5), 2);   // the bridge with decoder block 0
   EXPECT_EQ(p.stage_of(10), 3);  // the head with the last block
+}
+
+// Each stage holds the units its pieces use (stages_holding): every unit on exactly one
+// stage but the embedding, which the stages that look tokens up hold (the first; the
+// bridge's, where the decoder starts) and, tied, the last (its LM head is the embedding).
+// 4 + 4 layers: pieces and units 0 embedding, 1-4 encoder blocks, 5 bridge, 6-9 decoder
+// blocks, 10 head (decoder.final_norm, untied lm_head).
+TEST(Pipeline, StagesHoldTheUnitsTheirPiecesUse) {
+  ModelSpec tied = model_preset("t5-tiny");
+  tied.layers = 4;
+  ModelSpec untied = tied;
+  untied.tie_embeddings = false;
+  const std::vector<double> equal(8, 1.0);
+  std::vector<double> dec2(8, 1.0);  // decoder blocks twice as costly: the bridge on stage 0 of 2
+  for (int i = 4; i < 8; ++i) dec2[i] = 2.0;
+  const int embedding = 0, bridge = 5, head = 10;
+  struct Case {
+    const char* what;
+    PipelineSplit split;
+    std::vector<int> untied, tied;  // the stages holding the embedding
+  } cases[] = {
+      {"one stage", split_pipeline(equal, 4, 1), {0}, {0}},
+      {"pp 4 balanced: the decoder starts on stage 2", split_pipeline(equal, 4, 4), {0, 2}, {0, 2, 3}},
+      {"pp 4 --pp-split 1", split_pipeline(equal, 4, 4, 1), {0, 1}, {0, 1, 3}},
+      {"pp 4 --pp-split 3: the decoder starts on the last stage", split_pipeline(equal, 4, 4, 3), {0, 3}, {0, 3}},
+      {"pp 2: the bridge on the first stage", split_pipeline(dec2, 4, 2), {0}, {0, 1}},
+      {"pp 8: a stage per block", split_pipeline(equal, 4, 8), {0, 4}, {0, 4, 7}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const int S = int(c.split.first.size()) - 1;
+    for (const ModelSpec* spec : {&untied, &tied}) {
+      const std::vector<Piece> pieces = model_pieces(*spec);
+      ASSERT_EQ(pieces.size(), model_units(*spec).size());
+      EXPECT_EQ(stages_holding(pieces, c.split, embedding), spec->tie_embeddings ? c.tied : c.untied);
+      EXPECT_EQ(stages_holding(pieces, c.split, head), std::vector<int>{S - 1});  // lm_head, the decoder's final norm
+      EXPECT_EQ(stages_holding(pieces, c.split, bridge), std::vector<int>{c.split.stage_of(bridge)});
+      for (int u = 1; u < int(pieces.size()); ++u)  // every other unit: its piece's stage alone
+        EXPECT_EQ(stages_holding(pieces, c.split, u), std::vector<int>{c.split.stage_of(u)}) << "unit " << u;
+    }
+  }
+  // The bridge's stage is the decoder's first: it looks the decoder's tokens up.
+  const PipelineSplit p = split_pipeline(equal, 4, 4, 3);
+  EXPECT_EQ(p.stage_of(bridge), p.stage_of(bridge + 1));
 }
 
 TEST(Pipeline, SplitRefusesMoreStagesThanBlocks) {

@@ -69,19 +69,22 @@ int64_t padded_bytes(const ModelSpec& spec, int shards) {
 
 }  // namespace
 
-TEST(Schedule, FullShardingGathersTwiceExceptRoot) {
+TEST(Schedule, FullShardingGathersBlocksTwice) {
   const ModelSpec spec = model_preset("t5-small");
   Schedule s = run_schedule(fsdp(Sharding::Full), 4);
-  const int blocks = s.units - 1;
+  const int blocks = 2 * int(spec.layers);
   EXPECT_EQ(s.rec.count(OpKind::AllGather, Phase::Forward), s.units);
-  EXPECT_EQ(s.rec.count(OpKind::AllGather, Phase::Backward), blocks);  // root kept from forward
+  // Embedding, bridge and head (PyTorch's root unit) kept from forward.
+  EXPECT_EQ(s.rec.count(OpKind::AllGather, Phase::Backward), blocks);
   EXPECT_EQ(s.rec.count(OpKind::ReduceScatter, Phase::Backward), s.units);
   EXPECT_EQ(s.rec.bytes(OpKind::AllReduce), 0);
   EXPECT_EQ(s.rec.bytes(OpKind::ReduceScatter), padded_bytes(spec, 4));
   // ZeRO-3 traffic: all-gathers move about 2M, reduce-scatters M (docs/references.md §2: 3M(W−1)/W).
   const double M = padded_bytes(spec, 4);
-  const double root = shard_of(model_units(spec)[0].numel, 4, 0).padded * 4.0;
-  EXPECT_DOUBLE_EQ(double(s.rec.bytes(OpKind::AllGather)), 2 * M - root);
+  double kept = 0;
+  for (const UnitSpec& u : model_units(spec))
+    if (!is_block(u.kind)) kept += shard_of(u.numel, 4, 0).padded * 4.0;
+  EXPECT_DOUBLE_EQ(double(s.rec.bytes(OpKind::AllGather)), 2 * M - kept);
   // Parameters, gradients and optimizer state are sharded four ways.
   EXPECT_EQ(s.peak[int(MemCategory::Parameters)], padded_bytes(spec, 4) / 4);
   EXPECT_EQ(s.peak[int(MemCategory::OptimizerState)], 2 * padded_bytes(spec, 4) / 4);
@@ -296,9 +299,11 @@ TEST(Schedule, CollectivesNameTheirTargetUnit) {
       if (e.kind == OpKind::AllGather) (e.phase == Phase::Forward ? gathered_fwd : gathered_bwd).push_back(e.unit);
       if (e.kind == OpKind::ReduceScatter) reduced.push_back(e.unit);
     }
-    std::vector<int> all(s.units), blocks(s.units - 1);
-    for (int u = 0; u < s.units; ++u) all[u] = u;
-    for (int u = 1; u < s.units; ++u) blocks[u - 1] = u;
+    std::vector<int> all, blocks;  // every unit; the blocks (the others are kept from forward)
+    for (int u = 0; u < s.units; ++u) {
+      all.push_back(u);
+      if (is_block(model_units(model_preset("t5-small"))[size_t(u)].kind)) blocks.push_back(u);
+    }
     std::sort(gathered_fwd.begin(), gathered_fwd.end());
     std::sort(gathered_bwd.begin(), gathered_bwd.end());
     std::sort(reduced.begin(), reduced.end());
@@ -322,20 +327,21 @@ TEST(Schedule, CollectivesNameTheirTargetUnit) {
 }
 
 // DDP as PyTorch's Reducer: each tensor is ready as its gradient is produced, buckets take
-// tensors in the order backward produces them, the first closing at 1 MiB. In t5-small the
-// last decoder block's wo (d_model × d_ff fp32 = 4 MiB) is produced first, by the block's
-// first backward GEMM, so the first bucket is that tensor alone and its all-reduce is
-// issued right after that GEMM, before the rest of the block's backward.
+// tensors in the order backward produces them, the first closing at 1 MiB. In t5-small (tied)
+// the head's decoder.final_norm (d_model) is produced first, then the last decoder block's
+// wo (d_model × d_ff fp32 = 4 MiB), by the block's first backward GEMM, so the first bucket
+// is those two tensors and its all-reduce is issued right after that GEMM, before the rest
+// of the block's backward.
 TEST(Schedule, DdpBucketsFollowGradientProduction) {
   const ModelSpec spec = model_preset("t5-small");
   StrategyConfig c;
   c.kind = StrategyKind::DDP;
   Schedule s = run_schedule(c, 4);
-  const int last = s.units - 1;
+  const int last = s.units - 2;  // the last decoder block (the head is the last unit)
   size_t first_ar = 0;
   while (s.rec.all[first_ar].kind != OpKind::AllReduce) ++first_ar;
   const OpEvent& ar = s.rec.all[first_ar];
-  EXPECT_EQ(ar.bytes, spec.d_model * spec.d_ff * 4);
+  EXPECT_EQ(ar.bytes, (spec.d_model * spec.d_ff + spec.d_model) * 4);
   EXPECT_EQ(ar.unit, last);
   int gemms_of_last = 0;  // backward GEMMs of the last block before the all-reduce
   for (size_t i = 0; i < first_ar; ++i)

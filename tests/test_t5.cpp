@@ -27,14 +27,14 @@ struct Harness : T5Model {
 
   void forward() {
     const auto& st = step->pieces();
-    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
+    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), by_unit(params));
   }
   // Zeroes every unit's gradient (before its first backward piece), then runs backward.
   void backward() {
     const auto& units = step->units();
     for (size_t u = 0; u < units.size(); ++u) b.fill(grads[u], 0.f, units[u].numel);
     const auto& st = step->pieces();
-    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
+    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, by_unit(params), by_unit(grads));
   }
   double loss() { return step->loss_sum() * grad_scale; }  // the mean the gradient is of
 
@@ -62,16 +62,23 @@ TEST(T5Step, PiecesFollowTheHeader) {
   const auto& st = step.pieces();
   const int L = int(spec.layers);
   ASSERT_EQ(int(st.size()), 2 * L + 3);
+  ASSERT_EQ(step.units().size(), st.size());
+  for (size_t k = 0; k < st.size(); ++k) EXPECT_EQ(st[k].unit, int(k)) << "piece k's own unit is unit k";
   EXPECT_EQ(st[0].kind, Piece::EncoderEmbed);
   EXPECT_EQ(st[L + 1].kind, Piece::Bridge);
   EXPECT_EQ(st.back().kind, Piece::Head);
   for (int l = 0; l < L; ++l) {
     EXPECT_EQ(st[1 + l].kind, Piece::EncoderBlock);
-    EXPECT_EQ(st[1 + l].unit, 1 + l);
     EXPECT_EQ(st[L + 2 + l].kind, Piece::DecoderBlock);
-    EXPECT_EQ(st[L + 2 + l].unit, 1 + L + l);
     EXPECT_EQ(st[L + 2 + l].layer, l);
   }
+  // The bridge looks the decoder's tokens up and a tied head projects onto the embedding.
+  EXPECT_EQ(st[L + 1].units(), (std::vector<int>{L + 1, 0}));
+  EXPECT_EQ(st.back().units(), (std::vector<int>{2 * L + 2, 0}));
+  ModelSpec untied = spec;
+  untied.tie_embeddings = false;
+  EXPECT_EQ(model_pieces(untied).back().units(), std::vector<int>{2 * L + 2});
+  for (int k = 1; k <= L; ++k) EXPECT_EQ(st[size_t(k)].units(), std::vector<int>{k});
   EXPECT_STREQ(piece_kind_name(Piece::Head), "head");
 }
 
@@ -189,12 +196,14 @@ TEST(T5Step, UntiedHeadIsNotRescaled) {
   untied.tie_embeddings = false;
   const StepShape x = tiny_shape();
   Harness tied(*b, model_preset("t5-tiny"), x, false), free(*b, untied, x, false);
-  const TensorSpec& head = free.step->units()[0].tensor("lm_head");
+  const size_t H = free.step->units().size() - 1;  // the head unit; the embedding is unit 0
+  const TensorSpec& head = free.step->units()[H].tensor("lm_head");
   const TensorSpec& shared = free.step->units()[0].tensor("shared");
-  std::vector<float> root = free.download(free.params[0], free.step->units()[0].numel);
+  const std::vector<float> embedding = free.download(free.params[0], free.step->units()[0].numel);
+  std::vector<float> head_unit = free.download(free.params[H], free.step->units()[H].numel);
   const float r = 1.f / std::sqrt(float(untied.d_model));
-  for (int64_t i = 0; i < head.numel(); ++i) root[head.offset + i] = root[shared.offset + i] * r;
-  b->upload(free.params[0].ptr, root.data(), root.size() * 4);
+  for (int64_t i = 0; i < head.numel(); ++i) head_unit[head.offset + i] = embedding[shared.offset + i] * r;
+  b->upload(free.params[H].ptr, head_unit.data(), head_unit.size() * 4);
   tied.forward();
   free.forward();
   EXPECT_NEAR(free.loss(), tied.loss(), 1e-6 * tied.loss());
@@ -203,14 +212,15 @@ TEST(T5Step, UntiedHeadIsNotRescaled) {
   // shared's gradient: tied = embedding part + r · (head part); untied: embedding part + r · d(lm_head)
   const auto gt = tied.all_grads(), gf = free.all_grads();
   for (int64_t i = 0; i < shared.numel(); i += 7)
-    ASSERT_NEAR(gt[0][shared.offset + i], gf[0][shared.offset + i] + r * gf[0][head.offset + i], 1e-6)
+    ASSERT_NEAR(gt[0][shared.offset + i], gf[0][shared.offset + i] + r * gf[H][head.offset + i], 1e-6)
         << "shared[" << i << "]";
+  // Every other unit alike (the untied head unit compared on the tied one's decoder.final_norm)
   for (size_t u = 1; u < gt.size(); ++u) EXPECT_LT(rel_norm_diff(gf[u], gt[u]), 1e-5) << "unit " << u;
 }
 
 // Backward marks each tensor ready (the DDP hook) right after its last gradient write, so
 // within a unit the order is the unit's tensors backwards (the flat buffer read from its
-// end: the gated block's wo, wi_1, wi_0, ...; the root's lm_head first), except that q, k,
+// end: the gated block's wo, wi_1, wi_0, ...; the head's lm_head first), except that q, k,
 // v of one attention are produced q first. Every tensor exactly once per step.
 TEST(T5Step, TensorsAreReadyInReverseDefinitionOrder) {
   for (const ModelSpec& spec : {model_preset("t5-tiny"), gated_tiny()}) {
@@ -235,7 +245,8 @@ TEST(T5Step, TensorsAreReadyInReverseDefinitionOrder) {
         }
       EXPECT_EQ(got, want) << ffn_kind_name(spec.ffn) << " unit " << h.step->units()[u].name;
     }
-    EXPECT_EQ(order[0].size(), spec.tie_embeddings ? 3u : 4u);
+    EXPECT_EQ(order[0].size(), 1u);                                     // shared
+    EXPECT_EQ(order.back().size(), spec.tie_embeddings ? 1u : 2u);      // decoder.final_norm (, lm_head)
   }
 }
 
@@ -296,10 +307,10 @@ TEST(T5Step, TensorParallelRankCountsItsShareAndItsAllReduces) {
     std::vector<Buf> p;
     for (const UnitSpec& u : step.units()) p.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Parameters));
     const int S = int(step.pieces().size());
-    for (int i = 0; i < S; ++i) step.forward(i, p[step.pieces()[i].unit]);
+    for (int i = 0; i < S; ++i) step.forward(i, by_unit(p));
     EXPECT_NEAR(counted_gemm_flops(*b), forward_flops(spec, x, tp), 1e-9 * forward_flops(spec, x, tp));
     EXPECT_EQ(count.all_reduces, 2 * spec.layers + 3 * spec.layers + 4);  // + 2 embeddings, max, sums
-    for (int i = S - 1; i >= 0; --i) step.backward(i, p[step.pieces()[i].unit], p[step.pieces()[i].unit]);
+    for (int i = S - 1; i >= 0; --i) step.backward(i, by_unit(p), by_unit(p));
     EXPECT_NEAR(counted_gemm_flops(*b) * tp, model_flops_per_step(spec, x), 1e-9 * model_flops_per_step(spec, x));
     EXPECT_EQ(count.all_reduces, 2 * (5 * spec.layers) + 4 + 2);  // + the head's and the encoder output's
     for (const Buf& q : p) b->release(q.ptr);
@@ -315,15 +326,15 @@ TEST(T5Step, TensorParallelPartsInitialiseToTheirSliceOfTheFullModel) {
     for (size_t k = 0; k < full.size(); ++k) {
       std::vector<float> whole(full[k].numel), assembled(full[k].numel, -99.f);
       float* dev = b->alloc_floats(full[k].numel, MemCategory::Workspace);
-      init_unit_params(*b, full[k], int(k), 7, dev, 0, full[k].numel);
+      init_unit_params(*b, full[k], 7, dev, 0, full[k].numel);
       b->download(whole.data(), dev, whole.size() * 4);
       for (int r = 0; r < tp; ++r) {
         const UnitSpec part = model_units(spec, {tp, r})[k];
         std::vector<float> mine(part.numel);
         // in two pieces, as FSDP shards initialise their ranges
         const int64_t half = part.numel / 2;
-        init_unit_params(*b, part, int(k), 7, dev, 0, half);
-        init_unit_params(*b, part, int(k), 7, dev + half, half, part.numel - half);
+        init_unit_params(*b, part, 7, dev, 0, half);
+        init_unit_params(*b, part, 7, dev + half, half, part.numel - half);
         b->download(mine.data(), dev, mine.size() * 4);
         place_in_full_unit(part, full[k], mine.data(), assembled.data());
       }
@@ -477,7 +488,7 @@ TEST(T5Step, RelativePositionBucketsMatchHuggingFace) {
     for (int k = 0; k <= 17; ++k) dec_want.insert(k);
     const int L = int(spec.layers);
     for (int stack = 0; stack < 2; ++stack) {
-      const int unit = stack == 0 ? 1 : 1 + L;
+      const int unit = stack == 0 ? 1 : 2 + L;  // each stack's first block
       const TensorSpec& t = h.step->units()[unit].tensor("rel_bias");
       std::set<int> used;
       for (int row = 0; row < t.rows; ++row)

@@ -89,7 +89,7 @@ void check_completed(const std::string& path, int ranks, int steps) {
   ASSERT_EQ(access((path + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
-  EXPECT_EQ(int_attr(f, "schema_version"), 3);
+  EXPECT_EQ(int_attr(f, "schema_version"), 4);
   EXPECT_EQ(str_attr(f, "status"), "ok");
   EXPECT_EQ(int_attr(f, "world_size"), ranks);
   hid_t prov = H5Gopen2(f, "provenance", H5P_DEFAULT);
@@ -223,7 +223,7 @@ TEST(Trace, SchedulesAsPyTorchFromTheTrace) {
   ASSERT_EQ(run(std::string("build/bin/fsdp_perf --sharding hybrid --shard-size 2") + kTiny + " --out " + hybrid), 0);
   // d_ff 4096: a block's wi and wo are 512 KiB each, so buckets of 0.5 MiB split the model.
   ASSERT_EQ(run(std::string("build/bin/ddp_perf --bucket-mb 0.5") + kTiny + " --d-ff 4096 --out " + ddp), 0);
-  const int units = 5;  // t5-tiny: root + 2 + 2 blocks
+  const int units = 7;  // t5-tiny: embedding, 2 encoder blocks, bridge, 2 decoder blocks, head
 
   // FSDP1: compute waits on no reduce-scatter before backward's last GEMM; each unit is
   // reduced once per step (the unit column names the unit reduced).
@@ -268,8 +268,9 @@ TEST(Trace, SchedulesAsPyTorchFromTheTrace) {
     }
   }
 
-  // DDP: the first bucket is issued at 1 MiB (wo and wi of the last decoder block, the
-  // first gradients produced), before that block's backward has finished.
+  // DDP: the first bucket is issued at 1 MiB (the head's decoder.final_norm, then wo and wi
+  // of the last decoder block: the first gradients produced), before that block's backward
+  // has finished.
   for (const auto& [key, v] : events_by_rank_step(ddp)) {
     SCOPED_TRACE("ddp, rank " + std::to_string(key.first) + " step " + std::to_string(key.second));
     std::vector<const Ev*> ars;
@@ -277,11 +278,12 @@ TEST(Trace, SchedulesAsPyTorchFromTheTrace) {
       if (e.op == kAllReduce) ars.push_back(&e);
     std::sort(ars.begin(), ars.end(), [](const Ev* a, const Ev* b) { return a->start < b->start; });
     ASSERT_GE(ars.size(), 3u);
-    EXPECT_EQ(ars[0]->bytes, 2 * 32 * 4096 * 4);
-    EXPECT_EQ(ars[0]->unit, units - 1);
+    const int last_block = units - 2;  // the head is the last unit
+    EXPECT_EQ(ars[0]->bytes, (2 * 32 * 4096 + 32) * 4);
+    EXPECT_EQ(ars[0]->unit, last_block);
     bool mid_block = false;
     for (const Ev& e : v)
-      mid_block |= e.op == kGemm && e.phase == kBackward && e.unit == units - 1 && e.start > ars[0]->start;
+      mid_block |= e.op == kGemm && e.phase == kBackward && e.unit == last_block && e.start > ars[0]->start;
     EXPECT_TRUE(mid_block) << "the first bucket waited for the end of its block's backward";
   }
 }

@@ -23,11 +23,9 @@ Tokens make_tokens(uint64_t seed, int step, int64_t first_sequence, const StepSh
   return t;
 }
 
-void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t seed, float* dst,
-                      int64_t first, int64_t count) {
+void init_unit_params(Backend& b, const UnitSpec& u, uint64_t seed, float* dst, int64_t first, int64_t count) {
   const int64_t last = first + count;
-  for (size_t ti = 0; ti < u.tensors.size(); ++ti) {
-    const TensorSpec& t = u.tensors[ti];
+  for (const TensorSpec& t : u.tensors) {
     const int64_t lo = std::max(first, t.offset), hi = std::min(last, t.offset + t.numel());
     if (lo >= hi) continue;
     float* out = dst + (lo - first);
@@ -36,7 +34,7 @@ void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t se
     } else if (b.holds_data()) {  // the plan's backend holds no values: no loop over a partitioned tensor's rows
       // Element e of the full tensor gets u(key, e), so a tensor-parallel rank's block (its
       // rows, or in each row its columns) initialises to the full tensor's values there.
-      const uint64_t key = combine_key(combine_key(seed, uint64_t(unit_index)), ti);
+      const uint64_t key = combine_key(combine_key(seed, uint64_t(t.stream_block)), uint64_t(t.stream_index));
       for (int64_t e = lo - t.offset; e < hi - t.offset;) {
         const int64_t r = e / t.cols, c = e % t.cols;
         const int64_t run = t.cols == t.full_cols ? hi - t.offset - e : std::min(t.cols - c, hi - t.offset - e);

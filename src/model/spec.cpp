@@ -166,12 +166,16 @@ void validate(const ModelSpec& s, const StepShape& x, int64_t micro_batches, con
 
 const char* unit_kind_name(UnitKind k) {
   switch (k) {
-    case UnitKind::Root: return "root";
+    case UnitKind::Embedding: return "embedding";
     case UnitKind::EncoderBlock: return "encoder";
+    case UnitKind::Bridge: return "bridge";
     case UnitKind::DecoderBlock: return "decoder";
+    case UnitKind::Head: return "head";
   }
   return "?";
 }
+
+bool is_block(UnitKind k) { return k == UnitKind::EncoderBlock || k == UnitKind::DecoderBlock; }
 
 const TensorSpec& UnitSpec::tensor(const std::string& n) const {
   for (const auto& t : tensors)
@@ -185,6 +189,7 @@ enum class PartitionBy { None, Rows, Cols };  // which dimension a tensor-parall
 struct UnitBuilder {
   UnitSpec u;
   TensorPartition tp;
+  int stream_block = 0, next_index = 0;  // the random stream of the next tensor added (TensorSpec)
   // `block`: which rank's block of a partitioned tensor this rank holds (its own: -1).
   void add(const std::string& name, int64_t rows, int64_t cols, InitKind init, float scale,
            PartitionBy by = PartitionBy::None, int block = -1) {
@@ -200,6 +205,8 @@ struct UnitBuilder {
     t.offset = u.numel;
     t.init = init;
     t.init_scale = scale;
+    t.stream_block = stream_block;
+    t.stream_index = next_index++;
     u.numel += t.numel();
     u.tensors.push_back(t);
   }
@@ -224,20 +231,28 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorPartition tp) {
   SB_ASSERT(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "bad tensor-parallel rank");
   if (tp.size > 1) check_tensor_parallel(s, tp.size);
   std::vector<UnitSpec> units;
+  // The tensors outside the blocks, in their random streams' order (block 0): shared,
+  // encoder.final_norm, decoder.final_norm, lm_head.
+  auto outside = [&](UnitKind kind, const char* name, int first_index) {
+    UnitBuilder b{{}, tp, 0, first_index};
+    b.u.kind = kind;
+    b.u.name = name;
+    return b;
+  };
   {
-    UnitBuilder b{{}, tp};
-    b.u.kind = UnitKind::Root;
-    b.u.name = "root";
+    UnitBuilder b = outside(UnitKind::Embedding, "embedding", 0);
     b.add("shared", s.vocab, s.d_model, InitKind::Uniform, 1.0f, PartitionBy::Rows);  // vocab-parallel
-    b.norm("encoder.final_norm", s.d_model);
-    b.norm("decoder.final_norm", s.d_model);
-    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model, PartitionBy::Rows);  // vocab-parallel
     units.push_back(b.u);
   }
   for (int stack = 0; stack < 2; ++stack) {
     const bool dec = stack == 1;
+    if (dec) {
+      UnitBuilder b = outside(UnitKind::Bridge, "bridge", 1);
+      b.norm("encoder.final_norm", s.d_model);
+      units.push_back(b.u);
+    }
     for (int l = 0; l < s.layers; ++l) {
-      UnitBuilder b{{}, tp};
+      UnitBuilder b{{}, tp, 1 + stack * int(s.layers) + l, 0};
       b.u.kind = dec ? UnitKind::DecoderBlock : UnitKind::EncoderBlock;
       b.u.layer = l;
       b.u.name = std::string(dec ? "decoder." : "encoder.") + std::to_string(l);
@@ -258,6 +273,12 @@ std::vector<UnitSpec> model_units(const ModelSpec& s, TensorPartition tp) {
       b.linear("wo", s.d_model, s.d_ff, PartitionBy::Cols);
       units.push_back(b.u);
     }
+  }
+  {
+    UnitBuilder b = outside(UnitKind::Head, "head", 2);
+    b.norm("decoder.final_norm", s.d_model);
+    if (!s.tie_embeddings) b.linear("lm_head", s.vocab, s.d_model, PartitionBy::Rows);  // vocab-parallel
+    units.push_back(b.u);
   }
   return units;
 }

@@ -32,6 +32,25 @@ AttentionImpl parse_attention_impl(const std::string& s) {
   throw UsageError("--attention '" + s + "' is not allowed (allowed: fused, unfused)");
 }
 
+std::vector<Piece> model_pieces(const ModelSpec& spec) {
+  // Piece k's own unit is unit k (model_units): embedding, encoder blocks, bridge, decoder
+  // blocks, head.
+  const int L = int(spec.layers), embedding = 0;
+  std::vector<Piece> p;
+  p.push_back({Piece::EncoderEmbed, embedding, 0});
+  for (int l = 0; l < L; ++l) p.push_back({Piece::EncoderBlock, 1 + l, l});
+  p.push_back({Piece::Bridge, 1 + L, 0, embedding});
+  for (int l = 0; l < L; ++l) p.push_back({Piece::DecoderBlock, 2 + L + l, l});
+  p.push_back({Piece::Head, 2 + 2 * L, 0, spec.tie_embeddings ? embedding : -1});
+  return p;
+}
+
+bool pieces_use_unit(const std::vector<Piece>& pieces, int first, int last, int unit) {
+  for (int k = first; k < last; ++k)
+    if (pieces[size_t(k)].unit == unit || pieces[size_t(k)].embedding == unit) return true;
+  return false;
+}
+
 const char* piece_kind_name(Piece::Kind k) {
   switch (k) {
     case Piece::EncoderEmbed: return "encoder_embed";
@@ -169,11 +188,8 @@ struct T5Step::Impl {
     if (g.size > 1 && injected_fault(Fault::TpWrongVocabOffset)) vocab_begin += 1;  // tests only: off by one token
     Ne = B * Te, Nd = B * Td;
 
-    pieces.push_back({Piece::EncoderEmbed, 0, 0});
-    for (int l = 0; l < L; ++l) pieces.push_back({Piece::EncoderBlock, 1 + l, l});
-    pieces.push_back({Piece::Bridge, 0, 0});
-    for (int l = 0; l < L; ++l) pieces.push_back({Piece::DecoderBlock, 1 + L + l, l});
-    pieces.push_back({Piece::Head, 0, 0});
+    pieces = model_pieces(s);
+    SB_ASSERT(pieces.size() == units.size(), "one unit per piece");
     if (part.last < 0) part.last = int(pieces.size());
     SB_ASSERT(0 <= part.first && part.first < part.last && part.last <= int(pieces.size()) &&
                   part.micro_batches >= 1, "bad pipeline part");
@@ -261,8 +277,7 @@ struct T5Step::Impl {
   int seq(int stack) const { return stack == 0 ? Te : Td; }
   bool fused() const { return attention == AttentionImpl::Fused; }
   bool gated() const { return spec.ffn == FfnKind::GatedGelu; }
-  // The LM head: `shared` after a d_model^-0.5 rescale (tied), or `lm_head` as it is.
-  const char* head_weight() const { return spec.tie_embeddings ? "shared" : "lm_head"; }
+  // The LM head's input scale: d_model^-0.5 before `shared` (tied), none before `lm_head`.
   float head_rescale() const { return spec.tie_embeddings ? 1.f / std::sqrt(float(d)) : 1.f; }
   int64_t table_numel() const { return spec.num_buckets * H; }
   int64_t dbias_numel(int stack) const { return fused() ? table_numel() : int64_t(H) * seq(stack) * seq(stack); }
@@ -273,20 +288,30 @@ struct T5Step::Impl {
   }
   static int stack_of(const Piece& s) { return s.kind == Piece::DecoderBlock ? 1 : 0; }
 
+  // Tensor `name` of s's own unit, in its parameter W or gradient G.
   CBuf param(CBuf W, const Piece& s, const std::string& name) const {
     return W + units[s.unit].tensor(name).offset;
   }
   Buf grad(Buf G, const Piece& s, const std::string& name) const {
     return G + units[s.unit].tensor(name).offset;
   }
-  // Tensor `name` of s's unit has its final gradient of this step (the last write to it was
+  // The shared embedding in its unit's parameter E or gradient GE.
+  int64_t shared_offset() const { return units[size_t(pieces[0].unit)].tensor("shared").offset; }
+  // Tensor `name` of unit u has its final gradient of this step (the last write to it was
   // just issued): the strategy's hook, as autograd's post-accumulate-grad hook.
-  void ready(const Piece& s, const std::string& name) const {
+  void ready(int u, const std::string& name) const {
     if (!grad_ready) return;
-    const std::vector<TensorSpec>& t = units[s.unit].tensors;
+    const std::vector<TensorSpec>& t = units[size_t(u)].tensors;
     for (size_t i = 0; i < t.size(); ++i)
-      if (t[i].name == name) return grad_ready(s.unit, int(i));
-    SB_FATAL("unit " + units[s.unit].name + " has no tensor " + name);
+      if (t[i].name == name) return grad_ready(u, int(i));
+    SB_FATAL("unit " + units[size_t(u)].name + " has no tensor " + name);
+  }
+  void ready(const Piece& s, const std::string& name) const { ready(s.unit, name); }
+  // After piece pi's backward added its part of d(shared): the embedding's gradient is
+  // complete when pi is the first local piece that uses it (the last in backward).
+  void shared_ready(int pi) const {
+    const int e = pieces[0].unit;
+    if (!pieces_use_unit(pieces, part.first, pi, e)) ready(e, "shared");
   }
 
   Buf alloc(std::vector<void*>& owner, int64_t n, MemCategory cat) {
@@ -644,30 +669,33 @@ struct T5Step::Impl {
     block_backward(mb, pi, W, G, mb.block_state[pi]);
   }
 
-  // ---------------------------------------------------------------- root pieces
-  void embed_forward(Micro& mb, int pi, CBuf W) {
+  // ---------------------------------------------------------------- embedding, bridge, head
+  // E and GE: the embedding unit's parameter and gradient (the bridge and a tied head read it
+  // besides their own unit, W and G).
+  void embed_forward(Micro& mb, int pi, CBuf E) {
     mb.hidden[0][0] = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] = shared[enc_ids]
-    b.embedding_forward(mb.hidden[0][0], param(W, pieces[pi], "shared"), mb.enc_ids, Ne, d);
+    b.embedding_forward(mb.hidden[0][0], E + shared_offset(), mb.enc_ids, Ne, d);
     tp_all_reduce(mb.hidden[0][0], int64_t(Ne) * d, Flow::Forward, "encoder embedding");  // vocabulary-parallel: one rank holds each row
   }
-  void embed_backward(Micro& mb, int pi, Buf G) {
-    b.embedding_backward(grad(G, pieces[pi], "shared"), d_hidden[0], mb.enc_ids, Ne, d);
-    ready(pieces[pi], "shared");  // after the Head's and the Bridge's contributions
+  void embed_backward(Micro& mb, int pi, Buf GE) {
+    b.embedding_backward(GE + shared_offset(), d_hidden[0], mb.enc_ids, Ne, d);
+    shared_ready(pi);  // after the Head's and the Bridge's contributions, where this part runs them
   }
 
-  void bridge_forward(Micro& mb, int pi, CBuf W) {
+  void bridge_forward(Micro& mb, int pi, CBuf W, CBuf E) {
     const Piece& s = pieces[pi];
     mb.enc_out = act(mb, pi, int64_t(Ne) * d);  // [Ne, d] encoder final norm
     mb.bridge_rstd = alloc_f32(mb.saved[pi], Ne, MemCategory::Activations);
     b.rmsnorm_forward(mb.enc_out, mb.bridge_rstd, mb.hidden[0][L], param(W, s, "encoder.final_norm"), Ne, d,
                       kNormEps);
     mb.hidden[1][0] = act(mb, pi, int64_t(Nd) * d);  // [Nd, d] = shared[dec_ids]
-    b.embedding_forward(mb.hidden[1][0], param(W, s, "shared"), mb.dec_ids, Nd, d);
+    b.embedding_forward(mb.hidden[1][0], E + shared_offset(), mb.dec_ids, Nd, d);
     tp_all_reduce(mb.hidden[1][0], int64_t(Nd) * d, Flow::Forward, "decoder embedding");
   }
-  void bridge_backward(Micro& mb, int pi, CBuf W, Buf G) {
+  void bridge_backward(Micro& mb, int pi, CBuf W, Buf G, Buf GE) {
     const Piece& s = pieces[pi];
-    b.embedding_backward(grad(G, s, "shared"), d_hidden[1], mb.dec_ids, Nd, d);
+    b.embedding_backward(GE + shared_offset(), d_hidden[1], mb.dec_ids, Nd, d);
+    shared_ready(pi);
     b.fill(d_hidden[0], 0.f, int64_t(Ne) * d);
     tp_all_reduce(d_enc_out, int64_t(Ne) * d, Flow::Backward, "encoder output gradient (the cross-attention K/V's)");  // every decoder block's cross K/V part, summed once
     b.rmsnorm_backward(d_hidden[0], grad(G, s, "encoder.final_norm"), d_enc_out, mb.hidden[0][L],
@@ -675,9 +703,14 @@ struct T5Step::Impl {
     ready(s, "encoder.final_norm");
   }
 
+  // The LM head's weight [V, d]: shared (tied, in the embedding unit) or lm_head (untied, in
+  // the head's own unit).
+  CBuf head_weight(const Piece& s, CBuf W, CBuf E) const {
+    return spec.tie_embeddings ? E + shared_offset() : param(W, s, "lm_head");
+  }
   // logits = (hn · d^-0.5) shared^T (HF's rescale before a tied LM head), folded into alpha;
   // untied: logits = hn lm_head^T (T5ForConditionalGeneration rescales only a tied head).
-  void head_forward(Micro& mb, int pi, CBuf W) {
+  void head_forward(Micro& mb, int pi, CBuf W, CBuf E) {
     const Piece& s = pieces[pi];
     const float rescale = head_rescale();
     mb.head_hn = act(mb, pi, int64_t(Nd) * d);  // [Nd, d]
@@ -685,7 +718,7 @@ struct T5Step::Impl {
     mb.logits = act(mb, pi, int64_t(Nd) * V);   // [Nd, V]
     b.rmsnorm_forward(mb.head_hn, mb.head_rstd, mb.hidden[1][L], param(W, s, "decoder.final_norm"), Nd, d,
                       kNormEps);
-    b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, param(W, s, head_weight()), d, 0.f, mb.logits, V);
+    b.gemm(false, true, Nd, V, d, rescale, mb.head_hn, d, head_weight(s, W, E), d, 0.f, mb.logits, V);
     if (!group_sums()) return b.cross_entropy(mb.logits, mb.losses, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     // Megatron-LM's parallel cross-entropy: the rows' max and Σexp (with the label's logit)
     // all-reduced over the group; nobody gathers the logits.
@@ -700,15 +733,17 @@ struct T5Step::Impl {
     b.cross_entropy_finish(mb.logits, mb.losses, row_max, sums, mb.labels, Nd, V, grad_scale);  // logits := dlogits
     release_all(tmp);
   }
-  void head_backward(Micro& mb, int pi, CBuf W, Buf G) {
+  void head_backward(Micro& mb, int pi, CBuf W, Buf G, CBuf E, Buf GE) {
     const Piece& s = pieces[pi];
     const float rescale = head_rescale();
     std::vector<void*> tmp;
     const Buf dhn = alloc(tmp, int64_t(Nd) * d, MemCategory::Workspace);  // [Nd, d]
     // dhead += r · dlogits^T hn [V, d];  dhn = r · dlogits head [Nd, d]  (head: shared or lm_head)
-    b.gemm(true, false, V, d, Nd, rescale, mb.logits, V, mb.head_hn, d, 1.f, grad(G, s, head_weight()), d);
-    if (!spec.tie_embeddings) ready(s, "lm_head");  // shared's gradient completes in EncoderEmbed
-    b.gemm(false, false, Nd, d, V, rescale, mb.logits, V, param(W, s, head_weight()), d, 0.f, dhn, d);
+    const Buf dhead = spec.tie_embeddings ? GE + shared_offset() : grad(G, s, "lm_head");
+    b.gemm(true, false, V, d, Nd, rescale, mb.logits, V, mb.head_hn, d, 1.f, dhead, d);
+    if (spec.tie_embeddings) shared_ready(pi);  // here only on a stage without the other embedding pieces
+    else ready(s, "lm_head");
+    b.gemm(false, false, Nd, d, V, rescale, mb.logits, V, head_weight(s, W, E), d, 0.f, dhn, d);
     rounded(dhn, int64_t(Nd) * d);
     tp_all_reduce(dhn, int64_t(Nd) * d, Flow::Backward, "LM head input gradient");
     b.fill(d_hidden[1], 0.f, int64_t(Nd) * d);
@@ -719,31 +754,36 @@ struct T5Step::Impl {
   }
 
   // ---------------------------------------------------------------- dispatch
-  void forward(int pi, CBuf W, int m) {
+  void forward(int pi, const T5Step::Params& P, int m) {
     check_piece(pi);
     Micro& mb = micro_batch(m);
     release_saved(mb, pi);  // a repeated forward replaces the earlier one
-    switch (pieces[pi].kind) {
+    const Piece& s = pieces[pi];
+    const CBuf W = P(s.unit), E = s.embedding >= 0 ? P(s.embedding) : CBuf();
+    switch (s.kind) {
       case Piece::EncoderEmbed: embed_forward(mb, pi, W); break;
       case Piece::EncoderBlock:
       case Piece::DecoderBlock: block_forward(mb, pi, W); break;
-      case Piece::Bridge: bridge_forward(mb, pi, W); break;
-      case Piece::Head: head_forward(mb, pi, W); break;
+      case Piece::Bridge: bridge_forward(mb, pi, W, E); break;
+      case Piece::Head: head_forward(mb, pi, W, E); break;
     }
     mb.forwarded[pi] = true;
   }
 
-  void backward(int pi, CBuf W, Buf G, int m) {
+  void backward(int pi, const T5Step::Params& P, const T5Step::Grads& Gs, int m) {
     check_piece(pi);
     Micro& mb = micro_batch(m);
     SB_ASSERT(mb.forwarded[pi], std::string("backward of piece ") + std::to_string(pi) +
                                  " without its forward");
-    switch (pieces[pi].kind) {
+    const Piece& s = pieces[pi];
+    const CBuf W = P(s.unit), E = s.embedding >= 0 ? P(s.embedding) : CBuf();
+    const Buf G = Gs(s.unit), GE = s.embedding >= 0 ? Gs(s.embedding) : Buf();
+    switch (s.kind) {
       case Piece::EncoderEmbed: embed_backward(mb, pi, G); break;
       case Piece::EncoderBlock:
       case Piece::DecoderBlock: block_backward_piece(mb, pi, W, G); break;
-      case Piece::Bridge: bridge_backward(mb, pi, W, G); break;
-      case Piece::Head: head_backward(mb, pi, W, G); break;
+      case Piece::Bridge: bridge_backward(mb, pi, W, G, GE); break;
+      case Piece::Head: head_backward(mb, pi, W, G, E, GE); break;
     }
     release_saved(mb, pi);
     if (pi == part.first) release_all(mb.received);  // its inputs from the previous pipeline stage
@@ -808,9 +848,7 @@ const std::vector<UnitSpec>& T5Step::units() const { return impl_->units; }
 const TensorGroup& T5Step::tensor_group() const { return impl_->tp; }
 const PipelinePart& T5Step::part() const { return impl_->part; }
 bool T5Step::holds_unit(int unit) const {
-  for (int pi = impl_->part.first; pi < impl_->part.last; ++pi)
-    if (impl_->pieces[size_t(pi)].unit == unit) return true;
-  return false;
+  return pieces_use_unit(impl_->pieces, impl_->part.first, impl_->part.last, unit);
 }
 const std::vector<Piece>& T5Step::pieces() const { return impl_->pieces; }
 DType T5Step::dtype() const { return impl_->dtype; }
@@ -842,8 +880,10 @@ void T5Step::set_tokens(const Tokens& t, int micro) {
   upload(mb.labels, t.labels);
 }
 
-void T5Step::forward(int piece, CBuf params, int micro) { impl_->forward(piece, params, micro); }
-void T5Step::backward(int piece, CBuf params, Buf grads, int micro) { impl_->backward(piece, params, grads, micro); }
+void T5Step::forward(int piece, const Params& params, int micro) { impl_->forward(piece, params, micro); }
+void T5Step::backward(int piece, const Params& params, const Grads& grads, int micro) {
+  impl_->backward(piece, params, grads, micro);
+}
 
 double T5Step::loss_sum() {
   Impl& m = *impl_;

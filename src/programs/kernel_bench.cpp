@@ -49,7 +49,7 @@ class Collect : public sb::Recorder {
   explicit Collect(const std::vector<sb::UnitSpec>& units) : units_(units) {}
   void on_op(const sb::OpEvent& e) override {
     if (e.kind != sb::OpKind::Gemm) return;
-    const std::string unit = e.unit < 0 ? "root" : sb::unit_kind_name(units_[e.unit].kind);
+    const std::string unit = e.unit < 0 ? "none" : sb::unit_kind_name(units_[e.unit].kind);
     shapes.insert({e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3], e.gemm[4], unit});
   }
   void on_memory(double, const sb::MemBytes&) override {}
@@ -67,15 +67,16 @@ std::set<Shape> step_gemms(sb::ModelSpec spec, const sb::StepShape& shape) {
   Collect rec(step.units());
   const int n = int(step.pieces().size());
   float* params = counting->alloc_floats(1, sb::MemCategory::Parameters);  // never read
+  const auto every_unit = [params](int) { return sb::Buf(params); };        // one buffer for all
   step.set_tokens(sb::make_tokens(1, 1, 0, shape, spec.vocab));
   for (int s = 0; s < n; ++s) {
     counting->set_context(sb::Phase::Forward, step.pieces()[s].unit);
     counting->set_recorder(&rec);
-    step.forward(s, params);
+    step.forward(s, every_unit);
   }
   for (int s = n - 1; s >= 0; --s) {
     counting->set_context(sb::Phase::Backward, step.pieces()[s].unit);
-    step.backward(s, params, params);
+    step.backward(s, every_unit, every_unit);
   }
   counting->set_recorder(nullptr);
   return rec.shapes;

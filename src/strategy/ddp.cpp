@@ -1,7 +1,7 @@
 // DDP (PyTorch DistributedDataParallel semantics): every rank holds the whole model.
 // Gradients live in one flat buffer, units in forward order and each unit's tensors in
 // definition order; read from its end backwards that is the order in which backward
-// produces the gradients (the last block's wo first, the shared embedding last), so buckets
+// produces the gradients (the head's lm_head first, the shared embedding last), so buckets
 // are filled walking backwards from the end and each is a contiguous view of the buffer
 // (gradient_as_bucket_view). As PyTorch's Reducer, a tensor is marked ready as its gradient
 // is produced (the model's per-tensor hook), and a bucket's all-reduce is issued once all of
@@ -45,7 +45,7 @@ class DDP final : public TrainingSchedule {
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     for (size_t u = 0; u < units_.size(); ++u)
-      init_unit_params(b_, units_[u], int(u), cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
+      init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
     b_.fill(m_, 0.f, total_);
     b_.fill(v_, 0.f, total_);
     if (cfg_.param_dtype != DType::F32) {
@@ -128,12 +128,9 @@ class DDP final : public TrainingSchedule {
     bk.request = b_.all_reduce(reduced_ + bk.offset, bk.numel, mesh_.comm(Axis::Replicate));
   }
 
+  // Every tensor a stage holds is used by one of its pieces (a pipeline stage holds the
+  // units its pieces use), so the hooks have launched every bucket by the end of backward.
   void finish_gradients() override {
-    // Tensors no local piece produced a gradient for (a pipeline stage's part of the root
-    // unit: the final norms of another stage) are ready, as zeros, now: as PyTorch's
-    // find_unused_parameters marks them at the end of backward.
-    for (size_t i = next_bucket_; i < buckets_.size(); ++i) launch(buckets_[i]);
-    next_bucket_ = buckets_.size();
     for (Bucket& bk : buckets_) {
       if (bk.request != kNoRequest) b_.wait(bk.request);
       bk.request = kNoRequest;

@@ -16,8 +16,9 @@
 // previous unsharded gradient then. Either way, hybrid's all-reduce across replicas is
 // issued right after its reduce-scatter, ordered after it on the communication streams.
 // A collective is tagged with the unit it gathers or reduces, not the piece issuing it.
-// The root unit (embeddings, final norms) is not freed after forward: it is used again
-// right away by the first backward piece.
+// The units outside the blocks (embedding, bridge, head: PyTorch's root unit, split) are not
+// freed after forward, as the root's parameters are not: the head is used again right away
+// by the first backward piece, the embedding by up to three pieces.
 // Over a step's micro-batches (--grad-accumulation): unsharded (the default, PyTorch's
 // no_sync()) holds each unit's unsharded gradient until the last micro-batch's backward and
 // reduces it once; sharded reduces after every micro-batch's backward and adds the result
@@ -62,7 +63,7 @@ class FSDP final : public TrainingSchedule {
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     for (size_t u = 0; u < units_.size(); ++u)
-      init_unit_params(b_, units_[u], int(u), cfg_.seed, params_ + offset_[u], shards_[u].offset,
+      init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], shards_[u].offset,
                        shards_[u].size);
     b_.fill(m_, 0.f, total_);
     b_.fill(v_, 0.f, total_);
@@ -92,7 +93,7 @@ class FSDP final : public TrainingSchedule {
   bool separate_grad() const {
     return sharded() || cfg_.param_dtype != cfg_.reduce_dtype || reduce_every_micro();
   }
-  bool keep_after_forward(int u) const { return u == 0 || cfg_.sharding == Sharding::GradOp; }
+  bool keep_after_forward(int u) const { return !is_block(units_[u].kind) || cfg_.sharding == Sharding::GradOp; }
 
   // Unit u's shards at `shard` gathered as fp32 on the host: no backend memory, so checks
   // between steps leave the run's memory peaks as they were.
@@ -130,17 +131,19 @@ class FSDP final : public TrainingSchedule {
   void prefetch(int u) {
     if (sharded() && !gathered_[u] && gathers_in_flight_ < kMaxAllGathersInFlight) issue_gather(u);
   }
-  // Issue u's all-gather if nobody did, then the prefetch (so it overlaps u's compute),
-  // then wait for u.
-  void unshard(int u, int prefetch_unit) {
+  // Issue the all-gathers of a piece's units that nobody did, then the prefetch (so it
+  // overlaps the piece's compute), then wait for them.
+  void unshard(const std::vector<int>& units, int prefetch_unit) {
     if (!sharded()) return;
-    if (!gathered_[u]) issue_gather(u);
+    for (int u : units)
+      if (!gathered_[u]) issue_gather(u);
     if (prefetch_unit >= 0) prefetch(prefetch_unit);
-    if (gather_req_[u] != kNoRequest) {
-      b_.wait(gather_req_[u]);
-      gather_req_[u] = kNoRequest;
-      --gathers_in_flight_;
-    }
+    for (int u : units)
+      if (gather_req_[u] != kNoRequest) {
+        b_.wait(gather_req_[u]);
+        gather_req_[u] = kNoRequest;
+        --gathers_in_flight_;
+      }
   }
   void free_gathered(int u) {
     if (!gathered_[u]) return;
@@ -155,11 +158,11 @@ class FSDP final : public TrainingSchedule {
 
   void before_forward(int pos) override {
     const bool ahead = cfg_.forward_prefetch && pos + 1 < forward_end();
-    unshard(forward_unit(pos), ahead ? forward_unit(pos + 1) : -1);
+    unshard(forward_units(pos), ahead ? forward_unit(pos + 1) : -1);
   }
   void after_forward(int pos) override {
-    const int u = forward_unit(pos);
-    if (sharded() && unit_pieces_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
+    for (int u : forward_units(pos))
+      if (sharded() && unit_pieces_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
   }
 
   // ---- gradients ----
@@ -169,24 +172,24 @@ class FSDP final : public TrainingSchedule {
   // zeroed before the first one's backward and reduced after the last one's (or, sharded,
   // before and after each one's).
   void before_backward(int pos) override {
-    const int u = backward_unit(pos);
-    if (unit_pieces_[u].first_backward == pos && (first_micro() || reduce_every_micro())) {
-      if (previous_scatter_.first == u) complete_previous_scatter();  // FSDP2: its input is this buffer
-      if (separate_grad())
-        full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
-      b_.fill(grads_for(u), 0.f, shards_[u].padded);
-    }
+    for (int u : backward_units(pos))
+      if (unit_pieces_[u].first_backward == pos && (first_micro() || reduce_every_micro())) {
+        if (previous_scatter_.first == u) complete_previous_scatter();  // FSDP2: its input is this buffer
+        if (separate_grad())
+          full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
+        b_.fill(grads_for(u), 0.f, shards_[u].padded);
+      }
     const bool pre = cfg_.prefetch == Prefetch::BackwardPre && pos + 1 < backward_end();
-    unshard(u, pre ? backward_unit(pos + 1) : -1);
+    unshard(backward_units(pos), pre ? backward_unit(pos + 1) : -1);
   }
 
   void after_backward(int pos) override {
-    const int u = backward_unit(pos);
     if (cfg_.prefetch == Prefetch::BackwardPost && pos + 1 < backward_end()) prefetch(backward_unit(pos + 1));
-    if (unit_pieces_[u].last_backward == pos) {
-      if (!(u == 1 && injected_fault(Fault::StalePrefetch))) free_gathered(u);  // the fault: never re-gathered
-      if (last_micro() || reduce_every_micro()) reduce_gradients(u);
-    }
+    for (int u : backward_units(pos))
+      if (unit_pieces_[u].last_backward == pos) {
+        if (!(u == 1 && injected_fault(Fault::StalePrefetch))) free_gathered(u);  // the fault: never re-gathered
+        if (last_micro() || reduce_every_micro()) reduce_gradients(u);
+      }
   }
 
   // Reduce-scatter inside the shard group, then (hybrid, none) all-reduce of the shard

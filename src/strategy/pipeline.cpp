@@ -114,6 +114,13 @@ PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, 
   return p;
 }
 
+std::vector<int> stages_holding(const std::vector<Piece>& pieces, const PipelineSplit& split, int unit) {
+  std::vector<int> stages;
+  for (size_t s = 0; s + 1 < split.first.size(); ++s)
+    if (pieces_use_unit(pieces, split.first[s], split.first[s + 1], unit)) stages.push_back(int(s));
+  return stages;
+}
+
 Pipeline::Pipeline(Backend& b, const Mesh& mesh, T5Step& model, const PipelineSplit& split, int micro_batches)
     : b_(b),
       model_(model),
@@ -121,40 +128,37 @@ Pipeline::Pipeline(Backend& b, const Mesh& mesh, T5Step& model, const PipelineSp
       stages_(mesh.layout.pp),
       first_(split.first[size_t(stage_)]),
       last_(split.first[size_t(stage_) + 1]),
+      embedding_(model.pieces()[0].unit),
       sent_(size_t(micro_batches)) {
   if (stages_ == 1) return;
   activations_ = &mesh.comm(Axis::Pipeline);
-  // The stages that hold the root unit sum its gradients (one of them without: no group).
-  int holders = 0, mine = -1;
-  for (int s = 0; s < stages_; ++s) {
-    bool holds = false;
-    for (int k = split.first[size_t(s)]; k < split.first[size_t(s) + 1]; ++k) holds |= unit_of(k) == 0;
-    if (s == stage_ && holds) mine = holders;
-    holders += holds;
-  }
+  // The stages that hold the embedding sum its gradients (one of them alone: no group).
+  const std::vector<int> holders = stages_holding(model.pieces(), split, embedding_);
+  const auto at = std::find(holders.begin(), holders.end(), stage_);
+  const int n = int(holders.size()), mine = at == holders.end() ? -1 : int(at - holders.begin());
   const MPI_Comm pipeline = mesh.mpi(Axis::Pipeline);
   if (pipeline == MPI_COMM_NULL) {  // a planned mesh
     gradients_ = make_planned_comm(stages_, stage_);
-    if (holders > 1 && mine >= 0) root_ = make_planned_comm(holders, mine);
+    if (n > 1 && mine >= 0) embedding_group_ = make_planned_comm(n, mine);
   } else {
     MPI_CHECK(MPI_Comm_dup(pipeline, &gradients_mpi_));
     gradients_ = b.make_comm(gradients_mpi_);
-    if (holders > 1) {
-      MPI_CHECK(MPI_Comm_split(pipeline, mine >= 0 ? 0 : MPI_UNDEFINED, stage_, &root_mpi_));
-      if (mine >= 0) root_ = b.make_comm(root_mpi_);
+    if (n > 1) {
+      MPI_CHECK(MPI_Comm_split(pipeline, mine >= 0 ? 0 : MPI_UNDEFINED, stage_, &embedding_mpi_));
+      if (mine >= 0) embedding_group_ = b.make_comm(embedding_mpi_);
     }
   }
   gradients_->set_axis(Axis::Pipeline);
-  if (root_) root_->set_axis(Axis::Pipeline);
+  if (embedding_group_) embedding_group_->set_axis(Axis::Pipeline);
 }
 
 Pipeline::~Pipeline() {
-  root_.reset();
+  embedding_group_.reset();
   gradients_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
-  for (MPI_Comm* c : {&gradients_mpi_, &root_mpi_})
+  for (MPI_Comm* c : {&gradients_mpi_, &embedding_mpi_})
     if (*c != MPI_COMM_NULL) MPI_Comm_free(c);
 }
 
@@ -211,10 +215,10 @@ void Pipeline::wait_sends() {
   grad_sends_.clear();
 }
 
-void Pipeline::sum_shared_root(Buf g, int64_t n) {
-  SB_ASSERT(root_, "this stage is in no embedding group");
-  ScopedContext ctx(b_, Phase::Backward, 0);
-  if (n > 0) b_.wait(b_.all_reduce(g, n, *root_));
+void Pipeline::sum_embedding(Buf g, int64_t n) {
+  SB_ASSERT(embedding_group_, "this stage is in no embedding group");
+  ScopedContext ctx(b_, Phase::Backward, embedding_);
+  if (n > 0) b_.wait(b_.all_reduce(g, n, *embedding_group_));
 }
 
 }  // namespace sb

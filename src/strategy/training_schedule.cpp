@@ -50,20 +50,24 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
       units_(model_.units()),
       unit_pieces_(units_.size()),
       pipeline_(b, mesh, model_, split, cfg.micro_batches),
+      params_of_([this](int u) { return params_for(u); }),
+      grads_of_([this](int u) { return grads_for(u); }),
       base_grad_scale_(grad_scale(shape, mesh.layout.dp())),
       scale_(cfg.loss_scale) {
   for (size_t u = 0; u < units_.size(); ++u)
     if (!model_.holds_unit(int(u))) units_[u] = UnitSpec{units_[u].kind, units_[u].layer, units_[u].name, {}, 0};
-  for (int pos = forward_begin(); pos < forward_end(); ++pos) {
-    UnitPieces& f = unit_pieces_[forward_unit(pos)];
-    if (f.first_forward < 0) f.first_forward = pos;
-    f.last_forward = pos;
-  }
-  for (int pos = backward_begin(); pos < backward_end(); ++pos) {
-    UnitPieces& r = unit_pieces_[backward_unit(pos)];
-    if (r.first_backward < 0) r.first_backward = pos;
-    r.last_backward = pos;
-  }
+  for (int pos = forward_begin(); pos < forward_end(); ++pos)
+    for (int u : forward_units(pos)) {
+      UnitPieces& f = unit_pieces_[size_t(u)];
+      if (f.first_forward < 0) f.first_forward = pos;
+      f.last_forward = pos;
+    }
+  for (int pos = backward_begin(); pos < backward_end(); ++pos)
+    for (int u : backward_units(pos)) {
+      UnitPieces& r = unit_pieces_[size_t(u)];
+      if (r.first_backward < 0) r.first_backward = pos;
+      r.last_backward = pos;
+    }
 }
 
 // A forward action: the stage's inputs, its pieces' forward, its outputs on.
@@ -73,7 +77,7 @@ void TrainingSchedule::forward_micro(int m) {
     const int u = forward_unit(pos);
     ScopedContext ctx(b_, Phase::Forward, u);
     before_forward(pos);
-    model_.forward(pos, params_for(u), m);
+    model_.forward(pos, params_of_, m);
     after_forward(pos);
   }
   pipeline_.send_outputs(m);
@@ -87,18 +91,18 @@ void TrainingSchedule::backward_micro(int m) {
     const int u = backward_unit(pos);
     ScopedContext ctx(b_, Phase::Backward, u);
     before_backward(pos);
-    model_.backward(backward_piece(pos), params_for(u), grads_for(u), m);
+    model_.backward(backward_piece(pos), params_of_, grads_of_, m);
     after_backward(pos);
   }
   pipeline_.send_input_grads(m);
   ++backward_count_;
 }
 
-void TrainingSchedule::sum_shared_root() {
-  if (!pipeline_.sums_shared_root()) return;
+void TrainingSchedule::sum_embedding() {
+  if (!pipeline_.sums_embedding()) return;
   int64_t n = 0;
-  const Buf g = reduced_gradient(0, n);
-  pipeline_.sum_shared_root(g, n);
+  const Buf g = reduced_gradient(model_.pieces()[0].unit, n);
+  pipeline_.sum_embedding(g, n);
 }
 
 double TrainingSchedule::step(int step, const Tokens& tokens) {
@@ -114,7 +118,7 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     pipeline_.wait_sends();
     finish_gradients();
   }
-  sum_shared_root();
+  sum_embedding();
   if (injected_fault(Fault::DropGradShard) && mesh_.layout.rank == mesh_.layout.world - 1) {
     int64_t n = 0;
     const CBuf g = reduced_gradients(n);

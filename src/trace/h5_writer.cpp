@@ -132,6 +132,7 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, boo
   f.names_attribute("events", "phase_names", enum_names(int(Phase::kCount), phase_name));
   f.names_attribute("events", "op_names", enum_names(int(OpKind::kCount), op_kind_name));
   f.names_attribute("events", "axis_names", enum_names(kAxes, axis_name));
+  if (!d.unit_names.empty()) f.names_attribute("events", "unit_names", d.unit_names);
 
   // Each rank's coordinates on the mesh: the ranks of a collective's group are those that
   // share every coordinate but its axis's.

@@ -40,6 +40,7 @@
 
 #include "shardbench/core/check.h"
 #include "shardbench/model/t5.h"
+#include "shardbench/strategy/pipeline.h"
 #include "shardbench/train/check_weights.h"
 #include "shardbench/train/tp_lockstep.h"
 
@@ -83,7 +84,7 @@ uint64_t fnv1a(const std::vector<std::vector<float>>& units) {
 struct RefModel {
   std::unique_ptr<T5Step> step;
   std::vector<Buf> params, grads;  // per unit, in the step's dtype
-  std::vector<Buf> root_parts;     // pipeline: the root unit's gradient of each stage holding it
+  std::vector<Buf> embedding_parts;  // pipeline: the embedding's gradient of each stage holding it
 };
 
 // Rank 0's single-rank model: one micro-batch (one data-parallel rank's shapes) at a time.
@@ -98,8 +99,8 @@ struct StepCheck::Reference {
   MPI_Comm tp_mpi = MPI_COMM_NULL;    // a duplicate of the first tensor-parallel group's
   std::unique_ptr<Comm> tp_comm;
 
-  // One micro-batch at a time (the run's micro-batch shape), `root_parts` root gradients.
-  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int root_parts) {
+  // One micro-batch at a time (the run's micro-batch shape), `parts` embedding gradients.
+  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int parts) {
     const StepShape micro{cfg.shape.batch / cfg.strategy.micro_batches, cfg.shape.enc_len, cfg.shape.dec_len};
     PipelinePart whole;  // every piece, the table's gradient folded where the run's stages start
     whole.stage_starts.assign(cfg.split.first.begin(), cfg.split.first.end() - 1);
@@ -109,31 +110,31 @@ struct StepCheck::Reference {
       r.params.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Parameters));
       r.grads.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Gradients));
     }
-    for (int i = 0; i < root_parts && root_parts > 1; ++i)
-      r.root_parts.push_back(b->alloc_buf(r.step->units()[0].numel, dtype, MemCategory::Gradients));
+    const int64_t numel = r.step->units()[size_t(r.step->pieces()[0].unit)].numel;
+    for (int i = 0; i < parts && parts > 1; ++i) r.embedding_parts.push_back(b->alloc_buf(numel, dtype, MemCategory::Gradients));
   }
   void release(RefModel& r) {
     r.step.reset();
     for (size_t k = 0; k < r.params.size(); ++k) b->release(r.params[k].ptr), b->release(r.grads[k].ptr);
-    for (const Buf& g : r.root_parts) b->release(g.ptr);
+    for (const Buf& g : r.embedding_parts) b->release(g.ptr);
   }
 };
 
 namespace {
 
 // A data-parallel rank's step as the run computes it: each micro-batch's forward then
-// backward, the gradients accumulated over them in order (grads[k] = unit k's); a piece of
-// the root unit adds into its pipeline stage's part (root_part[piece] >= 0) when there are
-// several. Returns the loss summed over the micro-batches.
-// The gradient of a rank's step (every micro-batch accumulated), or with only >= 0 of that
-// one micro-batch alone.
+// backward, the gradients accumulated over them in order (grads[k] = unit k's); a piece
+// that uses the embedding adds its part of the embedding's gradient into its pipeline
+// stage's part (embedding_part[piece] >= 0) when several stages hold it. The gradient of a
+// rank's step (every micro-batch accumulated), or with only >= 0 of that one micro-batch
+// alone; returns the loss summed over the micro-batches run.
 double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int micro_batches,
-                        const std::vector<int>& root_part, int only = -1) {
+                        const std::vector<int>& embedding_part, int only = -1) {
   const auto& pieces = model.step->pieces();
   const auto& units = model.step->units();
-  const int S = int(pieces.size());
+  const int S = int(pieces.size()), embedding = pieces[0].unit;
   for (size_t k = 0; k < units.size(); ++k) b.fill(model.grads[k], 0.f, units[k].numel);
-  for (const Buf& g : model.root_parts) b.fill(g, 0.f, units[0].numel);
+  for (const Buf& g : model.embedding_parts) b.fill(g, 0.f, units[size_t(embedding)].numel);
   double loss = 0;
   for (int m = only < 0 ? 0 : only; m < (only < 0 ? micro_batches : only + 1); ++m) {
     auto slice = [&](const std::vector<int>& v) {
@@ -142,11 +143,12 @@ double forward_backward(Backend& b, RefModel& model, const Tokens& tokens, int m
     };
     model.step->set_tokens(micro_batches == 1 ? tokens : Tokens{slice(tokens.enc_ids), slice(tokens.dec_ids),
                                                                slice(tokens.labels)});
-    for (int pos = 0; pos < S; ++pos) model.step->forward(pos, model.params[pieces[pos].unit]);
-    for (int pos = 0; pos < S; ++pos) {
-      const int pi = S - 1 - pos, k = pieces[pi].unit;
-      const bool part = !model.root_parts.empty() && root_part[size_t(pi)] >= 0;
-      model.step->backward(pi, model.params[k], part ? model.root_parts[size_t(root_part[size_t(pi)])] : model.grads[k]);
+    for (int pos = 0; pos < S; ++pos) model.step->forward(pos, by_unit(model.params));
+    for (int pi = S - 1; pi >= 0; --pi) {
+      const int part = model.embedding_parts.empty() ? -1 : embedding_part[size_t(pi)];
+      model.step->backward(pi, by_unit(model.params), [&](int u) {
+        return u == embedding && part >= 0 ? model.embedding_parts[size_t(part)] : model.grads[size_t(u)];
+      });
     }
     loss += model.step->loss_sum();
   }
@@ -192,17 +194,16 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   u_ = u;
   eta1_ = half_smallest_subnormal(R);
   full_units_ = model_units(cfg.model);
-  // Pipeline: the pieces of the root unit, by the pipeline stage that runs them (each such
-  // stage reduces its own part of the root's gradient; the parts are then summed).
-  const PipelineSplit& split = cfg.split;
+  // Pipeline: the pieces that use the embedding, by the holding stage that runs them (each
+  // such stage reduces its own part of the embedding's gradient; the parts are then summed).
   const auto& pieces = run.model().pieces();
-  root_part_.assign(pieces.size(), -1);
-  for (size_t pi = 0, last = size_t(-1); pi < pieces.size(); ++pi)
-    if (pieces[pi].unit == 0) {
-      const size_t s = size_t(split.stage_of(int(pi)));
-      if (s != last) ++root_parts_, last = s;
-      root_part_[pi] = root_parts_ - 1;
-    }
+  embedding_ = pieces[0].unit;
+  const std::vector<int> holders = stages_holding(pieces, cfg.split, embedding_);
+  embedding_parts_ = int(holders.size());
+  embedding_part_.assign(pieces.size(), -1);
+  for (size_t pi = 0; pi < pieces.size(); ++pi)
+    if (pieces_use_unit(pieces, int(pi), int(pi) + 1, embedding_))
+      embedding_part_[pi] = int(std::find(holders.begin(), holders.end(), cfg.split.stage_of(int(pi))) - holders.begin());
   for (int t = 0; t < layout_.tp; ++t) tp_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
   tp_mpi_ = mesh.mpi(Axis::Tensor);
   pp_mpi_ = mesh.mpi(Axis::Pipeline);
@@ -224,12 +225,12 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
     r.tp_comm = r.b->make_comm(r.tp_mpi);
     r.tp_comm->set_axis(Axis::Tensor);
     const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
-    r.make(r.tp, cfg, P, scale, group, root_parts_);
+    r.make(r.tp, cfg, P, scale, group, embedding_parts_);
     lockstep_ = std::make_unique<TpLockstep>(cfg, tp_mpi_);  // and the tensor-parallel model itself
   }
   if (rank_ != 0) return;
   // Without tensor parallelism the full model is the reference (the run's dtype).
-  if (!tensor_parallel) r.make(r.full, cfg, P, scale, {}, root_parts_);
+  if (!tensor_parallel) r.make(r.full, cfg, P, scale, {}, embedding_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
     r.m.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
@@ -239,7 +240,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   }
   // 1. The initial weights.
   for (size_t k = 0; k < full_units_.size(); ++k) {
-    init_unit_params(*r.b, full_units_[k], int(k), cfg.strategy.seed, r.f32, 0, full_units_[k].numel);
+    init_unit_params(*r.b, full_units_[k], cfg.strategy.seed, r.f32, 0, full_units_[k].numel);
     std::vector<float> init(full_units_[k].numel);
     r.b->download(init.data(), r.f32, init.size() * 4);
     if (init != weights_[k])
@@ -308,7 +309,7 @@ std::vector<std::vector<float>> StepCheck::gather_weights() {
   bool differ = false, tp_copies_differ = false;
   for (size_t k = 0; k < full_units_.size(); ++k) w.push_back(whole_unit(int(k), false, differ, tp_copies_differ));
   // 4. Replicas (and the ranks of a shard group, and the pipeline stages that share the
-  // root unit) hold the same weights, bit for bit; so do the ranks of a tensor-parallel
+  // embedding) hold the same weights, bit for bit; so do the ranks of a tensor-parallel
   // group in the tensors none of them partitions (the norms).
   int flags[2] = {differ, tp_copies_differ};
   MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, flags, 2, MPI_INT, MPI_MAX, MPI_COMM_WORLD));
@@ -356,8 +357,9 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
     const bool partitioned = m.step->tensor_group().size > 1;
     for (size_t k = 0; k < U; ++k) {
       const int64_t numel = m.step->units()[k].numel;
-      // The terms the run reduces: the unit's gradient, or the root's part of each stage.
-      const std::vector<Buf> terms = k == 0 && !m.root_parts.empty() ? m.root_parts : std::vector<Buf>{m.grads[k]};
+      // The terms the run reduces: the unit's gradient, or the embedding's part of each stage.
+      const bool parts = int(k) == embedding_ && !m.embedding_parts.empty();
+      const std::vector<Buf> terms = parts ? m.embedding_parts : std::vector<Buf>{m.grads[k]};
       for (const Buf& term : terms) {
         std::vector<float> g = reduced_on_host(*r.b, term, numel, round_to, r.reduce_buf, r.f32);
         if (partitioned) {
@@ -401,11 +403,11 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
       if (cfg_.strategy.reduces_every_micro_batch()) {
         // Sharded accumulation reduces each micro-batch's gradient: one term per micro-batch.
         for (int mb = 0; mb < M; ++mb) {
-          forward_backward(*r.b, *m, tokens, M, root_part_, mb);
+          forward_backward(*r.b, *m, tokens, M, embedding_part_, mb);
           accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
         }
       } else {
-        forward_backward(*r.b, *m, tokens, M, root_part_);
+        forward_backward(*r.b, *m, tokens, M, embedding_part_);
         accumulate(*m, R, sums.sum, &sums.abs_sum, sums.micro_nonfinite);
       }
     }
@@ -444,10 +446,10 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
   if (skipped) return;
   const double tol = cfg_.check_tolerance;
   for (size_t k = 0; k < units.size(); ++k) {
-    // The terms summed: one per data-parallel rank; for the root unit under pipeline
+    // The terms summed: one per data-parallel rank; for the embedding under pipeline
     // parallelism one per rank and stage holding it (each stage reduces its part); with
     // sharded accumulation, each of those per micro-batch.
-    const int terms = n * (k == 0 ? root_parts_ : 1) *
+    const int terms = n * (int(k) == embedding_ ? embedding_parts_ : 1) *
                       (cfg_.strategy.reduces_every_micro_batch() ? cfg_.strategy.micro_batches : 1);
     const double gamma = (terms - 1) * u_ / (1 - (terms - 1) * u_), eta = (terms - 1) * eta1_;
     for (size_t i = 0; i < grads[k].size(); ++i) {

@@ -59,7 +59,7 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
     p.first_piece = model.part().first;
     p.last_piece = model.part().last;
     for (size_t u = 0; u < model.units().size(); ++u)
-      if (model.holds_unit(int(u))) p.params += model.units()[u].numel;
+      if (model.holds_unit(int(u))) p.units.push_back(int(u)), p.params += model.units()[u].numel;
     const double before = counted_gemm_flops(*backend);
     rec.keep = true;
     strategy->step(1, Tokens{});  // the counting backend needs no tokens: nothing grows with the shapes
@@ -147,6 +147,25 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                     with_commas(st.params).c_str(), human_bytes(double(st.peak_total)).c_str(), st.counted_flops);
       o << line;
     }
+    // Each stage holds what its pieces use; only the embedding may be on several (tied copies).
+    const std::vector<Piece> pieces = model_pieces(cfg.model);
+    const std::vector<int> holders = stages_holding(pieces, cfg.split, pieces[0].unit);
+    std::string stages;
+    for (int s : holders) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
+    const int64_t embedding = model_units(cfg.model, {plan.layout.tp, 0})[size_t(pieces[0].unit)].numel;
+    std::snprintf(line, sizeof line, "  the embedding (%s parameters) on stage%s %s%s\n", with_commas(embedding).c_str(),
+                  holders.size() > 1 ? "s" : "", stages.c_str(),
+                  holders.size() > 1 ? ": a copy on each, its gradient summed over them" : " alone");
+    o << line;
+    // The head unit (the decoder's final norm and, untied, lm_head) on the last stage only.
+    const UnitSpec head = model_units(cfg.model, {plan.layout.tp, 0})[size_t(pieces.back().unit)];
+    std::string tensors;
+    for (const TensorSpec& t : head.tensors) tensors += (tensors.empty() ? "" : ", ") + t.name;
+    const int head_stage = stages_holding(pieces, cfg.split, pieces.back().unit).front();
+    std::snprintf(line, sizeof line, "  the head (%s: %s parameters) on stage %d alone%s\n", tensors.c_str(),
+                  with_commas(head.numel).c_str(), head_stage,
+                  cfg.model.tie_embeddings ? ", its LM head the embedding" : "");
+    o << line;
   }
   return o.str();
 }
@@ -183,6 +202,13 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
                hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));
+  // The units (the ops' "unit" codes): names and parameters (a tensor-parallel rank's part).
+  const std::vector<UnitSpec> units = model_units(m, {p.layout.tp, 0});
+  std::fprintf(f, "  \"unit_names\": [");
+  for (size_t u = 0; u < units.size(); ++u) std::fprintf(f, "%s\"%s\"", u ? ", " : "", units[u].name.c_str());
+  std::fprintf(f, "],\n  \"unit_params\": [");
+  for (size_t u = 0; u < units.size(); ++u) std::fprintf(f, "%s%lld", u ? ", " : "", (long long)units[u].numel);
+  std::fprintf(f, "],\n");
   std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
@@ -222,8 +248,10 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
       const StagePlan& st = p.stages[s];
       // first_stage / last_stage: the stage's pieces [first, last) (the schema's names, kept).
       std::fprintf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
-                   "\"params\": %lld, \"ops\": [\n", st.first_piece, st.last_piece,
+                   "\"params\": %lld, \"units\": [", st.first_piece, st.last_piece,
                    p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
+      for (size_t i = 0; i < st.units.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", st.units[i]);
+      std::fprintf(f, "], \"ops\": [\n");
       ops(st, int(s), "      ");
       std::fprintf(f, "    ]}%s\n", s + 1 < p.stages.size() ? "," : "");
     }

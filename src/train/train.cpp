@@ -162,6 +162,7 @@ class TrainingRun {
     trace_.host = hostname();
     trace_.layout = layout_;
     trace_.plan = plan_attrs(cfg_, plan);
+    for (const UnitSpec& u : model_units(cfg_.model)) trace_.unit_names.push_back(u.name);
     if (!plan.fits()) return record_out_of_memory(plan);
 
     set_up();

@@ -821,10 +821,10 @@ struct Model : T5Model {
 
   double forward_backward() {
     const auto& st = step->pieces();
-    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), params[st[i].unit]);
+    for (size_t i = 0; i < st.size(); ++i) step->forward(int(i), by_unit(params));
     const double loss = step->loss_sum() * grad_scale;
     for (size_t u = 0; u < grads.size(); ++u) b.fill(grads[u], 0.f, step->units()[u].numel);
-    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, params[st[i].unit], grads[st[i].unit]);
+    for (int i = int(st.size()) - 1; i >= 0; --i) step->backward(i, by_unit(params), by_unit(grads));
     return loss;
   }
   std::vector<float> grad(size_t u) { return download_f32(b, grads[u], step->units()[u].numel); }

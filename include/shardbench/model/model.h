@@ -30,7 +30,7 @@ struct ModelSpec {
   FfnKind ffn = FfnKind::Relu;
   // Tied: the LM head is `shared` and the decoder output is scaled by d_model^-0.5 first
   // (Hugging Face T5ForConditionalGeneration with tie_word_embeddings); untied: a separate
-  // `lm_head` [vocab, d_model] in the root unit, no rescale (T5 v1.1, Flan-T5).
+  // `lm_head` [vocab, d_model] in the head unit, no rescale (T5 v1.1, Flan-T5).
   bool tie_embeddings = true;
 
   int64_t inner() const { return heads * d_kv; }  // width of Q, K, V
@@ -42,8 +42,9 @@ struct ModelSpec {
 // presets for an unknown name.
 ModelSpec model_preset(const std::string& name);
 std::vector<std::string> model_preset_names();
-enum class UnitKind { Root, EncoderBlock, DecoderBlock };
-const char* unit_kind_name(UnitKind k);
+enum class UnitKind { Embedding, EncoderBlock, Bridge, DecoderBlock, Head };
+const char* unit_kind_name(UnitKind k);  // "embedding", "encoder", "bridge", "decoder", "head"
+bool is_block(UnitKind k);
 
 enum class InitKind { Ones, Uniform };
 
@@ -64,17 +65,31 @@ struct TensorSpec {
   // Where the block sits in the full tensor [full_rows, full_cols]: rows row_begin.. and
   // columns col_begin.. (the whole tensor when it is replicated).
   int64_t full_rows = 0, full_cols = 0, row_begin = 0, col_begin = 0;
+  // The tensor's random stream: its initial values are a function of (seed, stream_block,
+  // stream_index) only, not of the unit that holds it. stream_block: the block's number,
+  // 1..L encoder and L+1..2L decoder, 0 for the tensors outside the blocks; stream_index: the
+  // tensor's index in its block, or among shared, encoder.final_norm, decoder.final_norm,
+  // lm_head (the numbering of the model's first layout, one root unit: the weights stay the
+  // values they were).
+  int stream_block = 0, stream_index = 0;
   int64_t numel() const { return rows * cols; }
   bool partitioned() const { return rows != full_rows || cols != full_cols; }
   // Element (r, c) of the block as an index of the full tensor.
   int64_t full_index(int64_t r, int64_t c) const { return (row_begin + r) * full_cols + col_begin + c; }
 };
 
-// One FSDP unit: one flat parameter. Unit 0 is the root (shared embedding, both final
-// norms, the LM head when untied: PyTorch's T5 FSDP wrapping), units 1..L the encoder
-// blocks, L+1..2L the decoder blocks.
+// One FSDP unit: one flat parameter. Unit k is the one of the model's piece k (T5Step's
+// pieces, forward order), so a pipeline stage holds only what its pieces use:
+//   0          embedding   shared (looked up by the encoder's and the decoder's tokens; a tied
+//                          LM head projects onto it)
+//   1..L       encoder.l   the encoder blocks
+//   L+1        bridge      encoder.final_norm
+//   L+2..2L+1  decoder.l   the decoder blocks
+//   2L+2       head        decoder.final_norm, and untied the LM head lm_head
+// PyTorch's T5 FSDP wrapping puts embedding, bridge and head in one root unit; split, they
+// can live on the pipeline stages that use them (docs/architecture.md, "The pipeline axis").
 struct UnitSpec {
-  UnitKind kind = UnitKind::Root;
+  UnitKind kind = UnitKind::Embedding;
   int layer = 0;  // index within its stack
   std::string name;
   std::vector<TensorSpec> tensors;

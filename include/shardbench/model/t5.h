@@ -1,21 +1,21 @@
 // The T5 training step as a sequence of pieces (the model's own division of the step; a
-// pipeline *stage* is a group of ranks that runs consecutive pieces), each belonging to one
-// FSDP unit and run forward or backward through Backend calls only. A strategy drives the
+// pipeline *stage* is a group of ranks that runs consecutive pieces), each with an FSDP unit
+// of its own and run forward or backward through Backend calls only. A strategy drives the
 // pieces and decides where each unit's parameters come from (a gathered buffer, a replica)
 // and where its gradients go; the model never knows which.
 //
-// Forward order (pieces()):          unit
-//   EncoderEmbed   shared[enc_ids]          root
-//   EncoderBlock × L                         encoder.l
-//   Bridge         encoder final norm;       root
+// Forward order (pieces()):          its unit (model_units)   also reads
+//   EncoderEmbed   shared[enc_ids]          0 embedding
+//   EncoderBlock × L                         1..L encoder.l
+//   Bridge         encoder final norm;       L+1 bridge                embedding
 //                  shared[dec_ids]
-//   DecoderBlock × L (cross-attends to       decoder.l
+//   DecoderBlock × L (cross-attends to       L+2..2L+1 decoder.l
 //                  the encoder output)
-//   Head           decoder final norm,       root
+//   Head           decoder final norm,       2L+2 head                 embedding (tied)
 //                  LM head (tied: shared after × d_model^-0.5;
 //                  untied: lm_head), softmax cross-entropy
-// Backward runs the same pieces in reverse. The root unit appears three times; its
-// gradients are complete after the backward of EncoderEmbed (the last one).
+// Backward runs the same pieces in reverse. Three pieces use the embedding (two untied); its
+// gradient is complete after the backward of the first of them a part runs.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -36,10 +36,19 @@ AttentionImpl parse_attention_impl(const std::string& s);  // throws UsageError
 
 struct Piece {
   enum Kind { EncoderEmbed, EncoderBlock, Bridge, DecoderBlock, Head } kind;
-  int unit;   // index into model_units()
-  int layer;  // block index within its stack, 0 for root pieces
+  int unit;             // its own unit, an index into model_units(): piece k's is unit k
+  int layer;            // block index within its stack, 0 for the other pieces
+  int embedding = -1;   // the embedding unit where a piece other than EncoderEmbed also reads
+                        // it (the bridge's decoder tokens, a tied head), else -1
+  // The units the piece uses: its own, then the embedding where it reads it.
+  std::vector<int> units() const { return embedding >= 0 ? std::vector<int>{unit, embedding} : std::vector<int>{unit}; }
 };
 const char* piece_kind_name(Piece::Kind k);
+
+// The model's pieces in forward order (T5Step::pieces()): what every layout splits.
+std::vector<Piece> model_pieces(const ModelSpec& spec);
+// Whether pieces [first, last) use unit u: what a pipeline stage running them holds.
+bool pieces_use_unit(const std::vector<Piece>& pieces, int first, int last, int unit);
 
 // One rank's tokens for one step: [batch * len] each, row-major by sequence.
 struct Tokens {
@@ -52,10 +61,10 @@ struct Tokens {
 Tokens make_tokens(uint64_t seed, int step, int64_t first_sequence, const StepShape& shape,
                    int64_t vocab);
 
-// Initialises elements [first, first+count) of unit `unit`'s flat parameter (padding past
-// numel is zero). The values depend on (seed, unit, element) only, whatever the sharding.
-void init_unit_params(Backend& b, const UnitSpec& u, int unit_index, uint64_t seed, float* dst,
-                      int64_t first, int64_t count);
+// Initialises elements [first, first+count) of unit u's flat parameter (padding past numel
+// is zero). Each element depends on (seed, its tensor's random stream, its index in the full
+// tensor) only (TensorSpec::stream_block), whatever the unit, sharding or partition.
+void init_unit_params(Backend& b, const UnitSpec& u, uint64_t seed, float* dst, int64_t first, int64_t count);
 
 // The tensor-parallel group a step runs in (Megatron-LM, docs/architecture.md): its size,
 // this rank's place in it and its communicator (null for a group of one). The step then
@@ -81,6 +90,12 @@ struct PipelinePart {
   std::vector<int> stage_starts;
 };
 
+// Buffers held per unit (index = unit) as a T5Step::Params or ::Grads: for callers that hold
+// every unit whole (the tests, --check's reference).
+inline std::function<Buf(int)> by_unit(const std::vector<Buf>& bufs) {
+  return [&bufs](int u) { return bufs[size_t(u)]; };
+}
+
 class T5Step {
  public:
   // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
@@ -99,7 +114,7 @@ class T5Step {
   const std::vector<UnitSpec>& units() const;  // this rank's part of each unit
   const TensorGroup& tensor_group() const;
   const PipelinePart& part() const;
-  bool holds_unit(int unit) const;  // a piece of this part belongs to the unit
+  bool holds_unit(int unit) const;  // a piece of this part uses the unit
   const std::vector<Piece>& pieces() const;  // forward order
   DType dtype() const;
   AttentionImpl attention() const;
@@ -107,13 +122,17 @@ class T5Step {
   // Uploads a micro-batch's tokens (sizes must match the shape): the ones this part uses.
   void set_tokens(const Tokens& t, int micro = 0);
 
-  // `params` points at the unit's full flat parameter (layout: units()[unit].tensors).
+  // Where the units a piece uses (Piece::units()) are: `params(u)` is unit u's full flat
+  // parameter (layout: units()[u].tensors), `grads(u)` its full flat gradient. The piece
+  // asks for those units only, during the call.
+  using Params = std::function<CBuf(int unit)>;
+  using Grads = std::function<Buf(int unit)>;
   // Saves what backward needs (category Activations); with checkpointing a block saves
   // only its input and recomputes the rest in backward.
-  void forward(int piece, CBuf params, int micro = 0);
-  // Accumulates (+=) into `grads`, the unit's full flat gradient, which the caller zeroes
-  // before the unit's first backward piece. Frees the piece's saved activations.
-  void backward(int piece, CBuf params, Buf grads, int micro = 0);
+  void forward(int piece, const Params& params, int micro = 0);
+  // Accumulates (+=) into the gradients of the piece's units, which the caller zeroes
+  // before each unit's first backward piece. Frees the piece's saved activations.
+  void backward(int piece, const Params& params, const Grads& grads, int micro = 0);
 
   // The loss gradient's scale from the next Head forward on (dynamic loss scaling).
   void set_grad_scale(float grad_scale);
@@ -121,6 +140,7 @@ class T5Step {
   // Called during backward with (unit, index into units()[unit].tensors) right after the
   // operation that completes that tensor's gradient of the step is issued, once per tensor
   // per step: per-parameter readiness, as autograd's post-accumulate-grad hooks give DDP.
+  // The embedding's tensor is ready after this part's last backward piece that uses it.
   using GradReadyHook = std::function<void(int unit, int tensor)>;
   void set_grad_ready_hook(GradReadyHook hook);
 

@@ -61,6 +61,13 @@ struct PipelineSplit {
 PipelineSplit split_pipeline(const std::vector<double>& block_cost, int layers, int stages,
                              int first_decoder_stage = -1);
 
+// The pipeline stages that hold unit `unit` of the model whose pieces are `pieces`
+// (model_pieces), ascending: each stage holds the units its pieces use (pieces_use_unit), so
+// every unit is held by exactly one stage but the embedding, which the stages that look
+// tokens up hold (the first; the bridge's, where the decoder starts) and, tied, the last
+// (its LM head is the embedding); one stage may be several of these.
+std::vector<int> stages_holding(const std::vector<Piece>& pieces, const PipelineSplit& split, int unit);
+
 // One pipeline stage's side of the pipeline: the communicators it shares with its
 // neighbours, the transfers across its two cuts (T5Step::cut) and Megatron-LM's embedding
 // group. Activations go to the next stage on the mesh's pipeline communicator, their
@@ -92,13 +99,13 @@ class Pipeline {
   // The end of a step's actions: every gradient sent has left.
   void wait_sends();
 
-  // Megatron-LM's embedding group: the stages that hold the root unit (the shared embedding,
-  // the final norms, the LM head) each compute a part of its gradient; after the
-  // data-parallel reductions each adds the others' (`g`: n elements of this stage's reduced
-  // gradient of the root unit), so every copy takes the same Adam step. Only where this
-  // stage is one of two or more that hold it.
-  bool sums_shared_root() const { return root_ != nullptr; }
-  void sum_shared_root(Buf g, int64_t n);
+  // Megatron-LM's embedding group: the stages that hold the embedding unit
+  // (stages_holding) each compute a part of its gradient; after the data-parallel reductions
+  // each adds the others' (`g`: n elements of this stage's reduced gradient of the
+  // embedding), so every copy takes the same Adam step. Only where this stage is one of two
+  // or more that hold it.
+  bool sums_embedding() const { return embedding_group_ != nullptr; }
+  void sum_embedding(Buf g, int64_t n);
 
  private:
   // The MPI tag of a transfer: the cut's tensor and the micro-batch (each direction has a
@@ -113,8 +120,9 @@ class Pipeline {
   Comm* activations_ = nullptr;                // the mesh's pipeline communicator
   MPI_Comm gradients_mpi_ = MPI_COMM_NULL;     // a duplicate of it, for the gradients
   std::unique_ptr<Comm> gradients_;
-  MPI_Comm root_mpi_ = MPI_COMM_NULL;          // the stages holding the root unit
-  std::unique_ptr<Comm> root_;
+  int embedding_ = 0;                          // the embedding unit
+  MPI_Comm embedding_mpi_ = MPI_COMM_NULL;     // the stages holding it
+  std::unique_ptr<Comm> embedding_group_;
   std::vector<std::vector<Request>> sent_;     // per micro-batch: its forward sends, waited on in its backward
   std::vector<Request> grad_sends_;            // backward sends, waited on at the end of the step
 };

@@ -23,9 +23,10 @@ namespace sb {
 // gradients, runs the backward and sends the inputs' gradients back (the transfers are
 // Pipeline's). Hooks fire for each micro-batch; gradients accumulate over the micro-batches,
 // and the strategies reduce them only in the last one's backward (first_micro(),
-// last_micro()). The root unit's tensors (embedding, final norms, LM head) used on several
-// stages are summed over those stages after the strategy's reductions (Pipeline's
-// embedding group).
+// last_micro()). A piece uses its own unit and, the bridge and a tied head, the embedding
+// unit too (Piece::units()): the hooks see every unit a piece uses. The embedding's
+// gradient, where several stages hold it, is summed over them after the strategy's
+// reductions (Pipeline's embedding group).
 class TrainingSchedule : public Strategy {
  public:
   // `split`: the configuration's pipeline_split (config.h), computed once by the caller.
@@ -55,12 +56,15 @@ class TrainingSchedule : public Strategy {
   virtual CBuf reduced_gradients(int64_t& n) const = 0;
 
   // This rank's reduced gradient of unit u (reduce dtype; what Adam reads of it): for the
-  // sum over the pipeline stages that share the root unit.
+  // sum over the pipeline stages that share the embedding.
   virtual Buf reduced_gradient(int unit, int64_t& n) = 0;
 
-  int forward_unit(int pos) const { return model_.pieces()[pos].unit; }
+  int forward_unit(int pos) const { return model_.pieces()[pos].unit; }  // the piece's own unit
   int backward_piece(int pos) const { return int(model_.pieces().size()) - 1 - pos; }
   int backward_unit(int pos) const { return model_.pieces()[backward_piece(pos)].unit; }
+  // Every unit the piece at a position uses: its own, then the embedding where it reads it.
+  std::vector<int> forward_units(int pos) const { return model_.pieces()[pos].units(); }
+  std::vector<int> backward_units(int pos) const { return model_.pieces()[backward_piece(pos)].units(); }
   int num_pieces() const { return int(model_.pieces().size()); }
   // This pipeline stage's pieces: [forward_begin, forward_end) in forward order,
   // [backward_begin, backward_end) in backward order (every position without --pp).
@@ -83,9 +87,11 @@ class TrainingSchedule : public Strategy {
  private:
   void forward_micro(int micro);
   void backward_micro(int micro);
-  void sum_shared_root();
+  void sum_embedding();
   bool gradients_finite();
   Pipeline pipeline_;      // this stage's transfers and communicators (after model_: it reads it)
+  T5Step::Params params_of_;  // params_for and grads_for as the model asks for them
+  T5Step::Grads grads_of_;
   int backward_count_ = 0;  // backward actions run in this step
   float base_grad_scale_;  // 1 / global tokens
   float scale_;            // current loss scale

@@ -15,7 +15,9 @@ namespace sb {
 
 // The version of the training programs' result format (docs/trace-format.md), written as
 // `schema_version` into every result and every record of a failed run.
-constexpr int kSchemaVersion = 3;  // 3: events' axis and peer, the /mesh table
+// 4: the events' units are the split root's (embedding, blocks, bridge, head), named by
+// unit_names; 3: events' axis and peer, the /mesh table
+constexpr int kSchemaVersion = 4;
 
 struct StepStats {
   int step = 0;
@@ -86,6 +88,7 @@ struct TraceData {
   std::vector<Attr> run;         // root attributes (identical on every rank)
   std::vector<Attr> provenance;  // /provenance attributes (identical on every rank)
   std::vector<Attr> plan;        // /plan attributes (identical on every rank)
+  std::vector<std::string> unit_names;  // what the events' unit codes name (identical on every rank)
   std::string host, device;      // this rank's
   ParallelLayout layout;         // seen from this rank: its coordinates go to /mesh
   std::vector<StepRow> steps;

@@ -49,8 +49,9 @@ class StepCheck {
   MPI_Comm pp_mpi_ = MPI_COMM_NULL;                  // the run's pipeline
   double gamma_ = 0, eta_ = 0;  // of n = the data-parallel ranks' terms
   double u_ = 0, eta1_ = 0;     // R's unit roundoff, half its smallest subnormal
-  std::vector<int> root_part_;  // per piece of the root unit: its pipeline stage's part, else -1
-  int root_parts_ = 0;          // pipeline stages that hold the root unit
+  int embedding_ = 0;                // the embedding unit
+  std::vector<int> embedding_part_;  // per piece that uses it: its pipeline stage's part, else -1
+  int embedding_parts_ = 0;          // pipeline stages that hold it
   float scale_ = 1;
   std::vector<std::vector<float>> weights_;  // the run's weights before the next step
   std::unique_ptr<Reference> ref_;           // rank 0

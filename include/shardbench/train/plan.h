@@ -17,6 +17,7 @@ struct StagePlan {
   MemBytes peak{};              // per category, each at its own peak
   MemBytes at_peak{};           // per category at the moment of the total peak
   int64_t peak_total = 0;
+  std::vector<int> units;       // the units it holds (those its pieces use)
   int64_t params = 0;           // parameters it holds (a tensor-parallel rank's part)
   double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
   std::vector<OpEvent> schedule;  // GEMMs, collectives, waits, optimizer of one step, in order
