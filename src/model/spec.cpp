@@ -315,6 +315,20 @@ void place_in_full_unit(const UnitSpec& local, const UnitSpec& full, const float
   }
 }
 
+std::vector<float> take_from_full_unit(const UnitSpec& local, const UnitSpec& full, const std::vector<float>& src) {
+  SB_ASSERT(local.tensors.size() == full.tensors.size() && int64_t(src.size()) == full.numel, "units of different models");
+  std::vector<float> out(size_t(local.numel));
+  for (size_t i = 0; i < local.tensors.size(); ++i) {
+    const TensorSpec& t = local.tensors[i];
+    const TensorSpec& f = full.tensors[i];
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const float* row = src.data() + f.offset + t.full_index(r, 0);
+      std::copy(row, row + t.cols, out.data() + t.offset + r * t.cols);
+    }
+  }
+  return out;
+}
+
 int64_t param_count(const ModelSpec& s) { return param_count_per_rank(s, 1); }
 
 int64_t param_count_per_rank(const ModelSpec& s, int tp) {

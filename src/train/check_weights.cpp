@@ -168,20 +168,6 @@ std::vector<float> reduced_on_host(Backend& b, CBuf grad, int64_t numel, DType R
   return g;
 }
 
-// The rows of `local`'s blocks taken out of the full unit (the inverse of place_in_full_unit).
-std::vector<float> take_from_full_unit(const UnitSpec& local, const UnitSpec& full, const std::vector<float>& src) {
-  std::vector<float> out(local.numel);
-  for (size_t i = 0; i < local.tensors.size(); ++i) {
-    const TensorSpec& t = local.tensors[i];
-    const TensorSpec& f = full.tensors[i];
-    for (int64_t r = 0; r < t.rows; ++r) {
-      const float* row = src.data() + f.offset + t.full_index(r, 0);
-      std::copy(row, row + t.cols, out.data() + t.offset + r * t.cols);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)

@@ -227,20 +227,6 @@ std::string piece_name(const Piece& p) {
   return "?";
 }
 
-// The rows of `local`'s blocks taken out of the full unit (the inverse of place_in_full_unit).
-std::vector<float> take_part(const UnitSpec& local, const UnitSpec& full, const std::vector<float>& src) {
-  std::vector<float> out(size_t(local.numel));
-  for (size_t i = 0; i < local.tensors.size(); ++i) {
-    const TensorSpec& t = local.tensors[i];
-    const TensorSpec& f = full.tensors[i];
-    for (int64_t r = 0; r < t.rows; ++r) {
-      const float* row = src.data() + f.offset + t.full_index(r, 0);
-      std::copy(row, row + t.cols, out.data() + t.offset + r * t.cols);
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 struct TpLockstep::Impl {
@@ -296,12 +282,12 @@ struct TpLockstep::Impl {
       const std::string micro = M == 1 ? "" : "micro-batch " + std::to_string(mb) + ", ";
       for (int pos = 0; pos < S; ++pos) {
         where = micro + "forward of " + piece_name(pieces[size_t(pos)]);
-        m.step->forward(pos, m.params[size_t(pieces[size_t(pos)].unit)]);
+        m.step->forward(pos, by_unit(m.params));
       }
       for (int pos = 0; pos < S; ++pos) {
-        const int pi = S - 1 - pos, k = pieces[size_t(pi)].unit;
+        const int pi = S - 1 - pos;
         where = micro + "backward of " + piece_name(pieces[size_t(pi)]);
-        m.step->backward(pi, m.params[size_t(k)], m.grads[size_t(k)]);
+        m.step->backward(pi, by_unit(m.params), by_unit(m.grads));
       }
       loss += m.step->loss_sum();
     }
@@ -378,7 +364,7 @@ TpLockstep::~TpLockstep() {
 std::string TpLockstep::check(const std::vector<std::vector<float>>& weights, const Tokens& tokens, float grad_scale) {
   Impl& m = *impl_;
   for (size_t k = 0; k < m.full_units.size(); ++k) {
-    const std::vector<float> part = take_part(m.parts[size_t(m.rank)][k], m.full_units[k], weights[k]);
+    const std::vector<float> part = take_from_full_unit(m.parts[size_t(m.rank)][k], m.full_units[k], weights[k]);
     m.b->upload(m.tp.params[k].ptr, part.data(), part.size() * 4);
     if (m.rank == 0) m.b->upload(m.full.params[k].ptr, weights[k].data(), weights[k].size() * 4);
   }

@@ -113,6 +113,8 @@ void check_tensor_parallel(const ModelSpec& spec, int tp);
 // Copies a rank's unit (`local`, laid out as model_units(spec, {tp, r}) describes it) into
 // the full unit's flat layout `full` (model_units(spec)): every element to its place.
 void place_in_full_unit(const UnitSpec& local, const UnitSpec& full, const float* local_flat, float* full_flat);
+// The inverse: a rank's unit (`local`) taken out of the full unit's flat layout.
+std::vector<float> take_from_full_unit(const UnitSpec& local, const UnitSpec& full, const std::vector<float>& full_flat);
 
 // Shapes of one training step on one rank.
 struct StepShape {
