@@ -51,7 +51,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
               "pipeline stages: the model's blocks split over this many consecutive groups of ranks "
               "(pp x dp x tp = world; at most one stage per block)");
   num.integer("--micro-batches", micro_batches, 1, kMaxMicroBatches,
-              "micro-batches per step of a data-parallel rank; must divide --batch (default: --pp)");
+              "micro-batches per step of a data-parallel rank; must divide --batch (default: --pp, or the largest count below it that divides --batch)");
   app.add_option("--pp-schedule", pp_schedule, "pipeline schedule: gpipe | 1f1b")->capture_default_str();
   num.integer("--pp-split", pp_split, 1, kIntMax,
               "the pipeline stage where the decoder starts (default: stages balanced by FLOPs)");
@@ -200,10 +200,11 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.plan_world = int(world);
   cfg.strategy.kind = kind;
   cfg.strategy.pp_schedule = parse_pipe_schedule(pp_schedule);
-  if (!micro_batches && batch % pp != 0)
-    throw UsageError("--batch " + std::to_string(batch) + " is not allowed with --pp " + std::to_string(pp) +
-                     " and no --micro-batches (the default micro-batch count, --pp, must divide --batch)");
-  cfg.strategy.micro_batches = int(micro_batches ? micro_batches : pp);
+  // Default: one micro-batch per stage (--pp), or the largest count up to it that divides
+  // --batch (the default --batch 2 with --pp 4: 2), so a pipeline runs without the flag.
+  int64_t default_micro_batches = std::min<int64_t>(pp, batch);
+  while (batch % default_micro_batches != 0) --default_micro_batches;
+  cfg.strategy.micro_batches = int(micro_batches ? micro_batches : default_micro_batches);
   if (batch % cfg.strategy.micro_batches != 0)
     throw UsageError("--micro-batches " + std::to_string(cfg.strategy.micro_batches) + " is not allowed with --batch " +
                      std::to_string(batch) + " (must divide it)");
