@@ -205,7 +205,21 @@ for _ in $(seq 50); do
 done
 munge -S "$MUNGE/munge.socket" -n | unmunge -S "$MUNGE/munge.socket" >/dev/null || die "munge does not answer"
 /usr/sbin/slurmctld -f "$SLURM_CONF" || { show_logs; die "slurmctld did not start"; }
-/usr/sbin/slurmd -f "$SLURM_CONF" -N localhost || { show_logs; die "slurmd did not start"; }
+# Slurm 22.05's slurmd detects the cgroup version at start and will not start without a
+# cgroup filesystem at /sys/fs/cgroup, even with proctrack/linuxproc and task/none (which use
+# no controller). A machine booted by systemd has one; a bare chroot does not: there slurmd
+# starts in a mount namespace of its own with what its cgroup/v1 plugin checks for (a tmpfs
+# at /sys/fs/cgroup holding the name=systemd hierarchy, no controllers), seen by nothing
+# outside it.
+slurmd=(/usr/sbin/slurmd -f "$SLURM_CONF" -N localhost)
+cgroup_fs=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)
+if [ "$cgroup_fs" != cgroup2fs ] && [ "$cgroup_fs" != tmpfs ]; then
+  say "no cgroup filesystem at /sys/fs/cgroup (${cgroup_fs:-missing}): slurmd in a private mount namespace"
+  slurmd=(unshare -m --propagation private sh -c 'mount -t tmpfs -o mode=755 none /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
+          mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"' sh
+          "${slurmd[@]}")
+fi
+"${slurmd[@]}" || { show_logs; die "slurmd did not start"; }
 state=
 for _ in $(seq 150); do
   state=$(sinfo -h -n localhost -o %T 2>/dev/null)
