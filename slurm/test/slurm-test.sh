@@ -215,7 +215,10 @@ slurmd=(/usr/sbin/slurmd -f "$SLURM_CONF" -N localhost)
 cgroup_fs=$(stat -fc %T /sys/fs/cgroup 2>/dev/null)
 if [ "$cgroup_fs" != cgroup2fs ] && [ "$cgroup_fs" != tmpfs ]; then
   say "no cgroup filesystem at /sys/fs/cgroup (${cgroup_fs:-missing}): slurmd in a private mount namespace"
-  slurmd=(unshare -m --propagation private sh -c 'mount -t tmpfs -o mode=755 none /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
+  # (/ of a chroot is no mount point, so unshare cannot make it private: /sys, which is one,
+  # is made private in the new namespace before anything is mounted below it)
+  slurmd=(unshare -m --propagation unchanged sh -c 'mount --make-rprivate /sys &&
+          mount -t tmpfs -o mode=755 none /sys/fs/cgroup && mkdir /sys/fs/cgroup/systemd &&
           mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd && exec "$@"' sh
           "${slurmd[@]}")
 fi
