@@ -153,19 +153,21 @@ flock -w 600 9 || { echo "slurm-test: another slurm-test holds build/slurm-test.
 
 # ---- 1. Slurm and munge from Debian, only when missing --------------------------------------
 missing=()
-for c in slurmctld slurmd sbatch squeue scontrol sinfo scancel munged munge unmunge; do
+# (mount and unshare: slurmd's namespace below where /sys/fs/cgroup is bare; a minimal
+# Debian root has neither)
+for c in slurmctld slurmd sbatch squeue scontrol sinfo scancel munged munge unmunge mount unshare; do
   command -v "$c" >/dev/null || missing+=("$c")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  say "installing slurm-wlm and munge from Debian (missing: ${missing[*]})"
+  say "installing slurm-wlm, munge, mount from Debian (missing: ${missing[*]})"
   # The packages must not start their own services: this test starts its own daemons.
   policy=/usr/sbin/policy-rc.d made_policy=0
   if [ ! -e $policy ]; then printf '#!/bin/sh\nexit 101\n' >$policy && chmod 755 $policy && made_policy=1; fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq && apt-get install -y -qq slurm-wlm munge >"$REPO/build/slurm-test-apt.log" 2>&1
+  apt-get update -qq && apt-get install -y -qq slurm-wlm munge mount util-linux >"$REPO/build/slurm-test-apt.log" 2>&1
   rc=$?
   [ $made_policy = 1 ] && rm -f $policy
-  [ $rc -eq 0 ] || { tail -n 20 "$REPO/build/slurm-test-apt.log"; echo "slurm-test: apt-get install slurm-wlm munge failed"; exit 1; }
+  [ $rc -eq 0 ] || { tail -n 20 "$REPO/build/slurm-test-apt.log"; echo "slurm-test: apt-get install slurm-wlm munge mount util-linux failed"; exit 1; }
 fi
 say "Slurm $(dpkg-query -W -f '${Version}' slurmctld 2>/dev/null || echo '(not from Debian)'), munge $(dpkg-query -W -f '${Version}' munge 2>/dev/null)"
 
