@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 from shardbench_h5 import CATEGORIES, Inputs, load_training, model_label  # noqa: E402
 
-COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple"}
+COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple",
+          "fsdp-optimizer-state": "tab:brown"}
 
 
 class PlotError(Exception):

@@ -197,7 +197,8 @@ def parse_args(argv):
     ap.add_argument("--strategies", default="ddp,fsdp-full,fsdp-hybrid,fsdp-none",
                     help="comma-separated strategy labels as the programs print them: ddp, fsdp-full, "
                          "fsdp-hybridG (shard groups of G ranks; fsdp-hybrid: G = GPUs per node), fsdp-none, "
-                         "fsdp-grad-op, each optionally with -tp<N> and -pp<S> (tensor parallelism, pipeline stages: "
+                         "fsdp-grad-op, fsdp-optimizer-state (ZeRO-1; fsdp-optimizer-stateG: in groups of G), each "
+                         "optionally with -tp<N> and -pp<S> (tensor parallelism, pipeline stages: "
                          "fsdp-full-tp2, ddp-tp2-pp4) (default: %(default)s)")
     ap.add_argument("--gpus", default="8,16,32,64,128,256,512", help="comma-separated GPU counts (world sizes) (default: %(default)s)")
     # The programs' shape flags, passed to every --model's plan as they are (the program checks

@@ -8,6 +8,11 @@ one vocabulary:
     fsdp-hybrid      the same with G = GPUs per node (one node per shard group)
     fsdp-none        fsdp_perf --sharding none (full replication)
     fsdp-grad-op     fsdp_perf --sharding grad-op
+    fsdp-optimizer-state
+                     fsdp_perf --sharding optimizer-state (ZeRO-1: master weights and optimizer
+                     state sharded over the data-parallel ranks)
+    fsdp-optimizer-state<G>
+                     the same in shard groups of G ranks (--shard-size G), all-reduced across them
     <any>-tp<N>      the same with --tp N: tensor-parallel groups of N consecutive ranks, the
                      strategy over the world / N data-parallel ranks (fsdp-hybrid-tpN: G = the
                      data-parallel ranks of one node, GPUs per node / N)
@@ -18,8 +23,10 @@ Standard library only: slurm/sweep imports it from this folder (also in an insta
 """
 import re
 
-ALLOWED = "ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, each optionally with -tp<N>, -pp<S>"
-SHARDINGS = ("full", "none", "grad-op")  # the fsdp_perf --sharding values with no shard size
+ALLOWED = ("ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, "
+           "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>")
+SHARDINGS = ("full", "none", "grad-op", "optimizer-state")  # the fsdp_perf --sharding values with no shard size
+OPTIMIZER_STATE_RE = re.compile(r"^fsdp-optimizer-state([1-9][0-9]*)$")  # ZeRO-1 in groups of G
 HYBRID_RE = re.compile(r"^fsdp-hybrid([1-9][0-9]*)?$")  # G as the program prints it: no leading zeros
 SUFFIX_RE = re.compile(r"^(.*?)(-tp([1-9][0-9]*))?(-pp([1-9][0-9]*))?$")  # N, S > 1 as the program prints them
 
@@ -43,7 +50,7 @@ def split_layout(label):
 def check(label):
     """label, or StrategyError when it is not one of the programs' strategy labels."""
     base, _, _ = split_layout(label)
-    known = isinstance(base, str) and (base == "ddp" or HYBRID_RE.match(base) or
+    known = isinstance(base, str) and (base == "ddp" or HYBRID_RE.match(base) or OPTIMIZER_STATE_RE.match(base) or
                                        (base.startswith("fsdp-") and base[len("fsdp-"):] in SHARDINGS))
     if not known:
         raise StrategyError(f"unknown strategy {label!r} (allowed: {ALLOWED})")
@@ -93,6 +100,10 @@ def resolve(label, gpus_per_node, world):
     layout_flags = (["--tp", str(tp)] if tp > 1 else []) + (["--pp", str(pp)] if pp > 1 else [])
     if program(label) == "ddp_perf":
         return "ddp_perf", layout_flags, "ddp" + suffix
+    z = OPTIMIZER_STATE_RE.match(base)
+    if z:
+        return ("fsdp_perf", ["--sharding", "optimizer-state", "--shard-size", z.group(1)] + layout_flags,
+                base + suffix)
     g = shard_size(label, gpus_per_node, world)
     if g is not None:
         return "fsdp_perf", ["--sharding", "hybrid", "--shard-size", str(g)] + layout_flags, f"fsdp-hybrid{g}{suffix}"

@@ -434,6 +434,13 @@ def check_schedule(c, run):
                     c.expect(not ((compute > ready) & (compute < a["start"])).any(),
                              f"{at}: unit {a['unit']}'s all-reduce issued after compute went on")
                     prev = a["start"]
+        if m["strategy"] == "fsdp" and m["sharding"] == "optimizer-state":
+            # ZeRO-1: no gathers in forward or backward; after the update each held unit
+            # all-gathered once (over a shard group of more than one rank)
+            ag = g[g["op_name"] == "all-gather"]
+            want = sorted(held) if m["shard_size"] > 1 else []
+            c.expect(sorted(ag["unit"]) == want and bool((ag["phase_name"] == "optimizer").all()),
+                     f"{at}: ZeRO-1 all-gathers are not each unit once, after the update")
         if m["strategy"] == "ddp":  # buckets: the model once, the first closing at 1 MiB
             ar = g[g["op_name"] == "all-reduce"].sort_values("start")
             params = int(stage_params[st])  # the stage's part (a tensor-parallel rank's)

@@ -18,6 +18,26 @@ expect "fsdp full --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "
 expect "fsdp hybrid 2 --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --check --out $T/hybrid.h5
 expect "fsdp none --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding none --check --out $T/none.h5
 expect "fsdp grad-op --check" 0 "$check_pattern" -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding grad-op --check --out $T/grad-op.h5
+# ZeRO-1 (optimizer-state): whole parameters and gradients, master weights and Adam sharded;
+# hybrid groups, micro-batches and mixed precision; --zero-stage names the same choices.
+expect "fsdp optimizer-state (ZeRO-1) --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding optimizer-state --check --out $T/zero1.h5
+expect "--zero-stage 1, bf16, 2 micro-batches --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage 1 --dtype bf16 --micro-batches 2 --check --out $T/zero1-bf16.h5
+expect "ZeRO-1 in groups of 2 (--shard-size 2), bf16 with fp32 reductions --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding optimizer-state --shard-size 2 --dtype bf16 --reduce-dtype fp32 \
+  --check --out $T/zero1-hybrid.h5
+for stage in "0 none" "2 grad-op" "3 full"; do
+  set -- $stage
+  expect "--zero-stage $1 is --sharding $2" 0 "strategy=fsdp-$2 " -- \
+    "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage $1 --steps 1 --warmup 0
+done
+expect "--zero-stage and --sharding together" 2 'error: --zero-stage and --sharding name the same choice: give one of them$' -- \
+  $BIN/fsdp_perf --zero-stage 1 --sharding full
+expect "--zero-stage out of range" 2 'error: --zero-stage 4 is not allowed' -- $BIN/fsdp_perf --zero-stage 4
+expect "ZeRO-1 accumulates whole gradients: --grad-accumulation sharded refused" 2 \
+  'error: --grad-accumulation sharded is not allowed with --sharding optimizer-state' -- \
+  $BIN/fsdp_perf --sharding optimizer-state --batch 2 --micro-batches 2 --grad-accumulation sharded
 expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
 expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
@@ -94,13 +114,13 @@ MPI8=(timeout 300 mpirun -np 8 --oversubscribe --bind-to none)
 TINY10=(--model t5-tiny --batch 1 --seq-len 12 --dec-seq-len 8 --steps 9 --warmup 1)
 for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding hybrid --shard-size 2" \
   "fsdp_perf --sharding hybrid --shard-size 4 --dtype bf16" "fsdp_perf --sharding none" \
-  "fsdp_perf --sharding grad-op --forward-prefetch"; do
+  "fsdp_perf --sharding grad-op --forward-prefetch" "fsdp_perf --sharding optimizer-state --dtype bf16"; do
   expect "8 ranks, 10 steps: $strat --check" 0 "$check_pattern" -- "${MPI8[@]}" $BIN/$strat "${TINY10[@]}" --check
 done
 # Injected faults (SHARDBENCH_INJECT_FAULT, test only) are caught at the step they happen.
 for fault in "drop-grad-shard fsdp_perf --sharding full" "drop-grad-shard ddp_perf" \
   "wrong-reduction-scale fsdp_perf --sharding hybrid --shard-size 2" "wrong-reduction-scale ddp_perf" \
-  "stale-prefetch fsdp_perf --sharding full"; do
+  "stale-prefetch fsdp_perf --sharding full" "zero1-skip-param-gather fsdp_perf --sharding optimizer-state"; do
   set -- $fault
   name=$1
   shift
@@ -111,8 +131,12 @@ done
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5 \
-  $T/full-fused.h5 $T/ddp-fused-bf16.h5 $T/ddp-gated.h5 $T/full-gated-bf16.h5
+  $T/full-fused.h5 $T/ddp-fused-bf16.h5 $T/ddp-gated.h5 $T/full-gated-bf16.h5 $T/zero1.h5 $T/zero1-bf16.h5 $T/zero1-hybrid.h5
 expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
+env SHARDBENCH_INJECT_FAULT=zero1-skip-param-gather "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/fsdp_perf "${TINY[@]}" \
+  --sharding optimizer-state --out $T/zero1-no-gather.h5 >/dev/null 2>&1
+expect "the python check refuses a ZeRO-1 trace without its all-gathers" 1 'ZeRO-1 all-gathers are not each unit once' -- \
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/zero1-no-gather.h5
 expect "the python check fails on a wrong rank count" 1 'FAIL' -- $PY $ROOT/tests/check_trace.py --ranks 2 --steps 3 $T/ddp.h5
 expect "out-of-memory run writes its status and plan" 3 'wrote .*oom.h5 \(status out-of-memory\)' -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --mem-limit-gib 0.000001 --out $T/oom.h5

@@ -7,6 +7,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/backend/layout.h"
+#include "shardbench/core/check.h"
 #include "shardbench/strategy/strategy.h"
 
 using namespace sb;
@@ -215,6 +216,41 @@ std::vector<std::pair<size_t, size_t>> scatter_waits(const Collected& c) {
 }
 
 }  // namespace
+
+// ZeRO-1 (optimizer-state): the whole parameters and gradients in the param dtype on every
+// rank, the fp32 master (apart only in mixed precision), Adam and the reduced gradient
+// sharded; one reduce-scatter per unit in backward (waited on at its end), no gathers in
+// forward or backward, one all-gather per unit after the update. ZeRO's bytes per
+// parameter: 2 + 2 + 12/N mixed precision, plus the gradient shard.
+TEST(Schedule, Zero1ShardsOnlyTheOptimizer) {
+  const ModelSpec spec = model_preset("t5-small");
+  const double M = padded_bytes(spec, 4);  // fp32 bytes of the model padded to 4 shards
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    SCOPED_TRACE(precision_name(dtype));
+    StrategyConfig c = fsdp(Sharding::OptimizerState);
+    c.param_dtype = c.reduce_dtype = dtype;
+    Schedule s = run_schedule(c, 4);
+    const double es = dtype_size(dtype);
+    EXPECT_EQ(s.peak[int(MemCategory::Parameters)], M / 4 * es + (dtype == DType::F32 ? 0 : M / 4));
+    EXPECT_EQ(s.peak[int(MemCategory::Gradients)], M / 4 * es + M / 4 / 4 * es);
+    EXPECT_EQ(s.peak[int(MemCategory::OptimizerState)], 2 * M / 4);
+    EXPECT_EQ(s.rec.count(OpKind::AllGather, Phase::Forward) + s.rec.count(OpKind::AllGather, Phase::Backward), 0);
+    EXPECT_EQ(s.rec.count(OpKind::AllGather, Phase::Optimizer), s.units);
+    EXPECT_EQ(s.rec.count(OpKind::ReduceScatter, Phase::Backward), s.units);
+    EXPECT_EQ(s.rec.bytes(OpKind::ReduceScatter), M / 4 * es);
+    EXPECT_EQ(s.rec.bytes(OpKind::AllGather), M / 4 * es);
+    const auto waits = scatter_waits(s.rec);
+    EXPECT_EQ(int(waits.size()), s.units);
+    for (const auto& [wait, scatter] : waits) EXPECT_GT(wait, last_backward_gemm(s.rec));
+  }
+  // --zero-stage's numbers are these strategies
+  EXPECT_EQ(sharding_of_zero_stage(0), Sharding::None);
+  EXPECT_EQ(sharding_of_zero_stage(1), Sharding::OptimizerState);
+  EXPECT_EQ(sharding_of_zero_stage(2), Sharding::GradOp);
+  EXPECT_EQ(sharding_of_zero_stage(3), Sharding::Full);
+  for (int st = 0; st <= 3; ++st) EXPECT_EQ(zero_stage(sharding_of_zero_stage(st)), st);
+  EXPECT_THROW(sharding_of_zero_stage(4), UsageError);
+}
 
 // FSDP1 (default): no compute waits on a reduce-scatter before backward ends: every
 // reduce-scatter is waited on once, after the last backward GEMM and the last

@@ -240,9 +240,10 @@ class Validation(SweepCase):
         self.assert_refused(self.matrix(models='["t5-tiny", "t5-3b"]'),
                             f"[matrix] models: 't5-3b' is not a model preset of ddp_perf (allowed: {presets})")
         self.assert_refused(self.matrix(models='["t5-tiny", ""]'), "[matrix] models must be a non-empty list")
-        allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, each optionally with " \
-                  "-tp<N>, -pp<S>)"
+        allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, " \
+                  "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>)"
         for bad in ("zero3", "hybrid", "fsdp-hybrid0", "fsdp-hybrid08", "fsdp-hybrid-2", "fsdp-", "fsdp-tp2",
+                    "fsdp-optimizer-state0", "fsdp-optimizer", "fsdp-optimizer-state-2",
                     "ddp-tp1", "fsdp-full-tp0", "fsdp-full-pp2-tp2"):
             with self.subTest(strategy=bad):
                 self.assert_refused(self.matrix(strategies=f'["ddp", "{bad}"]'),
@@ -455,7 +456,8 @@ class DryRun(SweepCase):
     def test_same_flags_as_the_projection(self):
         """slurm/sweep and analysis/project.py run a label with the same program and flags."""
         import project
-        for label in ("ddp", "fsdp-full", "fsdp-hybrid", "fsdp-hybrid2", "fsdp-none", "fsdp-grad-op"):
+        for label in ("ddp", "fsdp-full", "fsdp-hybrid", "fsdp-hybrid2", "fsdp-none", "fsdp-grad-op",
+                      "fsdp-optimizer-state", "fsdp-optimizer-state2", "fsdp-optimizer-state-tp2"):
             with self.subTest(label=label):
                 cfg = sweep.load_matrix(self.matrix(strategies=f'["{label}"]', models='["t5-tiny"]'), {})
                 (p,) = sweep.points(cfg)

@@ -17,7 +17,8 @@ mkdir -p "$T"
 
 # --- tp 2 × dp 2 (4 ranks): every strategy, fp32 and bf16 ---
 for dtype in fp32 bf16; do
-  for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding none" "fsdp_perf --sharding grad-op"; do
+  for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding none" "fsdp_perf --sharding grad-op" \
+    "fsdp_perf --sharding optimizer-state"; do
     name="tp 2 x dp 2, $strat, $dtype"
     out=$T/$(echo "$strat-$dtype" | tr -c 'a-z0-9\n-' '_').h5
     "${MPI4[@]}" $BIN/$strat "${TINY[@]}" --tp 2 --dtype $dtype --check --out $out >"$tmp/out" 2>&1
@@ -53,7 +54,7 @@ expect "tp 2, fused attention, activation checkpointing, fp16 (dynamic loss scal
 expect "tensor-parallel traces: all-reduces per block, axes, plan = peak (python check)" 0 '^ok .*tp4-bf16.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp_perf-fp32.h5 $T/fsdp_perf_--sharding_full-bf16.h5 \
   $T/fsdp_perf_--sharding_grad-op-fp32.h5 $T/ddp-fused-ckpt-fp16.h5 $T/gated-untied-bf16.h5 $T/tp4-fp32.h5 \
-  $T/tp4-bf16.h5
+  $T/tp4-bf16.h5 $T/fsdp_perf_--sharding_optimizer-state-bf16.h5
 expect "8-rank hybrid tensor-parallel traces (python check)" 0 '^ok .*hybrid-bf16.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 8 --steps 3 $T/hybrid-fp32.h5 $T/hybrid-bf16.h5
 expect "the trace records the 2-D mesh" 0 '^tp 2 dp 2 shard 2 replicas 1 groups \[0, 1\] \[1, 3\]$' -- $PY -c "

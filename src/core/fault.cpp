@@ -18,6 +18,7 @@ constexpr FaultInfo kFaults[] = {
     {Fault::DropGradShard, "drop-grad-shard", false},
     {Fault::WrongReductionScale, "wrong-reduction-scale", false},
     {Fault::StalePrefetch, "stale-prefetch", false},
+    {Fault::Zero1SkipParamGather, "zero1-skip-param-gather", false},
     {Fault::TpSkipAttentionAllReduce, "tp-skip-attention-all-reduce", false},
     {Fault::TpSkipFeedForwardAllReduce, "tp-skip-feed-forward-all-reduce", false},
     {Fault::TpWrongHeadShard, "tp-wrong-head-shard", false},

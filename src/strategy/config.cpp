@@ -15,6 +15,7 @@ const char* sharding_name(Sharding s) {
     case Sharding::Hybrid: return "hybrid";
     case Sharding::None: return "none";
     case Sharding::GradOp: return "grad-op";
+    case Sharding::OptimizerState: return "optimizer-state";
   }
   return "?";
 }
@@ -29,9 +30,27 @@ const char* prefetch_name(Prefetch p) {
 }
 
 Sharding parse_sharding(const std::string& s) {
-  for (Sharding v : {Sharding::Full, Sharding::Hybrid, Sharding::None, Sharding::GradOp})
+  for (Sharding v : {Sharding::Full, Sharding::Hybrid, Sharding::None, Sharding::GradOp, Sharding::OptimizerState})
     if (s == sharding_name(v)) return v;
-  throw UsageError("--sharding '" + s + "' is not allowed (allowed: full, hybrid, none, grad-op)");
+  throw UsageError("--sharding '" + s + "' is not allowed (allowed: full, hybrid, none, grad-op, optimizer-state)");
+}
+
+Sharding sharding_of_zero_stage(int stage) {
+  static const Sharding by_stage[] = {Sharding::None, Sharding::OptimizerState, Sharding::GradOp, Sharding::Full};
+  if (stage < 0 || stage > 3)
+    throw UsageError("--zero-stage " + std::to_string(stage) + " is not allowed (allowed: 0, 1, 2, 3)");
+  return by_stage[stage];
+}
+
+int zero_stage(Sharding s) {
+  switch (s) {
+    case Sharding::None: return 0;
+    case Sharding::OptimizerState: return 1;
+    case Sharding::GradOp: return 2;
+    case Sharding::Full:
+    case Sharding::Hybrid: return 3;
+  }
+  return -1;
 }
 
 Prefetch parse_prefetch(const std::string& s) {
@@ -54,18 +73,21 @@ std::string StrategyConfig::label() const {
   const std::string tensor = (tp > 1 ? "-tp" + std::to_string(tp) : "") + (pp > 1 ? "-pp" + std::to_string(pp) : "");
   if (kind == StrategyKind::DDP) return "ddp" + tensor;
   std::string l = std::string("fsdp-") + sharding_name(sharding);
-  if (sharding == Sharding::Hybrid) l += std::to_string(shard_size);
+  if (sharding == Sharding::Hybrid || (sharding == Sharding::OptimizerState && shard_size > 0))
+    l += std::to_string(shard_size);
   return l + tensor;
 }
 
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
-  // The shard group: every data-parallel rank (full, grad-op), --shard-size (hybrid), or one.
+  // The shard group: every data-parallel rank (full, grad-op, optimizer-state), --shard-size
+  // (hybrid; optimizer-state where given), or one.
   // make() checks --tp and --pp before the shard size, so a quotient of bad sizes is never used.
   const int64_t inner = int64_t(c.tp) * c.pp;
   int shard = 1;
-  if (c.kind == StrategyKind::FSDP && (c.sharding == Sharding::Full || c.sharding == Sharding::GradOp))
-    shard = inner >= 1 ? int(world / inner) : 1;
-  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid) shard = c.shard_size;
+  const bool whole_dp = c.sharding == Sharding::Full || c.sharding == Sharding::GradOp ||
+                        (c.sharding == Sharding::OptimizerState && c.shard_size == 0);
+  if (c.kind == StrategyKind::FSDP && whole_dp) shard = inner >= 1 ? int(world / inner) : 1;
+  if (c.kind == StrategyKind::FSDP && !whole_dp && c.shard_size > 0) shard = c.shard_size;
   return ParallelLayout::make(world, rank, shard, c.tp, c.pp);
 }
 

@@ -8,6 +8,14 @@
 //   hybrid  G         full sharding inside groups of G consecutive ranks, then all-reduce
 //                     of the gradient shards across groups
 //   none              no sharding (shard group of 1): all-reduce of each unit's gradient
+//   optimizer (ZeRO-1) parameters and gradients whole on every rank, as DDP; the fp32 master
+//                     parameters and optimizer state sharded. Each unit's whole gradient is
+//                     accumulated over the micro-batches and reduce-scattered after the last
+//                     one's backward (the unit plays Megatron-LM's bucket); the update runs
+//                     on the shard, then the updated parameters are all-gathered in place
+//                     (Megatron-LM's distributed optimizer, DeepSpeed ZeRO stage 1). With
+//                     fp32 parameters the master shard is this rank's slice of the whole
+//                     parameters (no second copy); hybrid groups as hybrid's.
 // Gradient reduction as PyTorch schedules it: FSDP1 (default) issues each unit's
 // reduce-scatter on the communication stream and releases the unsharded gradient at once,
 // stream-ordered (its memory is reused once the reduce-scatter has read it); compute waits
@@ -58,16 +66,23 @@ class FSDP final : public TrainingSchedule {
       offset_[u] = total_;
       total_ += shards_[u].size;
     }
-    params_ = b_.alloc_floats(total_, MemCategory::Parameters);
+    if (zero1()) {  // the whole parameters and gradients, units padded to the shard group
+      whole_offset_.resize(units_.size());
+      for (size_t u = 0; u < units_.size(); ++u) whole_offset_[u] = whole_total_, whole_total_ += shards_[u].padded;
+      whole_params_ = b_.alloc_buf(whole_total_, cfg_.param_dtype, MemCategory::Parameters);
+      whole_grads_ = b_.alloc_buf(whole_total_, cfg_.param_dtype, MemCategory::Gradients);
+      b_.fill(whole_params_, 0.f, whole_total_);  // the padding stays zero
+    }
+    if (!zero1() || low_precision()) params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
     m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
     for (size_t u = 0; u < units_.size(); ++u)
-      init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], shards_[u].offset,
-                       shards_[u].size);
+      init_unit_params(b_, units_[u], cfg_.seed, master(int(u)), shards_[u].offset, shards_[u].size);
     b_.fill(m_, 0.f, total_);
     b_.fill(v_, 0.f, total_);
-    if (!sharded() && low_precision()) {
+    if (zero1()) gather_whole_params();
+    if (!sharded() && low_precision() && !zero1()) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
     }
@@ -78,14 +93,26 @@ class FSDP final : public TrainingSchedule {
       free_gathered(int(u));
       b_.release(full_grad_[u].ptr);
     }
-    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr, whole_params_.ptr, whole_grads_.ptr})
+      b_.release(p);
   }
 
-  std::vector<float> gather_unit(int u) override { return gather_on_host(params_ + offset_[u], u); }
+  std::vector<float> gather_unit(int u) override { return gather_on_host(master(u), u); }
   std::vector<float> gather_unit_grad(int u) override { return gather_on_host(grads_ + offset_[u], u); }
 
  private:
+  // The optimizer state and master parameters are sharded (every mode but none, or a
+  // shard group of one); the parameters themselves are, between uses, under full, hybrid
+  // and grad-op only.
   bool sharded() const { return mesh_.layout.shard > 1; }
+  bool zero1() const { return cfg_.sharding == Sharding::OptimizerState; }
+  bool params_sharded() const { return sharded() && !zero1(); }
+  // Unit u's fp32 master shard: its own buffer, or (ZeRO-1 in fp32) this rank's slice of
+  // the whole parameters.
+  float* master(int u) const {
+    if (params_) return params_ + offset_[u];
+    return static_cast<float*>(whole_params_.ptr) + whole_offset_[u] + shards_[u].offset;
+  }
   bool low_precision() const { return cfg_.param_dtype != DType::F32; }
   bool reduce_every_micro() const { return cfg_.reduces_every_micro_batch(); }
   // Backward writes into a separate unsharded gradient (rather than the shard itself); so it
@@ -111,6 +138,7 @@ class FSDP final : public TrainingSchedule {
 
   // ---- parameters ----
   CBuf params_for(int u) override {
+    if (zero1()) return whole_params_ + whole_offset_[u];
     if (sharded()) return gathered_[u];
     return low_precision() ? CBuf(compute_ + offset_[u]) : CBuf(params_ + offset_[u]);
   }
@@ -129,12 +157,12 @@ class FSDP final : public TrainingSchedule {
     ++gathers_in_flight_;
   }
   void prefetch(int u) {
-    if (sharded() && !gathered_[u] && gathers_in_flight_ < kMaxAllGathersInFlight) issue_gather(u);
+    if (params_sharded() && !gathered_[u] && gathers_in_flight_ < kMaxAllGathersInFlight) issue_gather(u);
   }
   // Issue the all-gathers of a piece's units that nobody did, then the prefetch (so it
   // overlaps the piece's compute), then wait for them.
   void unshard(const std::vector<int>& units, int prefetch_unit) {
-    if (!sharded()) return;
+    if (!params_sharded()) return;
     for (int u : units)
       if (!gathered_[u]) issue_gather(u);
     if (prefetch_unit >= 0) prefetch(prefetch_unit);
@@ -162,11 +190,14 @@ class FSDP final : public TrainingSchedule {
   }
   void after_forward(int pos) override {
     for (int u : forward_units(pos))
-      if (sharded() && unit_pieces_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
+      if (params_sharded() && unit_pieces_[u].last_forward == pos && !keep_after_forward(u)) free_gathered(u);
   }
 
   // ---- gradients ----
-  Buf grads_for(int u) override { return separate_grad() ? full_grad_[u] : grads_ + offset_[u]; }
+  Buf grads_for(int u) override {
+    if (zero1()) return whole_grads_ + whole_offset_[u];
+    return separate_grad() ? full_grad_[u] : grads_ + offset_[u];
+  }
 
   // Gradients accumulate over a step's micro-batches: the unsharded gradient is allocated and
   // zeroed before the first one's backward and reduced after the last one's (or, sharded,
@@ -175,7 +206,7 @@ class FSDP final : public TrainingSchedule {
     for (int u : backward_units(pos))
       if (unit_pieces_[u].first_backward == pos && (first_micro() || reduce_every_micro())) {
         if (previous_scatter_.first == u) complete_previous_scatter();  // FSDP2: its input is this buffer
-        if (separate_grad())
+        if (separate_grad() && !zero1())
           full_grad_[u] = b_.alloc_buf(shards_[u].padded, cfg_.param_dtype, MemCategory::CommBuffers);
         b_.fill(grads_for(u), 0.f, shards_[u].padded);
       }
@@ -197,6 +228,7 @@ class FSDP final : public TrainingSchedule {
   // released stream-ordered after its reduce-scatter (FSDP1), or once compute has waited
   // for it before the next unit's reduce-scatter (FSDP2: at most two exist at once).
   void reduce_gradients(int u) {
+    if (zero1()) return reduce_whole_gradient(u);
     if (cfg_.fsdp_version == 2) complete_previous_scatter();
     complete_partial();
     const ShardInfo& s = shards_[u];
@@ -233,6 +265,47 @@ class FSDP final : public TrainingSchedule {
     }
     if (!into_shard) partial_ = {u, out, across != kNoRequest ? across : scatter};
   }
+  // ZeRO-1: the whole gradient (kept: it is the next step's accumulator) reduce-scattered
+  // into the gradient shard, through a reduce-dtype copy when the types differ (released
+  // stream-ordered after the reduce-scatter); across replicas as hybrid's.
+  void reduce_whole_gradient(int u) {
+    const ShardInfo& s = shards_[u];
+    const Buf out = grads_ + offset_[u];
+    Buf in = whole_grads_ + whole_offset_[u];
+    Buf cast;
+    if (cfg_.param_dtype != cfg_.reduce_dtype) {
+      cast = b_.alloc_buf(s.padded, cfg_.reduce_dtype, MemCategory::CommBuffers);
+      b_.cast(cast, in, s.padded);
+      in = cast;
+    }
+    ScopedContext target(b_, b_.phase(), u);
+    Request scatter = kNoRequest;
+    if (sharded()) {
+      scatter = b_.reduce_scatter(in, out, s.size, mesh_.comm(Axis::Shard));
+      reductions_.push_back(scatter);
+    } else {
+      b_.copy(out, in, s.size);
+    }
+    if (cast) scatter != kNoRequest ? b_.release_after(cast.ptr, scatter) : b_.release(cast.ptr);
+    if (mesh_.layout.replicate > 1)
+      reductions_.push_back(b_.all_reduce_after(scatter, out, s.size, mesh_.comm(Axis::Replicate)));
+  }
+  // ZeRO-1: every rank's updated master shard, cast into its slice of the whole parameters,
+  // all-gathered in place; the all-gathers overlap each other, and the step ends with them.
+  void gather_whole_params() {
+    std::vector<Request> gathers;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const ShardInfo& s = shards_[u];
+      if (s.padded == 0) continue;
+      const Buf whole = whole_params_ + whole_offset_[u];
+      if (low_precision()) b_.cast(whole + s.offset, master(int(u)), s.size);
+      ScopedContext target(b_, b_.phase(), int(u));
+      if (sharded() && !(injected_fault(Fault::Zero1SkipParamGather) && step_ > 0))
+        gathers.push_back(b_.all_gather(whole + s.offset, whole, s.size, mesh_.comm(Axis::Shard)));
+    }
+    for (Request r : gathers) b_.wait(r);
+  }
+
   // Sharded accumulation: once its reduction is done, add the partial shard into the shard.
   // Each request is waited on once: the plan's schedule lists every wait it issues.
   void complete_partial() {
@@ -273,7 +346,15 @@ class FSDP final : public TrainingSchedule {
   }
 
   void optimizer_step(int step) override {
-    b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+    if (!zero1()) {
+      b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+      return;
+    }
+    for (size_t u = 0; u < units_.size(); ++u)  // each unit's shard, then the whole parameters gathered
+      if (shards_[u].size > 0)
+        b_.adam(master(int(u)), grads_ + offset_[u], m_ + offset_[u], v_ + offset_[u], shards_[u].size, cfg_.adam, step);
+    step_ = step;
+    gather_whole_params();
   }
 
   std::vector<ShardInfo> shards_;
@@ -282,6 +363,12 @@ class FSDP final : public TrainingSchedule {
   float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 shards
   Buf grads_;    // gradient shards, reduce dtype
   Buf compute_;  // unsharded, low precision: the parameters in param dtype
+  // ZeRO-1: the whole parameters and gradients (param dtype), unit u's padded to the shard
+  // group at whole_offset_[u].
+  Buf whole_params_, whole_grads_;
+  std::vector<int64_t> whole_offset_;
+  int64_t whole_total_ = 0;
+  int step_ = 0;  // the last optimizer step (0: the initial parameters' gather)
   std::vector<Buf> gathered_;
   std::vector<Request> gather_req_;
   std::vector<Buf> full_grad_;

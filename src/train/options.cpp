@@ -21,7 +21,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   CLI::App app{ddp ? "ddp_perf: DDP training steps of a synthetic T5 (bucketed all-reduce "
                      "overlapped with backward)"
                    : "fsdp_perf: FSDP training steps of a synthetic T5 (full, hybrid, "
-                     "grad-op or no sharding)",
+                     "grad-op, optimizer-state or no sharding: ZeRO stages 3, 2, 1, 0)",
                cfg.program};
   // A flag given twice takes its last value, so scripts can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -29,7 +29,8 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   std::string grad_accumulation = "unsharded";
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1, pp = 1;
-  int64_t micro_batches = 0, pp_split = 0;
+  int64_t micro_batches = 0, pp_split = 0, zero = 0;
+  CLI::Option *o_sharding = nullptr, *o_zero = nullptr;
   std::string pp_schedule = "1f1b";
   int64_t fsdp_version = cfg.strategy.fsdp_version;
   double lr = cfg.strategy.adam.lr;
@@ -128,8 +129,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (ddp) {
     num.real("--bucket-mb", cfg.strategy.bucket_mb, 0, 1 << 20, true, "gradient bucket cap in MiB (first bucket: 1 MiB)");
   } else {
-    app.add_option("--sharding", sharding, "full | hybrid | none | grad-op")->capture_default_str();
-    num.integer("--shard-size", shard, 1, kIntMax, "shard group size for --sharding hybrid");
+    o_sharding = app.add_option("--sharding", sharding,
+                                "full (ZeRO-3) | hybrid (full inside --shard-size groups) | none (ZeRO-0) | grad-op "
+                                "(ZeRO-2) | optimizer-state (ZeRO-1: master weights and optimizer state sharded)")
+                     ->capture_default_str();
+    o_zero = num.integer("--zero-stage", zero, 0, 3,
+                         "DeepSpeed's name for --sharding: 0 none, 1 optimizer-state, 2 grad-op, 3 full");
+    num.integer("--shard-size", shard, 1, kIntMax,
+                "shard group size for --sharding hybrid, or optimizer-state (default there: the data-parallel ranks)");
     app.add_option("--prefetch", prefetch, "backward prefetch: none | backward-pre | backward-post")
         ->capture_default_str();
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
@@ -233,12 +240,19 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     cfg.strategy.loss_scale = float(v);
   }
   if (!ddp) {
-    cfg.strategy.sharding = parse_sharding(sharding);
+    if (o_zero->count() && o_sharding->count())
+      throw UsageError("--zero-stage and --sharding name the same choice: give one of them");
+    cfg.strategy.sharding = o_zero->count() ? sharding_of_zero_stage(int(zero)) : parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);
     cfg.strategy.grad_accumulation = parse_grad_accumulation(grad_accumulation);
     cfg.strategy.fsdp_version = int(fsdp_version);
-    if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid)
-      throw UsageError("--shard-size is only allowed with --sharding hybrid");
+    const bool zero1 = cfg.strategy.sharding == Sharding::OptimizerState;
+    if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid && !zero1)
+      throw UsageError("--shard-size is only allowed with --sharding hybrid or optimizer-state");
+    if (zero1 && cfg.strategy.grad_accumulation == GradAccumulation::Sharded)
+      throw UsageError("--grad-accumulation sharded is not allowed with --sharding optimizer-state (ZeRO-1 keeps "
+                       "the whole gradient and reduces it after the last micro-batch)");
+    if (zero1) cfg.strategy.shard_size = int(shard);
     if (cfg.strategy.sharding == Sharding::Hybrid) {
       if (shard <= 0)
         throw UsageError("--sharding hybrid needs --shard-size G > 0 (got " + std::to_string(shard) + ")");

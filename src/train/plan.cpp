@@ -100,8 +100,14 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   // of the parameters when that is not fp32.
   const StrategyConfig& sc = cfg.strategy;
   const double pb = dtype_size(sc.param_dtype), rb = dtype_size(sc.reduce_dtype);
-  const double params = 4 * psi / n + (n == 1 && sc.param_dtype != DType::F32 ? pb * psi : 0);
-  const double grads = sc.kind == StrategyKind::DDP ? pb * psi + (rb != pb ? rb * psi : 0) : rb * psi / n;
+  // ZeRO-1 (optimizer-state): the whole parameters and gradients in the param dtype, the
+  // master shard apart only when that is not fp32, and the reduced gradient shard.
+  const bool zero1 = sc.kind == StrategyKind::FSDP && sc.sharding == Sharding::OptimizerState;
+  const double params = zero1 ? pb * psi + (sc.param_dtype != DType::F32 ? 4 * psi / n : 0)
+                              : 4 * psi / n + (n == 1 && sc.param_dtype != DType::F32 ? pb * psi : 0);
+  const double grads = sc.kind == StrategyKind::DDP ? pb * psi + (rb != pb ? rb * psi : 0)
+                       : zero1                      ? pb * psi + rb * psi / n
+                                                    : rb * psi / n;
   const double zero[kMemCategories] = {params, grads, 8 * psi / n, -1, -1, -1};
   std::ostringstream o;
   char line[256];

@@ -15,6 +15,10 @@
 //   stale-prefetch                  strategy/fsdp.cpp              FSDP unit 1 keeps the parameters gathered in an
 //                                                                  earlier step; --check fails at step 2
 //                                                                  (tests/mpi_tests.sh)
+//   zero1-skip-param-gather         strategy/fsdp.cpp              ZeRO-1 (--sharding optimizer-state) does not
+//                                                                  all-gather the updated parameters: each rank
+//                                                                  computes the next step on its own slice's update
+//                                                                  alone; --check fails at step 2 (tests/mpi_tests.sh)
 //   tp-skip-attention-all-reduce    model/t5.cpp                   the attention's input gradient is not summed over
 //                                                                  the tensor-parallel group; --check fails against the
 //                                                                  full model (tests/tp_tests.sh)
@@ -54,6 +58,7 @@ enum class Fault {
   DropGradShard,
   WrongReductionScale,
   StalePrefetch,
+  Zero1SkipParamGather,
   TpSkipAttentionAllReduce,
   TpSkipFeedForwardAllReduce,
   TpWrongHeadShard,

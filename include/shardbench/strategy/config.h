@@ -14,7 +14,9 @@
 namespace sb {
 
 enum class StrategyKind { DDP, FSDP };
-enum class Sharding { Full, Hybrid, None, GradOp };
+// ZeRO's stages (DeepSpeed's --zero-stage): None 0, OptimizerState 1, GradOp 2, Full 3;
+// Hybrid is Full inside groups of --shard-size (docs/strategies.md maps every name).
+enum class Sharding { Full, Hybrid, None, GradOp, OptimizerState };
 enum class Prefetch { None, BackwardPre, BackwardPost };
 // How FSDP accumulates a unit's gradient over a step's micro-batches (--grad-accumulation):
 // unsharded (PyTorch's no_sync()): the unsharded gradient is held over every micro-batch and
@@ -25,6 +27,8 @@ enum class GradAccumulation { Unsharded, Sharded };
 const char* sharding_name(Sharding s);
 const char* prefetch_name(Prefetch p);
 Sharding parse_sharding(const std::string& s);  // throws UsageError
+Sharding sharding_of_zero_stage(int stage);     // 0-3 (--zero-stage)
+int zero_stage(Sharding s);                      // DeepSpeed's stage; hybrid: 3
 Prefetch parse_prefetch(const std::string& s);  // throws UsageError
 const char* grad_accumulation_name(GradAccumulation g);
 GradAccumulation parse_grad_accumulation(const std::string& s);  // throws UsageError
@@ -32,7 +36,7 @@ GradAccumulation parse_grad_accumulation(const std::string& s);  // throws Usage
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
   Sharding sharding = Sharding::Full;
-  int shard_size = 0;          // hybrid only; full = the data-parallel ranks, none = 1
+  int shard_size = 0;          // hybrid, optimizer-state (0: the data-parallel ranks); full = those, none = 1
   int tp = 1;                  // tensor-parallel group size (--tp): Megatron-LM inside each layer
   int pp = 1;                  // pipeline stages (--pp)
   int micro_batches = 1;       // micro-batches per step of a data-parallel rank (--micro-batches)
@@ -68,14 +72,16 @@ struct StrategyConfig {
   // FSDP with --grad-accumulation sharded over several micro-batches: each micro-batch's
   // gradient is reduced on its own (what the strategy does and --check bounds).
   bool reduces_every_micro_batch() const {
-    return kind == StrategyKind::FSDP && grad_accumulation == GradAccumulation::Sharded && micro_batches > 1;
+    return kind == StrategyKind::FSDP && sharding != Sharding::OptimizerState &&
+           grad_accumulation == GradAccumulation::Sharded && micro_batches > 1;
   }  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
 };
 
 // The layout a configuration runs on `world` ranks, seen from `rank`: --pp pipeline stages
 // of consecutive groups of ranks, in each tensor-parallel groups of --tp consecutive ranks,
 // and over the world / (pp × tp) data-parallel ranks shard groups of all of them (full,
-// grad-op), of one rank (DDP, none) or of --shard-size (hybrid). The sizes are checked by
+// grad-op, optimizer-state), of one rank (DDP, none) or of --shard-size (hybrid, and
+// optimizer-state where given). The sizes are checked by
 // ParallelLayout::make (UsageError naming the flag).
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
 
