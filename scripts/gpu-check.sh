@@ -55,7 +55,7 @@ make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh chec
                three): step ms, TFLOPS, MFU of the measured bf16 peak; which opt-in is
                faster at all three shapes (the rule for CUDA defaults, docs/gpu.md). ~6 min
   mpi          --comm mpi on 2 and 4 ranks sharing the GPU(s): DDP, FSDP full, hybrid 2,
-               grad-op, none, and the layouts (--tp 2 under DDP and FSDP full, --pp 2
+               grad-op, none, optimizer-state (ZeRO-1), and the layouts (--tp 2 under DDP and FSDP full, --pp 2
                1F1B under FSDP full and GPipe under DDP; on 4 ranks also --pp 2 x --tp 2)
                x fp32, bf16 (--check): the way to run TP and PP on one GPU; compute-
                sanitizer memcheck of five 2-rank runs (one --tp 2, one --pp 2);
@@ -263,6 +263,7 @@ part_correctness() {
   check_run ddp-bf16-reduce-fp32 1 ddp_perf "${small[@]}" --dtype bf16 --reduce-dtype fp32
   check_run fsdp-bf16 1 fsdp_perf "${small[@]}" --dtype bf16
   check_run fsdp-fp16 1 fsdp_perf "${small[@]}" --dtype fp16
+  check_run fsdp-zero1-bf16 1 fsdp_perf "${small[@]}" --sharding optimizer-state --dtype bf16
   # the opt-in paths (docs/gpu.md): each trains to the single-rank reference
   check_run fsdp-bf16-fused-mma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused
   check_run fsdp-bf16-fused-fma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused --attention-kernel fma
@@ -278,6 +279,7 @@ part_correctness() {
     check_run "fsdp-full-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full
     check_run "fsdp-full-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full --dtype bf16
     [ $((np % 2)) -eq 0 ] && check_run "fsdp-hybrid-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding hybrid --shard-size 2
+    check_run "fsdp-zero1-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding optimizer-state --dtype bf16
     # tensor and pipeline parallelism over NCCL (the mpi part runs them on ranks sharing a GPU)
     check_run "ddp-tp2-2gpu-bf16" 2 ddp_perf "${small[@]}" --tp 2 --dtype bf16
     check_run "fsdp-pp2-1f1b-2gpu" 2 fsdp_perf "${small[@]}" --sharding none --pp 2 --micro-batches 2
@@ -317,8 +319,9 @@ part_mpi() {
                 "hybrid2 fsdp_perf --sharding hybrid --shard-size 2" "grad-op fsdp_perf --sharding grad-op"
                 "none fsdp_perf --sharding none" "ddp-tp2 ddp_perf --tp 2"
                 "full-tp2 fsdp_perf --sharding full --tp 2" "full-pp2 fsdp_perf --sharding full --pp 2"
-                "ddp-pp2-gpipe ddp_perf --pp 2 --pp-schedule gpipe")
-  local four_only=("full-pp2-tp2 fsdp_perf --sharding full --pp 2 --tp 2")
+                "ddp-pp2-gpipe ddp_perf --pp 2 --pp-schedule gpipe" "zero1 fsdp_perf --sharding optimizer-state")
+  local four_only=("full-pp2-tp2 fsdp_perf --sharding full --pp 2 --tp 2"
+                   "zero1-pp2-tp2 fsdp_perf --sharding optimizer-state --pp 2 --tp 2")
   local comm np dt entry label prog args entries
   for comm in ${MPI_COMMS:-mpi}; do
     for np in 2 4; do
