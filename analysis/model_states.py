@@ -68,6 +68,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2.0 ** 30
 K = 12  # bytes of optimizer state per parameter, mixed-precision Adam: fp32 master 4 + momentum 4 + variance 4
 DEFAULT_GPUS = "8,16,32,64,128,256,512"
+LEFT_OUT = []  # offload variants the program refuses, one line each (printed with the table)
 STATE_CATEGORIES = ("parameters", "gradients", "optimizer_state", "comm_buffers")
 
 
@@ -181,7 +182,8 @@ def compare(s, plan, n):
     for t in on_gpu:
         for name, v in terms[t][1].items():
             extras[name] = extras.get(name, 0.0) + v
-    in_flight = states - formula - sum(extras.values())
+    # whole bytes: the formula's and the extras' fractions of a byte (Ψ/N) cancel
+    in_flight = float(round(states - formula - sum(extras.values())))
     lo, hi = in_flight_bounds(s["stage"], n, root, emb, block)
     where = f"{s['name']} at {n} GPUs ({plan['model']})"
     if not lo <= in_flight <= hi:
@@ -223,7 +225,7 @@ def run_plan(bin_dir, s, model, n, limit_gib, batch, seq, checkpointing):
         if p.returncode == 2:
             line = next((x for x in reversed(p.stderr.splitlines()) if ": error: " in x), p.stderr.strip())
             if s["offload"]:
-                print(f"model_states: {s['name']} left out: {line.split(': error: ', 1)[-1]}")
+                LEFT_OUT.append(f"{s['name']} left out: fsdp_perf refuses it: {line.split(': error: ', 1)[-1]}")
                 return None
             raise cli.BadInput(f"{' '.join(s['args'])} refuses {model} at {n} GPUs: {line.split(': error: ', 1)[-1]}")
         if p.returncode not in (0, 3) or not os.path.exists(path):
@@ -364,8 +366,9 @@ def positive_int(text, flag):
         v = int(text)
     except ValueError:
         v = 0
-    if not 1 <= v <= 2147483647:
-        raise cli.BadInput(f"{flag} '{text}' is not allowed (an integer from 1 to 2147483647)")
+    top = 16777216 if flag == "--fit-gpus" else 2147483647
+    if not 1 <= v <= top:
+        raise cli.BadInput(f"{flag} '{text}' is not allowed (an integer from 1 to {top})")
     return v
 
 
@@ -375,16 +378,14 @@ def check_args(a):
         raise cli.BadInput(f"--bin '{a.bin}' is not allowed (a folder holding ddp_perf and fsdp_perf; build them "
                            "with make)")
     a.gpus = gpu_list(a.gpus)
+    text = a.gpu_memory_gib
     try:
-        a.gpu_memory_gib = float(a.gpu_memory_gib)
+        a.gpu_memory_gib = float(text)
     except ValueError:
         a.gpu_memory_gib = float("nan")
     if not (math.isfinite(a.gpu_memory_gib) and 0 < a.gpu_memory_gib <= 1048576):
-        raise cli.BadInput(f"--gpu-memory-gib '{a.gpu_memory_gib}' is not allowed (a finite number > 0 and "
-                           "<= 1048576)")
+        raise cli.BadInput(f"--gpu-memory-gib '{text}' is not allowed (a finite number > 0 and <= 1048576)")
     a.fit_gpus = positive_int(a.fit_gpus, "--fit-gpus")
-    if a.fit_gpus > 16777216:
-        raise cli.BadInput(f"--fit-gpus '{a.fit_gpus}' is not allowed (an integer from 1 to 16777216)")
     a.batch = positive_int(a.batch, "--batch")
     a.seq_len = positive_int(a.seq_len, "--seq-len")
     known = presets(a.bin)
@@ -455,10 +456,9 @@ def main(argv=None):
         strategies = list(STRATEGIES)
         if has_offload(a.bin):
             strategies += OFFLOAD
-            print(f"model_states: fsdp_perf has --cpu-offload: {len(OFFLOAD)} offload variants included")
+            notice = f"fsdp_perf has --cpu-offload: {len(OFFLOAD)} offload variants included"
         else:
-            print("model_states: offload is not in this build (fsdp_perf --help lists no --cpu-offload): "
-                  "no offload rows")
+            notice = "offload is not in this build (fsdp_perf --help lists no --cpu-offload): no offload rows"
         rows = []
         for s in strategies:
             for n in a.gpus:
@@ -473,10 +473,11 @@ def main(argv=None):
     except Mismatch as e:
         print(f"model_states: mismatch: {e}", file=sys.stderr)
         return 1
-    table = (f"model states per GPU of {a.model} (parameters + gradients + optimizer_state + comm_buffers "
+    table = (f"{notice}\n" f"model states per GPU of {a.model} (parameters + gradients + optimizer_state + comm_buffers "
              f"peaks of the plan; bf16, fp32 master and Adam, K = {K}; batch {a.batch}, seq {a.seq_len}, "
              "activation checkpointing; B/p: bytes per parameter of the model)\n" + text_table(rows) + "\n"
-             + fit_table(fits, a.fit_gpus, a.gpu_memory_gib, a.batch, a.seq_len))
+             + fit_table(fits, a.fit_gpus, a.gpu_memory_gib, a.batch, a.seq_len)
+             + "".join(f"{x}\n" for x in dict.fromkeys(LEFT_OUT)))
     os.makedirs(a.out, exist_ok=True)
     write_csv(os.path.join(a.out, "model_states.csv"), rows)
     write_csv(os.path.join(a.out, "largest_fit.csv"), fits)
