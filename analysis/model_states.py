@@ -11,14 +11,18 @@ comm_buffers peaks (in these strategies comm_buffers holds only gathered paramet
 unsharded gradients). Activations and workspace are not model states. Mixed precision is
 the study's, --dtype bf16: 16-bit parameters and gradients, fp32 master and Adam (K = 12).
 
-  strategy          program flags                 ZeRO formula per GPU   how the plan holds it
-  ddp               ddp_perf                      (4 + K)Ψ               parameters: fp32 master 4Ψ + bf16 copy 2Ψ;
-  fsdp-none         fsdp_perf --zero-stage 0      (4 + K)Ψ               gradients 2Ψ; optimizer_state (Adam) 8Ψ
-  fsdp-opt-state    fsdp_perf --zero-stage 1      4Ψ + KΨ/N              bf16 parameters and gradients whole;
+  strategy              program flags              ZeRO formula per GPU  how the plan holds it
+  ddp                   ddp_perf                   (4 + K)Ψ              parameters: fp32 master 4Ψ + bf16 copy
+  fsdp-none             fsdp_perf --zero-stage 0   (4 + K)Ψ              2Ψ; gradients 2Ψ; optimizer_state 8Ψ
+  fsdp-optimizer-state  fsdp_perf --zero-stage 1   4Ψ + KΨ/N             bf16 parameters and gradients whole;
                                                                          master 4Ψ/N, Adam 8Ψ/N
-  fsdp-grad-op      fsdp_perf --zero-stage 2      2Ψ + (2 + K)Ψ/N        the bf16 units gathered in forward and kept
-                                                                         to backward (comm_buffers): the 2Ψ
-  fsdp-full         fsdp_perf --zero-stage 3      (4 + K)Ψ/N             shards only; units gathered one at a time
+  fsdp-grad-op          fsdp_perf --zero-stage 2   2Ψ + (2 + K)Ψ/N       the bf16 units gathered in forward and
+                                                                         kept to backward (comm_buffers): the 2Ψ
+  fsdp-full             fsdp_perf --zero-stage 3   (4 + K)Ψ/N            shards only; units gathered in turn
+
+The curve's plans run --batch and --seq-len (the study's 8 and 512, runs/fsdp_vs_ddp.toml)
+with --activation-checkpointing, at --gpu-memory-gib as --mem-limit-gib; the model states
+do not depend on them. On one GPU nothing is sharded or gathered.
 
 The plan equals the formula plus these named extras, each computed from the plan's own unit
 sizes (Ψ_pad: every unit padded to a multiple of N) except the last, which is bounded:
@@ -39,8 +43,9 @@ more strategy (its offloaded terms leave the GPU's formula and, where the plan's
 host memory, are checked on the host); otherwise one line says so and no offload row is
 made.
 
-Usage: analysis/model_states.py --out DIR [--model t5-11.3b] [--gpus 8,16,...,512]
-         [--gpu-memory-gib 80] [--fit-gpus 8] [--fit-models LIST] [--batch 8] [--seq-len 512]
+Usage: analysis/model_states.py --out DIR [--overwrite] [--bin build/bin] [--model t5-11.3b]
+         [--gpus 8,16,...,512] [--gpu-memory-gib 80] [--fit-gpus 8] [--fit-models LIST]
+         [--batch 8] [--seq-len 512]
 Writes DIR/model_states.csv (every strategy and GPU count: bytes per GPU and per parameter,
 plan and formula, each extra), DIR/model_states.txt (the printed table), DIR/largest_fit.csv
 and DIR/model_states.png. Exit codes: 0 written; 1 a plan differs from its formula beyond
