@@ -343,4 +343,118 @@ refused "regress: points of one side only, named in-place or out-of-place" \
 cp "$tmp/out" $BP/regress.out
 check "... never 'in-of-place'" bash -c "! grep -q 'in-of-place' $BP/regress.out"
 
+# --- the memory picture from the plan alone (analysis/model_states.py): a small case end to
+# end; the per-parameter bytes against the ZeRO formulas, recomputed here from the CSV; a
+# wrong formula and a missing extra each stop it (exit 1, one line, nothing written); bad
+# input is one line, exit 2, nothing written ---
+MS=(--model t5-small --gpus 3,8 --fit-models t5-tiny,t5-small --batch 2 --seq-len 64)
+expect "model_states: t5-small on 3 and 8 GPUs, the largest of two presets on 8" 0 \
+  '^fsdp-full +8 .*no-16bit-shard -0\.2500, in-flight' -- $PY $ROOT/analysis/model_states.py "${MS[@]}" --out $tmp/ms
+cp "$tmp/out" $tmp/ms.stdout
+check "... one notice on offload: included, or not in this build" grep -qE \
+  '^(offload is not in this build .*: no offload rows|fsdp_perf has --cpu-offload: [0-9]+ offload variants included)$' \
+  $tmp/ms.stdout
+expect "... its files parse; plan = ZeRO formula + named extras, recomputed from the CSV" 0 '^ok [0-9]+ rows$' -- \
+  $PY - $tmp/ms <<'PYEOF'
+import csv, os, sys
+import matplotlib.image
+d = sys.argv[1]
+rows = list(csv.DictReader(open(os.path.join(d, "model_states.csv"))))
+fits = list(csv.DictReader(open(os.path.join(d, "largest_fit.csv"))))
+assert matplotlib.image.imread(os.path.join(d, "model_states.png")).shape[2] in (3, 4)
+assert "flan" not in open(os.path.join(d, "model_states.txt")).read().split("largest T5")[1]
+K = 12  # fp32 master 4 + Adam 8: the ZeRO paper's K for mixed-precision Adam
+formula = {0: lambda n: 4 + K, 1: lambda n: 4 + K / n, 2: lambda n: 2 + (2 + K) / n, 3: lambda n: (4 + K) / n}
+base = {r["strategy"] for r in rows if r["offload"] == "-"}
+assert base == {"ddp", "fsdp-none", "fsdp-optimizer-state", "fsdp-grad-op", "fsdp-full"}, base
+assert sorted({int(r["gpus"]) for r in rows}) == [3, 8]
+for r in rows:
+    n, psi, pad = int(r["gpus"]), int(r["params"]), int(r["params_padded"])
+    g = lambda k: float(r[k])
+    states = sum(g(c) for c in ("parameters", "gradients", "optimizer_state", "comm_buffers"))
+    assert states == g("model_states"), r
+    if r["offload"] != "-":
+        continue
+    stage = int(r["zero_stage"])
+    assert abs(g("formula") - formula[stage](n) * psi) <= 1, (r["strategy"], n, g("formula"))
+    bpp = (states - g("formula")) / psi  # bytes per parameter beyond the formula: the named extras
+    named = (g("padding") + g("reduced_shard") + g("no_16bit_shard")) / psi
+    assert abs(bpp - named - g("in_flight") / psi) < 1e-6
+    if stage == 0 or r["strategy"] == "ddp":
+        assert states == 16 * psi and g("in_flight") == 0, r  # exact: (4 + K) bytes per parameter
+    if stage == 1:  # whole bf16 parameters and gradients padded, the shards, the reduced gradient shard
+        assert states == 4 * pad + (K + 2) * pad / n and g("in_flight") == 0, r
+    if stage >= 2:
+        assert g("in_flight_min") <= g("in_flight") <= g("in_flight_max"), r
+        assert abs(states - g("in_flight") - (2 * pad if stage == 2 else 0) - (2 + K) * pad / n) < 1, r
+    if n == 3:
+        assert stage == 0 or g("padding") > 0, r  # t5-small's units are not multiples of 3
+fits = [f for f in fits if f["strategy"] in base]
+assert len(fits) == 2 * len(base) and all(f["largest"] == "t5-small" for f in fits), fits
+print("ok", len(rows), "rows")
+PYEOF
+refused "model_states: a wrong formula (K = 8) stops it: exit 1, one line" \
+  '^model_states: mismatch: ddp at 3 GPUs \(t5-small\): model states .* outside the in-flight bounds \[0, 0\] B$' -- \
+  bash -c "$PY -c \"import sys; sys.path.insert(0, '$ROOT/analysis'); import model_states as m; m.K = 8
+sys.exit(m.main(sys.argv[1:]))\" ${MS[*]} --out $tmp/ms-k8; [ \$? = 1 ] && exit 2"
+check "... nothing written" test ! -e $tmp/ms-k8
+refused "model_states: ZeRO-1 without its reduced gradient shard named stops it: exit 1, one line" \
+  '^model_states: mismatch: fsdp-optimizer-state at 3 GPUs \(t5-small\): .* outside the in-flight bounds' -- \
+  bash -c "$PY -c \"import sys; sys.path.insert(0, '$ROOT/analysis'); import model_states as m
+real = m.exact_terms
+def unnamed(s, psi, psi_pad, n):
+    t = real(s, psi, psi_pad, n)
+    t['g16'][1].pop('reduced-shard', None)
+    return t
+m.exact_terms = unnamed
+sys.exit(m.main(sys.argv[1:]))\" ${MS[*]} --out $tmp/ms-z1; [ \$? = 1 ] && exit 2"
+check "... nothing written" test ! -e $tmp/ms-z1
+for bad in "--gpus 0|--gpus '0' is not allowed \(a comma-separated list of distinct integers from 1 to 16777216\)" \
+  "--gpus 8,x|--gpus '8,x' is not allowed" "--model t5-huge|--model 't5-huge' is not allowed \(allowed: t5-611m, " \
+  "--gpu-memory-gib 0|--gpu-memory-gib '0' is not allowed \(a finite number > 0 and <= 1048576\)" \
+  "--bin $tmp/nobin|--bin '$tmp/nobin' is not allowed \(a folder holding ddp_perf and fsdp_perf" \
+  "--fit-models t5-small,nope|--fit-models 't5-small,nope' is not allowed" \
+  "--batch 99999999|ddp_perf refuses t5-small at 3 GPUs: --batch 99999999 x --seq-len 64 = .* is not allowed"; do
+  refused "model_states refuses ${bad%%|*} in one line, exit 2" "^model_states: error: ${bad#*|}" -- \
+    $PY $ROOT/analysis/model_states.py "${MS[@]}" ${bad%%|*} --out $tmp/ms-bad
+  check "... nothing written" test ! -e $tmp/ms-bad
+done
+# Offload rows are one list entry each: an fsdp_perf whose --help lists --cpu-offload (a stand-in
+# over the real one that moves the fp32 master and Adam, and for params the gradient shard,
+# into a "host_memory" object) adds them, with a host column; the plumbing, not offload itself.
+mkdir -p $tmp/offbin && ln -s $BIN/ddp_perf $tmp/offbin/ddp_perf
+cat >$tmp/offbin/fsdp_perf <<PYEOF
+#!$PY
+import json, subprocess, sys
+a = sys.argv[1:]
+if "--help" in a:
+    print(subprocess.run(["$BIN/fsdp_perf", "--help"], capture_output=True, text=True).stdout + "  --cpu-offload X")
+    sys.exit(0)
+off = a[a.index("--cpu-offload") + 1] if "--cpu-offload" in a else None
+if off:
+    del a[a.index("--cpu-offload"):a.index("--cpu-offload") + 2]
+rc = subprocess.run(["$BIN/fsdp_perf"] + a).returncode
+if off and "--schedule-json" in a:
+    path = a[a.index("--schedule-json") + 1]
+    d = json.load(open(path)); m = d["memory"]; n = d["shard_size"]
+    master = sum(-(-u // n) for u in d["unit_params"]) * 4
+    host = m["optimizer_state"] + master + (m["gradients"] if off == "params" else 0)
+    m["parameters"] -= master; m["optimizer_state"] = 0
+    m["gradients"] = 0 if off == "params" else m["gradients"]
+    d["host_memory"] = {"peak_total": host}
+    json.dump(d, open(path, "w"))
+sys.exit(rc)
+PYEOF
+chmod +x $tmp/offbin/fsdp_perf
+expect "model_states: an fsdp_perf with --cpu-offload adds the offload rows, host memory a column" 0 \
+  '^fsdp-full\+offload-params +8 .* \(0\.[0-9]+\)$' -- $PY $ROOT/analysis/model_states.py "${MS[@]}" --fit-models t5-tiny \
+  --bin $tmp/offbin --out $tmp/ms-off
+check "... the CSV: 4 offload variants x 2 GPU counts, each with its host bytes" $PY -c "
+import csv; r = [x for x in csv.DictReader(open('$tmp/ms-off/model_states.csv')) if x['offload'] != '-']
+assert len(r) == 8 and all(float(x['host']) >= float(x['host_model_states']) > 0 for x in r), r"
+refused "model_states: a non-empty --out only with --overwrite" \
+  "^model_states: error: --out '$tmp/ms' is not empty \(pass --overwrite to replace its files\)$" -- \
+  $PY $ROOT/analysis/model_states.py "${MS[@]}" --out $tmp/ms
+check "... and with --overwrite it is replaced" $PY $ROOT/analysis/model_states.py "${MS[@]}" --out $tmp/ms --overwrite
+
 summary
