@@ -264,21 +264,24 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "],\n  \"axis_names\": [");
   for (int a = 0; a < kAxes; ++a) std::fprintf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
   // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch, axis, ranks,
-  // sent_bytes, peer] (the GEMM shape costs a GEMM by its shape class in the projection;
+  // sent_bytes, peer, lane, after] (the GEMM shape costs a GEMM by its shape class in the projection;
   // zeros for other ops; a collective's axis (-1 for none), ranks, the bytes the rank sends
-  // in it, and a send's or receive's peer as a world rank). "ops" is the first rank's step;
+  // in it, and a send's or receive's peer as a world rank; the lane, 0 compute, 1 the
+  // collectives, 100 the host (CPU offload's update and its waits), 101 and 102 the host
+  // copies by direction; the request a collective or copy is ordered after, -1 for none).
+  // Readers index the columns by name. "ops" is the first rank's step;
   // under pipeline parallelism "stages" holds every stage's first rank's step.
   std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
-               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\"],\n");
+               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\", \"lane\", \"after\"],\n");
   auto ops = [&](const StagePlan& st, int stage, const char* indent) {
     const ParallelLayout me = p.layout.at_rank(p.layout.rank_at({stage, 0, 0, 0}));
     for (size_t i = 0; i < st.schedule.size(); ++i) {
       const OpEvent& e = st.schedule[i];
       const int peer = e.peer >= 0 && e.axis >= 0 ? me.group(Axis(e.axis))[size_t(e.peer)] : -1;
-      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d]%s\n", indent, int(e.kind),
-                   int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1],
-                   e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer,
-                   i + 1 < st.schedule.size() ? "," : "");
+      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n", indent,
+                   int(e.kind), int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0],
+                   e.gemm[1], e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer, e.lane,
+                   (long long)e.after, i + 1 < st.schedule.size() ? "," : "");
     }
   };
   std::fprintf(f, "  \"ops\": [\n");
