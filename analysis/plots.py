@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import CATEGORIES, Inputs, load_training, model_label  # noqa: E402
+from shardbench_h5 import CATEGORIES, Inputs, lane_name, load_training, model_label  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple",
           "fsdp-optimizer-state": "tab:brown"}
@@ -351,7 +351,7 @@ def plot_timeline(run, out, name="timeline"):
                 ax.broken_barh(list(zip((g["start"] - t0) * 1e3, (g["end"] - g["start"]) * 1e3)), (y, 0.8),
                                facecolors=kinds.get(kind, "black"), label=kind)
             yticks.append(y + 0.4)
-            ylabels.append(f"rank {rank} " + ("compute" if lane == 0 else f"comm {lane}"))
+            ylabels.append(f"rank {rank} " + lane_name(lane).replace("communication", "comm"))
             y += 1
     handles, labels = ax.get_legend_handles_labels()
     uniq = dict(zip(labels, handles))

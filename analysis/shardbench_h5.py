@@ -21,11 +21,28 @@ import h5py
 import numpy as np
 import pandas as pd
 
-SCHEMA_VERSION = 4  # what the programs write now
-# 4 split the root unit into embedding, bridge and head (unit k is piece k's) and names the
-# units (/events unit_names); 3 added each collective's mesh axis and the /mesh table; 2
+SCHEMA_VERSION = 5  # what the programs write now
+# 5 added the host ledger (CPU offload: /host_memory, /host_memory_peaks, the plan's host_*
+# attributes) and the offload lanes of /events (HOST_LANE, COPY_LANES); 4 split the root
+# unit into embedding, bridge and head (unit k is piece k's) and names the units (/events unit_names); 3 added each collective's mesh axis and the /mesh table; 2
 # target units and bytes sent; older files read without them.
-READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4)
+READABLE_SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
+# The offload lanes of /events (include/shardbench/backend/backend.h: kHostLane,
+# kCopyH2DLane, kCopyD2HLane): fixed above every communication lane a backend assigns.
+HOST_LANE = 100
+COPY_LANES = {101: "host-to-device", 102: "device-to-host"}
+
+
+def lane_name(lane):
+    """What a trace lane is: 'compute' (0), 'communication N', 'host' or a copy direction."""
+    lane = int(lane)
+    if lane == 0:
+        return "compute"
+    if lane == HOST_LANE:
+        return "host"
+    if lane in COPY_LANES:
+        return f"copy {COPY_LANES[lane]}"
+    return f"communication {lane}"
 AXES = ("pp", "dp_replicate", "dp_shard", "tp")  # the /mesh columns, outermost first
 # Exit status of an analysis tool that skipped unreadable inputs and worked on the rest
 # (0 all read, 1 the tool's own verdict, 2 bad input or nothing readable).
@@ -122,6 +139,9 @@ class Run:
             self.mesh = _table(f["mesh"]) if "mesh" in f else pd.DataFrame()
             self.memory = table("memory")
             self.peaks = table("memory_peaks")
+            # The host ledger (schema 5; empty tables in older files).
+            self.host_memory = _table(f["host_memory"]) if "host_memory" in f else pd.DataFrame()
+            self.host_peaks = _table(f["host_memory_peaks"]) if "host_memory_peaks" in f else pd.DataFrame()
         if len(self.events):
             self.events["op_name"] = pd.Categorical.from_codes(self.events["op"], op_names)
             self.events["phase_name"] = pd.Categorical.from_codes(self.events["phase"], phase_names)

@@ -29,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from shardbench_h5 import CATEGORIES, load  # noqa: E402
+from shardbench_h5 import CATEGORIES, lane_name, load  # noqa: E402
 
 # Process and thread ids: Perfetto reserves pid/tid 0 (the idle task) and reads ids as
 # unsigned, so rank r is pid r + 1, its "steps" track tid 1 and lane l tid l + 2.
@@ -82,10 +82,6 @@ def us(seconds):
     """Seconds (a number or a column) to microseconds rounded to the nanosecond: rounding
     is monotone, so slices that touch still touch and none starts before its predecessor."""
     return np.round(np.asarray(seconds, dtype=np.float64) * 1e6, 3)
-
-
-def lane_name(lane):
-    return "compute" if lane == 0 else f"communication {lane}"
 
 
 def metadata_events(run, ranks, lanes_of, projected):

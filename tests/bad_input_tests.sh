@@ -174,7 +174,26 @@ rc=$?
 if [ $rc -eq 6 ] && [ -f $T/live-2.h5 ]; then ok "the live writer finishes, its result kept aside (exit 6)"
 else { echo "exit $rc"; cat "$tmp/live"; } >"$tmp/out"; bad "the live writer finishes, its result kept aside (exit 6)"; fi
 
-# --- 6. every program's --help ends pointing to the flag reference ---
+# --- 6. the host memory limit (CPU offload): out of range is one line and exit 2; the plan
+# prints the host side as a block of its own with its limit ---
+for v in 0 -1 inf nan 1e10 2097152; do
+  name="--host-mem-limit-gib $v: one line, exit 2"
+  $BIN/fsdp_perf "${PLAN[@]}" --host-mem-limit-gib $v >"$tmp/out" 2>&1
+  rc=$?
+  if [ $rc -eq 2 ] && [ "$(wc -l <"$tmp/out")" -eq 1 ] &&
+    grep -qE "^[^ ]*fsdp_perf: error: --host-mem-limit-gib $v is not allowed \(a finite number > 0 and <= 1048576\)$" "$tmp/out"; then
+    ok "$name"
+  else echo "      exit $rc" >>"$tmp/out"; bad "$name"; fi
+done
+expect "--host-mem-limit-gib 3: the plan's host block names the limit" 0 \
+  "^host memory \(CPU offload\), per rank: none; limit 3.00 GiB \(--host-mem-limit-gib\)$" -- \
+  $BIN/fsdp_perf "${PLAN[@]}" --host-mem-limit-gib 3
+expect "--host-mem-limit-gib with --out: recorded in /plan" 3 "wrote $T/host-limit.h5" -- \
+  $BIN/fsdp_perf "${PLAN[@]}" --mem-limit-gib 0.000001 --host-mem-limit-gib 3 --out $T/host-limit.h5
+expect "the record's host limit is 3 GiB" 0 "^3221225472$" -- \
+  $PY -c "import h5py; print(h5py.File('$T/host-limit.h5')['plan'].attrs['host_limit'])"
+
+# --- 7. every program's --help ends pointing to the flag reference ---
 for p in fsdp_perf ddp_perf collective_perf; do
   if $BIN/$p --help 2>&1 | tail -n 1 | grep -q "docs/usage.md"; then ok "$p --help ends with docs/usage.md"
   else $BIN/$p --help 2>&1 | tail -n 3 >"$tmp/out"; bad "$p --help ends with docs/usage.md"; fi

@@ -24,7 +24,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "analysis"))
-from shardbench_h5 import CATEGORIES, load  # noqa: E402
+from shardbench_h5 import CATEGORIES, COPY_LANES, HOST_LANE, load  # noqa: E402
 
 
 def documented_fields(doc):
@@ -125,12 +125,42 @@ def check_completed(c, run, ranks, steps):
     for _, pr in p.iterrows():  # each rank's peak equals its pipeline stage's plan
         c.expect(int(pr["total"]) == int(stage_peak[stage_of(run, int(pr["rank"]))]),
                  f"rank {int(pr['rank'])}: measured peak {int(pr['total'])} != its stage's plan")
+    if run.meta.get("schema_version", 0) >= 5:
+        check_host_memory(c, run, ranks)
     if run.meta.get("schema_version", 0) >= 4:  # the events' unit codes, named
         c.expect(run.unit_names == unit_names(run.meta["layers"]), f"/events unit_names {run.unit_names}")
     check_bytes(c, run)
     if run.meta.get("pp_size", 1) > 1:
         check_pipeline(c, run)
     check_schedule(c, run)
+
+
+def check_host_memory(c, run, ranks):
+    """The host ledger (CPU offload) as the device's: one peak row per rank equal to the
+    maxima of /host_memory, the max over ranks the result's and each rank's its stage's plan;
+    the offload lanes hold copies (copy lanes) and host updates and their waits (host lane)."""
+    hm, hp = run.host_memory, run.host_peaks
+    c.expect(len(hp) == ranks, "/host_memory_peaks: one row per rank expected")
+    for rank in range(ranks):
+        mr, pr = hm[hm["rank"] == rank], hp[hp["rank"] == rank]
+        if len(pr) != 1:
+            continue
+        pr = pr.iloc[0]
+        for cat in CATEGORIES + ["total"]:
+            got = int(mr[cat].max()) if len(mr) else 0
+            c.expect(got == int(pr[cat]), f"rank {rank}: host peak {cat} {pr[cat]} != max of /host_memory {got}")
+    c.expect(int(hp["total"].max()) == run.meta["max_host_peak_memory_bytes"], "max_host_peak_memory_bytes != max of host peaks")
+    c.expect(run.meta["plan_host_peak_memory_bytes"] == run.plan["host_peak_total"], "plan host peak attrs disagree")
+    stage_peak = plan_list(run, "stage_host_peak_total", run.plan["host_peak_total"])
+    for _, pr in hp.iterrows():
+        c.expect(int(pr["total"]) == int(stage_peak[stage_of(run, int(pr["rank"]))]),
+                 f"rank {int(pr['rank'])}: measured host peak {int(pr['total'])} != its stage's plan")
+    c.expect(bool(run.plan["host_fits"]) and run.plan["host_peak_total"] <= run.plan["host_limit"], "host plan does not fit")
+    e = run.events
+    copies, host = e[e["lane"].isin(list(COPY_LANES))], e[e["lane"] == HOST_LANE]
+    c.expect(bool((copies["op_name"] == "copy").all()), "a copy lane holds something other than copies")
+    c.expect(bool(host["op_name"].isin(["optimizer", "wait"]).all()), "the host lane holds something other than "
+             "host updates and their waits")
 
 
 def plan_list(run, key, default):
@@ -501,7 +531,9 @@ def check_tensor_parallel(c, m, g, at, stages):
 
 def check_oom(c, run):
     c.expect(run.meta["status"] == "out-of-memory", f"status {run.meta['status']!r}, expected out-of-memory")
-    c.expect(run.plan["fits"] == 0 and run.plan["peak_total"] > run.plan["limit"], "plan says it fits")
+    short = run.plan["peak_total"] > run.plan["limit"] or \
+        run.plan.get("host_peak_total", 0) > run.plan.get("host_limit", run.plan.get("host_peak_total", 0))
+    c.expect(run.plan["fits"] == 0 and short, "plan says it fits")
     c.expect("DOES NOT FIT" in run.plan["text"], "plan text lacks the verdict")
     c.expect(len(run.steps) == 0 and len(run.events) == 0, "out-of-memory run has steps or events")
 

@@ -2,9 +2,12 @@
 // double-precision one), and memory accounting.
 #include <gtest/gtest.h>
 
+#include <mpi.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -375,4 +378,212 @@ TEST(Backend, FusedAttentionAccounting) {
   EXPECT_EQ(2.0 * g[0] * g[1] * g[2] * g[3], attention_flops(s, true));
   EXPECT_EQ(attention_workspace_floats(s, false), 8 * 16 * 512);
   EXPECT_LT(attention_workspace_floats(s, true), int64_t(8) * 16 * 512 * 512 / 32);
+}
+
+// ---- host offload: the host ledger, copy_async, host_compute ----
+
+namespace {
+// The CPU backend's collectives need MPI: a singleton world where the binary runs alone.
+void ensure_mpi() {
+  int up = 0;
+  MPI_Initialized(&up);
+  if (up) return;
+  MPI_Init(nullptr, nullptr);
+  std::atexit([] {
+    int done = 0;
+    MPI_Finalized(&done);
+    if (!done) MPI_Finalize();
+  });
+}
+
+struct Collect : Recorder {
+  std::vector<OpEvent> ops;
+  std::vector<MemBytes> device, host;
+  void on_op(const OpEvent& e) override { ops.push_back(e); }
+  void on_memory(double, const MemBytes& m) override { device.push_back(m); }
+  void on_host_memory(double, const MemBytes& m) override { host.push_back(m); }
+  std::vector<OpEvent> on_lane(int lane) const {
+    std::vector<OpEvent> v;
+    for (const OpEvent& e : ops)
+      if (e.lane == lane) v.push_back(e);
+    return v;
+  }
+};
+}  // namespace
+
+TEST(Backend, HostLedgerCountsAndPeaksApartFromTheDevice) {
+  std::vector<std::unique_ptr<Backend>> backends;
+  backends.push_back(make_backend("cpu"));
+  backends.push_back(make_counting_backend());
+  for (auto& b : backends) {
+    Collect rec;
+    b->set_recorder(&rec);
+    float* d = b->alloc_floats(10, MemCategory::Parameters);
+    float* p = b->alloc_host_floats(100, MemCategory::Parameters);
+    float* m = b->alloc_host_floats(200, MemCategory::OptimizerState);
+    EXPECT_EQ(b->host_mem_current()[int(MemCategory::Parameters)], 400) << b->name();
+    EXPECT_EQ(b->host_mem_current()[int(MemCategory::OptimizerState)], 800);
+    EXPECT_EQ(b->host_mem_total_current(), 1200);
+    EXPECT_EQ(b->mem_total_current(), 40);  // the device ledger holds only its own
+    b->release_host(m);
+    float* g = b->alloc_host_floats(50, MemCategory::Gradients);
+    EXPECT_EQ(b->host_mem_peak()[int(MemCategory::OptimizerState)], 800);
+    EXPECT_EQ(b->host_mem_peak_total(), 1200);
+    EXPECT_EQ(b->host_mem_total_current(), 600);
+    EXPECT_EQ(b->mem_peak_total(), 40);
+    b->reset_peaks();
+    EXPECT_EQ(b->host_mem_peak_total(), 600);
+    EXPECT_EQ(b->host_mem_peak()[int(MemCategory::OptimizerState)], 0);
+    b->release_host(g);
+    b->release_host(p);
+    b->release(d);
+    EXPECT_EQ(b->host_mem_total_current(), 0);
+    // Every change reported to its own callback: 6 host changes, 2 device changes.
+    ASSERT_EQ(rec.host.size(), 6u);
+    EXPECT_EQ(rec.host[1][int(MemCategory::OptimizerState)], 800);
+    EXPECT_EQ(rec.device.size(), 2u);
+    b->set_recorder(nullptr);
+  }
+}
+
+TEST(CpuBackend, CopyAsyncRoundTripOnTheCopyLanes) {
+  auto b = make_backend("cpu");
+  Collect rec;
+  b->set_recorder(&rec);
+  const int n = 1000;
+  float* host = b->alloc_host_floats(n, MemCategory::Parameters);
+  float* dev = b->alloc_floats(n, MemCategory::CommBuffers);
+  for (int i = 0; i < n; ++i) host[i] = float(i);
+  const Request up = b->copy_async(dev, host, n * 4, CopyDirection::HostToDevice);
+  b->wait(up);
+  b->scale(dev, 2.f, n);  // compute on the device copy
+  float* back = b->alloc_host_floats(n, MemCategory::Gradients);
+  const Request down = b->copy_async(back, dev, n * 4, CopyDirection::DeviceToHost);
+  EXPECT_TRUE(b->test(down));
+  b->wait(down);
+  for (int i = 0; i < n; ++i) ASSERT_EQ(back[i], 2.f * i);
+  const auto h2d = rec.on_lane(kCopyH2DLane), d2h = rec.on_lane(kCopyD2HLane);
+  ASSERT_EQ(h2d.size(), 1u);
+  ASSERT_EQ(d2h.size(), 1u);
+  EXPECT_EQ(h2d[0].kind, OpKind::Copy);
+  EXPECT_EQ(h2d[0].bytes, n * 4);
+  EXPECT_EQ(h2d[0].request, up);
+  EXPECT_EQ(d2h[0].request, down);
+  EXPECT_NE(up, down);
+  EXPECT_GE(d2h[0].start, h2d[0].end);
+  for (const OpEvent& e : rec.ops) EXPECT_NE(e.kind == OpKind::Copy && e.lane == 0, true);  // off the compute lane
+  b->release(dev);
+  b->release_host(back);
+  b->release_host(host);
+  b->set_recorder(nullptr);
+}
+
+// A copy stream-ordered after a collective still in flight waits for it (the reduced
+// values are what it copies); a collective ordered after that copy starts after it; the
+// host update waits for the copy, and its own event is on the host lane.
+TEST(CpuBackend, CopiesAndCollectivesOrderedAfterEachOther) {
+  ensure_mpi();
+  auto b = make_backend("cpu");
+  auto world = b->make_comm(MPI_COMM_WORLD);
+  const int ranks = world->size(), n = 256;
+  Collect rec;
+  b->set_recorder(&rec);
+  float* grad = b->alloc_floats(n, MemCategory::Gradients);
+  b->fill(grad, 1.f, n);
+  float* host = b->alloc_host_floats(n, MemCategory::Gradients);
+  std::fill(host, host + n, -1.f);
+  const Request reduce = b->all_reduce(grad, n, *world);  // sum: `ranks` everywhere
+  const Request down = b->copy_async(host, grad, n * 4, CopyDirection::DeviceToHost, reduce);
+  float* gathered = b->alloc_floats(int64_t(n) * ranks, MemCategory::CommBuffers);
+  CollectiveArgs ag{Collective::AllGather, grad, gathered, n, DType::F32, ReduceOp::Sum, 0};
+  ag.after = down;
+  const Request gather = b->collective(ag, *world);
+  bool ran = false;
+  b->host_compute([&] {
+    ran = true;
+    for (int i = 0; i < n; ++i) ASSERT_EQ(host[i], float(ranks));  // the copy has run, after the reduction
+  }, n * 4, {down});
+  EXPECT_TRUE(ran);
+  b->wait(gather);
+  std::vector<float> g(size_t(n) * ranks);
+  b->download(g.data(), gathered, g.size() * 4);
+  for (float v : g) ASSERT_EQ(v, float(ranks));
+  auto find = [&](OpKind k, Request r) {
+    for (const OpEvent& e : rec.ops)
+      if (e.kind == k && e.request == r) return e;
+    ADD_FAILURE() << op_kind_name(k) << " " << r << " not recorded";
+    return OpEvent{};
+  };
+  const OpEvent r = find(OpKind::AllReduce, reduce), c = find(OpKind::Copy, down), a = find(OpKind::AllGather, gather);
+  EXPECT_EQ(c.lane, kCopyD2HLane);
+  EXPECT_EQ(c.after, reduce);
+  EXPECT_GE(c.start, r.end);
+  EXPECT_GE(a.start, c.end);
+  const auto host_ops = rec.on_lane(kHostLane);
+  ASSERT_EQ(host_ops.size(), 1u);
+  EXPECT_EQ(host_ops[0].kind, OpKind::Optimizer);
+  EXPECT_EQ(host_ops[0].bytes, n * 4);
+  EXPECT_GE(host_ops[0].start, c.end);
+  b->release(gathered);
+  b->release_host(host);
+  b->release(grad);
+  b->set_recorder(nullptr);
+}
+
+// release_after on a copy deferred behind a collective: counted free at once, freed when
+// the copy has run (the sanitizer-free check: no crash, the ledger at zero).
+TEST(CpuBackend, ReleaseAfterADeferredCopy) {
+  ensure_mpi();
+  auto b = make_backend("cpu");
+  auto world = b->make_comm(MPI_COMM_WORLD);
+  const int n = 64;
+  float* dev = b->alloc_floats(n, MemCategory::Gradients);
+  b->fill(dev, 3.f, n);
+  float* host = b->alloc_host_floats(n, MemCategory::Gradients);
+  const Request reduce = b->all_reduce(dev, n, *world);
+  const Request down = b->copy_async(host, dev, n * 4, CopyDirection::DeviceToHost, reduce);
+  b->release_after(dev, down);
+  EXPECT_EQ(b->mem_total_current(), 0);
+  b->wait(down);
+  EXPECT_EQ(host[0], 3.f * world->size());
+  b->release_host(host);
+}
+
+TEST(CountingBackend, CopiesAndHostComputeInTheSchedule) {
+  auto b = make_counting_backend();
+  Collect rec;
+  b->set_recorder(&rec);
+  void* host = b->alloc_host(1 << 20, MemCategory::OptimizerState);
+  void* dev = b->alloc(1 << 10, MemCategory::Parameters);
+  auto comm = make_planned_comm(4, 0);
+  const Request rs = b->reduce_scatter(Buf(static_cast<float*>(dev)), Buf(static_cast<float*>(dev)), 64, *comm);
+  const Request down = b->copy_async(host, dev, 256, CopyDirection::DeviceToHost, rs);
+  bool ran = false;
+  b->host_compute([&] { ran = true; }, 4096, {down});
+  const Request up = b->copy_async(dev, host, 256, CopyDirection::HostToDevice);
+  b->wait(up);
+  EXPECT_FALSE(ran);  // recorded, not run: the host buffers point nowhere
+  EXPECT_EQ(b->host_mem_peak_total(), 1 << 20);
+  EXPECT_EQ(b->mem_peak_total(), 1 << 10);
+  ASSERT_EQ(rec.ops.size(), 6u);  // reduce-scatter, copy, host wait, optimizer, copy, wait
+  EXPECT_EQ(rec.ops[1].kind, OpKind::Copy);
+  EXPECT_EQ(rec.ops[1].lane, kCopyD2HLane);
+  EXPECT_EQ(rec.ops[1].after, rs);
+  EXPECT_EQ(rec.ops[1].request, down);
+  EXPECT_EQ(rec.ops[1].bytes, 256);
+  EXPECT_EQ(rec.ops[2].kind, OpKind::Wait);
+  EXPECT_EQ(rec.ops[2].lane, kHostLane);
+  EXPECT_EQ(rec.ops[2].request, down);
+  EXPECT_EQ(rec.ops[3].kind, OpKind::Optimizer);
+  EXPECT_EQ(rec.ops[3].lane, kHostLane);
+  EXPECT_EQ(rec.ops[3].bytes, 4096);
+  EXPECT_EQ(rec.ops[4].lane, kCopyH2DLane);
+  EXPECT_EQ(rec.ops[4].request, up);
+  EXPECT_NE(up, down);
+  EXPECT_NE(up, rs);
+  EXPECT_EQ(rec.ops[5].kind, OpKind::Wait);
+  EXPECT_EQ(rec.ops[5].lane, 0);
+  b->release_host(host);
+  b->release(dev);
+  b->set_recorder(nullptr);
 }

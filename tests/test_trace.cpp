@@ -14,6 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "shardbench/strategy/config.h"
+#include "shardbench/train/options.h"
+#include "shardbench/train/plan.h"
+
 namespace {
 
 const std::string kDir = [] {
@@ -89,7 +93,7 @@ void check_completed(const std::string& path, int ranks, int steps) {
   ASSERT_EQ(access((path + ".tmp").c_str(), F_OK), -1) << "temporary file left behind";
   hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
-  EXPECT_EQ(int_attr(f, "schema_version"), 4);
+  EXPECT_EQ(int_attr(f, "schema_version"), 5);
   EXPECT_EQ(str_attr(f, "status"), "ok");
   EXPECT_EQ(int_attr(f, "world_size"), ranks);
   hid_t prov = H5Gopen2(f, "provenance", H5P_DEFAULT);
@@ -132,6 +136,16 @@ void check_completed(const std::string& path, int ranks, int steps) {
   }
   hid_t plan = H5Gopen2(f, "plan", H5P_DEFAULT);
   EXPECT_EQ(int_attr(plan, "peak_total"), *std::max_element(pt.begin(), pt.end()));
+  // The host ledger (CPU offload) beside the device's, in the same columns: one peak row
+  // per rank, equal to the plan's host peak (none allocated without offload).
+  const auto hpr = ints(f, "host_memory_peaks", "rank");
+  const auto hpt = longs(f, "host_memory_peaks", "total");
+  ASSERT_EQ(hpr.size(), size_t(ranks));
+  EXPECT_EQ(int_attr(plan, "host_peak_total"), *std::max_element(hpt.begin(), hpt.end()));
+  EXPECT_GT(int_attr(plan, "host_limit"), 0);
+  EXPECT_EQ(int_attr(plan, "host_fits"), 1);
+  EXPECT_EQ(int_attr(f, "max_host_peak_memory_bytes"), *std::max_element(hpt.begin(), hpt.end()));
+  EXPECT_EQ(longs(f, "host_memory", "total").size(), ints(f, "host_memory", "rank").size());
   H5Gclose(plan);
 
   // The mesh: one row per rank, coordinates in the programs' rank order (tensor innermost,
@@ -329,4 +343,32 @@ TEST(Trace, ExistingResultIsNeverOverwrittenWithoutFlag) {
   EXPECT_EQ(before.st_mtim.tv_nsec, after.st_mtim.tv_nsec);
   EXPECT_EQ(run(std::string("build/bin/ddp_perf") + kTiny + " --out " + out + " --overwrite"), 0);
   check_completed(out, 4, 3);
+}
+
+// The plan's two sides: device memory against --mem-limit-gib, host memory (CPU offload)
+// against --host-mem-limit-gib. Either short is out-of-memory (fits() false: exit 3), and
+// the table says which, the host in a block of its own.
+TEST(Plan, HostMemoryIsASecondBlockWithItsOwnLimit) {
+  const char* argv[] = {"fsdp_perf", "--model", "t5-tiny", "--plan", "--host-mem-limit-gib", "2"};
+  sb::RunConfig cfg;
+  ASSERT_TRUE(sb::parse_options(6, const_cast<char**>(argv), sb::StrategyKind::FSDP, cfg));
+  EXPECT_EQ(cfg.host_mem_limit_gib, 2.0);
+  sb::MemoryPlan plan = sb::plan_memory(cfg, sb::layout_for(cfg.strategy, 4, 0));
+  plan.limit = plan.peak_total;
+  plan.host_limit = int64_t(2) << 30;
+  EXPECT_EQ(plan.host_peak_total, 0);  // no strategy offloads yet: nothing on the host
+  EXPECT_TRUE(plan.fits());
+  EXPECT_NE(sb::format_plan(cfg, plan).find("host memory (CPU offload), per rank: none; limit 2.00 GiB"),
+            std::string::npos) << sb::format_plan(cfg, plan);
+  plan.host_peak_total = plan.host_limit + 1;  // as an offloading strategy's plan would be
+  plan.host_peak[int(sb::MemCategory::OptimizerState)] = plan.host_peak_total;
+  EXPECT_TRUE(plan.device_fits());
+  EXPECT_FALSE(plan.host_fits());
+  EXPECT_FALSE(plan.fits());
+  const std::string text = sb::format_plan(cfg, plan);
+  EXPECT_NE(text.find("host limit"), std::string::npos) << text;
+  EXPECT_NE(text.find("DOES NOT FIT: short by 1 B"), std::string::npos) << text;
+  plan.host_peak_total = 0;
+  plan.limit = plan.peak_total - 1;  // the device side alone
+  EXPECT_FALSE(plan.fits());
 }

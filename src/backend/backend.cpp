@@ -38,6 +38,10 @@ const char* op_kind_name(OpKind k) {
 
 bool is_communication(OpKind k) { return collective_info(k) != nullptr; }
 
+const char* copy_direction_name(CopyDirection d) {
+  return d == CopyDirection::HostToDevice ? "host-to-device" : "device-to-host";
+}
+
 const char* phase_name(Phase p) {
   switch (p) {
     case Phase::Forward: return "forward";
@@ -178,45 +182,61 @@ Request Backend::reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm) 
   return collective({Collective::ReduceScatter, send.ptr, recv.ptr, count, recv.dtype, gradient_op(), 0}, comm);
 }
 
-int64_t Backend::mem_total_current() const {
-  return std::accumulate(current_.begin(), current_.end(), int64_t{0});
-}
+int64_t Backend::Ledger::total() const { return std::accumulate(current.begin(), current.end(), int64_t{0}); }
 
 void Backend::reset_peaks() {
-  peak_ = current_;
-  peak_total_ = mem_total_current();
+  for (Ledger* l : {&device_, &host_}) {
+    l->peak = l->current;
+    l->peak_total = l->total();
+  }
 }
 
-void Backend::track(void* p, size_t bytes, MemCategory cat) {
-  allocations_[p] = {bytes, cat};
-  account_alloc(cat, int64_t(bytes));
-}
-
-void Backend::untrack(void* p) {
-  auto it = allocations_.find(p);
-  SB_ASSERT(it != allocations_.end(), "release of a pointer the backend did not allocate");
-  account_free(it->second.cat, int64_t(it->second.bytes));
-  allocations_.erase(it);
-}
+void Backend::track(void* p, size_t bytes, MemCategory cat) { track(device_, p, bytes, cat); }
+void Backend::untrack(void* p) { untrack(device_, p); }
+void Backend::track_host(void* p, size_t bytes, MemCategory cat) { track(host_, p, bytes, cat); }
+void Backend::untrack_host(void* p) { untrack(host_, p); }
 
 std::vector<void*> Backend::tracked() const {
   std::vector<void*> v;
-  for (const auto& [p, a] : allocations_) v.push_back(p);
+  for (const auto& [p, a] : device_.allocations) v.push_back(p);
   return v;
 }
 
-void Backend::account_alloc(MemCategory cat, int64_t bytes) {
-  const int c = int(cat);
-  current_[c] += bytes;
-  peak_[c] = std::max(peak_[c], current_[c]);
-  peak_total_ = std::max(peak_total_, mem_total_current());
-  if (recorder_) recorder_->on_memory(now(), current_);
+std::vector<void*> Backend::tracked_host() const {
+  std::vector<void*> v;
+  for (const auto& [p, a] : host_.allocations) v.push_back(p);
+  return v;
 }
 
-void Backend::account_free(MemCategory cat, int64_t bytes) {
-  current_[int(cat)] -= bytes;
-  SB_ASSERT(current_[int(cat)] >= 0, "memory accounting went negative");
-  if (recorder_) recorder_->on_memory(now(), current_);
+void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
+  SB_ASSERT(!l.allocations.count(p), "an address allocated twice");
+  l.allocations[p] = {bytes, cat};
+  const int c = int(cat);
+  l.current[c] += int64_t(bytes);
+  l.peak[c] = std::max(l.peak[c], l.current[c]);
+  l.peak_total = std::max(l.peak_total, l.total());
+  notify(l);
+}
+
+void Backend::untrack(Ledger& l, void* p) {
+  auto it = l.allocations.find(p);
+  SB_ASSERT(it != l.allocations.end(), &l == &host_ ? "release_host of a pointer the backend did not allocate"
+                                                     : "release of a pointer the backend did not allocate");
+  const int c = int(it->second.cat);
+  l.current[c] -= int64_t(it->second.bytes);
+  SB_ASSERT(l.current[c] >= 0, "memory accounting went negative");
+  l.allocations.erase(it);
+  notify(l);
+}
+
+void Backend::notify(const Ledger& l) {
+  if (!recorder_) return;
+  if (&l == &host_) recorder_->on_host_memory(now(), l.current);
+  else recorder_->on_memory(now(), l.current);
+}
+
+void Backend::record(OpEvent e) {
+  if (recorder_) recorder_->on_op(e);
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,

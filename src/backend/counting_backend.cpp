@@ -38,6 +38,30 @@ class CountingBackend final : public Backend {
     if (p) untrack(p);
   }
   void release_after(void* p, Request) override { release(p); }
+  // Host memory: accounted in the host ledger, from the same address space (never dereferenced).
+  void* alloc_host(size_t bytes, MemCategory cat) override {
+    const uintptr_t p = next_;
+    next_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+    track_host(reinterpret_cast<void*>(p), bytes, cat);
+    return reinterpret_cast<void*>(p);
+  }
+  void release_host(void* p) override {
+    if (p) untrack_host(p);
+  }
+  // Copies are recorded at issue like collectives (start = end = issue index), on their
+  // direction's lane, with their request and the request they are ordered after.
+  Request copy_async(void*, const void*, size_t bytes, CopyDirection dir, Request after) override {
+    record(OpKind::Copy, dir == CopyDirection::HostToDevice ? kCopyH2DLane : kCopyD2HLane, double(next_request_),
+           double(next_request_), int64_t(bytes), 0.0, nullptr, next_request_, 0, after);
+    return next_request_++;
+  }
+  // Recorded, not run: the host buffers fn would read point nowhere. The host's waits for
+  // its inputs are recorded as waits on kHostLane, so the schedule shows what it reads.
+  void host_compute(const std::function<void()>&, int64_t bytes, const std::vector<Request>& inputs,
+                    OpKind kind) override {
+    for (Request r : inputs) record(OpKind::Wait, kHostLane, 0.0, 0.0, 0, 0.0, nullptr, r);
+    record(kind, kHostLane, 0.0, 0.0, bytes, 0.0);
+  }
   void upload(void*, const void*, size_t) override {}
   bool holds_data() const override { return false; }
   void download(void* dst, const void*, size_t bytes) override { std::memset(dst, 0, bytes); }

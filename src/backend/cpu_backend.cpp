@@ -327,6 +327,7 @@ void attention_backward_f32(bool exact, float* dq, float* dk, float* dv, float* 
     reduce_bias_gradient(dtable, partial, partial + int64_t(s.batch) * s.heads * chunks * W, bias.rel, s);
 }
 
+// An outstanding collective, or a copy_async deferred until its `after` completes (`copy`).
 struct Pending {
   MPI_Request req = MPI_REQUEST_NULL;
   MPI_Request req2 = MPI_REQUEST_NULL;  // send/recv: the receive
@@ -344,7 +345,19 @@ struct Pending {
   double start = 0;
   int64_t bytes = 0;
   bool blocking = false;  // ran as a blocking call: complete when started
+  // copy_async: a memcpy waiting for args.after (never in flight: done when started)
+  bool copy = false;
+  CopyDirection dir = CopyDirection::HostToDevice;
+  void* dst = nullptr;
+  const void* src = nullptr;
+  size_t copy_bytes = 0;
 };
+
+// Two deferred operations that must start in issue order: collectives on one communicator,
+// copies of one direction.
+bool same_queue(const Pending& a, const Pending& b) {
+  return a.copy == b.copy && (a.copy ? a.dir == b.dir : a.comm == b.comm);
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -360,6 +373,7 @@ class CpuBackend final : public Backend {
       for (void* ptr : p.free_after) std::free(ptr);
     }
     for (void* p : tracked()) std::free(p);
+    for (void* p : tracked_host()) std::free(p);
   }
   std::string name() const override { return "cpu"; }
   std::string device_name() const override {
@@ -370,15 +384,7 @@ class CpuBackend final : public Backend {
 
   // ---- memory ----
   void* alloc(size_t bytes, MemCategory cat) override {
-    // Page-aligned from one page up, as MPI benchmarks allocate: a buffer that starts
-    // mid-page makes every page-sized piece of a shared-memory copy span two pages.
-    // The page is the system's (4 KiB on x86, 64 KiB on some Arm nodes).
-    static const size_t page = size_t(sysconf(_SC_PAGESIZE));
-    const size_t align = bytes >= page ? page : 64;
-    const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
-    void* p = std::aligned_alloc(align, rounded);
-    if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
-                     mem_category_name(cat));
+    void* p = page_aligned(bytes, cat);
     track(p, bytes, cat);
     return p;
   }
@@ -386,6 +392,71 @@ class CpuBackend final : public Backend {
     if (!p) return;
     untrack(p);
     std::free(p);
+  }
+  // Host memory is this process's memory too: the same allocation, in the host ledger.
+  void* alloc_host(size_t bytes, MemCategory cat) override {
+    void* p = page_aligned(bytes, cat);
+    track_host(p, bytes, cat);
+    return p;
+  }
+  void release_host(void* p) override {
+    if (!p) return;
+    untrack_host(p);
+    std::free(p);
+  }
+  // Page-aligned from one page up, as MPI benchmarks allocate: a buffer that starts
+  // mid-page makes every page-sized piece of a shared-memory copy span two pages.
+  // The page is the system's (4 KiB on x86, 64 KiB on some Arm nodes).
+  static void* page_aligned(size_t bytes, MemCategory cat) {
+    static const size_t page = size_t(sysconf(_SC_PAGESIZE));
+    const size_t align = bytes >= page ? page : 64;
+    const size_t rounded = std::max<size_t>(align, (bytes + align - 1) / align * align);
+    void* p = std::aligned_alloc(align, rounded);
+    if (!p) SB_FATAL("out of host memory allocating " + human_bytes(double(bytes)) + " for " +
+                     mem_category_name(cat));
+    return p;
+  }
+
+  // ---- host offload: copies and host compute, on this thread as everything else ----
+  // A copy is a memcpy by this thread: at issue (compute issued before it has finished:
+  // it ran on this thread), or, when `after` is still outstanding or an earlier copy of its
+  // direction waits, deferred like a stream-ordered collective and done in the poll (or
+  // wait) that sees `after` complete. Either way it is recorded on its direction's lane.
+  Request copy_async(void* dst, const void* src, size_t bytes, CopyDirection dir, Request after) override {
+    issue_lazy();  // a collective `after` names is in flight before the copy waits for it
+    const Request id = next_id_++;
+    Pending p;
+    p.id = id;
+    p.args.after = after;
+    p.copy = true;
+    p.dir = dir;
+    p.dst = dst;
+    p.src = src;
+    p.copy_bytes = bytes;
+    p.phase = phase();
+    p.unit = unit();
+    bool queued = false;  // an earlier copy of this direction still waits
+    for (Request d : deferred_) queued = queued || same_queue(pending_.at(d), p);
+    if (pending_.count(after) || queued) {
+      p.deferred = true;
+      pending_[id] = p;
+      deferred_.push_back(id);
+      return id;
+    }
+    run_copy(p);
+    progress();
+    return id;
+  }
+  // The host is this thread, the compute lane's: waiting for an input is the compute lane
+  // waiting (recorded by wait(), lane 0); fn's time is recorded on kHostLane.
+  void host_compute(const std::function<void()>& fn, int64_t bytes, const std::vector<Request>& inputs,
+                    OpKind kind) override {
+    for (Request r : inputs) wait(r);
+    issue_lazy();
+    const double t0 = now();
+    fn();
+    record(kind, kHostLane, t0, now(), bytes, 0.0);
+    progress();
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     issue_lazy();
@@ -995,7 +1066,7 @@ class CpuBackend final : public Backend {
   }
   bool comm_deferred(MPI_Comm c) const {
     for (Request d : deferred_)
-      if (pending_.at(d).comm == c) return true;
+      if (!pending_.at(d).copy && pending_.at(d).comm == c) return true;
     return false;
   }
 
@@ -1038,8 +1109,12 @@ class CpuBackend final : public Backend {
   // Records a compute operation and lets outstanding collectives advance.
   void done(OpKind kind, double t0, int64_t bytes, double flops = 0.0,
             const int32_t* gemm_shape = nullptr) {
+    record(kind, 0, t0, now(), bytes, flops, gemm_shape);
+    progress();
+  }
+  // Lets outstanding collectives advance after work of this thread.
+  void progress() {
     const double t1 = now();
-    record(kind, 0, t0, t1, bytes, flops, gemm_shape);
     if (pending_.empty()) return;
     // MPI's reductions and copies for outstanding collectives run here, on this thread:
     // communication work the compute lane pays for, recorded as such.
@@ -1062,6 +1137,7 @@ class CpuBackend final : public Backend {
   }
   // p's MPI operation has completed: MPI's leftover work, the event, deferred frees.
   void finish(const Pending& p) {
+    if (p.copy) return;  // run_copy recorded it
     if (p.on_complete) p.on_complete();
     lane_busy_[p.lane - 1] = false;
     if (recorder_) {
@@ -1082,7 +1158,7 @@ class CpuBackend final : public Backend {
         Request dep = p.args.after;
         for (Request d : deferred_) {
           if (d == r) break;
-          if (pending_.at(d).comm == p.comm) {
+          if (same_queue(pending_.at(d), p)) {
             dep = d;
             break;
           }
@@ -1099,19 +1175,39 @@ class CpuBackend final : public Backend {
   }
   // Starts, in issue order, the deferred collectives whose `after` has completed and that
   // no earlier deferred one on the same communicator holds back.
+  // A copy runs (and completes) here.
   void start_deferred() {
-    std::vector<MPI_Comm> held;
+    std::vector<const Pending*> held;
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       Pending& p = pending_.at(*it);
-      const bool blocked = std::find(held.begin(), held.end(), p.comm) != held.end();
+      bool blocked = false;
+      for (const Pending* h : held) blocked = blocked || same_queue(*h, p);
       if (!blocked && !pending_.count(p.args.after)) {
-        start(p, false);
+        if (p.copy) {
+          run_copy(p);
+          for (void* ptr : p.free_after) std::free(ptr);
+          pending_.erase(*it);
+        } else {
+          start(p, false);
+        }
         it = deferred_.erase(it);
       } else {
-        held.push_back(p.comm);
+        held.push_back(&p);
         ++it;
       }
     }
+  }
+  // The memcpy of a copy_async, recorded on its direction's lane with the phase and unit
+  // of its issue.
+  void run_copy(const Pending& p) {
+    const double t0 = now();
+    if (p.copy_bytes) std::memcpy(p.dst, p.src, p.copy_bytes);
+    if (!recorder_) return;
+    OpEvent e{OpKind::Copy, p.phase, p.unit, p.dir == CopyDirection::HostToDevice ? kCopyH2DLane : kCopyD2HLane,
+              t0, now(), int64_t(p.copy_bytes), 0.0, {0, 0, 0, 0, 0}};
+    e.request = p.id;
+    e.after = p.args.after;
+    record(e);
   }
   void poll() {
     for (auto it = pending_.begin(); it != pending_.end();) {

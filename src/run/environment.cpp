@@ -55,8 +55,12 @@ int local_ranks() {
 }
 
 int64_t default_memory_limit(int64_t device_free) {
+  const int64_t host = default_host_memory_limit();  // collective: every rank calls it
+  return device_free > 0 ? device_free : host;
+}
+
+int64_t default_host_memory_limit() {
   const int ranks = local_ranks();
-  if (device_free > 0) return device_free;
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / ranks;
 }
 

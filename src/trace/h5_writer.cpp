@@ -101,8 +101,9 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, boo
   MPI_CHECK(MPI_Comm_rank(comm, &rank));
   const int64_t bytes = int64_t(d.steps.size() * sizeof(StepRow)) +
                         int64_t((d.events ? d.events->size() : 0) * sizeof(EventRow)) +
-                        int64_t((d.memory ? d.memory->size() : 0) * sizeof(MemoryRow)) + sizeof(PeakRow) +
-                        sizeof(RankRow);
+                        int64_t((d.memory ? d.memory->size() : 0) * sizeof(MemoryRow)) +
+                        int64_t((d.host_memory ? d.host_memory->size() : 0) * sizeof(MemoryRow)) +
+                        2 * sizeof(PeakRow) + sizeof(RankRow);
   ResultFile f(path, comm, overwrite, bytes);
   std::vector<Attr> root = {Attr::integer("schema_version", kSchemaVersion)};
   root.insert(root.end(), d.run.begin(), d.run.end());
@@ -144,25 +145,32 @@ void write_trace(const std::string& path, const TraceData& d, MPI_Comm comm, boo
            SB_COLUMN(MeshRow, dp_shard, I32), SB_COLUMN(MeshRow, tp, I32)},
           std::vector<MeshRow>{mesh});
 
-  std::vector<MemoryRow> memory;
-  if (d.memory) {
-    memory.reserve(d.memory->size());
-    for (const MemorySample& m : *d.memory) {
-      MemoryRow r{rank, m.step, m.time, {}, 0};
-      for (int c = 0; c < kMemCategories; ++c) r.total += (r.bytes[c] = m.bytes[c]);
-      memory.push_back(r);
+  // The device ledger (/memory, /memory_peaks) and the host ledger (/host_memory,
+  // /host_memory_peaks: CPU offload's alloc_host), in the same columns.
+  auto ledger = [&](const char* samples, const char* peaks, const std::vector<MemorySample>* in,
+                    const MemBytes& peak_bytes, int64_t peak_total) {
+    std::vector<MemoryRow> memory;
+    if (in) {
+      memory.reserve(in->size());
+      for (const MemorySample& m : *in) {
+        MemoryRow r{rank, m.step, m.time, {}, 0};
+        for (int c = 0; c < kMemCategories; ++c) r.total += (r.bytes[c] = m.bytes[c]);
+        memory.push_back(r);
+      }
     }
-  }
-  f.table("memory",
-          category_columns({SB_COLUMN(MemoryRow, rank, I32), SB_COLUMN(MemoryRow, step, I32),
-                            SB_COLUMN(MemoryRow, time, F64)},
-                           offsetof(MemoryRow, bytes), offsetof(MemoryRow, total)),
-          memory);
-  PeakRow peak{rank, {}, d.peak_total};
-  for (int c = 0; c < kMemCategories; ++c) peak.bytes[c] = d.peak[c];
-  f.table("memory_peaks",
-          category_columns({SB_COLUMN(PeakRow, rank, I32)}, offsetof(PeakRow, bytes), offsetof(PeakRow, total)),
-          std::vector<PeakRow>{peak});
+    f.table(samples,
+            category_columns({SB_COLUMN(MemoryRow, rank, I32), SB_COLUMN(MemoryRow, step, I32),
+                              SB_COLUMN(MemoryRow, time, F64)},
+                             offsetof(MemoryRow, bytes), offsetof(MemoryRow, total)),
+            memory);
+    PeakRow peak{rank, {}, peak_total};
+    for (int c = 0; c < kMemCategories; ++c) peak.bytes[c] = peak_bytes[c];
+    f.table(peaks,
+            category_columns({SB_COLUMN(PeakRow, rank, I32)}, offsetof(PeakRow, bytes), offsetof(PeakRow, total)),
+            std::vector<PeakRow>{peak});
+  };
+  ledger("memory", "memory_peaks", d.memory, d.peak, d.peak_total);
+  ledger("host_memory", "host_memory_peaks", d.host_memory, d.host_peak, d.host_peak_total);
   f.commit();
 }
 

@@ -16,7 +16,10 @@ StepStats TraceRecorder::end_step(double t, int64_t peak_memory) {
 
 void TraceRecorder::on_op(const OpEvent& e) {
   const double d = e.end - e.start;
-  if (is_communication(e.kind)) {
+  if (is_offload_lane(e.lane)) {  // host offload: neither the device's compute nor communication
+    if (e.kind == OpKind::Copy) cur_.offload_copy += d;
+    else if (e.kind != OpKind::Wait) cur_.host_compute += d;
+  } else if (is_communication(e.kind)) {
     cur_.communication += d;
     cur_.comm_bytes += e.bytes;
     cur_.sent_bytes += bytes_sent(e);
@@ -40,6 +43,10 @@ void TraceRecorder::on_op(const OpEvent& e) {
 
 void TraceRecorder::on_memory(double t, const MemBytes& current) {
   if (keep_) memory_.push_back(MemorySample{cur_.step, t - origin_, current});
+}
+
+void TraceRecorder::on_host_memory(double t, const MemBytes& current) {
+  if (keep_) host_memory_.push_back(MemorySample{cur_.step, t - origin_, current});
 }
 
 std::vector<OpEvent> TraceRecorder::step_events(int step) const {

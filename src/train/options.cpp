@@ -83,6 +83,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                      ->capture_default_str();
   num.real("--mem-limit-gib", cfg.mem_limit_gib, 0, 1 << 20, true,
            "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
+  num.real("--host-mem-limit-gib", cfg.host_mem_limit_gib, 0, 1 << 20, true,
+           "host memory per rank in GiB for what CPU offload keeps on the host (default: the node's memory / "
+           "ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
   app.add_option("--schedule-json", cfg.schedule_json,
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");

@@ -28,10 +28,15 @@ class PeakRecorder : public Recorder {
     for (int64_t v : cur) total += v;
     if (total > peak_) peak_ = total, at_peak = cur;
   }
-  MemBytes at_peak{};
+  void on_host_memory(double, const MemBytes& cur) override {
+    int64_t total = 0;
+    for (int64_t v : cur) total += v;
+    if (total > host_peak_) host_peak_ = total, host_at_peak = cur;
+  }
+  MemBytes at_peak{}, host_at_peak{};
 
  private:
-  int64_t peak_ = -1;
+  int64_t peak_ = -1, host_peak_ = -1;
 };
 
 }  // namespace
@@ -68,9 +73,13 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
     p.schedule = std::move(rec.schedule);
   }
   SB_ASSERT(backend->mem_total_current() == 0, "the plan's schedule leaked memory");
+  SB_ASSERT(backend->host_mem_total_current() == 0, "the plan's schedule leaked host memory");
   p.peak = backend->mem_peak();
   p.peak_total = backend->mem_peak_total();
   p.at_peak = rec.at_peak;
+  p.host_peak = backend->host_mem_peak();
+  p.host_peak_total = backend->host_mem_peak_total();
+  p.host_at_peak = rec.host_at_peak;
   return p;
 }
 }  // namespace
@@ -80,12 +89,19 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   plan.layout = layout.at_rank(0);
   for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
     plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0}))));
-  for (int s = 0; s < plan.layout.pp; ++s)
+  for (int s = 0; s < plan.layout.pp; ++s) {
     if (plan.stages[size_t(s)].peak_total > plan.stages[size_t(plan.worst_stage)].peak_total) plan.worst_stage = s;
+    if (plan.stages[size_t(s)].host_peak_total > plan.stages[size_t(plan.worst_host_stage)].host_peak_total)
+      plan.worst_host_stage = s;
+  }
   const StagePlan& worst = plan.stages[size_t(plan.worst_stage)];
   plan.peak = worst.peak;
   plan.at_peak = worst.at_peak;
   plan.peak_total = worst.peak_total;
+  const StagePlan& worst_host = plan.stages[size_t(plan.worst_host_stage)];
+  plan.host_peak = worst_host.host_peak;
+  plan.host_at_peak = worst_host.host_at_peak;
+  plan.host_peak_total = worst_host.host_peak_total;
   plan.counted_flops = plan.stages[0].counted_flops;
   plan.schedule = plan.stages[0].schedule;
   return plan;
@@ -129,10 +145,34 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                 "");
   o << line;
   std::snprintf(line, sizeof line, "  %-16s %14s  -> %s\n", "limit", human_bytes(double(plan.limit)).c_str(),
-                plan.fits() ? "fits"
-                            : ("DOES NOT FIT: short by " + human_bytes(double(plan.peak_total - plan.limit)))
-                                  .c_str());
+                plan.device_fits() ? "fits"
+                                   : ("DOES NOT FIT: short by " + human_bytes(double(plan.peak_total - plan.limit)))
+                                         .c_str());
   o << line;
+  // The second block: host memory (CPU offload's alloc_host), against its own limit.
+  const std::string host_verdict =
+      plan.host_fits() ? "fits" : "DOES NOT FIT: short by " + human_bytes(double(plan.host_peak_total - plan.host_limit));
+  if (plan.host_peak_total == 0) {
+    std::snprintf(line, sizeof line, "host memory (CPU offload), per rank: none; limit %s (--host-mem-limit-gib)\n",
+                  human_bytes(double(plan.host_limit)).c_str());
+    o << line;
+  } else {
+    std::snprintf(line, sizeof line, "host memory (CPU offload), per rank%s\n",
+                  plan.stages.size() > 1 ? (": stage " + std::to_string(plan.worst_host_stage)).c_str() : "");
+    o << line;
+    std::snprintf(line, sizeof line, "  %-16s %14s %15s\n", "category", "peak", "at total peak");
+    o << line;
+    for (int c = 0; c < kMemCategories; ++c) {
+      std::snprintf(line, sizeof line, "  %-16s %14s %15s\n", mem_category_name(MemCategory(c)),
+                    human_bytes(double(plan.host_peak[c])).c_str(), human_bytes(double(plan.host_at_peak[c])).c_str());
+      o << line;
+    }
+    std::snprintf(line, sizeof line, "  %-16s %14s\n", "total peak", human_bytes(double(plan.host_peak_total)).c_str());
+    o << line;
+    std::snprintf(line, sizeof line, "  %-16s %14s  -> %s\n", "host limit", human_bytes(double(plan.host_limit)).c_str(),
+                  host_verdict.c_str());
+    o << line;
+  }
   const double model = model_flops_per_step(cfg.model, cfg.shape, plan.layout.tp, plan.layout.pp);
   const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, plan.layout.tp, plan.layout.pp);
   double issued = 0;  // the stages' average, as the model's figures (one stage without --pp)
@@ -219,6 +259,10 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
     std::fprintf(f, ", \"%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.peak[c]);
+  std::fprintf(f, ", \"host_peak_total\": %lld, \"host_limit\": %lld, \"host_fits\": %s", (long long)p.host_peak_total,
+               (long long)p.host_limit, p.host_fits() ? "true" : "false");
+  for (int c = 0; c < kMemCategories; ++c)
+    std::fprintf(f, ", \"host_%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.host_peak[c]);
   std::fprintf(f, "},\n  \"op_names\": [");
   for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
   std::fprintf(f, "],\n  \"phase_names\": [");
@@ -226,21 +270,24 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   std::fprintf(f, "],\n  \"axis_names\": [");
   for (int a = 0; a < kAxes; ++a) std::fprintf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
   // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch, axis, ranks,
-  // sent_bytes, peer] (the GEMM shape costs a GEMM by its shape class in the projection;
+  // sent_bytes, peer, lane, after] (the GEMM shape costs a GEMM by its shape class in the projection;
   // zeros for other ops; a collective's axis (-1 for none), ranks, the bytes the rank sends
-  // in it, and a send's or receive's peer as a world rank). "ops" is the first rank's step;
+  // in it, and a send's or receive's peer as a world rank; the lane, 0 compute, 1 the
+  // collectives, 100 the host (CPU offload's update and its waits), 101 and 102 the host
+  // copies by direction; the request a collective or copy is ordered after, -1 for none).
+  // Readers index the columns by name. "ops" is the first rank's step;
   // under pipeline parallelism "stages" holds every stage's first rank's step.
   std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
-               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\"],\n");
+               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\", \"lane\", \"after\"],\n");
   auto ops = [&](const StagePlan& st, int stage, const char* indent) {
     const ParallelLayout me = p.layout.at_rank(p.layout.rank_at({stage, 0, 0, 0}));
     for (size_t i = 0; i < st.schedule.size(); ++i) {
       const OpEvent& e = st.schedule[i];
       const int peer = e.peer >= 0 && e.axis >= 0 ? me.group(Axis(e.axis))[size_t(e.peer)] : -1;
-      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d]%s\n", indent, int(e.kind),
-                   int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0], e.gemm[1],
-                   e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer,
-                   i + 1 < st.schedule.size() ? "," : "");
+      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n", indent,
+                   int(e.kind), int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0],
+                   e.gemm[1], e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer, e.lane,
+                   (long long)e.after, i + 1 < st.schedule.size() ? "," : "");
     }
   };
   std::fprintf(f, "  \"ops\": [\n");

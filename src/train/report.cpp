@@ -91,6 +91,11 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
       human_bytes(double(s.peak)).c_str(), 100.0 * double(s.peak) / double(s.plan_peak),
       human_bytes(double(s.plan_peak)).c_str(), human_bytes(double(s.rss_growth)).c_str(),
       100.0 * double(s.rss_growth) / double(s.plan_peak));
+  if (s.host_peak > 0 || s.plan_host_peak > 0)
+    out("  host memory / rank   %s accounted (CPU offload) = %.2f%% of the plan (%s)\n",
+        human_bytes(double(s.host_peak)).c_str(),
+        s.plan_host_peak > 0 ? 100.0 * double(s.host_peak) / double(s.plan_host_peak) : 0.0,
+        human_bytes(double(s.plan_host_peak)).c_str());
   out("RESULT program=%s strategy=%s model=%s world=%d batch=%lld seq=%lld dec_seq=%lld step_ms=%.3f "
       "tflops_per_rank=%.5f tokens_per_s=%.1f exposed_ms=%.3f overhead_pct=%.3f peak_bytes=%lld "
       "plan_bytes=%lld loss=%.6f\n",
@@ -126,6 +131,8 @@ std::vector<Attr> summary_attrs(const Summary& s) {
       Attr::num("gemm_rate_vs_replay", s.gemm_vs_replay),
       Attr::integer("max_peak_memory_bytes", s.peak),
       Attr::integer("plan_peak_memory_bytes", s.plan_peak),
+      Attr::integer("max_host_peak_memory_bytes", s.host_peak),
+      Attr::integer("plan_host_peak_memory_bytes", s.plan_host_peak),
       Attr::integer("rss_growth_bytes", s.rss_growth),
       Attr::num("final_loss", s.final_loss),
       Attr::num("idle_share", s.idle_share),
@@ -206,27 +213,36 @@ std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
   std::vector<Attr> a = {Attr::integer("world_size", p.layout.world), Attr::integer("shard_size", p.layout.shard),
                          Attr::integer("tp_size", p.layout.tp),
                          Attr::integer("peak_total", p.peak_total), Attr::integer("limit", p.limit),
-                         Attr::integer("fits", p.fits()), Attr::num("counted_gemm_flops", p.counted_flops)};
+                         Attr::integer("fits", p.fits()), Attr::num("counted_gemm_flops", p.counted_flops),
+                         Attr::integer("device_fits", p.device_fits()),
+                         Attr::integer("host_peak_total", p.host_peak_total), Attr::integer("host_limit", p.host_limit),
+                         Attr::integer("host_fits", p.host_fits())};
   for (int c = 0; c < kMemCategories; ++c) {
     a.push_back(Attr::integer(std::string("peak_") + mem_category_name(MemCategory(c)), p.peak[c]));
     a.push_back(Attr::integer(std::string("at_peak_") + mem_category_name(MemCategory(c)), p.at_peak[c]));
   }
+  for (int c = 0; c < kMemCategories; ++c) {
+    a.push_back(Attr::integer(std::string("host_peak_") + mem_category_name(MemCategory(c)), p.host_peak[c]));
+    a.push_back(Attr::integer(std::string("host_at_peak_") + mem_category_name(MemCategory(c)), p.host_at_peak[c]));
+  }
   // Each pipeline stage (one without --pp), as comma-separated lists: its first piece
   // (then the total), planned peak, GEMM FLOPs and parameters.
-  std::string first, peaks, flops, params;
+  std::string first, peaks, host_peaks, flops, params;
   char num[64];
   for (const StagePlan& st : p.stages) {
     first += std::to_string(st.first_piece) + ",";
     peaks += std::to_string(st.peak_total) + ",";
+    host_peaks += std::to_string(st.host_peak_total) + ",";
     std::snprintf(num, sizeof num, "%.17g,", st.counted_flops);
     flops += num;
     params += std::to_string(st.params) + ",";
   }
   first += std::to_string(p.stages.back().last_piece);
-  for (std::string* l : {&peaks, &flops, &params}) l->pop_back();
+  for (std::string* l : {&peaks, &host_peaks, &flops, &params}) l->pop_back();
   a.push_back(Attr::integer("pp_size", p.layout.pp));
   a.push_back(Attr::str("stage_first", first));
   a.push_back(Attr::str("stage_peak_total", peaks));
+  a.push_back(Attr::str("stage_host_peak_total", host_peaks));
   a.push_back(Attr::str("stage_counted_gemm_flops", flops));
   a.push_back(Attr::str("stage_params", params));
   a.push_back(Attr::str("text", format_plan(cfg, p)));

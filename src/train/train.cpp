@@ -207,14 +207,23 @@ class TrainingRun {
     MemoryPlan plan = plan_memory(cfg_, layout_);
     plan.limit = cfg_.mem_limit_gib > 0 ? int64_t(cfg_.mem_limit_gib * 1024 * 1024 * 1024)
                                         : default_memory_limit(device_free);
+    const int64_t host_default = default_host_memory_limit();  // collective: every rank calls it
+    plan.host_limit = cfg_.host_mem_limit_gib > 0 ? int64_t(cfg_.host_mem_limit_gib * 1024 * 1024 * 1024) : host_default;
     return plan;
   }
 
+  // Either side short (device memory against --mem-limit-gib, host memory against
+  // --host-mem-limit-gib): the plan printed, the run recorded, exit 3.
   int record_out_of_memory(const MemoryPlan& plan) {
     out_("%s", format_plan(cfg_, plan).c_str());
-    out_("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
-         "nothing was allocated\n",
-         human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
+    if (!plan.device_fits())
+      out_("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
+           "nothing was allocated\n",
+           human_bytes(double(plan.peak_total)).c_str(), human_bytes(double(plan.limit)).c_str());
+    if (!plan.host_fits())
+      out_("status: out-of-memory: the plan needs %s of host memory per rank, the limit is %s "
+           "(--host-mem-limit-gib); nothing was allocated\n",
+           human_bytes(double(plan.host_peak_total)).c_str(), human_bytes(double(plan.host_limit)).c_str());
     trace_.device = backend_ ? backend_->device_name() + " (not allocated)" : "not allocated";
     trace_.run = run_attrs(cfg_, layout_, "out-of-memory", start_, wall_clock_rank0());
     trace_.run.push_back(Attr::integer("planned_only", cfg_.plan_only));
@@ -314,7 +323,10 @@ class TrainingRun {
     // Peaks of the training run itself, before the GEMM replay and --check allocate more.
     trace_.peak = backend_->mem_peak();
     trace_.peak_total = backend_->mem_peak_total();
+    trace_.host_peak = backend_->host_mem_peak();
+    trace_.host_peak_total = backend_->host_mem_peak_total();
     s.peak = trace_.peak_total;
+    s.host_peak = trace_.host_peak_total;
     s.rss_growth = rss_bytes("VmHWM:") - rss_start_;
     backend_->set_recorder(nullptr);
     const double raw_rate =
@@ -323,10 +335,12 @@ class TrainingRun {
     s.gemm_vs_replay = median(my_gemm_flops_) / median(my_gemm_time_) / raw_rate;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.gemm_vs_replay, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
+    MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.host_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.rss_growth, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     s.cores = int(std::thread::hardware_concurrency());
     s.ranks_on_node = local_ranks();
     s.plan_peak = plan.peak_total;
+    s.plan_host_peak = plan.host_peak_total;
     s.final_loss = timed_.back().loss;
     s.first_nonfinite = first_nonfinite_;
     s.skipped_steps = skipped_steps_;
@@ -354,6 +368,7 @@ class TrainingRun {
     trace_.run.insert(trace_.run.end(), summary.begin(), summary.end());
     trace_.events = &recorder_->events();
     trace_.memory = &recorder_->memory();
+    trace_.host_memory = &recorder_->host_memory();
     watchdog_->progress(cfg_.warmup + cfg_.steps, "writing the result file");
     const double t_write = MPI_Wtime();
     write_trace(path_, trace_, MPI_COMM_WORLD, cfg_.overwrite);

@@ -1237,6 +1237,105 @@ TEST_F(CudaVsCpu, GemmWithBetaZeroIgnoresC) {
   }
 }
 
+// ---------------------------------------------------------------- host offload
+
+// CPU offload's primitives on the GPU: alloc_host is pinned memory in the host ledger (not
+// the device's); copy_async runs on a copy stream per direction (lanes 101 and 102), after
+// the compute issued before it, and overlaps compute issued after it; an all-gather
+// ordered after an upload (CollectiveArgs::after) reads what the upload wrote; a download
+// after a reduce-scatter, then host_compute over it (the host waits for the download) on
+// lane 100, then an upload of its result.
+TEST_F(CudaVsCpu, HostOffloadPinnedCopiesOnTheirStreams) {
+  auto comm = gpu().make_comm(MPI_COMM_SELF);
+  Collect rec;
+  gpu().set_recorder(&rec);
+  const int64_t n = 1 << 24;  // 64 MiB: a copy long enough to overlap the GEMMs below
+  float* pinned = gpu().alloc_host_floats(n, MemCategory::Parameters);
+  float* host_grad = gpu().alloc_host_floats(n, MemCategory::Gradients);
+  cudaPointerAttributes attr{};
+  ASSERT_EQ(cudaPointerGetAttributes(&attr, pinned), cudaSuccess);
+  EXPECT_EQ(attr.type, cudaMemoryTypeHost) << "alloc_host must be pinned (page-locked) memory";
+  EXPECT_EQ(gpu().host_mem_total_current(), 2 * n * 4);
+  EXPECT_EQ(gpu().host_mem_current()[int(MemCategory::Gradients)], n * 4);
+  const int64_t device_before = gpu().mem_total_current();
+  for (int64_t i = 0; i < n; ++i) pinned[i] = float(i % 1000);
+  float* shard = dev(std::vector<float>(n, 0.f));
+  float* full = dev(std::vector<float>(n, 0.f));
+  EXPECT_EQ(gpu().mem_total_current(), device_before + 2 * n * 4);  // the host buffers are not the device's
+  const int g = 4096;  // GEMMs issued after the upload: the upload overlaps them
+  float* a = dev(std::vector<float>(size_t(g) * g, 1e-3f));
+  float* c = dev(std::vector<float>(size_t(g) * g, 0.f));
+  gpu().synchronize();
+  rec.ops.clear();
+
+  gpu().fill(shard, -1.f, n);  // compute: the upload overwrites it only after this
+  const Request up = gpu().copy_async(shard, pinned, size_t(n) * 4, CopyDirection::HostToDevice);
+  for (int i = 0; i < 4; ++i) gpu().gemm(false, false, g, g, g, 1.f, a, g, a, g, 0.f, c, g);
+  CollectiveArgs ag{Collective::AllGather, shard, full, n, DType::F32, ReduceOp::Sum, 0};
+  ag.after = up;  // stream-ordered after the upload; compute does not wait
+  const Request gathered = gpu().collective(ag, *comm);
+  gpu().wait(gathered);
+  std::vector<float> want(n);
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = float(i % 1000);
+  EXPECT_EQ(host(full, n), want);
+
+  gpu().scale(full, 2.f, n);
+  const Request rs = gpu().reduce_scatter(full, shard, n, *comm);  // one rank: a copy
+  const Request down = gpu().copy_async(host_grad, shard, size_t(n) * 4, CopyDirection::DeviceToHost, rs);
+  bool ran = false;
+  gpu().host_compute([&] {  // the host reads the download: it must have completed
+    ran = true;
+    for (int64_t i = 0; i < n; ++i) pinned[i] = host_grad[i] + 1.f;
+  }, 2 * n * 4, {down});
+  EXPECT_TRUE(ran);
+  gpu().wait(down);  // completed by host_compute: free, nothing recorded
+  const Request back = gpu().copy_async(shard, pinned, size_t(n) * 4, CopyDirection::HostToDevice);
+  gpu().wait(back);
+  for (int64_t i = 0; i < n; ++i) want[size_t(i)] = 2.f * float(i % 1000) + 1.f;
+  EXPECT_EQ(host(shard, n), want);
+  gpu().synchronize();
+  gpu().set_recorder(nullptr);
+
+  std::vector<OpEvent> h2d, d2h, host_ops, gemms, fills, ags, waits;
+  for (const OpEvent& e : rec.ops) {
+    if (e.lane == kCopyH2DLane) h2d.push_back(e);
+    if (e.lane == kCopyD2HLane) d2h.push_back(e);
+    if (e.lane == kHostLane) host_ops.push_back(e);
+    if (e.kind == OpKind::Gemm) gemms.push_back(e);
+    if (e.kind == OpKind::Elementwise && e.bytes == n * 4) fills.push_back(e);
+    if (e.kind == OpKind::AllGather) ags.push_back(e);
+    if (e.kind == OpKind::Wait && e.lane == 0) waits.push_back(e);
+  }
+  ASSERT_EQ(h2d.size(), 2u);
+  ASSERT_EQ(d2h.size(), 1u);
+  ASSERT_EQ(gemms.size(), 4u);
+  ASSERT_EQ(ags.size(), 1u);
+  ASSERT_FALSE(fills.empty());
+  for (const OpEvent& e : h2d) EXPECT_EQ(e.kind, OpKind::Copy);
+  EXPECT_EQ(h2d[0].bytes, n * 4);
+  EXPECT_EQ(h2d[0].request, up);
+  EXPECT_EQ(d2h[0].request, down);
+  EXPECT_GE(h2d[0].start, fills[0].end - 1e-6);        // after the compute issued before it
+  EXPECT_LT(h2d[0].start, gemms.back().end);           // overlapping the GEMMs issued after it
+  EXPECT_GT(h2d[0].end, gemms.front().start);
+  EXPECT_GE(ags[0].start, h2d[0].end - 1e-6);          // the all-gather after the upload
+  EXPECT_EQ(ags[0].lane, 2);                           // on the ordered stream
+  EXPECT_GE(d2h[0].start, ags[0].end - 1e-6);
+  // Host lane: the wait for the download, then the update (host clock), after the download.
+  ASSERT_EQ(host_ops.size(), 2u);
+  EXPECT_EQ(host_ops[0].kind, OpKind::Wait);
+  EXPECT_EQ(host_ops[0].request, down);
+  EXPECT_EQ(host_ops[1].kind, OpKind::Optimizer);
+  EXPECT_EQ(host_ops[1].bytes, 2 * n * 4);
+  EXPECT_GE(host_ops[1].start, d2h[0].end - 1e-4);
+  EXPECT_GE(h2d[1].start, host_ops[1].end - 1e-4);    // the upload of the result after it
+  for (const OpEvent& w : waits) EXPECT_NE(w.request, down);  // the compute lane never waited for the download
+  gpu().release_host(host_grad);
+  gpu().release_host(pinned);
+  EXPECT_EQ(gpu().host_mem_total_current(), 0);
+  EXPECT_EQ(gpu().host_mem_peak_total(), 2 * n * 4);
+}
+
 }  // namespace
 }  // namespace sb
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <initializer_list>
 #include <memory>
 #include <string>
@@ -68,7 +69,7 @@ using MemBytes = std::array<int64_t, kMemCategories>;
 
 // What a recorded operation is, for traces and the step breakdown.
 enum class OpKind : int {
-  Gemm, Elementwise, Optimizer, Copy,          // compute lane
+  Gemm, Elementwise, Optimizer, Copy,          // compute lane (Optimizer, Copy: also the offload lanes)
   AllReduce, AllGather, ReduceScatter,         // communication lanes
   Wait,                                        // compute lane blocked on communication
   Progress,                                    // compute lane driving MPI collectives (CPU)
@@ -86,25 +87,37 @@ struct OpEvent {
   OpKind kind;
   Phase phase;
   int unit;      // model unit, -1 when none
-  int lane;      // 0 = compute; 1.. = communication lanes
+  int lane;      // 0 = compute; 1.. = communication lanes; kHostLane, kCopy*Lane: offload
   double start;  // seconds since the backend's epoch
   double end;
   int64_t bytes;  // bytes moved by a collective (the full buffer) or touched by compute
   double flops;   // matmul FLOPs (2·m·n·k) for a GEMM
   int32_t gemm[5];  // GEMM shape: m, n, k, batch, transposes (bit 0: A, bit 1: B); else zeros
-  int64_t request = -1;  // collectives and waits: the request, so a schedule can be replayed
+  int64_t request = -1;  // collectives, copy_async copies and waits: the request, so a schedule can be replayed
   int32_t ranks = 0;     // collectives: ranks of the communicator
-  int64_t after = -1;    // collectives: the request it is stream-ordered after (counting backend)
+  int64_t after = -1;    // collectives, copies: the request it is stream-ordered after (counting backend)
   int32_t axis = -1;     // collectives: the mesh axis of the communicator (Axis), -1 for none
   int32_t peer = -1;     // send, receive: the other rank, in the communicator's numbering
 };
 
-// Receives every operation and memory change of the backend, in completion order.
+// Trace lanes beside the compute lane (0) and the communication lanes (1.., assigned by each
+// backend, far below these): the host-offload lanes, fixed on every backend. Host compute
+// (a host function run by host_compute(), the CPU optimizer update) on kHostLane; host ↔
+// device copies (copy_async()) on a lane per direction, as a GPU's copy engines run them.
+constexpr int kHostLane = 100;
+constexpr int kCopyH2DLane = 101;
+constexpr int kCopyD2HLane = 102;
+inline bool is_offload_lane(int lane) { return lane >= kHostLane && lane <= kCopyD2HLane; }
+
+// Receives every operation and memory change of the backend, in completion order: the
+// device ledger's changes through on_memory, the host ledger's (alloc_host) through
+// on_host_memory.
 class Recorder {
  public:
   virtual ~Recorder() = default;
   virtual void on_op(const OpEvent& e) = 0;
   virtual void on_memory(double t, const MemBytes& current) = 0;
+  virtual void on_host_memory(double t, const MemBytes& current) {}
 };
 
 // The axes of the parallel layout (backend/layout.h), in rank order from outermost to
@@ -127,8 +140,13 @@ class Comm {
   int axis_ = -1;
 };
 
-using Request = int64_t;  // handle of an outstanding collective
+using Request = int64_t;  // handle of an outstanding collective or copy (copy_async)
 constexpr Request kNoRequest = -1;
+
+// Which way copy_async moves bytes: from host memory (alloc_host) to the device's
+// (alloc), or back.
+enum class CopyDirection : int { HostToDevice, DeviceToHost };
+const char* copy_direction_name(CopyDirection d);  // "host-to-device", "device-to-host"
 
 // ---- collectives: one vocabulary for the strategies, collective_perf and the traces ----
 enum class ReduceOp : int { Sum, Prod, Min, Max, Avg, kCount };
@@ -148,7 +166,7 @@ enum class Collective : int {
 // `recv` from `peer`, matched by `tag` (on NCCL, by issue order per communicator); only the
 // two ranks take part, so they start at once, in whatever order the ranks issue them. Each
 // goes in a `direction` (P2PDirection), which a backend may keep apart from the other.
-// `after`: stream order. The collective starts once collective `after` has finished,
+// `after`: stream order. The collective starts once collective (or copy_async) `after` has finished,
 // without the compute lane waiting for either (a CUDA stream waiting on an event; on CPU
 // the backend issues it as soon as it sees `after` complete). Collectives on one
 // communicator still start in issue order.
@@ -305,11 +323,55 @@ class Backend {
   // feeds an upload need not be built.
   virtual bool holds_data() const { return true; }
   virtual void download(void* host_dst, const void* src, size_t bytes) = 0;
-  const MemBytes& mem_current() const { return current_; }
-  const MemBytes& mem_peak() const { return peak_; }
-  int64_t mem_total_current() const;
-  int64_t mem_peak_total() const { return peak_total_; }
-  void reset_peaks();
+  const MemBytes& mem_current() const { return device_.current; }
+  const MemBytes& mem_peak() const { return device_.peak; }
+  int64_t mem_total_current() const { return device_.total(); }
+  int64_t mem_peak_total() const { return device_.peak_total; }
+  void reset_peaks();  // both ledgers: the peaks become the current bytes
+
+  // ---- host memory (CPU offload): a second ledger, kept exactly as the device's ----
+  // Host buffers that copy_async moves to and from the device and that host_compute reads
+  // and writes: pinned on CUDA (cudaHostAlloc, so copies are asynchronous DMA), plain
+  // page-aligned memory on CPU, addresses that point nowhere on the counting backend. Every
+  // allocation carries a category; current and peak bytes per category and the peak total
+  // are kept apart from the device's (mem_*), and each change goes to
+  // Recorder::on_host_memory. release_host frees at once: the caller releases a host buffer
+  // only when no copy still reads or writes it (wait or test its copy first).
+  virtual void* alloc_host(size_t bytes, MemCategory cat) = 0;
+  virtual void release_host(void* p) = 0;
+  float* alloc_host_floats(int64_t n, MemCategory cat) { return static_cast<float*>(alloc_host(size_t(n) * 4, cat)); }
+  const MemBytes& host_mem_current() const { return host_.current; }
+  const MemBytes& host_mem_peak() const { return host_.peak; }
+  int64_t host_mem_total_current() const { return host_.total(); }
+  int64_t host_mem_peak_total() const { return host_.peak_total; }
+
+  // Asynchronous copy of `bytes` between host memory from alloc_host and device memory from
+  // alloc (`dir` says which is which), off the compute lane. It starts once everything
+  // issued on the compute lane before it has finished (so it reads what compute wrote, and
+  // overwrites nothing compute still reads, as a collective's input) and once `after` (a
+  // collective's or another copy's request) has finished; copies of one direction run in
+  // issue order. The Request is a collective's in every way: wait() makes compute wait for
+  // it, test() polls it, CollectiveArgs::after orders a collective after it (an all-gather
+  // of a shard just copied to the device), release_after() frees a device buffer it reads,
+  // copy_async's own `after` chains copies (device-to-host after a reduce-scatter), and
+  // host_compute() waits for it on the host. Recorded as OpKind::Copy with `bytes` on
+  // kCopyH2DLane or kCopyD2HLane (its `after` in the counting backend's schedule).
+  // CUDA: a copy stream per direction (the two copy engines run concurrently); CPU: a
+  // memcpy, at issue or, when `after` is still outstanding, in the poll that sees it
+  // complete; counting: recorded only.
+  virtual Request copy_async(void* dst, const void* src, size_t bytes, CopyDirection dir,
+                             Request after = kNoRequest) = 0;
+  // Runs `fn` on the host (the CPU optimizer update over host buffers) once the requests in
+  // `inputs` (device-to-host copies of what it reads, or collectives) have completed: the
+  // host waits for them (CUDA: cudaEventSynchronize; compute already issued keeps running
+  // on the GPU meanwhile), which also completes them as test() does, so a later wait() on
+  // one is free. Recorded as an OpEvent of `kind` (OpKind::Optimizer) with `bytes` touched
+  // on kHostLane, tagged with the current phase and unit. fn has returned when this does: a
+  // host-to-device copy of its results issued afterwards reads them. The counting backend
+  // records it without calling fn (its host buffers point nowhere).
+  virtual void host_compute(const std::function<void()>& fn, int64_t bytes, const std::vector<Request>& inputs = {},
+                            OpKind kind = OpKind::Optimizer) = 0;
+
   // Bytes this rank can still allocate on its device (a GPU's free memory); -1 when the
   // backend does not know (CPU: the harness uses host memory / ranks on the node).
   virtual int64_t memory_capacity() const { return -1; }
@@ -473,6 +535,10 @@ class Backend {
   void require_supported(const CollectiveArgs& a) const;
   void untrack(void* p);
   std::vector<void*> tracked() const;  // what is still allocated (for destructors)
+  // The host ledger's same three (alloc_host / release_host).
+  void track_host(void* p, size_t bytes, MemCategory cat);
+  void untrack_host(void* p);
+  std::vector<void*> tracked_host() const;
   void record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,
               const int32_t* gemm_shape = nullptr, int64_t request = -1, int ranks = 0,
               int64_t after = -1, int axis = -1, int peer = -1);
@@ -480,16 +546,24 @@ class Backend {
   bool blocking_when_waited_ = true;
   ComputeOptions options_;
 
+  void record(OpEvent e);  // an event built by the backend (phase and unit as given)
+
  private:
-  void account_alloc(MemCategory cat, int64_t bytes);
-  void account_free(MemCategory cat, int64_t bytes);
   struct Allocation {
     size_t bytes;
     MemCategory cat;
   };
-  std::unordered_map<void*, Allocation> allocations_;
-  MemBytes current_{}, peak_{};
-  int64_t peak_total_ = 0;
+  // One memory ledger: the device's (alloc) or the host's (alloc_host).
+  struct Ledger {
+    std::unordered_map<void*, Allocation> allocations;
+    MemBytes current{}, peak{};
+    int64_t peak_total = 0;
+    int64_t total() const;
+  };
+  void track(Ledger& l, void* p, size_t bytes, MemCategory cat);
+  void untrack(Ledger& l, void* p);
+  void notify(const Ledger& l);
+  Ledger device_, host_;
   Phase phase_ = Phase::Other;
   int unit_ = -1;
 };

@@ -12,6 +12,9 @@ int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
 // Memory one rank may plan for: the device's free memory where known (device_free > 0),
 // else host memory / ranks on the node (collective).
 int64_t default_memory_limit(int64_t device_free);
+// Host memory one rank may plan for (CPU offload's host ledger): the node's memory / ranks
+// on the node (collective).
+int64_t default_host_memory_limit();
 // Decides a result path (default under results/ from `stem`, made unique with a numeric
 // suffix; a symbolic link is followed to its target, which the result is written as) and
 // checks it on rank 0 before any work; throws UsageError on every rank for an existing

@@ -15,9 +15,11 @@ namespace sb {
 
 // The version of the training programs' result format (docs/trace-format.md), written as
 // `schema_version` into every result and every record of a failed run.
+// 5: the host ledger (CPU offload): /host_memory, /host_memory_peaks, the plan's host_*
+// attributes, the offload lanes (kHostLane, kCopyH2DLane, kCopyD2HLane) in /events;
 // 4: the events' units are the split root's (embedding, blocks, bridge, head), named by
 // unit_names; 3: events' axis and peer, the /mesh table
-constexpr int kSchemaVersion = 4;
+constexpr int kSchemaVersion = 5;
 
 struct StepStats {
   int step = 0;
@@ -27,6 +29,8 @@ struct StepStats {
   double gemm_flops = 0;           // FLOPs of those GEMMs
   double communication = 0;        // collectives, issue to observed completion, all lanes
   double exposed_comm = 0;         // compute lane in wait() or driving MPI progress
+  double offload_copy = 0;         // copy_async copies (both copy lanes, may overlap)
+  double host_compute = 0;         // host_compute's functions (kHostLane), their waits excluded
   int64_t comm_bytes = 0;          // collectives' buffers (nccl-tests' size)
   int64_t sent_bytes = 0;          // bytes this rank sent (bytes_sent())
   double loss = 0;                 // this rank's mean token loss
@@ -56,10 +60,12 @@ class TraceRecorder : public Recorder {
   StepStats end_step(double t, int64_t peak_memory);
   void on_op(const OpEvent& e) override;
   void on_memory(double t, const MemBytes& current) override;
+  void on_host_memory(double t, const MemBytes& current) override;
   void set_keep_events(bool keep) { keep_ = keep; }
 
   const std::vector<TraceEvent>& events() const { return events_; }
   const std::vector<MemorySample>& memory() const { return memory_; }
+  const std::vector<MemorySample>& host_memory() const { return host_memory_; }
   std::vector<OpEvent> step_events(int step) const;
 
  private:
@@ -68,6 +74,7 @@ class TraceRecorder : public Recorder {
   StepStats cur_;
   std::vector<TraceEvent> events_;
   std::vector<MemorySample> memory_;
+  std::vector<MemorySample> host_memory_;
 };
 
 // This rank's figures of one step, as written to /steps.
@@ -94,8 +101,11 @@ struct TraceData {
   std::vector<StepRow> steps;
   const std::vector<TraceEvent>* events = nullptr;
   const std::vector<MemorySample>* memory = nullptr;
+  const std::vector<MemorySample>* host_memory = nullptr;  // the host ledger's changes
   MemBytes peak{};               // this rank's accounted peaks per category
   int64_t peak_total = 0;
+  MemBytes host_peak{};          // the same of the host ledger (alloc_host)
+  int64_t host_peak_total = 0;
 };
 
 // Writes `data` of every rank of `comm` into `path` (docs/trace-format.md); see ResultFile

@@ -19,6 +19,7 @@ struct RunConfig {
   std::string backend = "cpu";
   CommLibrary comm = CommLibrary::Nccl;  // --comm: collectives of the CUDA backend
   double mem_limit_gib = 0;  // 0: the machine's memory / ranks on the node
+  double host_mem_limit_gib = 0;  // host memory (CPU offload's alloc_host); 0: the node's memory / ranks on the node
   int plan_world = 0;        // --world-size for --plan (0: the MPI world)
   std::string schedule_json;  // --schedule-json: with --plan, the step's schedule for the projection
   bool plan_only = false;

@@ -17,6 +17,9 @@ struct StagePlan {
   MemBytes peak{};              // per category, each at its own peak
   MemBytes at_peak{};           // per category at the moment of the total peak
   int64_t peak_total = 0;
+  // The host ledger's (alloc_host: CPU offload) the same way, at its own total peak.
+  MemBytes host_peak{}, host_at_peak{};
+  int64_t host_peak_total = 0;
   std::vector<int> units;       // the units it holds (those its pieces use)
   int64_t params = 0;           // parameters it holds (a tensor-parallel rank's part)
   double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
@@ -31,10 +34,19 @@ struct MemoryPlan {
   MemBytes at_peak{};
   int64_t peak_total = 0;
   int worst_stage = 0;
-  int64_t limit = 0;            // bytes
+  int64_t limit = 0;            // bytes (--mem-limit-gib)
+  // Host memory (CPU offload), of the stage with the highest host peak, against its own
+  // limit (--host-mem-limit-gib).
+  MemBytes host_peak{};
+  MemBytes host_at_peak{};
+  int64_t host_peak_total = 0;
+  int worst_host_stage = 0;
+  int64_t host_limit = 0;       // bytes
   double counted_flops = 0;     // stage 0's (the whole step's without --pp)
   std::vector<OpEvent> schedule;  // stage 0's
-  bool fits() const { return peak_total <= limit; }
+  bool device_fits() const { return peak_total <= limit; }
+  bool host_fits() const { return host_peak_total <= host_limit; }
+  bool fits() const { return device_fits() && host_fits(); }  // out-of-memory (exit 3) otherwise
 };
 
 MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout);

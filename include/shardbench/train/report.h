@@ -36,6 +36,7 @@ struct Summary {
   double gemm_vs_replay = 0;     // the worst rank's in-step GEMM rate over its replay
   int ranks_on_node = 0, cores = 0;
   int64_t peak = 0, plan_peak = 0, rss_growth = 0;  // bytes
+  int64_t host_peak = 0, plan_host_peak = 0;  // the host ledger's (CPU offload), bytes
   double final_loss = 0;
   int first_nonfinite = 0;       // the first step whose global loss was inf or NaN (0: none)
   int skipped_steps = 0;         // dynamic loss scaling: updates skipped

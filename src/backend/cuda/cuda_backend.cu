@@ -355,7 +355,9 @@ class CudaBackend final : public Backend, private StagingDevice {
     cudaStreamSynchronize(comm_);
     cudaStreamSynchronize(ordered_);
     for (cudaStream_t p2p : p2p_) cudaStreamSynchronize(p2p);
+    for (cudaStream_t c : copy_) cudaStreamSynchronize(c);
     for (void* p : tracked()) cudaFreeAsync(p, compute_);
+    for (void* p : tracked_host()) cudaFreeHost(p);
     cudaStreamSynchronize(compute_);
     stager_.reset();  // hands its events back to the pool
     flush_pending_frees();
@@ -378,6 +380,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     cudaStreamDestroy(comm_);
     cudaStreamDestroy(ordered_);
     for (cudaStream_t p2p : p2p_) cudaStreamDestroy(p2p);
+    for (cudaStream_t c : copy_) cudaStreamDestroy(c);
     cudaStreamDestroy(compute_);
   }
 
@@ -443,6 +446,59 @@ class CudaBackend final : public Backend, private StagingDevice {
     untrack(p);
     if (mpi_pending(r)) return pending_frees_.push_back({p, r});
     free_after(p, r);
+  }
+  // Host memory for offload: pinned, so copy_async is a DMA of a copy engine that overlaps
+  // compute (from pageable memory cudaMemcpyAsync would stage through a pinned buffer on the
+  // host thread). cudaHostAlloc and cudaFreeHost may synchronise the device: allocate host
+  // buffers outside the step (shards, optimizer states live for the run).
+  void* alloc_host(size_t bytes, MemCategory cat) override {
+    boundary();
+    void* p = nullptr;
+    const cudaError_t rc = cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault);
+    if (rc == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      SB_FATAL("out-of-memory: cudaHostAlloc of " + human_bytes(double(bytes)) + " (" + std::to_string(bytes) +
+               " bytes) of pinned host memory for " + mem_category_name(cat) + " failed: shardbench holds " +
+               human_bytes(double(host_mem_total_current())) + " of host memory; plan with --plan --host-mem-limit-gib");
+    }
+    cuda_check(rc, "cudaHostAlloc(&p, bytes, cudaHostAllocDefault)", __FILE__, __LINE__);
+    track_host(p, bytes, cat);
+    return p;
+  }
+  void release_host(void* p) override {
+    if (!p) return;
+    untrack_host(p);
+    CUDA_CHECK(cudaFreeHost(p));
+  }
+  // On the copy stream of its direction (two copy engines: uploads and downloads overlap
+  // each other and compute), after the compute issued so far and `after`, as a collective
+  // (issue()); its request maps to its `done` event like a collective's.
+  Request copy_async(void* dst, const void* src, size_t bytes, CopyDirection dir, Request after) override {
+    while (after != kNoRequest && mpi_pending(after)) progress_mpi();  // its last copy enqueued: orderable
+    const cudaStream_t s = copy_[int(dir)];
+    const cudaMemcpyKind kind = dir == CopyDirection::HostToDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+    return issue(OpKind::Copy, int64_t(bytes), 0, s, after,
+                 [&] { CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s)); });
+  }
+  // The host waits for each input's `done` (cudaEventSynchronize: the GPU keeps running what
+  // was issued), timed on the host as a wait on kHostLane, then runs fn, timed the same way.
+  void host_compute(const std::function<void()>& fn, int64_t bytes, const std::vector<Request>& inputs,
+                    OpKind kind) override {
+    boundary();
+    for (Request r : inputs) {
+      while (mpi_pending(r)) progress_mpi();
+      auto it = requests_.find(r);
+      if (it == requests_.end()) continue;  // completed earlier
+      const double t0 = now();
+      CUDA_CHECK(cudaEventSynchronize(it->second.done));
+      host_timed(OpKind::Wait, t0, now(), 0, r);
+      free_done_.push_back(it->second.done);  // complete: as test() found it
+      requests_.erase(it);
+    }
+    const double t0 = now();
+    fn();
+    host_timed(kind, t0, now(), bytes, kNoRequest);
+    progress_mpi();
   }
   // From pageable host memory the runtime stages the data before returning, so the caller
   // may free its buffer at once; the copy itself is ordered on the compute stream.
@@ -822,6 +878,7 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaStreamSynchronize(comm_));
     CUDA_CHECK(cudaStreamSynchronize(ordered_));
     for (cudaStream_t p2p : p2p_) CUDA_CHECK(cudaStreamSynchronize(p2p));
+    for (cudaStream_t c : copy_) CUDA_CHECK(cudaStreamSynchronize(c));
     for (auto& [r, o] : requests_) free_done_.push_back(o.done);  // all complete now
     requests_.clear();
     resolve_timed_ops();
@@ -863,6 +920,13 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
     CUDA_CHECK(cudaStreamCreateWithPriority(&ordered_, cudaStreamNonBlocking, greatest));
     for (cudaStream_t& p2p : p2p_) CUDA_CHECK(cudaStreamCreateWithPriority(&p2p, cudaStreamNonBlocking, greatest));
+    for (cudaStream_t& c : copy_) CUDA_CHECK(cudaStreamCreateWithPriority(&c, cudaStreamNonBlocking, greatest));
+  }
+  // An operation of the host thread (host_compute and its waits), timed by the backend clock.
+  void host_timed(OpKind kind, double start, double end, int64_t bytes, Request request) {
+    if (recorder_)
+      timed_.push_back(TimedOp{kind, phase(), unit(), kHostLane, nullptr, nullptr, bytes, 0.0, false, {}, request, 0,
+                               start, end});
   }
 
   void make_cublas() {
@@ -989,6 +1053,8 @@ class CudaBackend final : public Backend, private StagingDevice {
     if (prev != requests_.end()) CUDA_CHECK(cudaStreamWaitEvent(s, prev->second.done, 0));
     const Request id = next_request_++;
     const int lane = s == comm_ ? kCommLane : s == ordered_ ? kOrderedLane : s == compute_ ? kTensorLane
+                     : s == copy_[int(CopyDirection::HostToDevice)] ? kCopyH2DLane
+                     : s == copy_[int(CopyDirection::DeviceToHost)] ? kCopyD2HLane
                      : s == p2p_[int(P2PDirection::Activations)] ? kActivationLane : kGradientLane;
     timed(kind, lane, s, bytes, nccl_call, 0.0, nullptr, id, ranks);
     const cudaEvent_t done = done_event();
@@ -1072,7 +1138,17 @@ class CudaBackend final : public Backend, private StagingDevice {
     while (a.after != kNoRequest && mpi_pending(a.after)) progress_mpi();
     mpi_ranks_[next_request_] = c.size();
     const cudaEvent_t ready = done_event();
-    CUDA_CHECK(cudaEventRecord(ready, compute_));
+    // After an outstanding copy_async: `ready` is recorded on its copy stream once that has
+    // also reached this point of the compute stream (later copies wait for that anyway), so
+    // the stager's one mark orders the collective after both.
+    auto copy = requests_.find(a.after);
+    if (copy != requests_.end() && (copy->second.stream == copy_[0] || copy->second.stream == copy_[1])) {
+      CUDA_CHECK(cudaEventRecord(ready_, compute_));
+      CUDA_CHECK(cudaStreamWaitEvent(copy->second.stream, ready_, 0));
+      CUDA_CHECK(cudaEventRecord(ready, copy->second.stream));
+    } else {
+      CUDA_CHECK(cudaEventRecord(ready, compute_));
+    }
     const Request id = next_request_++;
     stager_->issue(id, a, m->comm, phase(), unit(), ready);
     return id;
@@ -1278,6 +1354,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   bool tf32_ = false;
   cudaStream_t compute_ = nullptr, comm_ = nullptr, ordered_ = nullptr;
   cudaStream_t p2p_[2] = {nullptr, nullptr};  // pipeline sends and receives, by P2PDirection
+  cudaStream_t copy_[2] = {nullptr, nullptr};  // copy_async, by CopyDirection (kCopyH2DLane, kCopyD2HLane)
   cublasHandle_t cublas_ = nullptr;
   cudaMemPool_t pool_ = nullptr;        // the device's default pool, which alloc() draws from
   cudaEvent_t ready_ = nullptr;         // compute-stream point a collective starts after
