@@ -69,6 +69,21 @@ GradAccumulation parse_grad_accumulation(const std::string& s) {
   throw UsageError("--grad-accumulation '" + s + "' is not allowed (allowed: unsharded, sharded)");
 }
 
+const char* cpu_offload_name(CpuOffload o) {
+  switch (o) {
+    case CpuOffload::None: return "none";
+    case CpuOffload::Params: return "params";
+    case CpuOffload::Optimizer: return "optimizer";
+  }
+  return "?";
+}
+
+CpuOffload parse_cpu_offload(const std::string& s) {
+  for (CpuOffload v : {CpuOffload::None, CpuOffload::Params, CpuOffload::Optimizer})
+    if (s == cpu_offload_name(v)) return v;
+  throw UsageError("--cpu-offload '" + s + "' is not allowed (allowed: none, params, optimizer)");
+}
+
 std::string StrategyConfig::label() const {
   const std::string tensor = (tp > 1 ? "-tp" + std::to_string(tp) : "") + (pp > 1 ? "-pp" + std::to_string(pp) : "");
   if (kind == StrategyKind::DDP) return "ddp" + tensor;

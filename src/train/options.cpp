@@ -26,7 +26,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   // A flag given twice takes its last value, so scripts can append overrides.
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   std::string model = "t5-small", sharding = "full", prefetch = "backward-pre", dtype = "fp32", reduce_dtype;
-  std::string grad_accumulation = "unsharded";
+  std::string grad_accumulation = "unsharded", cpu_offload = "none";
   int64_t d_model = 0, d_ff = 0, layers = 0, heads = 0, d_kv = 0, vocab = 0;
   int64_t batch = 2, seq_len = 64, dec_len = 0, steps = 5, warmup = 1, world = 0, shard = 0, tp = 1, pp = 1;
   int64_t micro_batches = 0, pp_split = 0, zero = 0;
@@ -151,6 +151,11 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                    "over --micro-batches: unsharded (hold each unit's unsharded gradient, reduce after the last, "
                    "as PyTorch's no_sync) | sharded (reduce-scatter after every micro-batch into the shard)")
         ->capture_default_str();
+    app.add_option("--cpu-offload", cpu_offload,
+                   "none | params (parameter, gradient and optimizer shards on the host, the update on the CPU: "
+                   "PyTorch FSDP CPUOffload; full, hybrid, grad-op) | optimizer (master weights and optimizer state "
+                   "on the host, the update on the CPU: DeepSpeed ZeRO-Offload; optimizer-state, grad-op, full, hybrid)")
+        ->capture_default_str();
   }
   if (!parse_command_line(app, argc, argv)) return false;
   if (list_models) {  // what slurm/sweep checks a matrix's models against
@@ -256,6 +261,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
       throw UsageError("--grad-accumulation sharded is not allowed with --sharding optimizer-state (ZeRO-1 keeps "
                        "the whole gradient and reduces it after the last micro-batch)");
     if (zero1) cfg.strategy.shard_size = int(shard);
+    cfg.strategy.cpu_offload = parse_cpu_offload(cpu_offload);
+    const Sharding sh = cfg.strategy.sharding;
+    if (cfg.strategy.cpu_offload == CpuOffload::Params && (sh == Sharding::None || zero1))
+      throw UsageError(std::string("--cpu-offload params is not allowed with --sharding ") + sharding_name(sh) +
+                       " (allowed: full, hybrid, grad-op: the parameters must be sharded to live on the host)");
+    if (cfg.strategy.cpu_offload == CpuOffload::Optimizer && sh == Sharding::None)
+      throw UsageError("--cpu-offload optimizer is not allowed with --sharding none (allowed: optimizer-state, grad-op, "
+                       "full, hybrid: the optimizer state must be sharded, as ZeRO-Offload's)");
     if (cfg.strategy.sharding == Sharding::Hybrid) {
       if (shard <= 0)
         throw UsageError("--sharding hybrid needs --shard-size G > 0 (got " + std::to_string(shard) + ")");

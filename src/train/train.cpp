@@ -240,7 +240,9 @@ class TrainingRun {
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());
-    strategy_ = make_strategy(cfg_.strategy, cfg_.model, *backend_, mesh_, cfg_.shape, cfg_.split);
+    StrategyConfig strategy = cfg_.strategy;  // the CPU update of offload shares the node's cores with its ranks
+    strategy.host_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks()));
+    strategy_ = make_strategy(strategy, cfg_.model, *backend_, mesh_, cfg_.shape, cfg_.split);
     if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, mesh_);
   }
 

@@ -23,6 +23,17 @@ enum class Prefetch { None, BackwardPre, BackwardPost };
 // reduced once, after the last; sharded: reduced after every micro-batch and added into the
 // gradient shard (M times the reduce traffic, one unit's unsharded gradient at a time).
 enum class GradAccumulation { Unsharded, Sharded };
+// CPU offload (--cpu-offload): state kept in host memory and updated there by the CPU.
+//   params     the fp32 parameter shards (and their param-dtype rounding), the gradient
+//              shards and the optimizer state on the host, as PyTorch FSDP's
+//              CPUOffload(offload_params=True): each all-gather starts from a host-to-device
+//              copy of the shard, each reduced gradient shard is copied to the host, the
+//              update runs on the CPU (full, hybrid, grad-op)
+//   optimizer  the fp32 master parameters and the optimizer state on the host, as DeepSpeed's
+//              ZeRO-Offload (offload_optimizer): the reduced gradient shards copied to the
+//              host, the CPU update, the updated parameters (param dtype) copied back
+//              (optimizer-state, grad-op, full, hybrid)
+enum class CpuOffload { None, Params, Optimizer };
 
 const char* sharding_name(Sharding s);
 const char* prefetch_name(Prefetch p);
@@ -32,6 +43,8 @@ int zero_stage(Sharding s);                      // DeepSpeed's stage; hybrid: 3
 Prefetch parse_prefetch(const std::string& s);  // throws UsageError
 const char* grad_accumulation_name(GradAccumulation g);
 GradAccumulation parse_grad_accumulation(const std::string& s);  // throws UsageError
+const char* cpu_offload_name(CpuOffload o);  // none, params, optimizer
+CpuOffload parse_cpu_offload(const std::string& s);  // throws UsageError
 
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
@@ -51,6 +64,8 @@ struct StrategyConfig {
   // the previous one (post_backward), which bounds the unsharded gradients alive to two.
   int fsdp_version = 1;
   GradAccumulation grad_accumulation = GradAccumulation::Unsharded;  // FSDP, with micro-batches
+  CpuOffload cpu_offload = CpuOffload::None;  // FSDP (--cpu-offload)
+  int host_threads = 1;  // threads of the CPU update under offload (the node's cores / its ranks)
   bool checkpointing = false;
   AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
   // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
