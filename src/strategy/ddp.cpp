@@ -7,9 +7,10 @@
 // is produced (the model's per-tensor hook), and a bucket's all-reduce is issued once all of
 // its tensors are ready, buckets in order, overlapping the rest of backward.
 // Mixed precision (param_dtype P, reduce_dtype R), as DDP's mixed_precision: fp32 master
-// parameters and Adam state, a P copy of the parameters for compute (refreshed after each
+// parameters and optimizer state, a P copy of the parameters for compute (refreshed after each
 // optimizer step), P gradients; when R differs, each bucket is cast into an R buffer and
-// all-reduced there, and Adam reads that buffer.
+// all-reduced there, and the optimizer reads that buffer. The optimizer updates each unit as
+// a region of its own (so adamw-8bit's blocks start at each unit's start).
 #include <algorithm>
 #include <cstring>
 
@@ -42,12 +43,14 @@ class DDP final : public TrainingSchedule {
     model_.set_grad_ready_hook([this](int u, int t) { mark_ready(u, t); });
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Gradients);
-    m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
-    v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
+    std::vector<int64_t> numels;  // one optimizer region per unit (adamw-8bit's blocks from its start)
+    for (const UnitSpec& u : units_) numels.push_back(u.numel);
+    state_at_ = optimizer_state_layout(cfg_.optimizer, numels);
+    if (state_at_.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(state_at_.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
-    b_.fill(m_, 0.f, total_);
-    b_.fill(v_, 0.f, total_);
+    for (size_t u = 0; u < units_.size() && state_; ++u)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + state_at_.offset[u], units_[u].numel);
     if (cfg_.param_dtype != DType::F32) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -59,7 +62,7 @@ class DDP final : public TrainingSchedule {
   ~DDP() override {
     finish_gradients();  // no reduction may still write into buffers freed below
     if (reduced_.ptr != grads_.ptr) b_.release(reduced_.ptr);
-    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr}) b_.release(p);
   }
 
   std::vector<float> gather_unit(int u) override {
@@ -148,7 +151,10 @@ class DDP final : public TrainingSchedule {
 
   void optimizer_step(int step) override {
     SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
-    b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+    for (size_t u = 0; u < units_.size(); ++u)  // refreshes the compute copy too
+      b_.optimizer_update(cfg_.optimizer, step, params_ + offset_[u], reduced_ + offset_[u],
+                          state_ ? state_ + state_at_.offset[u] : nullptr, units_[u].numel,
+                          compute_ ? compute_ + offset_[u] : Buf());
   }
 
   std::vector<int64_t> offset_;
@@ -156,7 +162,9 @@ class DDP final : public TrainingSchedule {
   std::vector<std::vector<int>> bucket_of_;  // [unit][tensor] → its bucket
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
-  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 master and Adam state
+  float* params_ = nullptr;  // fp32 master
+  char* state_ = nullptr;    // optimizer state, one region per unit at state_at_
+  OptimizerStateLayout state_at_;
   Buf compute_;   // param dtype copy of params_ (low precision only)
   Buf grads_;     // param dtype, bucket views
   Buf reduced_;   // reduce dtype: grads_ itself, or a buffer the buckets are cast into

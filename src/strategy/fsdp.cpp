@@ -54,19 +54,21 @@ class FSDP final : public TrainingSchedule {
         full_grad_(units_.size()) {
     const int G = mesh_.layout.shard;
     for (size_t u = 0; u < units_.size(); ++u) {
-      shards_[u] = shard_of(units_[u].numel, G, mesh_.layout.shard_rank());
+      shards_[u] = shard_of(units_[u].numel, G, mesh_.layout.shard_rank(), optimizer_region_alignment(cfg_.optimizer));
       offset_[u] = total_;
       total_ += shards_[u].size;
     }
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
-    m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
-    v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
+    std::vector<int64_t> sizes;  // one optimizer region per unit's shard
+    for (const ShardInfo& s : shards_) sizes.push_back(s.size);
+    state_at_ = optimizer_state_layout(cfg_.optimizer, sizes);
+    if (state_at_.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(state_at_.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], shards_[u].offset,
                        shards_[u].size);
-    b_.fill(m_, 0.f, total_);
-    b_.fill(v_, 0.f, total_);
+    for (size_t u = 0; u < units_.size() && state_; ++u)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + state_at_.offset[u], shards_[u].size);
     if (!sharded() && low_precision()) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -78,7 +80,7 @@ class FSDP final : public TrainingSchedule {
       free_gathered(int(u));
       b_.release(full_grad_[u].ptr);
     }
-    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr}) b_.release(p);
   }
 
   std::vector<float> gather_unit(int u) override { return gather_on_host(params_ + offset_[u], u); }
@@ -273,13 +275,18 @@ class FSDP final : public TrainingSchedule {
   }
 
   void optimizer_step(int step) override {
-    b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+    for (size_t u = 0; u < units_.size(); ++u)  // refreshes the compute copy too
+      b_.optimizer_update(cfg_.optimizer, step, params_ + offset_[u], grads_ + offset_[u],
+                          state_ ? state_ + state_at_.offset[u] : nullptr, shards_[u].size,
+                          compute_ ? compute_ + offset_[u] : Buf());
   }
 
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> offset_;  // of each unit's shard in the flat shard buffers
   int64_t total_ = 0;
-  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 shards
+  float* params_ = nullptr;  // fp32 shards
+  char* state_ = nullptr;    // optimizer state, one region per unit's shard at state_at_
+  OptimizerStateLayout state_at_;
   Buf grads_;    // gradient shards, reduce dtype
   Buf compute_;  // unsharded, low precision: the parameters in param dtype
   std::vector<Buf> gathered_;
