@@ -126,6 +126,12 @@ expect "fsdp full --optimizer adamw --weight-decay 0.1 --check" 0 "check: .* ada
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw --weight-decay 0.1 --check --out $T/full-adamw-wd.h5
 expect "fsdp full --optimizer sgd --momentum 0 --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer sgd --momentum 0 --check
+expect "fsdp full --tp 2 --optimizer sgd --check" 0 "check: .* sgd updates .* -> PASS" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --optimizer sgd --weight-decay 0.01 --check
+expect "fsdp full --pp 2 --optimizer adamw-8bit --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --pp 2 --optimizer adamw-8bit --check
+expect "ddp --tp 2 --optimizer adamw-8bit runs (--check is refused with it)" 0 "^RESULT .*strategy=ddp-tp2" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --tp 2 --optimizer adamw-8bit
 expect "fsdp full --optimizer adamw-8bit --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw-8bit --check --out $T/full-8bit.h5
 expect "traces of each optimizer: measured peak = plan (python check)" 0 '^ok .*full-8bit.h5' -- \

@@ -493,7 +493,7 @@ void StepCheck::check_update(int step, const std::vector<std::vector<float>>& gr
       if (!(diff <= allowed)) {
         char text[256];
         std::snprintf(text, sizeof text, "unit %s element %" PRId64 ": weight %.9g after %s, expected %.9g",
-                      units[k].name.c_str(), i, w, e);
+                      units[k].name.c_str(), i, w, optimizer_name(opt.kind), e);
         fail(step, text);
         break;
       }

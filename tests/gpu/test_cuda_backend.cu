@@ -299,8 +299,8 @@ TEST_F(CudaVsCpu, OptimizersMatchTheHostUpdate) {
       c.weight_decay = 0.05f;
       c.grad_unscale = 1.f / 8;
       auto p = random(n, 28);
-      std::vector<char> state(size_t(optimizer_state_bytes(c, n)));
-      std::vector<uint16_t> copy(size_t(n));
+      std::vector<char> state(static_cast<size_t>(optimizer_state_bytes(c, n)));
+      std::vector<uint16_t> copy(static_cast<size_t>(n));
       host_optimizer_init_state(c, state.data(), n);
       float* d_p = dev(p);
       void* d_state = gpu().alloc(state.size(), MemCategory::Workspace);
@@ -320,25 +320,25 @@ TEST_F(CudaVsCpu, OptimizersMatchTheHostUpdate) {
       EXPECT_CLOSE(gp, p, k == OptimizerKind::AdamW8bit ? 1e-5 : 4 * std::ldexp(1.0, -24));
       std::vector<char> gs(state.size());
       gpu().download(gs.data(), d_state, gs.size());
-      std::vector<uint16_t> gc(size_t(n));
+      std::vector<uint16_t> gc(static_cast<size_t>(n));
       gpu().download(gc.data(), d_copy.ptr, gc.size() * 2);
       int64_t same_params = 0, copy_off = 0;
       for (int64_t i = 0; i < n; ++i) {
-        same_params += std::memcmp(&gp[size_t(i)], &p[size_t(i)], 4) == 0;
-        copy_off += gc[size_t(i)] != float_to_bf16_bits(gp[size_t(i)]);
+        same_params += std::memcmp(&gp[static_cast<size_t>(i)], &p[static_cast<size_t>(i)], 4) == 0;
+        copy_off += gc[static_cast<size_t>(i)] != float_to_bf16_bits(gp[static_cast<size_t>(i)]);
       }
       EXPECT_EQ(copy_off, 0) << "the bf16 copy is the GPU's parameters rounded";
       std::printf("  %s n %lld: %lld of %lld parameters bit-identical to the host's\n", optimizer_name(k),
                   (long long)n, (long long)same_params, (long long)n);
       if (k == OptimizerKind::AdamW8bit) {
         const int64_t B = (n + 255) / 256;
-        std::vector<float> ga(size_t(2 * B)), ha(size_t(2 * B));
-        std::memcpy(ga.data(), gs.data(), size_t(8 * B));
-        std::memcpy(ha.data(), state.data(), size_t(8 * B));
+        std::vector<float> ga(static_cast<size_t>(2 * B)), ha(static_cast<size_t>(2 * B));
+        std::memcpy(ga.data(), gs.data(), static_cast<size_t>(8 * B));
+        std::memcpy(ha.data(), state.data(), static_cast<size_t>(8 * B));
         EXPECT_CLOSE(ga, ha, 4 * std::ldexp(1.0, -24)) << "absmax";
         int64_t apart = 0, far = 0;
         for (int64_t i = 8 * B; i < int64_t(gs.size()); ++i) {
-          const int d = std::abs(int(uint8_t(gs[size_t(i)])) - int(uint8_t(state[size_t(i)])));
+          const int d = std::abs(int(uint8_t(gs[static_cast<size_t>(i)])) - int(uint8_t(state[static_cast<size_t>(i)])));
           apart += d != 0, far += d > 1;
         }
         EXPECT_EQ(far, 0) << "codes more than one apart";
