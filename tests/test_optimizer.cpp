@@ -150,6 +150,30 @@ TEST(Optimizer, DynamicMaps) {
   EXPECT_NEAR(u[254], 1.f - 0.9f / 256, 1e-6);
 }
 
+// The table the host update quantises with gives quantize_to_map's code for every x in
+// [-1, 1]: at each code, each midpoint and their neighbouring floats, and at random values
+// of every magnitude.
+TEST(Optimizer, TableQuantisationIsTheNearestCode) {
+  for (bool is_signed : {true, false}) {
+    const std::array<float, 256>& m = dynamic_map(is_signed);
+    std::vector<float> xs = {0.f, -0.f, 1.f, -1.f, 1e-30f, -1e-30f};
+    for (int i = 0; i < 256; ++i) {
+      const float mid = i < 255 ? (m[static_cast<size_t>(i)] + m[static_cast<size_t>(i) + 1]) * 0.5f : 1.f;
+      for (float v : {m[static_cast<size_t>(i)], mid})
+        for (float x : {v, std::nextafter(v, -2.f), std::nextafter(v, 2.f)}) xs.push_back(x);
+    }
+    for (int k = 0; k < 200000; ++k) {
+      const float u = uniform_pm1(7, uint64_t(k));
+      xs.push_back(u * std::pow(10.f, -float(k % 9)));  // 1 down to 1e-8
+    }
+    int64_t wrong = 0;
+    for (float x : xs)
+      if (x >= -1.f && x <= 1.f) wrong += quantize_dynamic(is_signed, x) != quantize_to_map(m, x);
+    EXPECT_EQ(wrong, 0) << (is_signed ? "signed" : "unsigned");
+    EXPECT_EQ(quantize_dynamic(is_signed, std::nanf("")), 0);
+  }
+}
+
 // One 8-bit step by hand: g = (0.5, -0.25), zero state, lr 0.1, step 1. Then m = 0.1 g =
 // (0.05, -0.025), v = 0.001 g² = (2.5e-4, 6.25e-5); absmax 0.05 and 2.5e-4; each weight moves
 // by lr · sign(g); m / absmax = (1, -0.5) → codes 1 and the nearest to -0.5, -0.50078125

@@ -29,6 +29,9 @@ const std::array<float, 256>& dynamic_map(bool is_signed);
 // The index of the code nearest to x in a sorted map (x beyond the ends: the end code). As
 // bitsandbytes' quantize_2D: between neighbouring codes a and b, b when x > (a + b) / 2.
 uint8_t quantize_to_map(const std::array<float, 256>& map, float x);
+// quantize_to_map(dynamic_map(is_signed), x) for x in [-1, 1] (what a moment over its block's
+// absmax is) or NaN (0), by a table instead of a search: what the host update runs.
+uint8_t quantize_dynamic(bool is_signed, float x);
 // The index of the code 0.
 uint8_t zero_code(bool is_signed);
 
