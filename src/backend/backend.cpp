@@ -109,6 +109,18 @@ int64_t optimizer_state_bytes(const OptimizerConfig& cfg, int64_t n) {
     default: return 0;
   }
 }
+OptimizerRegions optimizer_regions(const OptimizerConfig& cfg, const std::vector<int64_t>& first,
+                                   const std::vector<int64_t>& length) {
+  OptimizerRegions r;
+  if (optimizer_region_alignment(cfg) > 1) {
+    r.first = first, r.length = length;
+  } else if (!first.empty()) {
+    r.first = {first.front()};
+    r.length = {first.back() + length.back() - first.front()};
+  }
+  r.state = optimizer_state_layout(cfg, r.length);
+  return r;
+}
 int64_t optimizer_bytes_touched(const OptimizerConfig& cfg, int64_t n, DType grad, const Buf& copy) {
   return 8 * n + 2 * optimizer_state_bytes(cfg, n) + dtype_size(grad) * n + (copy.ptr ? dtype_size(copy.dtype) * n : 0);
 }

@@ -130,7 +130,7 @@ void bench_pack(benchmark::State& st, int64_t numel) {
 
 void bench_adam(benchmark::State& st, int64_t numel) {
   Backend& b = cpu();
-  float* p[4];
+  float* p[2];  // parameters, gradient
   for (auto& x : p) b.fill(x = b.alloc_floats(numel, sb::MemCategory::Workspace), 0.5f, numel);
   sb::OptimizerConfig cfg;  // adamw without weight decay: the Adam update, its state m then v
   float* state = b.alloc_floats(2 * numel, sb::MemCategory::Workspace);
@@ -140,6 +140,9 @@ void bench_adam(benchmark::State& st, int64_t numel) {
     b.optimizer_update(cfg, ++step, p[0], p[1], state, numel);
     b.synchronize();
   }
+  // Per element: read p, g, m, v, write p, m, v; about 12 floating-point operations.
+  st.counters["bytes/s"] = benchmark::Counter(28.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
+  st.counters["FLOP/s"] = benchmark::Counter(12.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
   b.release(state);
   for (float* x : p) b.release(x);
 }

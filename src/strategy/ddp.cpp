@@ -9,8 +9,8 @@
 // Mixed precision (param_dtype P, reduce_dtype R), as DDP's mixed_precision: fp32 master
 // parameters and optimizer state, a P copy of the parameters for compute (refreshed after each
 // optimizer step), P gradients; when R differs, each bucket is cast into an R buffer and
-// all-reduced there, and the optimizer reads that buffer. The optimizer updates each unit as
-// a region of its own (so adamw-8bit's blocks start at each unit's start).
+// all-reduced there, and the optimizer reads that buffer (adamw-8bit: each unit as a region
+// of its own, so its blocks start at the unit's start).
 #include <algorithm>
 #include <cstring>
 
@@ -43,14 +43,14 @@ class DDP final : public TrainingSchedule {
     model_.set_grad_ready_hook([this](int u, int t) { mark_ready(u, t); });
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Gradients);
-    std::vector<int64_t> numels;  // one optimizer region per unit (adamw-8bit's blocks from its start)
+    std::vector<int64_t> numels;  // the optimizer's regions: all units, or each (adamw-8bit)
     for (const UnitSpec& u : units_) numels.push_back(u.numel);
-    state_at_ = optimizer_state_layout(cfg_.optimizer, numels);
-    if (state_at_.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(state_at_.bytes), MemCategory::OptimizerState));
+    regions_ = optimizer_regions(cfg_.optimizer, offset_, numels);
+    if (regions_.state.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
-    for (size_t u = 0; u < units_.size() && state_; ++u)
-      b_.optimizer_init_state(cfg_.optimizer, state_ + state_at_.offset[u], units_[u].numel);
+    for (size_t r = 0; r < regions_.first.size() && state_; ++r)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + regions_.state.offset[r], regions_.length[r]);
     if (cfg_.param_dtype != DType::F32) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -151,10 +151,12 @@ class DDP final : public TrainingSchedule {
 
   void optimizer_step(int step) override {
     SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
-    for (size_t u = 0; u < units_.size(); ++u)  // refreshes the compute copy too
-      b_.optimizer_update(cfg_.optimizer, step, params_ + offset_[u], reduced_ + offset_[u],
-                          state_ ? state_ + state_at_.offset[u] : nullptr, units_[u].numel,
-                          compute_ ? compute_ + offset_[u] : Buf());
+    for (size_t r = 0; r < regions_.first.size(); ++r) {  // refreshes the compute copy too
+      const int64_t i = regions_.first[r];
+      b_.optimizer_update(cfg_.optimizer, step, params_ + i, reduced_ + i,
+                          state_ ? state_ + regions_.state.offset[r] : nullptr, regions_.length[r],
+                          compute_ ? compute_ + i : Buf());
+    }
   }
 
   std::vector<int64_t> offset_;
@@ -163,8 +165,8 @@ class DDP final : public TrainingSchedule {
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
   float* params_ = nullptr;  // fp32 master
-  char* state_ = nullptr;    // optimizer state, one region per unit at state_at_
-  OptimizerStateLayout state_at_;
+  char* state_ = nullptr;    // optimizer state of regions_
+  OptimizerRegions regions_;
   Buf compute_;   // param dtype copy of params_ (low precision only)
   Buf grads_;     // param dtype, bucket views
   Buf reduced_;   // reduce dtype: grads_ itself, or a buffer the buckets are cast into

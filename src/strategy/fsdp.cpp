@@ -60,15 +60,15 @@ class FSDP final : public TrainingSchedule {
     }
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
-    std::vector<int64_t> sizes;  // one optimizer region per unit's shard
+    std::vector<int64_t> sizes;  // the optimizer's regions: all shards, or each (adamw-8bit)
     for (const ShardInfo& s : shards_) sizes.push_back(s.size);
-    state_at_ = optimizer_state_layout(cfg_.optimizer, sizes);
-    if (state_at_.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(state_at_.bytes), MemCategory::OptimizerState));
+    regions_ = optimizer_regions(cfg_.optimizer, offset_, sizes);
+    if (regions_.state.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], shards_[u].offset,
                        shards_[u].size);
-    for (size_t u = 0; u < units_.size() && state_; ++u)
-      b_.optimizer_init_state(cfg_.optimizer, state_ + state_at_.offset[u], shards_[u].size);
+    for (size_t r = 0; r < regions_.first.size() && state_; ++r)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + regions_.state.offset[r], regions_.length[r]);
     if (!sharded() && low_precision()) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -275,18 +275,20 @@ class FSDP final : public TrainingSchedule {
   }
 
   void optimizer_step(int step) override {
-    for (size_t u = 0; u < units_.size(); ++u)  // refreshes the compute copy too
-      b_.optimizer_update(cfg_.optimizer, step, params_ + offset_[u], grads_ + offset_[u],
-                          state_ ? state_ + state_at_.offset[u] : nullptr, shards_[u].size,
-                          compute_ ? compute_ + offset_[u] : Buf());
+    for (size_t r = 0; r < regions_.first.size(); ++r) {  // refreshes the compute copy too
+      const int64_t i = regions_.first[r];
+      b_.optimizer_update(cfg_.optimizer, step, params_ + i, grads_ + i,
+                          state_ ? state_ + regions_.state.offset[r] : nullptr, regions_.length[r],
+                          compute_ ? compute_ + i : Buf());
+    }
   }
 
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> offset_;  // of each unit's shard in the flat shard buffers
   int64_t total_ = 0;
   float* params_ = nullptr;  // fp32 shards
-  char* state_ = nullptr;    // optimizer state, one region per unit's shard at state_at_
-  OptimizerStateLayout state_at_;
+  char* state_ = nullptr;    // optimizer state of regions_
+  OptimizerRegions regions_;
   Buf grads_;    // gradient shards, reduce dtype
   Buf compute_;  // unsharded, low precision: the parameters in param dtype
   std::vector<Buf> gathered_;

@@ -317,6 +317,16 @@ struct OptimizerStateLayout {
   int64_t bytes = 0;
 };
 OptimizerStateLayout optimizer_state_layout(const OptimizerConfig& cfg, const std::vector<int64_t>& lengths);
+// The regions a strategy updates a flat buffer of units in (`first` and `length` of each
+// unit, contiguous, in order): one region over all of them for adamw and sgd (elementwise:
+// one call, the schedule as before --optimizer), each unit's own for adamw-8bit (its blocks
+// start at the unit's, or its shard's, first element); with the state's layout over them.
+struct OptimizerRegions {
+  std::vector<int64_t> first, length;  // elements, per region
+  OptimizerStateLayout state;           // bytes, per region
+};
+OptimizerRegions optimizer_regions(const OptimizerConfig& cfg, const std::vector<int64_t>& first,
+                                   const std::vector<int64_t>& length);
 // Bytes an update of n parameters reads and writes (what each backend records for it): the
 // fp32 parameters twice, the gradient, the state twice (adamw-8bit: its codes and absmaxes),
 // the copy.
