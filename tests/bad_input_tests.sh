@@ -97,6 +97,34 @@ expect "--out= (attached) is refused the same way" 2 "error: --out= is not allow
 expect "--plan= (a flag) is refused" 2 "error: --plan= is not allowed \(an empty value; the flag alone: --plan\)" -- \
   $BIN/fsdp_perf "${PLAN[@]}" --plan=
 
+# --- 3b. --optimizer: an unknown optimizer, --momentum without sgd, --check --tp with 8-bit:
+# one line naming the flag and what is allowed, exit 2, no result file ---
+one_error_no_file() {  # NAME PATTERN FILE COMMAND...
+  local name=$1 pattern=$2 file=$3
+  shift 3
+  "$@" >"$tmp/out" 2>&1
+  local rc=$? lines
+  lines=$(grep -c 'error:' "$tmp/out")
+  if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -qE -- "$pattern" "$tmp/out" || [ -e "$file" ] ||
+     ls "$file".*tmp >/dev/null 2>&1; then
+    echo "      exit $rc, $lines error lines, file $( [ -e "$file" ] && echo left || echo none)" >>"$tmp/out"; bad "$name"
+  else ok "$name"; fi
+}
+one_error_no_file "--optimizer adam: one line naming the allowed ones, exit 2, no file" \
+  "error: --optimizer 'adam' is not allowed \(allowed: adamw, adamw-8bit, sgd\)$" $T/opt.h5 \
+  "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adam --out $T/opt.h5
+one_error_no_file "ddp_perf --optimizer ADAMW (names are lower case): refused" \
+  "error: --optimizer 'ADAMW' is not allowed \(allowed: adamw, adamw-8bit, sgd\)$" $T/opt.h5 \
+  "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --optimizer ADAMW --out $T/opt.h5
+one_error_no_file "--momentum without --optimizer sgd: refused" \
+  "error: --momentum is only allowed with --optimizer sgd$" $T/opt.h5 \
+  "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw --momentum 0.5 --out $T/opt.h5
+one_error_no_file "--weight-decay -1: refused with its range" "error: --weight-decay -1 is not allowed" $T/opt.h5 \
+  "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --weight-decay -1 --out $T/opt.h5
+one_error_no_file "--check --tp 2 --optimizer adamw-8bit: refused, saying why" \
+  "error: --check with --tp > 1 is not allowed with --optimizer adamw-8bit" $T/opt.h5 \
+  "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --optimizer adamw-8bit --check --out $T/opt.h5
+
 # --- 4. --out naming a dangling symbolic link: written through to its target, as cp does ---
 ln -s $T/target.h5 $T/link.h5
 expect "--out a dangling link: the run writes its target" 0 "wrote $T/target.h5" -- \

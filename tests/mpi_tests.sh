@@ -128,6 +128,38 @@ for fault in "drop-grad-shard fsdp_perf --sharding full" "drop-grad-shard ddp_pe
     env SHARDBENCH_INJECT_FAULT=$name "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/"$@" "${TINY[@]}" --check
 done
 
+# --- --optimizer: each optimizer passes --check (the reference runs it with its own state)
+# under DDP and FSDP, fp32 and bf16, and its run's measured peak equals its plan ---
+for opt in adamw-8bit sgd; do
+  expect "ddp --optimizer $opt --check" 0 "check: .* $opt updates .* -> PASS" -- \
+    "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --optimizer $opt --weight-decay 0.01 --check --out $T/ddp-$opt.h5
+  expect "fsdp full bf16 --optimizer $opt --check" 0 "$check_pattern" -- \
+    "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer $opt --weight-decay 0.01 --dtype bf16 --check --out $T/full-bf16-$opt.h5
+  expect "fsdp hybrid 2 --optimizer $opt --check" 0 "$check_pattern" -- \
+    "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer $opt --sharding hybrid --shard-size 2 --check --out $T/hybrid-$opt.h5
+  expect "fsdp grad-op --optimizer $opt --check" 0 "$check_pattern" -- \
+    "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer $opt --sharding grad-op --check
+done
+expect "ddp bf16 --optimizer adamw-8bit --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --optimizer adamw-8bit --dtype bf16 --check
+expect "fsdp full --optimizer adamw --weight-decay 0.1 --check" 0 "check: .* adamw updates .* -> PASS" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw --weight-decay 0.1 --check --out $T/full-adamw-wd.h5
+expect "fsdp full --optimizer sgd --momentum 0 --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer sgd --momentum 0 --check
+expect "fsdp full --tp 2 --optimizer sgd --check" 0 "check: .* sgd updates .* -> PASS" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --tp 2 --optimizer sgd --weight-decay 0.01 --check
+expect "fsdp full --pp 2 --optimizer adamw-8bit --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --pp 2 --optimizer adamw-8bit --check
+expect "ddp --tp 2 --optimizer adamw-8bit runs (--check is refused with it)" 0 "^RESULT .*strategy=ddp-tp2" -- \
+  "${MPIRUN[@]}" $BIN/ddp_perf "${TINY[@]}" --tp 2 --optimizer adamw-8bit
+expect "fsdp full --optimizer adamw-8bit --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw-8bit --check --out $T/full-8bit.h5
+expect "traces of each optimizer: measured peak = plan (python check)" 0 '^ok .*full-8bit.h5' -- \
+  $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp-adamw-8bit.h5 $T/ddp-sgd.h5 $T/full-bf16-adamw-8bit.h5 \
+  $T/full-bf16-sgd.h5 $T/hybrid-adamw-8bit.h5 $T/hybrid-sgd.h5 $T/full-adamw-wd.h5 $T/full-8bit.h5
+expect "the plan names the optimizer and its state (8-bit: 2 bytes + 8 per 256)" 0 \
+  'optimizer_state +18.79 KiB +18.79 KiB +16.00 KiB' -- \
+  $BIN/fsdp_perf "${TINY[@]}" --optimizer adamw-8bit --plan --world-size 4
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5 \

@@ -22,7 +22,7 @@ if build/bin/kernel_bench --benchmark_filter='t5-tiny/' --benchmark_min_time=0.0
 import json, sys
 runs = json.load(sys.stdin)["benchmarks"]
 kinds = {r["name"].split("/")[0] for r in runs}
-assert kinds == {"gemm", "pack", "adam", "attention"}, kinds
+assert kinds == {"gemm", "pack", "adam", "optimizer", "attention"}, kinds
 assert all(r["FLOP/s"] > 0 for r in runs if "gemm" in r["name"]), "GEMM FLOP/s"
 assert all(r["bytes/s"] > 0 for r in runs if "attention" not in r["name"]), "bytes/s"
 att = [r for r in runs if r["name"].startswith("attention/")]

@@ -73,10 +73,10 @@ TEST(CpuBackend, CrossEntropyLossAndGradient) {
 
 TEST(CpuBackend, AdamFirstStepMovesByLr) {
   auto b = make_backend("cpu");
-  std::vector<float> p = {1, 1, 1}, g = {0.5f, -2.f, 0.f}, m(3, 0.f), v(3, 0.f);
-  AdamConfig c;
+  std::vector<float> p = {1, 1, 1}, g = {0.5f, -2.f, 0.f}, state(6, 0.f);  // m, v
+  OptimizerConfig c;
   c.lr = 0.1f;
-  b->adam(p.data(), g.data(), m.data(), v.data(), 3, c, 1);
+  b->optimizer_update(c, 1, p.data(), g.data(), state.data(), 3);
   EXPECT_NEAR(p[0], 0.9f, 1e-5);  // bias-corrected first step: lr · sign(g)
   EXPECT_NEAR(p[1], 1.1f, 1e-5);
   EXPECT_FLOAT_EQ(p[2], 1.f);

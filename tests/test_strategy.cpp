@@ -428,3 +428,41 @@ TEST(Schedule, BytesSentFollowTheBusBandwidthFactors) {
   EXPECT_LT(hybrid.first, full.first);
   EXPECT_GT(hybrid.second, full.second);
 }
+
+// --optimizer: one state buffer of optimizer_state_layout's bytes over the regions the
+// strategy updates (adamw-8bit: DDP's units, FSDP's units' shards, padded to whole blocks of
+// 256 so a shard's blocks are the unit's; adamw and sgd: all of them as one region, one call).
+TEST(Schedule, OptimizerStatePerOptimizer) {
+  const ModelSpec spec = model_preset("t5-small");
+  for (OptimizerKind k : {OptimizerKind::AdamW, OptimizerKind::AdamW8bit, OptimizerKind::Sgd})
+    for (bool ddp : {true, false}) {
+      SCOPED_TRACE(std::string(optimizer_name(k)) + (ddp ? " ddp" : " fsdp full"));
+      StrategyConfig c = ddp ? StrategyConfig{} : fsdp(Sharding::Full);
+      if (ddp) c.kind = StrategyKind::DDP;
+      c.optimizer.kind = k;
+      const int G = ddp ? 1 : 4;
+      std::vector<int64_t> regions;
+      int64_t params = 0;
+      for (const UnitSpec& u : model_units(spec)) {
+        const ShardInfo s = shard_of(u.numel, G, 0, optimizer_region_alignment(c.optimizer));
+        if (k == OptimizerKind::AdamW8bit && !ddp) {
+          EXPECT_EQ(s.size % 256, 0);
+        }
+        regions.push_back(ddp ? u.numel : s.size);
+        params += regions.back();
+      }
+      Schedule s = run_schedule(c, 4);
+      EXPECT_EQ(s.peak[int(MemCategory::OptimizerState)], optimizer_state_layout(c.optimizer, regions).bytes);
+      EXPECT_EQ(s.peak[int(MemCategory::Parameters)], 4 * params);
+      int updates = 0;
+      for (const OpEvent& e : s.rec.all) updates += e.kind == OpKind::Optimizer;
+      EXPECT_EQ(updates, k == OptimizerKind::AdamW8bit ? s.units : 1);  // elementwise: one call, as before
+    }
+  // The state per parameter: adamw 8 bytes, sgd 4, adamw-8bit about 2.03.
+  StrategyConfig c = fsdp(Sharding::Full);
+  const double adamw = double(run_schedule(c, 4).peak[int(MemCategory::OptimizerState)]);
+  c.optimizer.kind = OptimizerKind::Sgd;
+  EXPECT_NEAR(double(run_schedule(c, 4).peak[int(MemCategory::OptimizerState)]) / adamw, 0.5, 1e-3);
+  c.optimizer.kind = OptimizerKind::AdamW8bit;
+  EXPECT_NEAR(double(run_schedule(c, 4).peak[int(MemCategory::OptimizerState)]) / adamw, (2 + 8.0 / 256) / 8, 2e-3);
+}

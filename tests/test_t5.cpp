@@ -618,26 +618,23 @@ TEST(T5Step, FusedAndUnfusedTrainToTheSameWeights) {
   for (AttentionImpl a : {AttentionImpl::Unfused, AttentionImpl::Fused}) {
     Harness h(*b, spec, x, false, DType::F32, 1.f, a);
     const auto& units = h.step->units();
-    std::vector<float*> m, v;
-    for (const auto& u : units) {
-      m.push_back(b->alloc_floats(u.numel, MemCategory::OptimizerState));
-      v.push_back(b->alloc_floats(u.numel, MemCategory::OptimizerState));
-      b->fill(m.back(), 0.f, u.numel);
-      b->fill(v.back(), 0.f, u.numel);
-    }
-    AdamConfig cfg;
+    OptimizerConfig cfg;  // adamw
     cfg.lr = 1e-2f;
+    std::vector<void*> state;
+    for (const auto& u : units) {
+      state.push_back(b->alloc(size_t(optimizer_state_bytes(cfg, u.numel)), MemCategory::OptimizerState));
+      b->optimizer_init_state(cfg, state.back(), u.numel);
+    }
     for (int step = 1; step <= 3; ++step) {
       h.step->set_tokens(make_tokens(T5Model::kSeed, step, 0, x, spec.vocab));
       h.forward();
       h.backward();
       for (size_t u = 0; u < units.size(); ++u)
-        b->adam(static_cast<float*>(h.params[u].ptr), h.grads[u], m[u], v[u], units[u].numel, cfg, step);
+        b->optimizer_update(cfg, step, static_cast<float*>(h.params[u].ptr), h.grads[u], state[u], units[u].numel);
     }
     for (size_t u = 0; u < units.size(); ++u) {
       weights[int(a)].push_back(h.download(h.params[u], units[u].numel));
-      b->release(m[u]);
-      b->release(v[u]);
+      b->release(state[u]);
     }
   }
   for (size_t u = 0; u < weights[0].size(); ++u)

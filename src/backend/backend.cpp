@@ -92,6 +92,57 @@ DType parse_precision(const std::string& s, const std::string& flag) {
   throw UsageError(flag + " '" + s + "' is not allowed (allowed: fp32, bf16, fp16)");
 }
 
+const char* optimizer_name(OptimizerKind k) {
+  switch (k) {
+    case OptimizerKind::AdamW: return "adamw";
+    case OptimizerKind::AdamW8bit: return "adamw-8bit";
+    case OptimizerKind::Sgd: return "sgd";
+    default: return "?";
+  }
+}
+OptimizerKind parse_optimizer(const std::string& s, const std::string& flag) {
+  for (OptimizerKind k : {OptimizerKind::AdamW, OptimizerKind::AdamW8bit, OptimizerKind::Sgd})
+    if (s == optimizer_name(k)) return k;
+  throw UsageError(flag + " '" + s + "' is not allowed (allowed: adamw, adamw-8bit, sgd)");
+}
+int64_t optimizer_state_bytes(const OptimizerConfig& cfg, int64_t n) {
+  switch (cfg.kind) {
+    case OptimizerKind::AdamW: return 8 * n;
+    case OptimizerKind::AdamW8bit: return 2 * n + 8 * ((n + kOptimizerBlock - 1) / kOptimizerBlock);
+    case OptimizerKind::Sgd: return cfg.momentum != 0.f ? 4 * n : 0;
+    default: return 0;
+  }
+}
+OptimizerRegions optimizer_regions(const OptimizerConfig& cfg, const std::vector<int64_t>& first,
+                                   const std::vector<int64_t>& length) {
+  OptimizerRegions r;
+  if (optimizer_region_alignment(cfg) > 1) {
+    r.first = first, r.length = length;
+  } else if (!first.empty()) {
+    r.first = {first.front()};
+    r.length = {first.back() + length.back() - first.front()};
+  }
+  r.state = optimizer_state_layout(cfg, r.length);
+  return r;
+}
+int64_t optimizer_bytes_touched(const OptimizerConfig& cfg, int64_t n, DType grad, const Buf& copy) {
+  return 8 * n + 2 * optimizer_state_bytes(cfg, n) + dtype_size(grad) * n + (copy.ptr ? dtype_size(copy.dtype) * n : 0);
+}
+int64_t optimizer_region_alignment(const OptimizerConfig& cfg) {
+  return cfg.kind == OptimizerKind::AdamW8bit ? kOptimizerBlock : 1;
+}
+OptimizerStateLayout optimizer_state_layout(const OptimizerConfig& cfg, const std::vector<int64_t>& lengths) {
+  const int64_t align = optimizer_region_alignment(cfg);
+  OptimizerStateLayout l;
+  int64_t first = 0;  // the region's aligned element offset
+  for (int64_t n : lengths) {
+    l.offset.push_back(optimizer_state_bytes(cfg, first));
+    first += (n + align - 1) / align * align;
+  }
+  l.bytes = optimizer_state_bytes(cfg, first);
+  return l;
+}
+
 const char* attention_kernel_name(AttentionKernel k) {
   switch (k) {
     case AttentionKernel::Auto: return "auto";

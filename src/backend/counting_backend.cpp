@@ -138,9 +138,11 @@ class CountingBackend final : public Backend {
     record(OpKind::Elementwise, 0, 0.0, 0.0, dtype_size(x.dtype) * n, 0.0);
     return true;
   }
-  void adam(float*, CBuf g, float*, float*, int64_t n, const AdamConfig&, int, Buf copy) override {
-    const int64_t bytes = (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n;
-    record(OpKind::Optimizer, 0, 0.0, 0.0, bytes, 0.0);  // bytes touched, for the projection
+  void optimizer_update(const OptimizerConfig& c, int, float*, CBuf g, void*, int64_t n, Buf copy) override {
+    record(OpKind::Optimizer, 0, 0.0, 0.0, optimizer_bytes_touched(c, n, g.dtype, copy), 0.0);  // bytes touched, for the projection
+  }
+  void optimizer_init_state(const OptimizerConfig& c, void*, int64_t n) override {
+    record(OpKind::Elementwise, 0, 0.0, 0.0, optimizer_state_bytes(c, n), 0.0);
   }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm) override { return std::make_unique<NullComm>(1, 0); }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "shardbench/backend/backend.h"
+#include "shardbench/backend/host_optimizer.h"
 #include "shardbench/backend/exact_sum.h"
 #include "shardbench/core/check.h"
 #include "shardbench/core/half.h"
@@ -883,31 +884,17 @@ class CpuBackend final : public Backend {
     done(OpKind::Elementwise, t0, dtype_size(x.dtype) * n);
     return finite;
   }
-  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step, Buf copy) override {
+  // The host optimizer (backend/host_optimizer.h), on this rank's one core.
+  void optimizer_update(const OptimizerConfig& c, int step, float* p, CBuf g, void* state, int64_t n,
+                        Buf copy) override {
     const double t0 = start_compute();
-    const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
-    // In cache-sized chunks, so the copy reads parameters that were just written.
-    constexpr int64_t kChunk = 16384;
-    for (int64_t i0 = 0; i0 < n; i0 += kChunk) {
-      const int64_t len = std::min(kChunk, n - i0);
-      const F32View gv(g + i0, len);
-      adam_kernel(p + i0, gv.p, m + i0, v + i0, len, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale);
-      if (copy.ptr) store_f32(copy + i0, p + i0, len);
-    }
-    done(OpKind::Optimizer, t0, (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n);
+    host_optimizer_update(c, step, p, g, state, n, copy, /*threads=*/1);
+    done(OpKind::Optimizer, t0, optimizer_bytes_touched(c, n, g.dtype, copy));
   }
-  // Separate buffers (restrict) and bias corrections folded into multipliers let the
-  // compiler vectorise the loop.
-  static void adam_kernel(float* __restrict__ p, const float* __restrict__ g, float* __restrict__ m,
-                          float* __restrict__ v, int64_t n, float lr, float b1, float b2, float eps,
-                          float bc1, float bc2, float unscale) {
-    const float step_size = lr / bc1, inv_bc2 = 1.f / bc2;
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * unscale;
-      m[i] = b1 * m[i] + (1.f - b1) * gi;
-      v[i] = b2 * v[i] + (1.f - b2) * gi * gi;
-      p[i] -= step_size * m[i] / (std::sqrt(v[i] * inv_bc2) + eps);
-    }
+  void optimizer_init_state(const OptimizerConfig& c, void* state, int64_t n) override {
+    const double t0 = start_compute();
+    host_optimizer_init_state(c, state, n);
+    done(OpKind::Elementwise, t0, optimizer_state_bytes(c, n));
   }
 
   // ---- collectives ----

@@ -94,11 +94,11 @@ std::string ParallelLayout::describe() const {
          " x shard " + std::to_string(shard) + ") x tp " + std::to_string(tp);
 }
 
-ShardInfo shard_of(int64_t numel, int shards, int index) {
-  SB_ASSERT(shards >= 1 && index >= 0 && index < shards, "bad shard index");
+ShardInfo shard_of(int64_t numel, int shards, int index, int64_t shard_multiple) {
+  SB_ASSERT(shards >= 1 && index >= 0 && index < shards && shard_multiple >= 1, "bad shard index");
   ShardInfo s;
   s.numel = numel;
-  s.size = (numel + shards - 1) / shards;
+  s.size = ((numel + shards - 1) / shards + shard_multiple - 1) / shard_multiple * shard_multiple;
   s.padded = s.size * shards;
   s.offset = s.size * index;
   return s;

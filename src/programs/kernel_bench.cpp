@@ -2,7 +2,9 @@
 // CPU backend or (--backend cuda) the CUDA one: the GEMM shapes of each T5 preset's units
 // (taken from one step of the real model on the counting backend, so they are exactly the
 // shapes a step issues), the copy of a unit's flat parameter (pack/unpack), the Adam update
-// of a unit, and one attention forward + backward per path at the study models' head
+// of a unit (adam/: adamw as before --optimizer), each optimizer's update of a unit
+// (optimizer/<model>/encoder_block/<optimizer>/threads<N>: the host implementation with N
+// threads on the CPU), and one attention forward + backward per path at the study models' head
 // shapes (attention/<model>/<path>/<dtype>: unfused, fused, and on cuda fused-fma and
 // fused-mma, the FMA and the tensor-core kernels; src/programs/attention_bench.h).
 // Counters: FLOP/s and bytes/s; attention lines: ms and TFLOPS (its matmul FLOPs, 12·B·H·T²·d_kv,
@@ -23,6 +25,8 @@
 #include <tuple>
 
 #include "shardbench/backend/backend.h"
+#include "shardbench/backend/host_optimizer.h"
+#include <vector>
 #include "shardbench/model/model.h"
 #include "shardbench/model/t5.h"
 #include "attention_bench.h"
@@ -126,18 +130,45 @@ void bench_pack(benchmark::State& st, int64_t numel) {
 
 void bench_adam(benchmark::State& st, int64_t numel) {
   Backend& b = cpu();
-  float* p[4];
+  float* p[2];  // parameters, gradient
   for (auto& x : p) b.fill(x = b.alloc_floats(numel, sb::MemCategory::Workspace), 0.5f, numel);
-  sb::AdamConfig cfg;
+  sb::OptimizerConfig cfg;  // adamw without weight decay: the Adam update, its state m then v
+  float* state = b.alloc_floats(2 * numel, sb::MemCategory::Workspace);
+  b.optimizer_init_state(cfg, state, numel);
   int step = 0;
   for (auto _ : st) {
-    b.adam(p[0], p[1], p[2], p[3], numel, cfg, ++step);
+    b.optimizer_update(cfg, ++step, p[0], p[1], state, numel);
     b.synchronize();
   }
   // Per element: read p, g, m, v, write p, m, v; about 12 floating-point operations.
   st.counters["bytes/s"] = benchmark::Counter(28.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
   st.counters["FLOP/s"] = benchmark::Counter(12.0 * numel, benchmark::Counter::kIsIterationInvariantRate);
+  b.release(state);
   for (float* x : p) b.release(x);
+}
+
+// Each optimizer's update of a unit (--optimizer): on the CPU the host implementation with
+// `threads` threads (backend/host_optimizer.h), on cuda the backend's kernels (threads 1).
+void bench_optimizer(benchmark::State& st, int64_t numel, sb::OptimizerKind kind, int threads) {
+  Backend& b = cpu();
+  sb::OptimizerConfig cfg;
+  cfg.kind = kind;
+  float* p = b.alloc_floats(numel, sb::MemCategory::Workspace);
+  float* g = b.alloc_floats(numel, sb::MemCategory::Workspace);
+  b.init_uniform(p, numel, 1, 0, 0.5f);
+  b.init_uniform(g, numel, 2, 0, 1e-3f);
+  void* state = b.alloc(size_t(sb::optimizer_state_bytes(cfg, numel)), sb::MemCategory::Workspace);
+  b.optimizer_init_state(cfg, state, numel);
+  const bool host = b.name() == "cpu";
+  int step = 0;
+  for (auto _ : st) {
+    if (host) sb::host_optimizer_update(cfg, ++step, p, g, state, numel, {}, threads);
+    else b.optimizer_update(cfg, ++step, p, g, state, numel);
+    b.synchronize();
+  }
+  st.counters["bytes/s"] = benchmark::Counter(double(sb::optimizer_bytes_touched(cfg, numel, sb::DType::F32, {})),
+                                              benchmark::Counter::kIsIterationInvariantRate);
+  for (void* x : {(void*)p, (void*)g, state}) b.release(x);
 }
 
 // One attention forward + backward (attention_bench.h), timed per iteration with the
@@ -226,6 +257,12 @@ int main(int argc, char** argv) {
               ->Unit(benchmark::kMicrosecond);
           benchmark::RegisterBenchmark(("adam/" + preset + "/encoder_block").c_str(), bench_adam, u.numel)
               ->Unit(benchmark::kMicrosecond);
+          for (sb::OptimizerKind k : {sb::OptimizerKind::AdamW, sb::OptimizerKind::AdamW8bit, sb::OptimizerKind::Sgd})
+            for (int threads : cuda ? std::vector<int>{1} : std::vector<int>{1, 2})
+              benchmark::RegisterBenchmark(("optimizer/" + preset + "/encoder_block/" + sb::optimizer_name(k) +
+                                            "/threads" + std::to_string(threads)).c_str(),
+                                           bench_optimizer, u.numel, k, threads)
+                  ->Unit(benchmark::kMicrosecond);
         }
       }
     }

@@ -7,9 +7,10 @@
 // is produced (the model's per-tensor hook), and a bucket's all-reduce is issued once all of
 // its tensors are ready, buckets in order, overlapping the rest of backward.
 // Mixed precision (param_dtype P, reduce_dtype R), as DDP's mixed_precision: fp32 master
-// parameters and Adam state, a P copy of the parameters for compute (refreshed after each
+// parameters and optimizer state, a P copy of the parameters for compute (refreshed after each
 // optimizer step), P gradients; when R differs, each bucket is cast into an R buffer and
-// all-reduced there, and Adam reads that buffer.
+// all-reduced there, and the optimizer reads that buffer (adamw-8bit: each unit as a region
+// of its own, so its blocks start at the unit's start).
 #include <algorithm>
 #include <cstring>
 
@@ -42,12 +43,14 @@ class DDP final : public TrainingSchedule {
     model_.set_grad_ready_hook([this](int u, int t) { mark_ready(u, t); });
     params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Gradients);
-    m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
-    v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
+    std::vector<int64_t> numels;  // the optimizer's regions: all units, or each (adamw-8bit)
+    for (const UnitSpec& u : units_) numels.push_back(u.numel);
+    regions_ = optimizer_regions(cfg_.optimizer, offset_, numels);
+    if (regions_.state.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, params_ + offset_[u], 0, units_[u].numel);
-    b_.fill(m_, 0.f, total_);
-    b_.fill(v_, 0.f, total_);
+    for (size_t r = 0; r < regions_.first.size() && state_; ++r)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + regions_.state.offset[r], regions_.length[r]);
     if (cfg_.param_dtype != DType::F32) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -59,7 +62,7 @@ class DDP final : public TrainingSchedule {
   ~DDP() override {
     finish_gradients();  // no reduction may still write into buffers freed below
     if (reduced_.ptr != grads_.ptr) b_.release(reduced_.ptr);
-    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr}) b_.release(p);
+    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr}) b_.release(p);
   }
 
   std::vector<float> gather_unit(int u) override {
@@ -148,7 +151,12 @@ class DDP final : public TrainingSchedule {
 
   void optimizer_step(int step) override {
     SB_ASSERT(next_bucket_ == buckets_.size(), "a DDP bucket was never launched");
-    b_.adam(params_, reduced_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+    for (size_t r = 0; r < regions_.first.size(); ++r) {  // refreshes the compute copy too
+      const int64_t i = regions_.first[r];
+      b_.optimizer_update(cfg_.optimizer, step, params_ + i, reduced_ + i,
+                          state_ ? state_ + regions_.state.offset[r] : nullptr, regions_.length[r],
+                          compute_ ? compute_ + i : Buf());
+    }
   }
 
   std::vector<int64_t> offset_;
@@ -156,7 +164,9 @@ class DDP final : public TrainingSchedule {
   std::vector<std::vector<int>> bucket_of_;  // [unit][tensor] → its bucket
   std::vector<Bucket> buckets_;
   size_t next_bucket_ = 0;
-  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 master and Adam state
+  float* params_ = nullptr;  // fp32 master
+  char* state_ = nullptr;    // optimizer state of regions_
+  OptimizerRegions regions_;
   Buf compute_;   // param dtype copy of params_ (low precision only)
   Buf grads_;     // param dtype, bucket views
   Buf reduced_;   // reduce dtype: grads_ itself, or a buffer the buckets are cast into

@@ -62,7 +62,7 @@ class FSDP final : public TrainingSchedule {
         full_grad_(units_.size()) {
     const int G = mesh_.layout.shard;
     for (size_t u = 0; u < units_.size(); ++u) {
-      shards_[u] = shard_of(units_[u].numel, G, mesh_.layout.shard_rank());
+      shards_[u] = shard_of(units_[u].numel, G, mesh_.layout.shard_rank(), optimizer_region_alignment(cfg_.optimizer));
       offset_[u] = total_;
       total_ += shards_[u].size;
     }
@@ -75,13 +75,17 @@ class FSDP final : public TrainingSchedule {
     }
     if (!zero1() || low_precision()) params_ = b_.alloc_floats(total_, MemCategory::Parameters);
     grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
-    m_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
-    v_ = b_.alloc_floats(total_, MemCategory::OptimizerState);
+    std::vector<int64_t> sizes;  // the optimizer's regions: all shards, or each (adamw-8bit)
+    for (const ShardInfo& s : shards_) sizes.push_back(s.size);
+    // ZeRO-1 updates unit by unit (its fp32 master may be slices of the whole parameters)
+    regions_ = optimizer_regions(cfg_.optimizer, offset_, sizes);
+    if (zero1()) regions_ = {offset_, sizes, optimizer_state_layout(cfg_.optimizer, sizes)};
+    if (regions_.state.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
     for (size_t u = 0; u < units_.size(); ++u)
       init_unit_params(b_, units_[u], cfg_.seed, master(int(u)), shards_[u].offset, shards_[u].size);
-    b_.fill(m_, 0.f, total_);
-    b_.fill(v_, 0.f, total_);
-    if (zero1()) gather_whole_params();
+    for (size_t r = 0; r < regions_.first.size() && state_; ++r)
+      b_.optimizer_init_state(cfg_.optimizer, state_ + regions_.state.offset[r], regions_.length[r]);
+    if (zero1()) gather_whole_params(true);
     if (!sharded() && low_precision() && !zero1()) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
@@ -93,7 +97,7 @@ class FSDP final : public TrainingSchedule {
       free_gathered(int(u));
       b_.release(full_grad_[u].ptr);
     }
-    for (void* p : {(void*)params_, grads_.ptr, (void*)m_, (void*)v_, compute_.ptr, whole_params_.ptr, whole_grads_.ptr})
+    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr, whole_params_.ptr, whole_grads_.ptr})
       b_.release(p);
   }
 
@@ -113,6 +117,8 @@ class FSDP final : public TrainingSchedule {
     if (params_) return params_ + offset_[u];
     return static_cast<float*>(whole_params_.ptr) + whole_offset_[u] + shards_[u].offset;
   }
+  // Unit u's optimizer state where regions are per unit (ZeRO-1).
+  void* unit_state(int u) const { return state_ ? state_ + regions_.state.offset[size_t(u)] : nullptr; }
   bool low_precision() const { return cfg_.param_dtype != DType::F32; }
   bool reduce_every_micro() const { return cfg_.reduces_every_micro_batch(); }
   // Backward writes into a separate unsharded gradient (rather than the shard itself); so it
@@ -290,15 +296,16 @@ class FSDP final : public TrainingSchedule {
     if (mesh_.layout.replicate > 1)
       reductions_.push_back(b_.all_reduce_after(scatter, out, s.size, mesh_.comm(Axis::Replicate)));
   }
-  // ZeRO-1: every rank's updated master shard, cast into its slice of the whole parameters,
-  // all-gathered in place; the all-gathers overlap each other, and the step ends with them.
-  void gather_whole_params() {
+  // ZeRO-1: every rank's master shard in its slice of the whole parameters (`cast`: rounded
+  // into it here; after an update the optimizer wrote it), all-gathered in place; the
+  // all-gathers overlap each other, and the step ends with them.
+  void gather_whole_params(bool cast) {
     std::vector<Request> gathers;
     for (size_t u = 0; u < units_.size(); ++u) {
       const ShardInfo& s = shards_[u];
       if (s.padded == 0) continue;
       const Buf whole = whole_params_ + whole_offset_[u];
-      if (low_precision()) b_.cast(whole + s.offset, master(int(u)), s.size);
+      if (low_precision() && cast) b_.cast(whole + s.offset, master(int(u)), s.size);
       ScopedContext target(b_, b_.phase(), int(u));
       if (sharded() && !(injected_fault(Fault::Zero1SkipParamGather) && step_ > 0))
         gathers.push_back(b_.all_gather(whole + s.offset, whole, s.size, mesh_.comm(Axis::Shard)));
@@ -346,21 +353,29 @@ class FSDP final : public TrainingSchedule {
   }
 
   void optimizer_step(int step) override {
-    if (!zero1()) {
-      b_.adam(params_, grads_, m_, v_, total_, cfg_.adam, step, compute_);  // refreshes the compute copy too
+    if (zero1()) {  // each unit's shard, its rounding written into the whole parameters, then gathered
+      for (size_t u = 0; u < units_.size(); ++u)
+        if (shards_[u].size > 0)
+          b_.optimizer_update(cfg_.optimizer, step, master(int(u)), grads_ + offset_[u], unit_state(int(u)), shards_[u].size,
+                              low_precision() ? whole_params_ + whole_offset_[u] + shards_[u].offset : Buf());
+      step_ = step;
+      gather_whole_params(false);
       return;
     }
-    for (size_t u = 0; u < units_.size(); ++u)  // each unit's shard, then the whole parameters gathered
-      if (shards_[u].size > 0)
-        b_.adam(master(int(u)), grads_ + offset_[u], m_ + offset_[u], v_ + offset_[u], shards_[u].size, cfg_.adam, step);
-    step_ = step;
-    gather_whole_params();
+    for (size_t r = 0; r < regions_.first.size(); ++r) {  // refreshes the compute copy too
+      const int64_t i = regions_.first[r];
+      b_.optimizer_update(cfg_.optimizer, step, params_ + i, grads_ + i,
+                          state_ ? state_ + regions_.state.offset[r] : nullptr, regions_.length[r],
+                          compute_ ? compute_ + i : Buf());
+    }
   }
 
   std::vector<ShardInfo> shards_;
   std::vector<int64_t> offset_;  // of each unit's shard in the flat shard buffers
   int64_t total_ = 0;
-  float *params_ = nullptr, *m_ = nullptr, *v_ = nullptr;  // fp32 shards
+  float* params_ = nullptr;  // fp32 shards
+  char* state_ = nullptr;    // optimizer state of regions_
+  OptimizerRegions regions_;
   Buf grads_;    // gradient shards, reduce dtype
   Buf compute_;  // unsharded, low precision: the parameters in param dtype
   // ZeRO-1: the whole parameters and gradients (param dtype), unit u's padded to the shard

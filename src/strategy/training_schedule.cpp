@@ -130,7 +130,7 @@ double TrainingSchedule::step(int step, const Tokens& tokens) {
     scale_ *= 0.5f;
     good_steps_ = 0;
   } else {
-    cfg_.adam.grad_unscale = 1.f / scale_;
+    cfg_.optimizer.grad_unscale = 1.f / scale_;
     optimizer_step(step);
     if (cfg_.dynamic_loss_scale && ++good_steps_ == cfg_.loss_scale_growth_interval) {
       scale_ *= 2.f;

@@ -14,8 +14,9 @@
 //      sum by at most γ(n−1)·Σ|g_r| + (n−1)·η (γ(k) = k·u/(1−k·u), u the unit roundoff of
 //      R plus fp32's for 16-bit types, which the reductions compute in fp32 and round;
 //      η half R's smallest subnormal). The run's reduced gradient must lie within that;
-//   3. Adam applied to (w_s, the run's gradient) must give the run's w_{s+1} (the same
-//      elementwise kernel: equal up to a few roundings);
+//   3. the optimizer (--optimizer) applied to (w_s, the run's gradient), from a state the
+//      reference keeps itself, must give the run's w_{s+1} (the same kernel: equal up to a few
+//      roundings; adamw-8bit's blocks are each unit's, as the run's, see the strategies);
 //   4. every replica holds the same weights, bit for bit.
 // A dropped shard, a wrong reduction factor or stale parameters break 2; a wrong optimizer 3.
 //
@@ -93,7 +94,8 @@ struct StepCheck::Reference {
   std::unique_ptr<Backend> b;
   RefModel full;                      // rank 0 without tensor parallelism: the run's dtype
   RefModel tp;                        // the first tensor-parallel group: the run's dtype
-  std::vector<float*> p, m, v;        // rank 0, per unit: fp32 weights and Adam moments for step 3
+  std::vector<float*> p;              // rank 0, per unit: fp32 weights for step 3
+  std::vector<char*> state;           // rank 0, per unit: the optimizer's state of the unit as one region
   Buf reduce_buf;                     // one unit in reduce dtype, for the R rounding
   float* f32 = nullptr;               // one unit in fp32
   MPI_Comm tp_mpi = MPI_COMM_NULL;    // a duplicate of the first tensor-parallel group's
@@ -219,10 +221,11 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   if (!tensor_parallel) r.make(r.full, cfg, P, scale, {}, embedding_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
-    r.m.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
-    r.v.push_back(r.b->alloc_floats(unit.numel, MemCategory::OptimizerState));
-    r.b->fill(r.m.back(), 0.f, unit.numel);
-    r.b->fill(r.v.back(), 0.f, unit.numel);
+    // The run's regions are its units (DDP) or their shards, which adamw-8bit pads to whole
+    // blocks (FSDP): either way the unit's blocks, so the reference updates each unit as one region.
+    const int64_t bytes = optimizer_state_bytes(cfg.strategy.optimizer, unit.numel);
+    r.state.push_back(static_cast<char*>(r.b->alloc(size_t(std::max<int64_t>(bytes, 8)), MemCategory::OptimizerState)));
+    r.b->optimizer_init_state(cfg.strategy.optimizer, r.state.back(), unit.numel);
   }
   // 1. The initial weights.
   for (size_t k = 0; k < full_units_.size(); ++k) {
@@ -239,7 +242,7 @@ StepCheck::~StepCheck() {
   Reference& r = *ref_;
   for (RefModel* m : {&r.full, &r.tp}) r.release(*m);
   for (size_t k = 0; k < r.p.size(); ++k)
-    for (void* q : {(void*)r.p[k], (void*)r.m[k], (void*)r.v[k]}) r.b->release(q);
+    for (void* q : {(void*)r.p[k], (void*)r.state[k]}) r.b->release(q);
   r.b->release(r.reduce_buf.ptr);
   r.b->release(r.f32);
   r.tp_comm.reset();
@@ -459,13 +462,14 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
     }
   }
 }
-// 3. Adam on the run's gradients at the run's weights gives the run's next weights.
+// 3. The optimizer (with the reference's own state) on the run's gradients at the run's
+// weights gives the run's next weights.
 void StepCheck::check_update(int step, const std::vector<std::vector<float>>& grads,
                              const std::vector<std::vector<float>>& next, bool skipped) {
   Reference& r = *ref_;
   const auto& units = full_units_;
-  AdamConfig adam = cfg_.strategy.adam;
-  adam.grad_unscale = 1.f / scale_;
+  OptimizerConfig opt = cfg_.strategy.optimizer;
+  opt.grad_unscale = 1.f / scale_;
   std::vector<float> expect;
   for (size_t k = 0; k < units.size(); ++k) {
     const int64_t numel = units[k].numel;
@@ -476,7 +480,7 @@ void StepCheck::check_update(int step, const std::vector<std::vector<float>>& gr
     r.b->upload(r.p[k], weights_[k].data(), numel * 4);
     r.b->upload(r.f32, grads[k].data(), numel * 4);
     r.b->cast(r.reduce_buf, r.f32, numel);  // exact: the values came from R
-    r.b->adam(r.p[k], r.reduce_buf, r.m[k], r.v[k], numel, adam, step);
+    r.b->optimizer_update(opt, step, r.p[k], r.reduce_buf, r.state[k], numel);
     expect.resize(numel);
     r.b->download(expect.data(), r.p[k], numel * 4);
     for (int64_t i = 0; i < numel; ++i) {
@@ -488,8 +492,8 @@ void StepCheck::check_update(int step, const std::vector<std::vector<float>>& gr
       max_update_diff_ = std::max(max_update_diff_, diff);
       if (!(diff <= allowed)) {
         char text[256];
-        std::snprintf(text, sizeof text, "unit %s element %" PRId64 ": weight %.9g after Adam, expected %.9g",
-                      units[k].name.c_str(), i, w, e);
+        std::snprintf(text, sizeof text, "unit %s element %" PRId64 ": weight %.9g after %s, expected %.9g",
+                      units[k].name.c_str(), i, w, optimizer_name(opt.kind), e);
         fail(step, text);
         break;
       }
@@ -506,9 +510,9 @@ bool StepCheck::finish(double& worst_ratio) {
     std::printf(
         "check: %d steps against a single-rank reference (the steps of %d data-parallel ranks recomputed on 1 rank): gradients "
         "within %.3g x their rounding bound (allowed %.3g; %lld of %lld gradients are below their bound, where "
-        "Adam's sign is set by rounding), Adam updates within %.3g, replicas identical -> %s\n",
+        "Adam's sign is set by rounding), %s updates within %.3g, replicas identical -> %s\n",
         steps_, layout_.dp(), worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,
-        max_update_diff_, ok ? "PASS" : "FAIL");
+        optimizer_name(cfg_.strategy.optimizer.kind), max_update_diff_, ok ? "PASS" : "FAIL");
     if (lockstep_)
       std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in "
                   "lockstep (fp32, every product and sum rounded once): %lld sums over the group (%lld elements) "

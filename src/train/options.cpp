@@ -33,7 +33,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   CLI::Option *o_sharding = nullptr, *o_zero = nullptr;
   std::string pp_schedule = "1f1b";
   int64_t fsdp_version = cfg.strategy.fsdp_version;
-  double lr = cfg.strategy.adam.lr;
+  double lr = cfg.strategy.optimizer.lr, weight_decay = cfg.strategy.optimizer.weight_decay,
+         momentum = cfg.strategy.optimizer.momentum;
+  std::string optimizer = optimizer_name(cfg.strategy.optimizer.kind);
   uint64_t seed = 1234;
 
   std::string names;
@@ -73,7 +75,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   num.integer("--steps", steps, 1, kIntMax, "timed steps");
   num.integer("--warmup", warmup, 0, kIntMax, "untimed steps first (they train too)");
   num.integer("--seed", seed, 0, std::numeric_limits<int64_t>::max(), "seed of data and initial weights");
-  num.real("--lr", lr, 0, 1e6, true, "Adam learning rate");
+  app.add_option("--optimizer", optimizer,
+                 "adamw (torch.optim.AdamW) | adamw-8bit (bitsandbytes' blockwise 8-bit AdamW) | sgd "
+                 "(torch.optim.SGD with momentum)")
+      ->capture_default_str();
+  num.real("--lr", lr, 0, 1e6, true, "learning rate");
+  num.real("--weight-decay", weight_decay, 0, 1e6, false,
+                        "weight decay: decoupled for adamw and adamw-8bit (as AdamW), L2 for sgd");
+  auto* o_mom = num.real("--momentum", momentum, 0, 1, false, "with --optimizer sgd: momentum (0: none)");
   app.add_option("--backend", cfg.backend, "cpu, or cuda where built (one rank per GPU)")->capture_default_str();
   std::string comm = "nccl";
   auto* o_comm = app.add_option("--comm", comm,
@@ -102,14 +111,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_flag("--overwrite", cfg.overwrite, "replace an existing --out file");
   app.add_option("--dtype", dtype,
                  "fp32 | bf16 | fp16: parameters as computed (gathered), activations, gradients; "
-                 "master weights and Adam stay fp32")
+                 "master weights and optimizer state stay fp32")
       ->capture_default_str();
   app.add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16: gradient reduction (default: --dtype)");
   std::string loss_scale = "1";
   auto* o_ls = app.add_option("--loss-scale", loss_scale,
                               "X (static) or 'dynamic' (start at 65536, halve and skip the step on inf/NaN "
                               "gradients, double after --loss-scale-growth-interval good steps), divided out "
-                              "before Adam; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
+                              "before the optimizer; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
   double init_scale = 65536;  // torch.amp.GradScaler's init_scale
   auto* o_init = num.real("--loss-scale-init", init_scale, 0, 3.4e38, true, "dynamic loss scale: the first scale");
   num.integer("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval, 1, kIntMax,
@@ -224,7 +233,18 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     throw UsageError("--micro-batches " + std::to_string(cfg.strategy.micro_batches) + " is not allowed with --batch " +
                      std::to_string(batch) + " (must divide it)");
   cfg.strategy.seed = seed;
-  cfg.strategy.adam.lr = float(lr);
+  cfg.strategy.optimizer.kind = parse_optimizer(optimizer, "--optimizer");
+  cfg.strategy.optimizer.lr = float(lr);
+  cfg.strategy.optimizer.weight_decay = float(weight_decay);
+  cfg.strategy.optimizer.momentum = float(momentum);
+  if (o_mom->count() && cfg.strategy.optimizer.kind != OptimizerKind::Sgd)
+    throw UsageError("--momentum is only allowed with --optimizer sgd");
+  // Each tensor-parallel rank quantises its own part of a unit in blocks of its own, so the
+  // tensors the group replicates (the norms) share blocks with different partitioned
+  // elements on each rank and drift apart: --check's replicas-identical test cannot hold.
+  if (cfg.check && tp > 1 && cfg.strategy.optimizer.kind == OptimizerKind::AdamW8bit)
+    throw UsageError("--check with --tp > 1 is not allowed with --optimizer adamw-8bit (each tensor-parallel rank "
+                     "quantises its own part, so the replicated norms drift apart; docs/reliability.md)");
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");
   cfg.strategy.reduce_dtype = reduce_dtype.empty() ? cfg.strategy.param_dtype
                                                    : parse_precision(reduce_dtype, "--reduce-dtype");

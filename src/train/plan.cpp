@@ -110,8 +110,9 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   const double psi = double(plan.stages[size_t(plan.worst_stage)].params);  // what a rank of that stage holds
   const int n = plan.layout.shard;  // ZeRO's data-parallel degree for the sharded states
-  // Model states per parameter: 4 bytes of fp32 master parameters and 8 of Adam moments,
-  // sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
+  // Model states per parameter: 4 bytes of fp32 master parameters and the optimizer's state
+  // (ZeRO's K = 4 + its bytes per parameter: adamw 8, sgd 4, adamw-8bit 2 + 8 per block of
+  // 256), sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
   // dtype plus a reduce-dtype copy when they differ; without sharding a param-dtype copy
   // of the parameters when that is not fp32.
   const StrategyConfig& sc = cfg.strategy;
@@ -124,13 +125,14 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   const double grads = sc.kind == StrategyKind::DDP ? pb * psi + (rb != pb ? rb * psi : 0)
                        : zero1                      ? pb * psi + rb * psi / n
                                                     : rb * psi / n;
-  const double zero[kMemCategories] = {params, grads, 8 * psi / n, -1, -1, -1};
+  const double state = double(optimizer_state_bytes(sc.optimizer, int64_t(psi))) / n;
+  const double zero[kMemCategories] = {params, grads, state, -1, -1, -1};
   std::ostringstream o;
   char line[256];
   std::snprintf(line, sizeof line,
-                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s (master and Adam fp32)\n",
+                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s, optimizer %s (fp32 master)\n",
                 cfg.model.name.c_str(), sc.label().c_str(), plan.layout.world, plan.layout.shard, precision_name(sc.param_dtype),
-                precision_name(sc.reduce_dtype));
+                precision_name(sc.reduce_dtype), optimizer_name(sc.optimizer.kind));
   o << line;
   std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", "category", "peak", "at total peak",
                 "ZeRO formula");
@@ -243,8 +245,9 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
     std::fprintf(f, "]}");
   }
   std::fprintf(f, "},\n");
-  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\",\n", precision_name(cfg.strategy.param_dtype),
-               precision_name(cfg.strategy.reduce_dtype));
+  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\",\n",
+               precision_name(cfg.strategy.param_dtype), precision_name(cfg.strategy.reduce_dtype),
+               optimizer_name(cfg.strategy.optimizer.kind));
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
                hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));

@@ -199,7 +199,10 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("steps", c.steps),
       Attr::integer("warmup", c.warmup),
       Attr::integer("seed", int64_t(c.strategy.seed)),
-      Attr::num("lr", c.strategy.adam.lr),
+      Attr::str("optimizer", optimizer_name(c.strategy.optimizer.kind)),
+      Attr::num("lr", c.strategy.optimizer.lr),
+      Attr::num("weight_decay", c.strategy.optimizer.weight_decay),
+      Attr::num("momentum", c.strategy.optimizer.kind == OptimizerKind::Sgd ? c.strategy.optimizer.momentum : 0.0),
       // One rank's share (1/tp of a data-parallel rank's under tensor parallelism).
       Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape, layout.tp, layout.pp)),
       Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing, layout.tp, layout.pp)),

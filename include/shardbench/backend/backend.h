@@ -57,7 +57,7 @@ struct CBuf {
 enum class MemCategory : int {
   Parameters,      // owned parameters (a shard under FSDP, the full model under DDP)
   Gradients,       // owned gradients (a shard under FSDP, the buckets under DDP)
-  OptimizerState,  // Adam moments
+  OptimizerState,  // the optimizer's state (Adam moments, SGD momentum, 8-bit codes)
   Activations,     // saved for backward
   CommBuffers,     // gathered units, unsharded gradients before reduction
   Workspace,       // temporaries of one operation or model piece, inputs
@@ -293,10 +293,62 @@ struct ComputeOptions {
   bool exact_sums = false;
 };
 
-struct AdamConfig {
+// ---- optimizers (--optimizer): the update every strategy runs on its fp32 master parameters ----
+//   adamw       torch.optim.AdamW: bias-corrected Adam, decoupled weight decay (p *= 1 - lr·wd
+//               before the Adam step); fp32 moments m, v. With weight_decay 0 it is Adam, as
+//               the suite ran before --optimizer.
+//   adamw-8bit  bitsandbytes' blockwise 8-bit AdamW (optim.AdamW8bit, docs/references.md): the
+//               moments stored as 8-bit codes of the dynamic (tree) quantisation maps, signed
+//               for m, unsigned for v, scaled by one fp32 absmax per block of
+//               kOptimizerBlock consecutive elements counted from the region's start;
+//               dequantise, update (weight decay after the step, as bitsandbytes), requantise
+//               to the nearest code.
+//   sgd         torch.optim.SGD (dampening 0, not Nesterov): coupled weight decay g += wd·p,
+//               momentum buffer b = momentum·b + g (none when momentum is 0), p -= lr·b.
+// The step counts from 1. The state of a region of n parameters is one byte buffer of
+// optimizer_state_bytes(cfg, n) bytes (host_optimizer.h gives its layout); a buffer holding
+// several regions places each at optimizer_state_layout's offsets.
+enum class OptimizerKind : int { AdamW, AdamW8bit, Sgd };
+const char* optimizer_name(OptimizerKind k);  // adamw, adamw-8bit, sgd
+OptimizerKind parse_optimizer(const std::string& s, const std::string& flag);  // throws UsageError
+constexpr int64_t kOptimizerBlock = 256;  // elements per absmax block of adamw-8bit (bitsandbytes')
+
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::AdamW;
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float weight_decay = 0.f;  // adamw, adamw-8bit: decoupled; sgd: coupled (L2), as torch
+  float momentum = 0.9f;     // sgd
   float grad_unscale = 1.f;  // gradients are multiplied by this first (1 / the loss scale)
 };
+// Bytes of optimizer state of a region of n parameters: adamw 8n (fp32 m, v); sgd 4n (the
+// momentum buffer; 0 with momentum 0); adamw-8bit 2n (a code per moment) + 8 per block of
+// kOptimizerBlock (an fp32 absmax per moment), as bitsandbytes stores them.
+int64_t optimizer_state_bytes(const OptimizerConfig& cfg, int64_t n);
+// The element alignment a region should start at in a buffer of several: kOptimizerBlock for
+// adamw-8bit (so its blocks are the region's own, and its state 8-byte aligned), else 1.
+int64_t optimizer_region_alignment(const OptimizerConfig& cfg);
+// Several regions (of these lengths, in order) in one state buffer: each region's state
+// starts at optimizer_state_bytes of the aligned lengths before it (a multiple of 8 bytes),
+// so a region's state depends on its own length only; `bytes` is the buffer's size.
+struct OptimizerStateLayout {
+  std::vector<int64_t> offset;  // bytes, per region
+  int64_t bytes = 0;
+};
+OptimizerStateLayout optimizer_state_layout(const OptimizerConfig& cfg, const std::vector<int64_t>& lengths);
+// The regions a strategy updates a flat buffer of units in (`first` and `length` of each
+// unit, contiguous, in order): one region over all of them for adamw and sgd (elementwise:
+// one call, the schedule as before --optimizer), each unit's own for adamw-8bit (its blocks
+// start at the unit's, or its shard's, first element); with the state's layout over them.
+struct OptimizerRegions {
+  std::vector<int64_t> first, length;  // elements, per region
+  OptimizerStateLayout state;           // bytes, per region
+};
+OptimizerRegions optimizer_regions(const OptimizerConfig& cfg, const std::vector<int64_t>& first,
+                                   const std::vector<int64_t>& length);
+// Bytes an update of n parameters reads and writes (what each backend records for it): the
+// fp32 parameters twice, the gradient, the state twice (adamw-8bit: its codes and absmaxes),
+// the copy.
+int64_t optimizer_bytes_touched(const OptimizerConfig& cfg, int64_t n, DType grad, const Buf& copy);
 
 class Backend {
  public:
@@ -476,12 +528,16 @@ class Backend {
   // Whether every element is finite (no inf, no NaN). Returns to the host: on a GPU a
   // synchronisation, once per step with dynamic loss scaling (as PyTorch's GradScaler).
   virtual bool all_finite(CBuf x, int64_t n) = 0;
-  // Adam (bias-corrected, no weight decay), step counts from 1, on fp32 parameters and
-  // moments; the gradient may be of any training precision (read as fp32). `copy` (may be
-  // null): the updated parameters rounded to its type, written in the same pass, so mixed
-  // precision needs no separate cast over the parameters.
-  virtual void adam(float* param, CBuf grad, float* m, float* v, int64_t n, const AdamConfig& cfg, int step,
-                    Buf copy = {}) = 0;
+  // The optimizer's update (OptimizerConfig) of a region of n fp32 parameters, step counts
+  // from 1; the gradient may be of any training precision (read as fp32); `state` is the
+  // region's optimizer_state_bytes(cfg, n) bytes, initialised by optimizer_init_state. `copy`
+  // (may be null): the updated parameters rounded to its type, written in the same pass, so
+  // mixed precision needs no separate cast over the parameters.
+  virtual void optimizer_update(const OptimizerConfig& cfg, int step, float* param, CBuf grad, void* state,
+                                int64_t n, Buf copy = {}) = 0;
+  // A region's state before the first step: zero moments (adamw-8bit: every code the code of 0,
+  // every absmax 0).
+  virtual void optimizer_init_state(const OptimizerConfig& cfg, void* state, int64_t n) = 0;
 
   // ---- collectives (non-blocking; issued in the same order on every rank) ----
   virtual std::unique_ptr<Comm> make_comm(MPI_Comm comm) = 0;

@@ -51,14 +51,16 @@ struct ParallelLayout {
   std::string describe() const;  // "pp 1 × dp 2 (replicate 1 × shard 2) × tp 2"
 };
 
-// One contiguous shard of a flat parameter padded to a multiple of the shard count.
+// One contiguous shard of a flat parameter padded to a multiple of the shard count (and each
+// shard to a multiple of `shard_multiple` elements: adamw-8bit's blocks, so a shard's blocks
+// are the whole unit's).
 struct ShardInfo {
   int64_t numel = 0;   // unpadded elements
   int64_t padded = 0;  // multiple of shards
   int64_t size = 0;    // elements per shard
   int64_t offset = 0;  // this shard's first element
 };
-ShardInfo shard_of(int64_t numel, int shards, int index);
+ShardInfo shard_of(int64_t numel, int shards, int index, int64_t shard_multiple = 1);
 
 // The layout plus one communicator per axis, looked up by axis. A mesh from_world() has MPI
 // communicators (one MPI_Comm_split per axis); a planned mesh (for the memory plan of any

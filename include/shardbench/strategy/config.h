@@ -69,19 +69,19 @@ struct StrategyConfig {
   bool checkpointing = false;
   AttentionImpl attention = AttentionImpl::Unfused;  // --attention (default per backend)
   // Mixed precision as FSDP's MixedPrecision(param_dtype, reduce_dtype): fp32 master
-  // parameters and Adam state; parameters gathered and computed in param_dtype (so are
+  // parameters and optimizer state (adamw-8bit: its 8-bit codes); parameters gathered and computed in param_dtype (so are
   // activations and gradients); gradients reduced in reduce_dtype.
   DType param_dtype = DType::F32;
   DType reduce_dtype = DType::F32;
   // Loss scaling (fp16 gradients underflow without it): the loss gradient is multiplied by
-  // the scale and Adam divides it out. Dynamic, as PyTorch's (Sharded)GradScaler: a step
+  // the scale and the optimizer divides it out. Dynamic, as PyTorch's (Sharded)GradScaler: a step
   // whose reduced gradients hold an inf or NaN on any rank is skipped and the scale halved;
   // after `loss_scale_growth_interval` good steps in a row it doubles.
   float loss_scale = 1.f;  // static scale, or the initial one when dynamic
   bool dynamic_loss_scale = false;
   int loss_scale_growth_interval = 2000;
   uint64_t seed = 0;
-  AdamConfig adam;
+  OptimizerConfig optimizer;  // --optimizer, --lr, --weight-decay, --momentum
 
   std::string label() const;
   // FSDP with --grad-accumulation sharded over several micro-batches: each micro-batch's

@@ -37,6 +37,7 @@
 
 #include "cuda_check.cuh"         // CUDA_CHECK, CUBLAS_CHECK, NCCL_CHECK
 #include "attention.cuh"          // the fused attention kernels
+#include "shardbench/backend/host_optimizer.h"  // the step constants and 8-bit maps the kernels share
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/check.h"     // SB_FATAL, MPI_CHECK
@@ -771,18 +772,42 @@ class CudaBackend final : public Backend, private StagingDevice {
     CUDA_CHECK(cudaStreamSynchronize(compute_));
     return flag == 0;
   }
-  void adam(float* p, CBuf g, float* m, float* v, int64_t n, const AdamConfig& c, int step, Buf copy) override {
-    // Bias corrections on the host, as the CPU backend computes them.
-    const float bc1 = 1.f - std::pow(c.beta1, float(step)), bc2 = 1.f - std::pow(c.beta2, float(step));
-    const int64_t bytes = (24 + dtype_size(g.dtype) + (copy.ptr ? dtype_size(copy.dtype) : 0)) * n;
+  void optimizer_update(const OptimizerConfig& c, int step, float* p, CBuf g, void* state, int64_t n,
+                        Buf copy) override {
+    // The step's scalars on the host, exactly as the host optimizer derives them.
+    const OptimizerStepConstants k = optimizer_step_constants(c, step);
+    const cuda::OptimizerKernelArgs args{c.beta1, c.beta2, k.eps, k.step_size, k.inv_bc2, k.decay, c.grad_unscale,
+                                         c.lr, c.weight_decay, c.momentum, k.decays};
+    static const cuda::DynamicMaps maps = [] {
+      cuda::DynamicMaps d;
+      std::copy(dynamic_map(true).begin(), dynamic_map(true).end(), d.signed_map);
+      std::copy(dynamic_map(false).begin(), dynamic_map(false).end(), d.unsigned_map);
+      return d;
+    }();
+    (void)maps;  // used in the launch below (nvcc's host pass warns otherwise)
+    if (c.kind == OptimizerKind::Sgd && c.momentum == 0.f) state = nullptr;
     const DType out_type = copy.ptr ? copy.dtype : DType::F32;  // a null fp32 copy: none
-    timed(OpKind::Optimizer, kComputeLane, compute_, bytes, [&] {
+    timed(OpKind::Optimizer, kComputeLane, compute_, optimizer_bytes_touched(c, n, g.dtype, copy), [&] {
       with_type(g.dtype, [&](auto e) {
         with_type(out_type, [&](auto o) {
-          cuda::adam(compute_, p, as(e, g), m, v, n, c.lr, c.beta1, c.beta2, c.eps, bc1, bc2, c.grad_unscale,
-                     as(o, copy));
+          cuda::optimizer_update(compute_, int(c.kind), args, p, as(e, g), state, n, maps, as(o, copy));
         });
       });
+    });
+  }
+  // Zero bytes, and for adamw-8bit each moment's codes the code of 0 (a byte each: memsets).
+  void optimizer_init_state(const OptimizerConfig& c, void* state, int64_t n) override {
+    const int64_t bytes = optimizer_state_bytes(c, n);
+    timed(OpKind::Elementwise, kComputeLane, compute_, bytes, [&] {
+      if (c.kind != OptimizerKind::AdamW8bit) {
+        if (bytes > 0) CUDA_CHECK(cudaMemsetAsync(state, 0, size_t(bytes), compute_));
+        return;
+      }
+      const int64_t blocks = (n + kOptimizerBlock - 1) / kOptimizerBlock;
+      char* base = static_cast<char*>(state);
+      CUDA_CHECK(cudaMemsetAsync(base, 0, size_t(8 * blocks), compute_));
+      CUDA_CHECK(cudaMemsetAsync(base + 8 * blocks, zero_code(true), size_t(n), compute_));
+      CUDA_CHECK(cudaMemsetAsync(base + 8 * blocks + n, zero_code(false), size_t(n), compute_));
     });
   }
 

@@ -223,18 +223,99 @@ __global__ void cast_kernel(D* dst, const S* src, int64_t n) {
 __global__ void init_uniform_kernel(float* x, int64_t n, uint64_t key, int64_t first, float scale) {
   GRID_STRIDE(i, n) x[i] = scale * uniform_pm1(key, uint64_t(first + i));
 }
+// ---------------------------------------------------------------- optimizers
+// The host optimizer's arithmetic (backend/host_optimizer.cpp), every product, quotient and
+// sum rounded on its own (__fmul_rn etc.: no FMA contraction), so an element's result is the
+// host's bit for bit where the inputs are. grid-stride, blockDim 256.
 template <class G, class O>
-__global__ void adam_kernel(float* p, const G* g, float* m, float* v, int64_t n, float lr, float b1, float b2,
-                            float eps, float bc1, float bc2, float unscale, O* copy) {
+__global__ void adamw_kernel(float* p, const G* g, float* m, float* v, int64_t n, OptimizerKernelArgs a, O* copy) {
   GRID_STRIDE(i, n) {
-    const float gi = ld(g[i]) * unscale;
-    const float mi = b1 * m[i] + (1.f - b1) * gi;
-    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    float pi = p[i];
+    if (a.decays) pi = __fmul_rn(pi, a.decay);
+    const float gi = __fmul_rn(ld(g[i]), a.unscale);
+    const float mi = __fadd_rn(__fmul_rn(a.beta1, m[i]), __fmul_rn(__fsub_rn(1.f, a.beta1), gi));
+    const float vi = __fadd_rn(__fmul_rn(a.beta2, v[i]), __fmul_rn(__fmul_rn(__fsub_rn(1.f, a.beta2), gi), gi));
     m[i] = mi;
     v[i] = vi;
-    const float pi = p[i] - lr * (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    const float denom = __fadd_rn(__fsqrt_rn(__fmul_rn(vi, a.inv_bc2)), a.eps);
+    pi = __fsub_rn(pi, __fdiv_rn(__fmul_rn(a.step_size, mi), denom));
     p[i] = pi;
     if (copy) copy[i] = st<O>(pi);
+  }
+}
+// buf null: SGD without momentum.
+template <class G, class O>
+__global__ void sgd_kernel(float* p, const G* g, float* buf, int64_t n, OptimizerKernelArgs a, O* copy) {
+  GRID_STRIDE(i, n) {
+    float pi = p[i];
+    float d = __fmul_rn(ld(g[i]), a.unscale);
+    if (a.weight_decay != 0.f) d = __fadd_rn(d, __fmul_rn(a.weight_decay, pi));
+    if (buf) {
+      d = __fadd_rn(__fmul_rn(a.momentum, buf[i]), d);
+      buf[i] = d;
+    }
+    pi = __fsub_rn(pi, __fmul_rn(a.lr, d));
+    p[i] = pi;
+    if (copy) copy[i] = st<O>(pi);
+  }
+}
+// The last code <= x, then the nearer neighbour (host_optimizer.cpp's quantize_to_map).
+__device__ __forceinline__ int quantize_to_map(const float* map, float x) {
+  int lo = 0;
+#pragma unroll
+  for (int step = 128; step > 0; step >>= 1)
+    if (map[lo + step] <= x) lo += step;
+  if (lo == 0 && !(map[0] <= x)) return 0;
+  if (lo < 255 && x > __fmul_rn(__fadd_rn(map[lo], map[lo + 1]), 0.5f)) ++lo;
+  return lo;
+}
+// Blockwise 8-bit AdamW (bitsandbytes'): one CUDA block of 256 threads per block of
+// kOptimizerBlock elements (grid-stride over the blocks), one element per thread; the
+// absmaxes as a max over the block (exact in any order).
+template <class G, class O>
+__global__ void __launch_bounds__(256) adamw8bit_kernel(float* p, const G* g, uint8_t* q1, uint8_t* q2, float* absmax1,
+                                                        float* absmax2, int64_t n, OptimizerKernelArgs a, DynamicMaps maps,
+                                                        O* copy) {
+  __shared__ float map1[256], map2[256];
+  __shared__ float warp_max1[8], warp_max2[8];
+  map1[threadIdx.x] = maps.signed_map[threadIdx.x];
+  map2[threadIdx.x] = maps.unsigned_map[threadIdx.x];
+  __syncthreads();
+  const int64_t blocks = (n + 255) / 256;
+  for (int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const int64_t i = b * 256 + threadIdx.x;
+    const bool valid = i < n;
+    const float a1 = absmax1[b], a2 = absmax2[b];
+    float s1 = 0.f, s2 = 0.f;
+    if (valid) {
+      const float gi = __fmul_rn(ld(g[i]), a.unscale);
+      s2 = __fadd_rn(__fmul_rn(__fmul_rn(map2[q2[i]], a2), a.beta2), __fmul_rn(__fmul_rn(__fsub_rn(1.f, a.beta2), gi), gi));
+      s1 = __fadd_rn(__fmul_rn(__fmul_rn(map1[q1[i]], a1), a.beta1), __fmul_rn(__fsub_rn(1.f, a.beta1), gi));
+    }
+    float m1 = fabsf(s1), m2 = fabsf(s2);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, o));
+      m2 = fmaxf(m2, __shfl_xor_sync(0xffffffffu, m2, o));
+    }
+    if (threadIdx.x % 32 == 0) warp_max1[threadIdx.x / 32] = m1, warp_max2[threadIdx.x / 32] = m2;
+    __syncthreads();  // every thread has read the old absmaxes, every warp its maximum
+    m1 = warp_max1[0], m2 = warp_max2[0];
+#pragma unroll
+    for (int w = 1; w < 8; ++w) m1 = fmaxf(m1, warp_max1[w]), m2 = fmaxf(m2, warp_max2[w]);
+    if (valid) {
+      float pi = __fadd_rn(p[i], __fmul_rn(a.step_size, __fdiv_rn(s1, __fadd_rn(__fsqrt_rn(s2), a.eps))));
+      if (a.decays) pi = __fmul_rn(pi, a.decay);
+      p[i] = pi;
+      if (copy) copy[i] = st<O>(pi);
+      int c1 = quantize_to_map(map1, __fdiv_rn(s1, m1 > 0.f ? m1 : 1.f));
+      if (s1 > 0.f && map1[c1] < 0.f) ++c1;
+      else if (s1 < 0.f && map1[c1] >= 0.f) --c1;
+      q1[i] = uint8_t(c1);
+      q2[i] = uint8_t(quantize_to_map(map2, __fdiv_rn(s2, m2 > 0.f ? m2 : 1.f)));
+    }
+    if (threadIdx.x == 0) absmax1[b] = m1, absmax2[b] = m2;
+    __syncthreads();  // warp_max is reused by the next block
   }
 }
 
@@ -464,11 +545,21 @@ void init_uniform(cudaStream_t s, float* x, int64_t n, uint64_t key, int64_t fir
   if (n > 0) CUDA_LAUNCH(init_uniform_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, n, key, first, scale));
 }
 template <class G, class O>
-void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-          float eps, float bc1, float bc2, float unscale, O* copy) {
-  if (n > 0)
-    CUDA_LAUNCH(adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, bc1, bc2,
-                                                                unscale, copy));
+void optimizer_update(cudaStream_t s, int kind, const OptimizerKernelArgs& a, float* p, const G* g, void* state,
+                      int64_t n, const DynamicMaps& maps, O* copy) {
+  if (n <= 0) return;
+  if (kind == 0) {  // adamw: m[n], v[n]
+    float* m = static_cast<float*>(state);
+    CUDA_LAUNCH(adamw_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, m, m + n, n, a, copy));
+  } else if (kind == 1) {  // adamw-8bit: absmax1[B], absmax2[B], code1[n], code2[n]
+    const int64_t blocks = (n + 255) / 256;
+    float* absmax1 = static_cast<float*>(state);
+    uint8_t* q1 = reinterpret_cast<uint8_t*>(absmax1 + 2 * blocks);
+    CUDA_LAUNCH(adamw8bit_kernel<<<unsigned(std::min<int64_t>(blocks, kMaxBlocks)), 256, 0, s>>>(
+        p, g, q1, q1 + n, absmax1, absmax1 + blocks, n, a, maps, copy));
+  } else {  // sgd: momentum buffer[n], or none
+    CUDA_LAUNCH(sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(p, g, static_cast<float*>(state), n, a, copy));
+  }
 }
 
 template <class T>
@@ -558,12 +649,12 @@ void cross_entropy_finish(cudaStream_t s, T* logits, float* losses, const float*
   template void cast<T, float>(cudaStream_t, T*, const float*, int64_t);                                  \
   template void cast<T, __nv_bfloat16>(cudaStream_t, T*, const __nv_bfloat16*, int64_t);                  \
   template void cast<T, __half>(cudaStream_t, T*, const __half*, int64_t);                                \
-  template void adam<T, float>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float, \
-                               float, float, float, float, float*);                                        \
-  template void adam<T, __nv_bfloat16>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, \
-                                       float, float, float, float, float, __nv_bfloat16*);                 \
-  template void adam<T, __half>(cudaStream_t, float*, const T*, float*, float*, int64_t, float, float, float,  \
-                                float, float, float, float, __half*);                                       \
+  template void optimizer_update<T, float>(cudaStream_t, int, const OptimizerKernelArgs&, float*, const T*, void*, \
+                                          int64_t, const DynamicMaps&, float*);                            \
+  template void optimizer_update<T, __nv_bfloat16>(cudaStream_t, int, const OptimizerKernelArgs&, float*, const T*, \
+                                                  void*, int64_t, const DynamicMaps&, __nv_bfloat16*);     \
+  template void optimizer_update<T, __half>(cudaStream_t, int, const OptimizerKernelArgs&, float*, const T*, void*, \
+                                           int64_t, const DynamicMaps&, __half*);                          \
   template void position_bias_forward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);          \
   template void position_bias_backward<T>(cudaStream_t, T*, const T*, const int*, int, int, int);         \
   template void softmax_forward<T>(cudaStream_t, T*, const T*, bool, int, int, int, int);                 \

@@ -63,13 +63,21 @@ void cross_entropy_sums(cudaStream_t s, const T* logits, const float* row_max, c
 template <class T>
 void cross_entropy_finish(cudaStream_t s, T* logits, float* losses, const float* row_max, const float* sums,
                           const int* labels, int n, int vocab, float grad_scale);
-// Adam on fp32 parameters and moments with a gradient of type G (multiplied by `unscale`
-// first), the bias corrections bc1 = 1 − β1^step, bc2 = 1 − β2^step computed by the caller
-// (on the host, exactly as the CPU backend does). copy (may be null) receives the updated
-// parameters rounded to O in the same pass.
+// The optimizers (backend.h OptimizerConfig; the host's arithmetic, backend/host_optimizer.cpp)
+// on fp32 parameters with a gradient of type G (times `unscale` first); the scalars come from
+// optimizer_step_constants on the host. kind: 0 adamw, 1 adamw-8bit, 2 sgd (OptimizerKind);
+// state as host_optimizer.h lays it out (sgd: null without momentum). copy (may be null)
+// receives the updated parameters rounded to O in the same pass.
+struct OptimizerKernelArgs {
+  float beta1, beta2, eps, step_size, inv_bc2, decay, unscale, lr, weight_decay, momentum;
+  bool decays;
+};
+struct DynamicMaps {  // bitsandbytes' maps (host_optimizer.h dynamic_map), by value to the kernel
+  float signed_map[256], unsigned_map[256];
+};
 template <class G, class O>
-void adam(cudaStream_t s, float* p, const G* g, float* m, float* v, int64_t n, float lr, float beta1, float beta2,
-          float eps, float bc1, float bc2, float unscale, O* copy);
+void optimizer_update(cudaStream_t s, int kind, const OptimizerKernelArgs& a, float* p, const G* g, void* state,
+                      int64_t n, const DynamicMaps& maps, O* copy);
 
 // *flag = 1 if any element of x is inf or NaN (the caller zeroes it first)
 template <class T> void flag_nonfinite(cudaStream_t s, const T* x, int64_t n, int* flag);
