@@ -55,7 +55,8 @@ make -j, unless SKIP_BUILD=1, adds 2-5 minutes to the first part of a fresh chec
                three): step ms, TFLOPS, MFU of the measured bf16 peak; which opt-in is
                faster at all three shapes (the rule for CUDA defaults, docs/gpu.md). ~6 min
   mpi          --comm mpi on 2 and 4 ranks sharing the GPU(s): DDP, FSDP full, hybrid 2,
-               grad-op, none, optimizer-state (ZeRO-1), and the layouts (--tp 2 under DDP and FSDP full, --pp 2
+               grad-op, none, optimizer-state (ZeRO-1), CPU offload (params; optimizer
+               under ZeRO-1), and the layouts (--tp 2 under DDP and FSDP full, --pp 2
                1F1B under FSDP full and GPipe under DDP; on 4 ranks also --pp 2 x --tp 2)
                x fp32, bf16 (--check): the way to run TP and PP on one GPU; compute-
                sanitizer memcheck of five 2-rank runs (one --tp 2, one --pp 2);
@@ -264,6 +265,11 @@ part_correctness() {
   check_run fsdp-bf16 1 fsdp_perf "${small[@]}" --dtype bf16
   check_run fsdp-fp16 1 fsdp_perf "${small[@]}" --dtype fp16
   check_run fsdp-zero1-bf16 1 fsdp_perf "${small[@]}" --sharding optimizer-state --dtype bf16
+  # CPU offload: pinned host buffers, the copy streams, the CPU update (docs/usage.md)
+  check_run fsdp-offload-params-bf16 1 fsdp_perf "${small[@]}" --cpu-offload params --dtype bf16
+  check_run fsdp-zero1-offload-optimizer-bf16 1 fsdp_perf "${small[@]}" --zero-stage 1 --cpu-offload optimizer --dtype bf16
+  check_run fsdp-adamw8bit-bf16 1 fsdp_perf "${small[@]}" --optimizer adamw-8bit --dtype bf16
+  check_run ddp-sgd-fp32 1 ddp_perf "${small[@]}" --optimizer sgd
   # the opt-in paths (docs/gpu.md): each trains to the single-rank reference
   check_run fsdp-bf16-fused-mma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused
   check_run fsdp-bf16-fused-fma 1 fsdp_perf "${small[@]}" --dtype bf16 --attention fused --attention-kernel fma
@@ -280,6 +286,8 @@ part_correctness() {
     check_run "fsdp-full-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding full --dtype bf16
     [ $((np % 2)) -eq 0 ] && check_run "fsdp-hybrid-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding hybrid --shard-size 2
     check_run "fsdp-zero1-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --sharding optimizer-state --dtype bf16
+    check_run "fsdp-offload-params-bf16-${np}gpu" "$np" fsdp_perf "${small[@]}" --cpu-offload params --dtype bf16
+    check_run "fsdp-zero2-offload-optimizer-${np}gpu" "$np" fsdp_perf "${small[@]}" --zero-stage 2 --cpu-offload optimizer
     # tensor and pipeline parallelism over NCCL (the mpi part runs them on ranks sharing a GPU)
     check_run "ddp-tp2-2gpu-bf16" 2 ddp_perf "${small[@]}" --tp 2 --dtype bf16
     check_run "fsdp-pp2-1f1b-2gpu" 2 fsdp_perf "${small[@]}" --sharding none --pp 2 --micro-batches 2
@@ -319,7 +327,8 @@ part_mpi() {
                 "hybrid2 fsdp_perf --sharding hybrid --shard-size 2" "grad-op fsdp_perf --sharding grad-op"
                 "none fsdp_perf --sharding none" "ddp-tp2 ddp_perf --tp 2"
                 "full-tp2 fsdp_perf --sharding full --tp 2" "full-pp2 fsdp_perf --sharding full --pp 2"
-                "ddp-pp2-gpipe ddp_perf --pp 2 --pp-schedule gpipe" "zero1 fsdp_perf --sharding optimizer-state")
+                "ddp-pp2-gpipe ddp_perf --pp 2 --pp-schedule gpipe" "zero1 fsdp_perf --sharding optimizer-state"
+                "offload-params fsdp_perf --cpu-offload params" "zero1-offload fsdp_perf --zero-stage 1 --cpu-offload optimizer")
   local four_only=("full-pp2-tp2 fsdp_perf --sharding full --pp 2 --tp 2"
                    "zero1-pp2-tp2 fsdp_perf --sharding optimizer-state --pp 2 --tp 2")
   local comm np dt entry label prog args entries

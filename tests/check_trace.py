@@ -26,6 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "analysis"))
 from shardbench_h5 import CATEGORIES, COPY_LANES, HOST_LANE, load  # noqa: E402
 
+COPY_LANES_BY_NAME = {name: lane for lane, name in COPY_LANES.items()}
+
 
 def documented_fields(doc):
     """{location: [(field, kind, required)]} from the tables of docs/trace-format.md."""
@@ -471,6 +473,26 @@ def check_schedule(c, run):
             want = sorted(held) if m["shard_size"] > 1 else []
             c.expect(sorted(ag["unit"]) == want and bool((ag["phase_name"] == "optimizer").all()),
                      f"{at}: ZeRO-1 all-gathers are not each unit once, after the update")
+        offload = m.get("cpu_offload", "none")
+        if isinstance(offload, bytes):
+            offload = offload.decode()
+        if offload != "none":
+            # CPU offload: each held unit's gradient shard downloaded once and updated once on
+            # the host lane; uploads: each all-gather's shard (params) or each unit's update
+            # (optimizer); no optimizer event left on the compute lane
+            full = run.events[(run.events["rank"] == rank) & (run.events["step"] == step)]
+            down = full[(full["lane"] == COPY_LANES_BY_NAME["device-to-host"]) & (full["op_name"] == "copy")]
+            up = full[(full["lane"] == COPY_LANES_BY_NAME["host-to-device"]) & (full["op_name"] == "copy")]
+            upd = full[(full["lane"] == HOST_LANE) & (full["op_name"] == "optimizer")]
+            c.expect(sorted(down["unit"]) == sorted(held), f"{at}: offload: gradient downloads are not each unit once")
+            c.expect(sorted(upd["unit"]) == sorted(held), f"{at}: offload: host updates are not each unit once")
+            c.expect(not ((full["lane"] == 0) & (full["op_name"] == "optimizer")).any(),
+                     f"{at}: offload: an optimizer update on the compute lane")
+            c.expect(bool((up["bytes"] > 0).all() and (down["bytes"] > 0).all()), f"{at}: offload: an empty copy")
+            gathers = full[full["op_name"] == "all-gather"]
+            want_up = len(gathers) if offload == "params" else len(held)
+            if offload != "params" or m["shard_size"] > 1:  # one rank: the uploads are the gathers
+                c.expect(len(up) == want_up, f"{at}: offload {offload}: {len(up)} uploads, expected {want_up}")
         if m["strategy"] == "ddp":  # buckets: the model once, the first closing at 1 MiB
             ar = g[g["op_name"] == "all-reduce"].sort_values("start")
             params = int(stage_params[st])  # the stage's part (a tensor-parallel rank's)

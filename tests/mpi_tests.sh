@@ -38,6 +38,39 @@ expect "--zero-stage out of range" 2 'error: --zero-stage 4 is not allowed' -- $
 expect "ZeRO-1 accumulates whole gradients: --grad-accumulation sharded refused" 2 \
   'error: --grad-accumulation sharded is not allowed with --sharding optimizer-state' -- \
   $BIN/fsdp_perf --sharding optimizer-state --batch 2 --micro-batches 2 --grad-accumulation sharded
+# CPU offload (--cpu-offload): the host's master shards, state and gradient copies, the CPU
+# update, the uploads; --check with each kind and strategy it serves, and the traces (each
+# unit downloaded and updated once per step, the uploads, host peak = plan: check_trace.py).
+expect "--cpu-offload params (FSDP full) --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --cpu-offload params --check --out $T/offload-params.h5
+expect "--cpu-offload params, hybrid 2, bf16, sgd --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 2 --cpu-offload params --dtype bf16 \
+  --optimizer sgd --check --out $T/offload-params-hybrid.h5
+expect "--cpu-offload params, grad-op, FSDP2, 2 micro-batches sharded --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage 2 --cpu-offload params --fsdp-version 2 --micro-batches 2 \
+  --grad-accumulation sharded --check
+expect "--cpu-offload optimizer, ZeRO-2, fp32 --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage 2 --cpu-offload optimizer --check --out $T/offload-opt.h5
+expect "--cpu-offload optimizer, ZeRO-1, bf16, adamw-8bit --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage 1 --cpu-offload optimizer --dtype bf16 --optimizer adamw-8bit \
+  --check --out $T/offload-zero1.h5
+expect "--cpu-offload optimizer, ZeRO-3, fp16 dynamic loss scale (skipped steps) --check" 0 "$check_pattern" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --zero-stage 3 --cpu-offload optimizer --dtype fp16 --loss-scale dynamic \
+  --loss-scale-init 1e30 --steps 3 --check
+expect "--cpu-offload params where the parameters are whole" 2 \
+  "error: --cpu-offload params is not allowed with --sharding optimizer-state \(allowed: full, hybrid, grad-op" -- \
+  $BIN/fsdp_perf --zero-stage 1 --cpu-offload params
+expect "--cpu-offload optimizer without sharded state" 2 \
+  "error: --cpu-offload optimizer is not allowed with --sharding none \(allowed: optimizer-state, grad-op, full, hybrid" -- \
+  $BIN/fsdp_perf --sharding none --cpu-offload optimizer
+expect "--cpu-offload names its values" 2 "error: --cpu-offload 'nvme' is not allowed \(allowed: none, params, optimizer\)" -- \
+  $BIN/fsdp_perf --cpu-offload nvme
+expect "ddp_perf has no --cpu-offload" 2 "cpu-offload" -- $BIN/ddp_perf --cpu-offload params
+expect "host out of memory: exit 3, the plan printed, the result recorded" 3 'host limit .*DOES NOT FIT' -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --cpu-offload optimizer --host-mem-limit-gib 0.00001 --out $T/host-oom.h5
+expect "the host out-of-memory record" 0 'out-of-memory False True' -- $PY -c "
+import h5py; f = h5py.File('$T/host-oom.h5'); a = f['/'].attrs; p = f['plan'].attrs
+print(a['status'].decode() if isinstance(a['status'], bytes) else a['status'], bool(p['host_fits']), bool(p['device_fits']))"
 expect "fsdp full, forward prefetch, backward-post --check" 0 "$check_pattern" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --forward-prefetch --prefetch backward-post --check
 expect "fsdp full, no prefetch, checkpointing --check" 0 "$check_pattern" -- \
@@ -120,7 +153,8 @@ done
 # Injected faults (SHARDBENCH_INJECT_FAULT, test only) are caught at the step they happen.
 for fault in "drop-grad-shard fsdp_perf --sharding full" "drop-grad-shard ddp_perf" \
   "wrong-reduction-scale fsdp_perf --sharding hybrid --shard-size 2" "wrong-reduction-scale ddp_perf" \
-  "stale-prefetch fsdp_perf --sharding full" "zero1-skip-param-gather fsdp_perf --sharding optimizer-state"; do
+  "stale-prefetch fsdp_perf --sharding full" "zero1-skip-param-gather fsdp_perf --sharding optimizer-state" \
+  "offload-skip-upload fsdp_perf --cpu-offload params" "offload-skip-upload fsdp_perf --zero-stage 1 --cpu-offload optimizer"; do
   set -- $fault
   name=$1
   shift
@@ -163,7 +197,8 @@ expect "the plan names the optimizer and its state (8-bit: 2 bytes + 8 per 256)"
 # --- HDF5 results, checked from Python against docs/trace-format.md ---
 expect "traces of every strategy (python check)" 0 '^ok .*none.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/ddp.h5 $T/full.h5 $T/hybrid.h5 $T/none.h5 $T/grad-op.h5 $T/ddp-bf16.h5 $T/full-bf16.h5 \
-  $T/full-fused.h5 $T/ddp-fused-bf16.h5 $T/ddp-gated.h5 $T/full-gated-bf16.h5 $T/zero1.h5 $T/zero1-bf16.h5 $T/zero1-hybrid.h5
+  $T/full-fused.h5 $T/ddp-fused-bf16.h5 $T/ddp-gated.h5 $T/full-gated-bf16.h5 $T/zero1.h5 $T/zero1-bf16.h5 $T/zero1-hybrid.h5 \
+  $T/offload-params.h5 $T/offload-params-hybrid.h5 $T/offload-opt.h5 $T/offload-zero1.h5
 expect "summarize.py: one row per run" 0 'fsdp-hybrid2 +t5-tiny +4 .* ok' -- $PY $ROOT/analysis/summarize.py $T/*.h5
 env SHARDBENCH_INJECT_FAULT=zero1-skip-param-gather "${MPIRUN[@]}" -x SHARDBENCH_INJECT_FAULT $BIN/fsdp_perf "${TINY[@]}" \
   --sharding optimizer-state --out $T/zero1-no-gather.h5 >/dev/null 2>&1

@@ -29,6 +29,8 @@ runs=(
   "pp2-tp2|${MPI4[*]}|fsdp_perf --sharding full --pp 2 --tp 2"
   "pp2-dp2-zero1-m2|${MPI4[*]}|fsdp_perf --zero-stage 1 --pp 2 --batch 4 --micro-batches 2"
   "pp2-dp2-zero1-bf16|${MPI4[*]}|fsdp_perf --sharding optimizer-state --pp 2 --dtype bf16"
+  "pp2-dp2-offload-params-m2|${MPI4[*]}|fsdp_perf --sharding full --pp 2 --cpu-offload params --batch 4 --micro-batches 2"
+  "pp2-dp2-zero1-offload-bf16|${MPI4[*]}|fsdp_perf --zero-stage 1 --pp 2 --cpu-offload optimizer --dtype bf16"
   "pp2-split1-fused-ckpt|${MPI2[*]}|ddp_perf --pp 2 --pp-split 1 --attention fused --activation-checkpointing"
 )
 for r in "${runs[@]}"; do
@@ -149,7 +151,7 @@ expect "2-rank pipeline traces (python check)" 0 '^ok .*pp2-gpipe.h5' -- \
 expect "4-rank pipeline traces (python check)" 0 '^ok .*pp2-tp2.h5' -- \
   $PY $ROOT/tests/check_trace.py --ranks 4 --steps 3 $T/pp4-1f1b.h5 $T/pp4-gpipe.h5 $T/pp4-1f1b-m2.h5 \
   $T/pp4-gpipe-bf16.h5 $T/pp2-dp2-ddp.h5 $T/pp2-dp2-full-bf16.h5 $T/pp2-tp2.h5 $T/pp2-dp2-zero1-m2.h5 \
-  $T/pp2-dp2-zero1-bf16.h5
+  $T/pp2-dp2-zero1-bf16.h5 $T/pp2-dp2-offload-params-m2.h5 $T/pp2-dp2-zero1-offload-bf16.h5
 
 # Activations per stage (/memory_peaks) = the micro-batches the stage holds x one
 # micro-batch's (the one-micro-batch run's same stage), exactly: GPipe M on every stage,

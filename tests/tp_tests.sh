@@ -18,7 +18,7 @@ mkdir -p "$T"
 # --- tp 2 × dp 2 (4 ranks): every strategy, fp32 and bf16 ---
 for dtype in fp32 bf16; do
   for strat in "ddp_perf" "fsdp_perf --sharding full" "fsdp_perf --sharding none" "fsdp_perf --sharding grad-op" \
-    "fsdp_perf --sharding optimizer-state"; do
+    "fsdp_perf --sharding optimizer-state" "fsdp_perf --sharding full --cpu-offload optimizer"; do
     name="tp 2 x dp 2, $strat, $dtype"
     out=$T/$(echo "$strat-$dtype" | tr -c 'a-z0-9\n-' '_').h5
     "${MPI4[@]}" $BIN/$strat "${TINY[@]}" --tp 2 --dtype $dtype --check --out $out >"$tmp/out" 2>&1

@@ -223,9 +223,11 @@ Request Backend::recv(Buf buf, int64_t count, int peer, int tag, P2PDirection di
   return collective(a, comm);
 }
 
-Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm) {
+Request Backend::all_gather(CBuf send, Buf recv, int64_t count, Comm& comm, Request after) {
   SB_ASSERT(send.dtype == recv.dtype, "all-gather between different element types");
-  return collective({Collective::AllGather, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0}, comm);
+  CollectiveArgs a{Collective::AllGather, send.ptr, recv.ptr, count, recv.dtype, ReduceOp::Sum, 0};
+  a.after = after;
+  return collective(a, comm);
 }
 
 Request Backend::reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm) {

@@ -19,6 +19,7 @@ constexpr FaultInfo kFaults[] = {
     {Fault::WrongReductionScale, "wrong-reduction-scale", false},
     {Fault::StalePrefetch, "stale-prefetch", false},
     {Fault::Zero1SkipParamGather, "zero1-skip-param-gather", false},
+    {Fault::OffloadSkipUpload, "offload-skip-upload", false},
     {Fault::TpSkipAttentionAllReduce, "tp-skip-attention-all-reduce", false},
     {Fault::TpSkipFeedForwardAllReduce, "tp-skip-feed-forward-all-reduce", false},
     {Fault::TpWrongHeadShard, "tp-wrong-head-shard", false},

@@ -23,6 +23,14 @@
 // compute wait for the previous unit's reduce-scatter before issuing the next and frees the
 // previous unsharded gradient then. Either way, hybrid's all-reduce across replicas is
 // issued right after its reduce-scatter, ordered after it on the communication streams.
+// CPU offload (--cpu-offload, strategy/offload.h): params keeps no parameters between uses
+// on the device: each all-gather starts from an upload of the rank's shard (rounded to the
+// param dtype by the CPU update) into its slice, stream-ordered after it; optimizer keeps the
+// param-dtype shard (ZeRO-1: the whole parameters) on the device and uploads the update's
+// rounding into it. Either way the reduced gradient shard stays on the device (the loss
+// scale's check, the pipeline's embedding sum and --check read it there) and is downloaded
+// as soon as its reduction is done, unless a later sum (the embedding over stages) or add
+// (sharded accumulation) still changes it: then after backward.
 // A collective is tagged with the unit it gathers or reduces, not the piece issuing it.
 // The units outside the blocks (embedding, bridge, head: PyTorch's root unit, split) are not
 // freed after forward, as the root's parameters are not: the head is used again right away
@@ -39,10 +47,13 @@
 // reads the R gradient shard. Without sharding, a persistent P copy of the parameters is
 // refreshed after each optimizer step.
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <utility>
 
 #include "shardbench/core/check.h"
 #include "shardbench/core/fault.h"
+#include "shardbench/strategy/offload.h"
 #include "shardbench/strategy/training_schedule.h"
 
 namespace sb {
@@ -73,20 +84,36 @@ class FSDP final : public TrainingSchedule {
       whole_grads_ = b_.alloc_buf(whole_total_, cfg_.param_dtype, MemCategory::Gradients);
       b_.fill(whole_params_, 0.f, whole_total_);  // the padding stays zero
     }
-    if (!zero1() || low_precision()) params_ = b_.alloc_floats(total_, MemCategory::Parameters);
-    grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
     std::vector<int64_t> sizes;  // the optimizer's regions: all shards, or each (adamw-8bit)
     for (const ShardInfo& s : shards_) sizes.push_back(s.size);
-    // ZeRO-1 updates unit by unit (its fp32 master may be slices of the whole parameters)
-    regions_ = optimizer_regions(cfg_.optimizer, offset_, sizes);
-    if (zero1()) regions_ = {offset_, sizes, optimizer_state_layout(cfg_.optimizer, sizes)};
-    if (regions_.state.bytes > 0) state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
-    for (size_t u = 0; u < units_.size(); ++u)
-      init_unit_params(b_, units_[u], cfg_.seed, master(int(u)), shards_[u].offset, shards_[u].size);
+    if (offloaded()) {
+      offload_ = std::make_unique<HostOffload>(b_, cfg_.optimizer, sizes, cfg_.reduce_dtype, cfg_.param_dtype,
+                                               cfg_.host_threads);
+      if (offload_optimizer() && !zero1()) device_shard_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
+    } else {
+      if (!zero1() || low_precision()) params_ = b_.alloc_floats(total_, MemCategory::Parameters);
+      // ZeRO-1 updates unit by unit (its fp32 master may be slices of the whole parameters)
+      regions_ = optimizer_regions(cfg_.optimizer, offset_, sizes);
+      if (zero1()) regions_ = {offset_, sizes, optimizer_state_layout(cfg_.optimizer, sizes)};
+      if (regions_.state.bytes > 0)
+        state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
+    }
+    grads_ = b_.alloc_buf(total_, cfg_.reduce_dtype, MemCategory::Gradients);
+    for (size_t u = 0; u < units_.size(); ++u) {
+      const auto init = [&](float* dst) { init_unit_params(b_, units_[u], cfg_.seed, dst, shards_[u].offset, shards_[u].size); };
+      offload_ ? offload_->initialize(int(u), init) : init(master(int(u)));
+    }
     for (size_t r = 0; r < regions_.first.size() && state_; ++r)
       b_.optimizer_init_state(cfg_.optimizer, state_ + regions_.state.offset[r], regions_.length[r]);
-    if (zero1()) gather_whole_params(true);
-    if (!sharded() && low_precision() && !zero1()) {
+    if (offload_) {  // the device's first parameters: as after an update
+      std::vector<Request> uploads(units_.size(), kNoRequest);
+      for (size_t u = 0; u < units_.size(); ++u)
+        if (const Buf dst = upload_destination(int(u)); dst && shards_[u].size > 0) uploads[u] = offload_->upload(int(u), dst);
+      finish_uploads(uploads);
+    } else if (zero1()) {
+      gather_whole_params(true);
+    }
+    if (!sharded() && low_precision() && !zero1() && !offloaded()) {
       compute_ = b_.alloc_buf(total_, cfg_.param_dtype, MemCategory::Parameters);
       b_.cast(compute_, params_, total_);
     }
@@ -97,11 +124,13 @@ class FSDP final : public TrainingSchedule {
       free_gathered(int(u));
       b_.release(full_grad_[u].ptr);
     }
-    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr, whole_params_.ptr, whole_grads_.ptr})
+    offload_.reset();
+    for (void* p : {(void*)params_, grads_.ptr, (void*)state_, compute_.ptr, whole_params_.ptr, whole_grads_.ptr,
+                    device_shard_.ptr})
       b_.release(p);
   }
 
-  std::vector<float> gather_unit(int u) override { return gather_on_host(master(u), u); }
+  std::vector<float> gather_unit(int u) override { return gather_on_host(master(u), u, offloaded()); }
   std::vector<float> gather_unit_grad(int u) override { return gather_on_host(grads_ + offset_[u], u); }
 
  private:
@@ -110,10 +139,15 @@ class FSDP final : public TrainingSchedule {
   // and grad-op only.
   bool sharded() const { return mesh_.layout.shard > 1; }
   bool zero1() const { return cfg_.sharding == Sharding::OptimizerState; }
-  bool params_sharded() const { return sharded() && !zero1(); }
+  bool offload_params() const { return cfg_.cpu_offload == CpuOffload::Params; }
+  bool offload_optimizer() const { return cfg_.cpu_offload == CpuOffload::Optimizer; }
+  bool offloaded() const { return cfg_.cpu_offload != CpuOffload::None; }
+  // Gathered before use: sharded parameters, and offloaded ones (uploaded, even unsharded).
+  bool params_sharded() const { return (sharded() || offload_params()) && !zero1(); }
   // Unit u's fp32 master shard: its own buffer, or (ZeRO-1 in fp32) this rank's slice of
   // the whole parameters.
   float* master(int u) const {
+    if (offload_) return offload_->master(u);
     if (params_) return params_ + offset_[u];
     return static_cast<float*>(whole_params_.ptr) + whole_offset_[u] + shards_[u].offset;
   }
@@ -130,11 +164,15 @@ class FSDP final : public TrainingSchedule {
 
   // Unit u's shards at `shard` gathered as fp32 on the host: no backend memory, so checks
   // between steps leave the run's memory peaks as they were.
-  std::vector<float> gather_on_host(CBuf shard, int u) {
+  std::vector<float> gather_on_host(CBuf shard, int u, bool in_host_memory = false) {
     const ShardInfo& s = shards_[u];
     const int bytes = int(s.size * dtype_size(shard.dtype));
     std::vector<char> mine(bytes), full(size_t(bytes) * mesh_.layout.shard);
-    b_.download(mine.data(), shard.ptr, bytes);
+    if (in_host_memory) {
+      if (bytes > 0) std::memcpy(mine.data(), shard.ptr, size_t(bytes));
+    } else {
+      b_.download(mine.data(), shard.ptr, bytes);
+    }
     if (sharded())
       MPI_CHECK(MPI_Allgather(mine.data(), bytes, MPI_BYTE, full.data(), bytes, MPI_BYTE, mesh_.mpi(Axis::Shard)));
     else
@@ -145,21 +183,28 @@ class FSDP final : public TrainingSchedule {
   // ---- parameters ----
   CBuf params_for(int u) override {
     if (zero1()) return whole_params_ + whole_offset_[u];
-    if (sharded()) return gathered_[u];
+    if (params_sharded()) return gathered_[u];
+    if (offload_optimizer()) return device_shard_ + offset_[u];
     return low_precision() ? CBuf(compute_ + offset_[u]) : CBuf(params_ + offset_[u]);
   }
 
   void issue_gather(int u) {
     const ShardInfo& s = shards_[u];
     gathered_[u] = b_.alloc_buf(s.padded, cfg_.param_dtype, MemCategory::CommBuffers);
-    CBuf send = params_ + offset_[u];
-    if (low_precision()) {  // cast into this rank's slice, gather in place
-      const Buf slice = gathered_[u] + int64_t(mesh_.layout.shard_rank()) * s.size;
+    const Buf slice = gathered_[u] + int64_t(mesh_.layout.shard_rank()) * s.size;
+    ScopedContext target(b_, b_.phase(), u);
+    CBuf send = params_ ? CBuf(params_ + offset_[u]) : CBuf();
+    Request upload = kNoRequest;
+    if (offload_params()) {  // the shard's upload into this rank's slice, gathered in place after it
+      upload = offload_->upload(u, slice);
+      send = slice;
+    } else if (offload_optimizer()) {
+      send = device_shard_ + offset_[u];
+    } else if (low_precision()) {  // cast into this rank's slice, gather in place
       b_.cast(slice, params_ + offset_[u], s.size);
       send = slice;
     }
-    ScopedContext target(b_, b_.phase(), u);
-    gather_req_[u] = b_.all_gather(send, gathered_[u], s.size, mesh_.comm(Axis::Shard));
+    gather_req_[u] = sharded() ? b_.all_gather(send, gathered_[u], s.size, mesh_.comm(Axis::Shard), upload) : upload;
     ++gathers_in_flight_;
   }
   void prefetch(int u) {
@@ -270,7 +315,11 @@ class FSDP final : public TrainingSchedule {
       reductions_.push_back(across);
     }
     if (!into_shard) partial_ = {u, out, across != kNoRequest ? across : scatter};
+    if (early_download(u)) offload_->download_gradient(u, out, across != kNoRequest ? across : scatter);
   }
+  // An offloaded unit's gradient shard is downloaded as soon as its reduction is done, unless
+  // something still changes it afterwards: then in the optimizer step.
+  bool early_download(int u) const { return offload_ && !reduce_every_micro() && !summed_across_stages(u); }
   // ZeRO-1: the whole gradient (kept: it is the next step's accumulator) reduce-scattered
   // into the gradient shard, through a reduce-dtype copy when the types differ (released
   // stream-ordered after the reduce-scatter); across replicas as hybrid's.
@@ -293,13 +342,17 @@ class FSDP final : public TrainingSchedule {
       b_.copy(out, in, s.size);
     }
     if (cast) scatter != kNoRequest ? b_.release_after(cast.ptr, scatter) : b_.release(cast.ptr);
-    if (mesh_.layout.replicate > 1)
-      reductions_.push_back(b_.all_reduce_after(scatter, out, s.size, mesh_.comm(Axis::Replicate)));
+    Request done = scatter;
+    if (mesh_.layout.replicate > 1) {
+      done = b_.all_reduce_after(scatter, out, s.size, mesh_.comm(Axis::Replicate));
+      reductions_.push_back(done);
+    }
+    if (early_download(u)) offload_->download_gradient(u, out, done);
   }
   // ZeRO-1: every rank's master shard in its slice of the whole parameters (`cast`: rounded
   // into it here; after an update the optimizer wrote it), all-gathered in place; the
   // all-gathers overlap each other, and the step ends with them.
-  void gather_whole_params(bool cast) {
+  void gather_whole_params(bool cast, const std::vector<Request>& uploads = {}) {
     std::vector<Request> gathers;
     for (size_t u = 0; u < units_.size(); ++u) {
       const ShardInfo& s = shards_[u];
@@ -307,8 +360,11 @@ class FSDP final : public TrainingSchedule {
       const Buf whole = whole_params_ + whole_offset_[u];
       if (low_precision() && cast) b_.cast(whole + s.offset, master(int(u)), s.size);
       ScopedContext target(b_, b_.phase(), int(u));
+      const Request upload = uploads.empty() ? kNoRequest : uploads[u];  // offload: the slice's upload
       if (sharded() && !(injected_fault(Fault::Zero1SkipParamGather) && step_ > 0))
-        gathers.push_back(b_.all_gather(whole + s.offset, whole, s.size, mesh_.comm(Axis::Shard)));
+        gathers.push_back(b_.all_gather(whole + s.offset, whole, s.size, mesh_.comm(Axis::Shard), upload));
+      else if (upload != kNoRequest)
+        gathers.push_back(upload);
     }
     for (Request r : gathers) b_.wait(r);
   }
@@ -352,7 +408,27 @@ class FSDP final : public TrainingSchedule {
     return grads_ + offset_[u];
   }
 
+  // Offload: where an update's rounding goes on the device (none under params: the next
+  // all-gathers upload it), and what follows the uploads.
+  Buf upload_destination(int u) const {
+    if (zero1()) return whole_params_ + whole_offset_[u] + shards_[u].offset;
+    if (offload_optimizer()) return device_shard_ + offset_[u];
+    return Buf();
+  }
+  void finish_uploads(const std::vector<Request>& uploads) {
+    if (zero1()) return gather_whole_params(false, uploads);
+    for (Request r : uploads)
+      if (r != kNoRequest) b_.wait(r);
+  }
+
   void optimizer_step(int step) override {
+    if (offload_) {  // the gradients still on the device down, then the CPU update, unit by unit
+      for (size_t u = 0; u < units_.size(); ++u)
+        if (shards_[u].size > 0 && !early_download(int(u))) offload_->download_gradient(int(u), grads_ + offset_[u], kNoRequest);
+      step_ = step;
+      finish_uploads(offload_->update(cfg_.optimizer, step, [this](int u) { return upload_destination(u); }));
+      return;
+    }
     if (zero1()) {  // each unit's shard, its rounding written into the whole parameters, then gathered
       for (size_t u = 0; u < units_.size(); ++u)
         if (shards_[u].size > 0)
@@ -378,6 +454,8 @@ class FSDP final : public TrainingSchedule {
   OptimizerRegions regions_;
   Buf grads_;    // gradient shards, reduce dtype
   Buf compute_;  // unsharded, low precision: the parameters in param dtype
+  std::unique_ptr<HostOffload> offload_;  // --cpu-offload: the host's buffers and update
+  Buf device_shard_;  // --cpu-offload optimizer (not ZeRO-1): the param-dtype shards the all-gathers start from
   // ZeRO-1: the whole parameters and gradients (param dtype), unit u's padded to the shard
   // group at whole_offset_[u].
   Buf whole_params_, whole_grads_;

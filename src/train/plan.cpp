@@ -126,13 +126,21 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                        : zero1                      ? pb * psi + rb * psi / n
                                                     : rb * psi / n;
   const double state = double(optimizer_state_bytes(sc.optimizer, int64_t(psi))) / n;
-  const double zero[kMemCategories] = {params, grads, state, -1, -1, -1};
+  // CPU offload: the master shard (and its param-dtype rounding), the optimizer state and a
+  // copy of the reduced gradient shard on the host; the device keeps the gradient shard and,
+  // under optimizer, the param-dtype shard (ZeRO-1: the whole parameters).
+  const bool offload = sc.cpu_offload != CpuOffload::None;
+  const double device_params = sc.cpu_offload == CpuOffload::Params ? 0 : zero1 ? pb * psi : pb * psi / n;
+  const double zero[kMemCategories] = {offload ? device_params : params, grads, offload ? 0 : state, -1, -1, -1};
+  const double host_zero[kMemCategories] = {(4 + (sc.param_dtype != DType::F32 ? pb : 0)) * psi / n, rb * psi / n,
+                                            state, -1, -1, -1};
   std::ostringstream o;
   char line[256];
   std::snprintf(line, sizeof line,
-                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s, optimizer %s (fp32 master)\n",
+                "memory plan, per rank: %s, %s, world %d, shard group %d, dtype %s, reduce %s, optimizer %s (fp32 master)%s\n",
                 cfg.model.name.c_str(), sc.label().c_str(), plan.layout.world, plan.layout.shard, precision_name(sc.param_dtype),
-                precision_name(sc.reduce_dtype), optimizer_name(sc.optimizer.kind));
+                precision_name(sc.reduce_dtype), optimizer_name(sc.optimizer.kind),
+                offload ? (std::string(", CPU offload ") + cpu_offload_name(sc.cpu_offload)).c_str() : "");
   o << line;
   std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", "category", "peak", "at total peak",
                 "ZeRO formula");
@@ -162,11 +170,12 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
     std::snprintf(line, sizeof line, "host memory (CPU offload), per rank%s\n",
                   plan.stages.size() > 1 ? (": stage " + std::to_string(plan.worst_host_stage)).c_str() : "");
     o << line;
-    std::snprintf(line, sizeof line, "  %-16s %14s %15s\n", "category", "peak", "at total peak");
+    std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", "category", "peak", "at total peak", "ZeRO formula");
     o << line;
     for (int c = 0; c < kMemCategories; ++c) {
-      std::snprintf(line, sizeof line, "  %-16s %14s %15s\n", mem_category_name(MemCategory(c)),
-                    human_bytes(double(plan.host_peak[c])).c_str(), human_bytes(double(plan.host_at_peak[c])).c_str());
+      std::snprintf(line, sizeof line, "  %-16s %14s %15s %16s\n", mem_category_name(MemCategory(c)),
+                    human_bytes(double(plan.host_peak[c])).c_str(), human_bytes(double(plan.host_at_peak[c])).c_str(),
+                    offload && host_zero[c] >= 0 ? human_bytes(host_zero[c]).c_str() : "-");
       o << line;
     }
     std::snprintf(line, sizeof line, "  %-16s %14s\n", "total peak", human_bytes(double(plan.host_peak_total)).c_str());
@@ -245,9 +254,9 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
     std::fprintf(f, "]}");
   }
   std::fprintf(f, "},\n");
-  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\",\n",
+  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\", \"cpu_offload\": \"%s\",\n",
                precision_name(cfg.strategy.param_dtype), precision_name(cfg.strategy.reduce_dtype),
-               optimizer_name(cfg.strategy.optimizer.kind));
+               optimizer_name(cfg.strategy.optimizer.kind), cpu_offload_name(cfg.strategy.cpu_offload));
   std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
                hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));

@@ -63,6 +63,7 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
     rows.push_back({"FSDP version", std::to_string(c.strategy.fsdp_version)});
     if (c.strategy.micro_batches > 1)
       rows.push_back({"gradient accumulation", grad_accumulation_name(c.strategy.grad_accumulation)});
+    rows.push_back({"CPU offload", cpu_offload_name(c.strategy.cpu_offload)});
   }
   out("+--------------------------------+----------------------------------+\n");
   for (const auto& [k, v] : rows) out("| %-30s | %-32s |\n", k.c_str(), v.c_str());
@@ -200,6 +201,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("warmup", c.warmup),
       Attr::integer("seed", int64_t(c.strategy.seed)),
       Attr::str("optimizer", optimizer_name(c.strategy.optimizer.kind)),
+      Attr::str("cpu_offload", c.strategy.kind == StrategyKind::DDP ? "none" : cpu_offload_name(c.strategy.cpu_offload)),
       Attr::num("lr", c.strategy.optimizer.lr),
       Attr::num("weight_decay", c.strategy.optimizer.weight_decay),
       Attr::num("momentum", c.strategy.optimizer.kind == OptimizerKind::Sgd ? c.strategy.optimizer.momentum : 0.0),

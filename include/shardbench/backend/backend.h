@@ -550,7 +550,8 @@ class Backend {
   Request all_reduce(Buf buf, int64_t count, Comm& comm);  // in place
   // recv [size*count] gathers every rank's send [count]; in place when send is recv's
   // slice of this rank (send == recv + rank*count)
-  Request all_gather(CBuf send, Buf recv, int64_t count, Comm& comm);
+  // (`after`: stream-ordered after that request, e.g. the upload of this rank's shard)
+  Request all_gather(CBuf send, Buf recv, int64_t count, Comm& comm, Request after = kNoRequest);
   // recv [count] = sum over ranks of send[rank*count : (rank+1)*count]
   Request reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm);
   // all_reduce stream-ordered after collective `after` (see CollectiveArgs::after).

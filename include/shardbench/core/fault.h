@@ -19,6 +19,9 @@
 //                                                                  all-gather the updated parameters: each rank
 //                                                                  computes the next step on its own slice's update
 //                                                                  alone; --check fails at step 2 (tests/mpi_tests.sh)
+//   offload-skip-upload             strategy/offload.cpp           CPU offload uploads nothing: the device computes with
+//                                                                  parameters the CPU update never reached; --check
+//                                                                  fails at step 1 or 2 (tests/mpi_tests.sh)
 //   tp-skip-attention-all-reduce    model/t5.cpp                   the attention's input gradient is not summed over
 //                                                                  the tensor-parallel group; --check fails against the
 //                                                                  full model (tests/tp_tests.sh)
@@ -59,6 +62,7 @@ enum class Fault {
   WrongReductionScale,
   StalePrefetch,
   Zero1SkipParamGather,
+  OffloadSkipUpload,
   TpSkipAttentionAllReduce,
   TpSkipFeedForwardAllReduce,
   TpWrongHeadShard,

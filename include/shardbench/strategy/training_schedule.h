@@ -59,6 +59,9 @@ class TrainingSchedule : public Strategy {
   // sum over the pipeline stages that share the embedding.
   virtual Buf reduced_gradient(int unit, int64_t& n) = 0;
 
+  // Whether unit u's reduced gradient is summed over the pipeline stages that hold it (the
+  // embedding's, after the strategy's reductions): final only then.
+  bool summed_across_stages(int u) const { return pipeline_.sums_embedding() && u == model_.pieces()[0].unit; }
   int forward_unit(int pos) const { return model_.pieces()[pos].unit; }  // the piece's own unit
   int backward_piece(int pos) const { return int(model_.pieces().size()) - 1 - pos; }
   int backward_unit(int pos) const { return model_.pieces()[backward_piece(pos)].unit; }
