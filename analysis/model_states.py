@@ -73,6 +73,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2.0 ** 30
 K = 12  # bytes of optimizer state per parameter, mixed-precision Adam: fp32 master 4 + momentum 4 + variance 4
 DEFAULT_GPUS = "8,16,32,64,128,256,512"
+HOST_LIMIT_GIB = [128.0]  # --host-memory-gib: host memory per GPU for offload's plans
 LEFT_OUT = []  # offload variants the program refuses, one line each (printed with the table)
 STATE_CATEGORIES = ("parameters", "gradients", "optimizer_state", "comm_buffers")
 
@@ -140,13 +141,27 @@ def exact_terms(s, psi, psi_pad, n):
     if stage > 0:  # replicas (DDP, stage 0: a shard group of one) hold 4Ψ master + 2Ψ bf16 copy, 2Ψ
         # gradients, 8Ψ Adam, unpadded; ZeRO-1's whole bf16 buffers and every shard are padded
         for t in f:
-            if stage == 3 and t == "p16" and n > 1:  # no bf16 shard at all: the fp32 shard is cast into the gather buffer
-                extra[t]["no-16bit-shard"] = -f[t]
+            if stage == 3 and t == "p16" and n > 1 and "opt" not in s["offload"]:
+                extra[t]["no-16bit-shard"] = -f[t]  # no bf16 shard at all: the fp32 shard is cast into the gather buffer
             elif fp[t] != f[t]:
                 extra[t]["padding"] = fp[t] - f[t]
         if stage == 1:
             extra["g16"]["reduced-shard"] = 2 * psi_pad / n
     return {t: (f[t] + sum(extra[t].values()), extra[t]) for t in f}
+
+
+def offload_extras(s, psi_pad, n):
+    """What CPU offload leaves on the GPU beyond the formula's remaining terms (src/strategy/
+    fsdp.cpp, offload.h): under optimizer offload ZeRO-2 keeps the bf16 shard its all-gathers
+    start from ("offload-16bit-shard"; ZeRO-3's is the formula's own 2Ψ/N); under params
+    offload the reduced gradient shard stays on the GPU, downloaded from there
+    ("offload-gradient-shard")."""
+    extras = {}
+    if "opt" in s["offload"] and s["stage"] == 2 and n > 1:
+        extras["offload-16bit-shard"] = 2 * psi_pad / n
+    if "g16" in s["offload"]:
+        extras["offload-gradient-shard"] = 2 * psi_pad / n
+    return extras
 
 
 def in_flight_bounds(stage, n, root, emb, block):
@@ -164,7 +179,10 @@ def in_flight_bounds(stage, n, root, emb, block):
 def host_bytes(plan):
     """Host memory of the rank in the plan's JSON, or None where the program writes none
     (a "host_memory" object: its peak_total, else the sum of its byte counts)."""
-    h = plan.get("host_memory", plan.get("memory", {}).get("host_memory"))
+    mem = plan.get("memory", {})
+    if isinstance(mem.get("host_peak_total"), (int, float)) and mem["host_peak_total"] > 0:
+        return float(mem["host_peak_total"])  # the plan's JSON: memory.host_peak_total
+    h = plan.get("host_memory", mem.get("host_memory"))
     if not isinstance(h, dict):
         return None
     if isinstance(h.get("peak_total"), (int, float)):
@@ -187,6 +205,7 @@ def compare(s, plan, n):
     for t in on_gpu:
         for name, v in terms[t][1].items():
             extras[name] = extras.get(name, 0.0) + v
+    extras.update(offload_extras(s, psi_pad, n))
     # whole bytes: the formula's and the extras' fractions of a byte (Ψ/N) cancel
     in_flight = float(round(states - formula - sum(extras.values())))
     lo, hi = in_flight_bounds(s["stage"], n, root, emb, block)
@@ -199,6 +218,7 @@ def compare(s, plan, n):
                params=psi, params_padded=psi_pad, **{c: mem[c] for c in STATE_CATEGORIES},
                model_states=states, formula=formula, padding=extras.get("padding", 0.0),
                reduced_shard=extras.get("reduced-shard", 0.0), no_16bit_shard=extras.get("no-16bit-shard", 0.0),
+               offload_shard=extras.get("offload-16bit-shard", 0.0) + extras.get("offload-gradient-shard", 0.0),
                in_flight=in_flight, in_flight_min=lo, in_flight_max=hi,
                peak_total=mem["peak_total"], fits=mem["fits"])
     host = host_bytes(plan)
@@ -221,6 +241,8 @@ def run_plan(bin_dir, s, model, n, limit_gib, batch, seq, checkpointing):
         cmd = [os.path.join(bin_dir, s["args"][0])] + s["args"][1:] + [
             "--model", model, "--dtype", "bf16", "--batch", str(batch), "--seq-len", str(seq), "--plan",
             "--world-size", str(n), "--mem-limit-gib", f"{limit_gib:g}", "--schedule-json", path]
+        if s["offload"]:  # the host's share per GPU, as a node's (not this machine's)
+            cmd += ["--host-mem-limit-gib", f"{HOST_LIMIT_GIB[0]:g}"]
         if checkpointing:
             cmd.append("--activation-checkpointing")
         try:
@@ -357,6 +379,9 @@ def parse_args(argv):
     ap.add_argument("--gpus", default=DEFAULT_GPUS, help=f"GPU counts of the curve (default: {DEFAULT_GPUS})")
     ap.add_argument("--gpu-memory-gib", default="80",
                     help="memory per GPU, the plans' --mem-limit-gib (default: 80, the study's A100 80GB)")
+    ap.add_argument("--host-memory-gib", default="128",
+                    help="host memory per GPU for the offload plans' --host-mem-limit-gib (default: 128, a DGX A100's "
+                         "1 TB over its 8 GPUs)")
     ap.add_argument("--fit-gpus", default="8", help="GPU count of the largest-model search (default: 8, a node)")
     ap.add_argument("--fit-models", default=None,
                     help="comma-separated presets searched for the largest that fits (default: the T5 family "
@@ -390,6 +415,13 @@ def check_args(a):
         a.gpu_memory_gib = float("nan")
     if not (math.isfinite(a.gpu_memory_gib) and 0 < a.gpu_memory_gib <= 1048576):
         raise cli.BadInput(f"--gpu-memory-gib '{text}' is not allowed (a finite number > 0 and <= 1048576)")
+    text = a.host_memory_gib
+    try:
+        HOST_LIMIT_GIB[0] = float(text)
+    except ValueError:
+        HOST_LIMIT_GIB[0] = float("nan")
+    if not (math.isfinite(HOST_LIMIT_GIB[0]) and 0 < HOST_LIMIT_GIB[0] <= 1048576):
+        raise cli.BadInput(f"--host-memory-gib '{text}' is not allowed (a finite number > 0 and <= 1048576)")
     a.fit_gpus = positive_int(a.fit_gpus, "--fit-gpus")
     a.batch = positive_int(a.batch, "--batch")
     a.seq_len = positive_int(a.seq_len, "--seq-len")
