@@ -62,6 +62,17 @@ const char* piece_kind_name(Piece::Kind k) {
   return "?";
 }
 
+std::string piece_name(const Piece& p) {
+  switch (p.kind) {
+    case Piece::EncoderEmbed: return "encoder embedding";
+    case Piece::EncoderBlock: return "encoder block " + std::to_string(p.layer);
+    case Piece::Bridge: return "bridge";
+    case Piece::DecoderBlock: return "decoder block " + std::to_string(p.layer);
+    case Piece::Head: return "head";
+  }
+  return "?";
+}
+
 namespace {
 
 constexpr float kNormEps = 1e-6f;  // T5LayerNorm variance_epsilon

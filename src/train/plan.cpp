@@ -42,15 +42,6 @@ class PeakRecorder : public Recorder {
 }  // namespace
 
 namespace {
-// "encoder embedding", "encoder block 3", "bridge", "decoder block 0", "head": the pieces in order.
-std::vector<std::string> piece_names(const RunConfig& cfg) {
-  std::vector<std::string> n = {"encoder embedding"};
-  for (int l = 0; l < cfg.model.layers; ++l) n.push_back("encoder block " + std::to_string(l));
-  n.push_back("bridge");
-  for (int l = 0; l < cfg.model.layers; ++l) n.push_back("decoder block " + std::to_string(l));
-  n.push_back("head");
-  return n;
-}
 
 StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
   StagePlan p;
@@ -193,19 +184,18 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
                 model, hw, issued);
   o << line;
   if (plan.stages.size() > 1) {
-    const auto& names = piece_names(cfg);
+    const std::vector<Piece> pieces = model_pieces(cfg.model);
     std::snprintf(line, sizeof line, "pipeline: %d stages, %d micro-batches, %s (the peak above: stage %d)\n",
                   int(plan.stages.size()), sc.micro_batches, pipe_schedule_name(sc.pp_schedule), plan.worst_stage);
     o << line;
     for (size_t s = 0; s < plan.stages.size(); ++s) {
       const StagePlan& st = plan.stages[s];
       std::snprintf(line, sizeof line, "  stage %zu: %s .. %s, %s parameters, peak %s, GEMM FLOPs %.4g\n", s,
-                    names[size_t(st.first_piece)].c_str(), names[size_t(st.last_piece - 1)].c_str(),
+                    piece_name(pieces[size_t(st.first_piece)]).c_str(), piece_name(pieces[size_t(st.last_piece - 1)]).c_str(),
                     with_commas(st.params).c_str(), human_bytes(double(st.peak_total)).c_str(), st.counted_flops);
       o << line;
     }
     // Each stage holds what its pieces use; only the embedding may be on several (tied copies).
-    const std::vector<Piece> pieces = model_pieces(cfg.model);
     const std::vector<int> holders = stages_holding(pieces, cfg.split, pieces[0].unit);
     std::string stages;
     for (int s : holders) stages += (stages.empty() ? "" : ", ") + std::to_string(s);

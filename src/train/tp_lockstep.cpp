@@ -216,15 +216,10 @@ void broadcast(std::vector<GroupSum>& sums, int rank, MPI_Comm group) {
   }
 }
 
-std::string piece_name(const Piece& p) {
-  switch (p.kind) {
-    case Piece::EncoderEmbed: return "the encoder embedding";
-    case Piece::EncoderBlock: return "encoder block " + std::to_string(p.layer);
-    case Piece::Bridge: return "the bridge";
-    case Piece::DecoderBlock: return "decoder block " + std::to_string(p.layer);
-    case Piece::Head: return "the head";
-  }
-  return "?";
+// "encoder block 3", "the head": a piece as a message names it.
+std::string named(const Piece& p) {
+  const bool block = p.kind == Piece::EncoderBlock || p.kind == Piece::DecoderBlock;
+  return (block ? "" : "the ") + piece_name(p);
 }
 
 }  // namespace
@@ -281,12 +276,12 @@ struct TpLockstep::Impl {
       m.step->set_tokens(M == 1 ? tokens : Tokens{slice(tokens.enc_ids), slice(tokens.dec_ids), slice(tokens.labels)});
       const std::string micro = M == 1 ? "" : "micro-batch " + std::to_string(mb) + ", ";
       for (int pos = 0; pos < S; ++pos) {
-        where = micro + "forward of " + piece_name(pieces[size_t(pos)]);
+        where = micro + "forward of " + named(pieces[size_t(pos)]);
         m.step->forward(pos, by_unit(m.params));
       }
       for (int pos = 0; pos < S; ++pos) {
         const int pi = S - 1 - pos;
-        where = micro + "backward of " + piece_name(pieces[size_t(pi)]);
+        where = micro + "backward of " + named(pieces[size_t(pi)]);
         m.step->backward(pi, by_unit(m.params), by_unit(m.grads));
       }
       loss += m.step->loss_sum();

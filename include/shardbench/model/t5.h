@@ -44,6 +44,8 @@ struct Piece {
   std::vector<int> units() const { return embedding >= 0 ? std::vector<int>{unit, embedding} : std::vector<int>{unit}; }
 };
 const char* piece_kind_name(Piece::Kind k);
+// "encoder embedding", "encoder block 3", "bridge", "decoder block 0", "head": messages, the plan.
+std::string piece_name(const Piece& p);
 
 // The model's pieces in forward order (T5Step::pieces()): what every layout splits.
 std::vector<Piece> model_pieces(const ModelSpec& spec);
