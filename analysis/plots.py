@@ -33,7 +33,11 @@ import cli  # noqa: E402
 from shardbench_h5 import CATEGORIES, Inputs, lane_name, load_training, model_label  # noqa: E402
 
 COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green", "fsdp-grad-op": "tab:purple",
-          "fsdp-optimizer-state": "tab:brown"}
+          "fsdp-optimizer-state": "tab:brown",
+          # CPU offload (-offload-optimizer, -offload-params): lighter or darker shades of the stage's colour
+          "fsdp-optimizer-state-offload-optimizer": "peru", "fsdp-grad-op-offload-optimizer": "orchid",
+          "fsdp-full-offload-optimizer": "gold", "fsdp-grad-op-offload-params": "indigo",
+          "fsdp-full-offload-params": "saddlebrown"}
 
 
 class PlotError(Exception):

@@ -56,13 +56,17 @@ import model_shapes  # noqa: E402
 import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
 from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
-                              load_cluster, simulate)
+                              host_rates, load_cluster, simulate)
 
-def plan_schedule(program_args, world, limit_gib, binary_dir):
+def plan_schedule(program_args, world, limit_gib, binary_dir, host_limit_gib=None):
+    """The program's plan and schedule JSON; host_limit_gib: its --host-mem-limit-gib (CPU
+    offload: the host memory per GPU of the cluster, [host] memory_gib)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "s.json")
         cmd = [os.path.join(binary_dir, program_args[0])] + program_args[1:] + [
             "--plan", "--world-size", str(world), "--mem-limit-gib", str(limit_gib), "--schedule-json", path]
+        if host_limit_gib is not None:
+            cmd += ["--host-mem-limit-gib", str(host_limit_gib)]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True)
         except OSError as e:
@@ -74,6 +78,20 @@ def plan_schedule(program_args, world, limit_gib, binary_dir):
             raise ProjectionError(f"plan failed ({' '.join(cmd)}): {p.stderr.strip() or p.stdout[-300:]}")
         with open(path) as f:
             return json.load(f)
+
+
+def host_limit(cluster, args):
+    """--host-mem-limit-gib of a point whose flags offload to the host (the description's
+    [host] memory_gib; ProjectionError, one line, when it has no [host]); None otherwise."""
+    if "--cpu-offload" not in args:
+        return None
+    host_rates(cluster)  # the one-line error naming [host]
+    return cluster["host"]["memory_gib"]
+
+
+def fits(sched):
+    """The plan's verdict: the GPU's memory and, under CPU offload, the host's."""
+    return bool(sched["memory"]["fits"]) and bool(sched["memory"].get("host_fits", True))
 
 
 def strategy_args(label, cluster, world):
@@ -119,7 +137,7 @@ def write_result(path, sched, sim, cluster, args, label):
     """The programs' HDF5 schema (docs/trace-format.md), flagged projected: metadata, the plan
     and, when it fits, the replayed step's /events (no /steps or /memory)."""
     mem = sched["memory"]
-    fits = mem["fits"]
+    fit = fits(sched)
     with h5py.File(path, "w") as f:
         a = f.attrs
         a["schema_version"] = 4 if "unit_names" in sched else 3  # a schedule from before the units had names
@@ -153,10 +171,11 @@ def write_result(path, sched, sim, cluster, args, label):
         a["cluster"] = cluster["name"]
         a["calibration"] = "; ".join(cluster["calibration"]) or "none (cluster description as written)"
         a["compute_model"] = cluster["compute_model"].describe()
-        a["status"] = "ok" if fits else "out-of-memory"
+        a["status"] = "ok" if fit else "out-of-memory"
+        a["cpu_offload"] = sched.get("cpu_offload", "none")
         a["model_flops_per_step"] = sched["model_flops_per_step"]
         a["hardware_flops_per_step"] = sched["hardware_flops_per_step"]
-        if fits:
+        if fit:
             a["median_step_time_s"] = sim["time"]
             a["median_model_tflops_per_rank"] = sched["model_flops_per_step"] / sim["time"] / 1e12
             a["median_hardware_tflops_per_rank"] = sched["hardware_flops_per_step"] / sim["time"] / 1e12
@@ -168,11 +187,14 @@ def write_result(path, sched, sim, cluster, args, label):
             a["replay_converged"] = int(sim["converged"])
             a["max_peak_memory_bytes"] = mem["peak_total"]
             a["plan_peak_memory_bytes"] = mem["peak_total"]
+            if a["cpu_offload"] != "none":  # the replay's seconds on the host link and the host's update
+                a["projected_host_copy_s"] = sim["host_copy"]
+                a["projected_host_update_s"] = sim["host_update"]
             write_events(f, sched, sim["stages"])
         g = f.create_group("plan")
         g.attrs["peak_total"] = mem["peak_total"]
         g.attrs["limit"] = mem["limit"]
-        g.attrs["fits"] = int(fits)
+        g.attrs["fits"] = int(fit)
         for k, v in mem.items():
             if k not in ("peak_total", "limit", "fits"):
                 g.attrs["peak_" + k] = v
@@ -312,7 +334,8 @@ def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False
     if checkpointing:
         args.append("--activation-checkpointing")
     args += ["--dtype", cluster["dtype"], "--reduce-dtype", reduce_dtype or cluster["dtype"]]
-    return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"))
+    return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"),
+                         host_limit(cluster, args))
 
 
 def load_matrix(path):
@@ -472,15 +495,16 @@ def project_all(a, cluster, todo, staged):
     False after printing the error of a point that cannot be projected."""
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
     width = max(10, *(len(tag) for tag, *_ in todo))
-    print(f"{'model':<{width}} {'strategy':<13} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
+    lwidth = max(13, *(len(printed) for _, _, _, printed, *_ in todo))
+    print(f"{'model':<{width}} {'strategy':<{lwidth}} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
     bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
     for model, name, label, printed, batch, n, args in todo:
         try:
-            sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir)
-            fits = sched["memory"]["fits"]  # a point that does not fit is recorded, not replayed
+            sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir, host_limit(cluster, args))
+            fit = fits(sched)  # a point that does not fit (GPU or host memory) is recorded, not replayed
             fsdp = strategy_labels.program(label) == "fsdp_perf"
-            sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fits else None
+            sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fit else None
         except ProjectionError as e:
             print(f"project: error: {e}", file=sys.stderr)
             return False
@@ -494,12 +518,16 @@ def project_all(a, cluster, todo, staged):
         staged.append((tmp, path))
         write_result(tmp, sched, sim, cluster, a, label)
         nan = float("nan")
-        print(f"{model:<{width}} {sched['label']:<13} {n:>5} {batch:>5} "
-              f"{sim['time'] * 1e3 if fits else nan:>10.2f} "
-              f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fits else nan:>11.2f} "
-              f"{sim['exposed'] * 1e3 if fits else nan:>10.2f} "
-              f"{sim['idle_share'] * 100 if fits else nan:>6.1f} "
-              f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fits else 'out-of-memory'}")
+        print(f"{model:<{width}} {sched['label']:<{lwidth}} {n:>5} {batch:>5} "
+              f"{sim['time'] * 1e3 if fit else nan:>10.2f} "
+              f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fit else nan:>11.2f} "
+              f"{sim['exposed'] * 1e3 if fit else nan:>10.2f} "
+              f"{sim['idle_share'] * 100 if fit else nan:>6.1f} "
+              f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fit else 'out-of-memory'}"
+              + (f"  host copies {sim['host_copy'] * 1e3:.1f} ms, update {sim['host_update'] * 1e3:.1f} ms"
+                 if fit and sched.get("cpu_offload", "none") != "none" else "")
+              + (f"  (host {sched['memory']['host_peak_total'] / 2**30:.1f} GiB)"
+                 if not sched["memory"].get("host_fits", True) else ""))
     return True
 
 

@@ -34,6 +34,12 @@ COMPUTE_FIELDS = {"gemm_tflops": (NUM, True), "memory_bandwidth_gbps": (NUM, Tru
                   "overlap_slowdown": (NUM, False), "gpu_speed_spread": (NUM, False)}
 INTRA_FIELDS = {"bandwidth_gbps": (NUM, True), "latency_us": (NUM, True), "allreduce_bandwidth_gbps": (NUM, False)}
 INTER_FIELDS = {"nic_bandwidth_gbps": (NUM, True), "nics_per_node": (int, True), "latency_us": (NUM, True)}
+# [host]: what CPU offload (fsdp_perf --cpu-offload) runs on, per GPU: the host link (GB/s per
+# direction), the CPU optimizer update's rate (GB/s of the bytes it touches) and host memory.
+HOST_FIELDS = {"link_bandwidth_gbps": (NUM, True), "update_bandwidth_gbps": (NUM, True), "memory_gib": (NUM, True)}
+# The trace lanes of CPU offload (docs/trace-format.md): the host's update and waits, the
+# host-to-device and device-to-host copies.
+HOST_LANE, UPLOAD_LANE, DOWNLOAD_LANE = 100, 101, 102
 COLLECTIVE_MODELS = ("nccl", "ring")
 
 # NCCL's tuning model (src/graph/tuning.cc): the fixed latency of a ring collective with the
@@ -70,9 +76,30 @@ def _check_table(table, fields, where, path):
             allowed = "a positive integer" if typ is int else "a finite positive number"
             raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed "
                                   f"(must be {allowed})")
-    unknown = set(table) - set(fields) - {"intra", "inter", "compute"}
+    unknown = set(table) - set(fields) - {"intra", "inter", "compute", "host"}
     if unknown:
         raise ProjectionError(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")
+
+
+def host_rates(cluster):
+    """(host link bytes/s per direction, host update bytes/s) of one GPU's rank, from the
+    description's [host]; ProjectionError (one line naming the table) when it has none."""
+    h = cluster.get("host")
+    if not isinstance(h, dict):
+        raise ProjectionError(f"cluster description {cluster.get('source', cluster.get('name'))}: missing table "
+                              "[host] (host.link_bandwidth_gbps, host.update_bandwidth_gbps, host.memory_gib), "
+                              "needed to project CPU offload (docs/projection.md)")
+    return h["link_bandwidth_gbps"] * 1e9, h["update_bandwidth_gbps"] * 1e9
+
+
+def has_offload(sched):
+    """True when the schedule holds CPU offload's host updates or host-device copies."""
+    cols = sched["columns"]
+    if "lane" not in cols:
+        return False
+    lane = cols.index("lane")
+    rows = [r for s in sched.get("stages", []) for r in s["ops"]] if sched.get("pp_size", 1) > 1 else sched["ops"]
+    return any(r[lane] >= HOST_LANE for r in rows)
 
 
 def load_cluster(path, calibrate=True):
@@ -86,6 +113,11 @@ def load_cluster(path, calibrate=True):
         if not isinstance(c.get(tier), dict):
             raise ProjectionError(f"cluster description {path}: missing table [{tier}]")
         _check_table(c[tier], fields, tier + ".", path)
+    if "host" in c:  # optional: only schedules with CPU offload need it (host_rates)
+        if not isinstance(c["host"], dict):
+            raise ProjectionError(f"cluster description {path}: 'host' must be a table [host]")
+        _check_table(c["host"], HOST_FIELDS, "host.", path)
+    c["source"] = path
     if c["dtype"] not in PRECISIONS:
         raise ProjectionError(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
     c.setdefault("collectives", "ring")
@@ -397,17 +429,24 @@ class _Pipe:
         return start, start + p2p_time(self.cluster, nbytes, src // per == dst // per)
 
 
-def schedule_ops(sched, rows=None):
+def schedule_ops(sched, rows=None, lanes=False):
     """The schedule's rows (default: its "ops", rank 0's; a stage's "ops" under --pp) as tuples
     (op name, phase, unit, bytes, flops, request, (m, n, k, batch), axis, sent bytes, peer); the
     names are the schedule's own op_names; axis is the code of a collective's mesh axis (-1
-    for other ops), peer the other rank of a send or receive (-1 for other ops)."""
+    for other ops), peer the other rank of a send or receive (-1 for other ops). lanes: two
+    more fields, the op's trace lane (0 compute, 1.. communication, 100 host, 101/102 copies)
+    and the request it is stream-ordered after (-1: none); 0 and -1 where the schedule
+    predates those columns."""
     cols, names = sched["columns"], sched["op_names"]
     idx = {c: cols.index(c) for c in cols}
+    lane, after = idx.get("lane"), idx.get("after")
     for row in sched["ops"] if rows is None else rows:
         shape = (row[idx["m"]], row[idx["n"]], row[idx["k"]], row[idx["batch"]])
-        yield (names[row[idx["op"]]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
-               row[idx["request"]], shape, row[idx["axis"]], row[idx["sent_bytes"]], row[idx["peer"]])
+        op = (names[row[idx["op"]]], row[idx["phase"]], row[idx["unit"]], row[idx["bytes"]], row[idx["flops"]],
+              row[idx["request"]], shape, row[idx["axis"]], row[idx["sent_bytes"]], row[idx["peer"]])
+        if lanes:
+            op += (row[lane] if lane is not None else 0, row[after] if after is not None else -1)
+        yield op
 
 
 def simulate(sched, cluster, fsdp1_gathers=None):
@@ -497,6 +536,9 @@ class _StageReplay:
     # and receives in order on one stream.
     LANES = {"gather": 1, "reduce": 2, "tensor": 3, "activations": 4, "gradients": 5}
     TRANSFER_LANES = (4, 5)
+    # CPU offload: the host's update (one CPU thread's worth per GPU), and the host link's two
+    # directions, each serialising its copies as a copy engine does.
+    HOST_LANES = {"host": HOST_LANE, "h2d": UPLOAD_LANE, "d2h": DOWNLOAD_LANE}
 
     def __init__(self, sched, stage, cluster, fsdp1_gathers, transfers, slowdown):
         self.cluster = cluster
@@ -513,6 +555,13 @@ class _StageReplay:
         self.t = self.compute = self.comm = self.exposed = self.waited_for_stages = 0.0
         self.forward = sched["phase_names"].index("forward")
         self.lanes, self.wire, self.done = {name: 0.0 for name in self.LANES}, {}, {}
+        # CPU offload (lanes 100-102): their free times, the end of the last host update issued
+        # (an upload issued after it starts after it), the copies launched ahead of their
+        # place (an FSDP1 all-gather's upload, with it), and their seconds
+        self.host = {name: 0.0 for name in self.HOST_LANES}
+        self.last_update, self.early = 0.0, set()
+        self.copy_time = self.update_time = 0.0
+        self.copy_of = {op[5]: j for j, op in enumerate(self.ops) if op[10] in (UPLOAD_LANE, DOWNLOAD_LANE)}
         self.gathers, self.wait_at, self.deferred = [], {}, {}  # all-gather requests in issue order; limiter state
         # FSDP1: all-gather k starts at the wait for all-gather k-1 even when the program
         # issues it later (the CPU runs ahead): it is launched there, so that the compute
@@ -531,9 +580,63 @@ class _StageReplay:
     def finished(self):
         return self.i >= len(self.ops)
 
-    def launch(self, name, nbytes, req, earliest, extra, tag, axis, sent):
+    @property
+    def end(self):
+        """The step's end on this rank: its compute lane, or a host update or copy after it."""
+        return max(self.t, *self.host.values())
+
+    def copy(self, j, t):
+        """Places copy op j (lane 101 or 102) issued at t: after the compute issued before it,
+        its `after` request, the copies before it in its direction, and (an upload) the host
+        update issued before it; bytes over the host link."""
+        op, phase, unit, nbytes, _, req, _, _, _, _, lane, after = self.ops[j]
+        if after >= 0 and after not in self.done:
+            self.early_copy(after, t)
+        direction = "h2d" if lane == UPLOAD_LANE else "d2h"
+        start = max(t, self.host[direction], self.done.get(after, 0.0) if after >= 0 else 0.0)
+        if lane == UPLOAD_LANE:
+            start = max(start, self.last_update)
+        end = start + self.cost[j]
+        self.host[direction] = end
+        if req >= 0:
+            self.done[req] = end
+        self.copy_time += end - start
+        self.events.append((op, phase, unit, lane, start, end, nbytes, 0.0, -1, 0, 0))
+
+    def early_copy(self, req, t):
+        """Launches the copy of request `req` from t before the replay reaches it (the upload an
+        FSDP1 all-gather launched ahead of its place is stream-ordered after)."""
+        j = self.copy_of.get(req)
+        if j is not None and j not in self.early:
+            self.early.add(j)
+            self.copy(j, t)
+
+    def host_step(self, i):
+        """An op of CPU offload's lanes: a copy, the host update, or the host's wait for a copy."""
+        op, phase, unit, nbytes, _, req, _, _, _, _, lane, after = self.ops[i]
+        if lane in (UPLOAD_LANE, DOWNLOAD_LANE):
+            if i not in self.early:
+                self.copy(i, self.t)
+        elif op == "optimizer":  # on the host, once the inputs its waits named are there
+            start = self.host["host"]
+            end = start + self.cost[i]
+            self.host["host"] = self.last_update = end
+            self.update_time += end - start
+            self.events.append((op, phase, unit, lane, start, end, nbytes, 0.0, -1, 0, 0))
+        elif op == "wait":
+            ready = self.done.get(req, 0.0)
+            since = max(self.host["host"], self.t)  # drawn from the compute issued before it
+            if ready > since:
+                self.events.append((op, phase, unit, lane, since, ready, 0, 0.0, -1, 0, 0))
+            self.host["host"] = max(self.host["host"], ready)
+
+    def launch(self, name, nbytes, req, earliest, extra, tag, axis, sent, after=-1):
         n, nodes = self.tiers[axis]
         lane = "tensor" if axis == self.tensor else "gather" if name == "all-gather" else "reduce"
+        if after >= 0:  # stream-ordered after a copy (an upload of the shard it gathers)
+            if after not in self.done:
+                self.early_copy(after, earliest)
+            earliest = max(earliest, self.done.get(after, 0.0))
         start = max(earliest, self.lanes[lane])
         d = collective_time(self.cluster, name, nbytes, n, nodes, sent)
         res = "net" if nodes > 1 else "nvlink"
@@ -549,16 +652,16 @@ class _StageReplay:
         reaches it (with the cast of its shard when a copy precedes it)."""
         j = self.next_gather[i] if i < len(self.ops) else None
         if j is not None and j not in self.prelaunched:
-            name, phase, unit, nbytes, _, req, _, axis, sent, _ = self.ops[j]
-            cast = self.cost[j - 1] if j > 0 and self.ops[j - 1][0] == "copy" else 0.0
-            self.launch(name, nbytes, req, t, cast, (name, phase, unit), axis, sent)
+            name, phase, unit, nbytes, _, req, _, axis, sent, _, _, after = self.ops[j]
+            cast = self.cost[j - 1] if j > 0 and self.ops[j - 1][0] == "copy" and self.ops[j - 1][10] == 0 else 0.0
+            self.launch(name, nbytes, req, t, cast, (name, phase, unit), axis, sent, after)
             self.prelaunched.add(j)
 
     def advance(self, pipe):
         """Replays ops until the end or a wait on an unmatched message; True if it moved."""
         start = self.i
         while self.i < len(self.ops):
-            op, phase, unit, nbytes, flops, req, shape, axis, sent, peer = self.ops[self.i]
+            op, phase, unit, nbytes, flops, req, shape, axis, sent, peer, _, _ = self.ops[self.i]
             if op == "wait" and req in self.messages and not self.complete(req, pipe):
                 break
             self.step(self.i, pipe)
@@ -584,9 +687,11 @@ class _StageReplay:
         return True
 
     def step(self, i, pipe):
-        op, phase, unit, nbytes, flops, req, shape, axis, sent, peer = self.ops[i]
+        op, phase, unit, nbytes, flops, req, shape, axis, sent, peer, lane, after = self.ops[i]
         t, tag = self.t, (op, phase, unit)
-        if op in COMPUTE_OPS:
+        if lane >= HOST_LANE:
+            self.host_step(i)
+        elif op in COMPUTE_OPS:
             d = self.cost[i]
             if self.fsdp1_gathers and op == "copy" and i + 1 < len(self.ops) and self.ops[i + 1][0] == "all-gather":
                 self.pending_cast = d  # the shard's cast runs on the gather stream
@@ -608,21 +713,22 @@ class _StageReplay:
                 if i in self.prelaunched:  # launched at the wait for the previous one
                     pass
                 elif k < 2:
-                    self.launch(op, nbytes, req, 0.0, self.pending_cast, tag, axis, sent)
+                    self.launch(op, nbytes, req, 0.0, self.pending_cast, tag, axis, sent, after)
                     if k == 0:  # the limiter lets two run from the start: launch the second now too
                         self.prelaunch(i + 1, 0.0)
                 elif self.gathers[k - 1] in self.wait_at:
-                    self.launch(op, nbytes, req, self.wait_at[self.gathers[k - 1]], self.pending_cast, tag, axis, sent)
+                    self.launch(op, nbytes, req, self.wait_at[self.gathers[k - 1]], self.pending_cast, tag, axis, sent,
+                                after)
                 else:  # the limiter holds it until compute reaches the wait for the previous one
-                    self.deferred[self.gathers[k - 1]] = (op, nbytes, req, self.pending_cast, tag, axis, sent)
+                    self.deferred[self.gathers[k - 1]] = (op, nbytes, req, self.pending_cast, tag, axis, sent, after)
                 self.pending_cast = 0.0
             else:
-                self.launch(op, nbytes, req, t, 0.0, tag, axis, sent)
+                self.launch(op, nbytes, req, t, 0.0, tag, axis, sent, after)
         elif op == "wait":
             self.wait_at.setdefault(req, t)
             if req in self.deferred:
-                name, nb, rq, cast, held, ax, sn = self.deferred.pop(req)
-                self.launch(name, nb, rq, t, cast, held, ax, sn)
+                name, nb, rq, cast, held, ax, sn, af = self.deferred.pop(req)
+                self.launch(name, nb, rq, t, cast, held, ax, sn, af)
             elif self.fsdp1_gathers and self.gathers and req == self.gathers[-1] and len(self.gathers) >= 2:
                 self.prelaunch(i + 1, t)
             end = self.done.get(req, t)
@@ -640,10 +746,19 @@ def _stage_lists(sched, cluster):
     stage, with each compute op's seconds on one GPU of the world (0 for other ops)."""
     cm, w = cluster["compute_model"], sched["world_size"]
     slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
-    lists = ([(s["rank"], list(schedule_ops(sched, s["ops"]))) for s in sched["stages"]]
-             if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched)))])
-    return [(rank, ops, [cm.time(op, nbytes, flops, shape) * slow if op in COMPUTE_OPS else 0.0
-                         for op, _, _, nbytes, flops, _, shape, *_ in ops]) for rank, ops in lists]
+    lists = ([(s["rank"], list(schedule_ops(sched, s["ops"], lanes=True))) for s in sched["stages"]]
+             if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched, lanes=True)))])
+    # CPU offload: copies over the host link, the update at the host's rate ([host], per GPU)
+    link, update = host_rates(cluster) if has_offload(sched) else (None, None)
+
+    def cost(op, nbytes, flops, shape, lane):
+        if lane in (UPLOAD_LANE, DOWNLOAD_LANE):
+            return nbytes / link
+        if lane == HOST_LANE:
+            return nbytes / update if op == "optimizer" else 0.0
+        return cm.time(op, nbytes, flops, shape) * slow if op in COMPUTE_OPS else 0.0
+    return [(rank, ops, [cost(op, nbytes, flops, shape, lane) for op, _, _, nbytes, flops, _, shape, _, _, _, lane, _
+                         in ops]) for rank, ops in lists]
 
 
 def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown):
@@ -654,11 +769,14 @@ def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown):
         if not any([s.advance(pipe) for s in stages]):
             blocked = [f"rank {s.rank} at op {s.i}" for s in stages if not s.finished]
             raise ProjectionError("the pipeline's sends and receives do not pair up (" + ", ".join(blocked) + ")")
-    # The step ends when the slowest stage does; the others idle until then (the bubble).
-    time = max(s.t for s in stages)
+    # The step ends when the slowest stage does; the others idle until then (the bubble). CPU
+    # offload: when its last host update or copy ends, if after the compute lane.
+    time = max(s.end for s in stages)
     compute = sum(s.compute for s in stages) / len(stages)
     for s in stages:
         s.events.sort(key=lambda e: (e[3], e[4]))
     return {"time": time, "compute": compute, "communication": sum(s.comm for s in stages) / len(stages),
             "exposed": sum(s.exposed for s in stages) / len(stages), "idle_share": 1 - compute / time if time > 0 else 0.0,
-            "events": stages[0].events, "stages": [(s.rank, s.events) for s in stages]}
+            "events": stages[0].events, "stages": [(s.rank, s.events) for s in stages],
+            "host_copy": sum(s.copy_time for s in stages) / len(stages),
+            "host_update": sum(s.update_time for s in stages) / len(stages)}

@@ -18,25 +18,42 @@ one vocabulary:
                      data-parallel ranks of one node, GPUs per node / N)
     <any>-pp<S>      the same with --pp S: S pipeline stages (after -tp<N> when both:
                      fsdp-full-tp2-pp4); the strategy over world / (N S) data-parallel ranks
+    <fsdp>-offload-params
+                     the same with --cpu-offload params (parameter, gradient and optimizer
+                     shards on the host, the update on the CPU: fsdp-full, fsdp-hybrid<G>,
+                     fsdp-grad-op), last in the label: fsdp-full-tp2-offload-params
+    <fsdp>-offload-optimizer
+                     the same with --cpu-offload optimizer (master weights and optimizer state
+                     on the host: fsdp-optimizer-state, fsdp-grad-op, fsdp-full, fsdp-hybrid<G>)
 
 Standard library only: slurm/sweep imports it from this folder (also in an installed tree).
 """
 import re
 
 ALLOWED = ("ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, "
-           "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>")
+           "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>, then -offload-params (full, hybrid, "
+           "grad-op) or -offload-optimizer (any but fsdp-none)")
 SHARDINGS = ("full", "none", "grad-op", "optimizer-state")  # the fsdp_perf --sharding values with no shard size
 OPTIMIZER_STATE_RE = re.compile(r"^fsdp-optimizer-state([1-9][0-9]*)$")  # ZeRO-1 in groups of G
 HYBRID_RE = re.compile(r"^fsdp-hybrid([1-9][0-9]*)?$")  # G as the program prints it: no leading zeros
 SUFFIX_RE = re.compile(r"^(.*?)(-tp([1-9][0-9]*))?(-pp([1-9][0-9]*))?$")  # N, S > 1 as the program prints them
+OFFLOADS = ("params", "optimizer")  # fsdp_perf --cpu-offload values a label names (none: no suffix)
+OFFLOAD_RE = re.compile(r"^(.*)-offload-(" + "|".join(OFFLOADS) + r")$")
 
 
 class StrategyError(ValueError):
     """A label outside the vocabulary: its message is one line naming it and what is allowed."""
 
 
+def split_offload(label):
+    """(label without its -offload-X suffix, X or "none")."""
+    m = OFFLOAD_RE.match(label) if isinstance(label, str) else None
+    return (m.group(1), m.group(2)) if m else (label, "none")
+
+
 def split_layout(label):
-    """(the data-parallel label, N, S) of label-tpN-ppS; 1 for a part the label lacks."""
+    """(the data-parallel label, N, S) of label-tpN-ppS[-offload-X]; 1 for a part the label lacks."""
+    label = split_offload(label)[0]
     m = SUFFIX_RE.match(label) if isinstance(label, str) else None
     if not m:
         return label, 1, 1
@@ -54,7 +71,18 @@ def check(label):
                                        (base.startswith("fsdp-") and base[len("fsdp-"):] in SHARDINGS))
     if not known:
         raise StrategyError(f"unknown strategy {label!r} (allowed: {ALLOWED})")
+    off = split_offload(label)[1]
+    # the combinations fsdp_perf serves (its --cpu-offload check, src/train/options.cpp)
+    if off == "params" and not (base in ("fsdp-full", "fsdp-grad-op") or HYBRID_RE.match(base)):
+        raise StrategyError(f"strategy {label!r}: -offload-params needs fsdp-full, fsdp-hybrid or fsdp-grad-op")
+    if off == "optimizer" and base in ("ddp", "fsdp-none"):
+        raise StrategyError(f"strategy {label!r}: -offload-optimizer needs a sharded fsdp strategy (not {base})")
     return label
+
+
+def cpu_offload(label):
+    """fsdp_perf's --cpu-offload of label: none, params or optimizer."""
+    return split_offload(check(label))[1]
 
 
 def program(label):
@@ -96,8 +124,11 @@ def shard_size(label, gpus_per_node, world):
 def resolve(label, gpus_per_node, world):
     """(program, its flags, the label the program will print) of label at this world size."""
     base, tp, pp = split_layout(check(label))
-    suffix = (f"-tp{tp}" if tp > 1 else "") + (f"-pp{pp}" if pp > 1 else "")
-    layout_flags = (["--tp", str(tp)] if tp > 1 else []) + (["--pp", str(pp)] if pp > 1 else [])
+    off = cpu_offload(label)
+    suffix = (f"-tp{tp}" if tp > 1 else "") + (f"-pp{pp}" if pp > 1 else "") + (f"-offload-{off}" if off != "none"
+                                                                                 else "")
+    layout_flags = ((["--tp", str(tp)] if tp > 1 else []) + (["--pp", str(pp)] if pp > 1 else []) +
+                    (["--cpu-offload", off] if off != "none" else []))
     if program(label) == "ddp_perf":
         return "ddp_perf", layout_flags, "ddp" + suffix
     z = OPTIMIZER_STATE_RE.match(base)
@@ -107,4 +138,4 @@ def resolve(label, gpus_per_node, world):
     g = shard_size(label, gpus_per_node, world)
     if g is not None:
         return "fsdp_perf", ["--sharding", "hybrid", "--shard-size", str(g)] + layout_flags, f"fsdp-hybrid{g}{suffix}"
-    return "fsdp_perf", ["--sharding", base[len("fsdp-"):]] + layout_flags, label
+    return "fsdp_perf", ["--sharding", base[len("fsdp-"):]] + layout_flags, base + suffix

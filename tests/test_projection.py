@@ -305,6 +305,144 @@ class ReplayConverges(unittest.TestCase):
             transfers = {rank: [(e[4], e[5]) for e in events if e[3] in (4, 5)] for rank, events in far["stages"]}
         self.assertLess(abs(sim["time"] / far["time"] - 1), 4 * pm.REPLAY_TOLERANCE)
 
+class CpuOffload(unittest.TestCase):
+    """CPU offload (docs/projection.md, "CPU offload"): copies on the host link's two lanes,
+    the CPU update on the host lane, at the rates of the description's [host]."""
+
+    LOCAL = os.path.join(ROOT, "runs", "clusters", "local-cpu.toml")
+    CLUSTER = """name = "hand"
+gpus_per_node = 8
+gpu_memory_gib = 80
+dtype = "bf16"
+[compute]
+gemm_tflops = 1.0
+memory_bandwidth_gbps = 10.0
+[intra]
+bandwidth_gbps = 100.0
+latency_us = 1.0
+[inter]
+nic_bandwidth_gbps = 10.0
+nics_per_node = 8
+latency_us = 1.0
+"""
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="test_projection.")
+        self.addCleanup(shutil.rmtree, self.tmp, True)
+
+    def cluster(self, link=None, update=40.0, path="hand.toml"):
+        text = self.CLUSTER
+        if link is not None:
+            text += f"[host]\nlink_bandwidth_gbps = {link}\nupdate_bandwidth_gbps = {update}\nmemory_gib = 64\n"
+        path = os.path.join(self.tmp, path)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    @staticmethod
+    def schedule():
+        """One GEMM of 1e12 FLOPs, its gradient's download (2 GB), the host's wait for it, the
+        CPU update (4 GB touched), the upload of its result (1 GB), and compute's wait for it."""
+        names = ["gemm", "elementwise", "optimizer", "copy", "all-reduce", "all-gather", "reduce-scatter", "wait"]
+        cols = ["op", "phase", "unit", "bytes", "flops", "request", "m", "n", "k", "batch", "axis", "ranks",
+                "sent_bytes", "peer", "lane", "after"]
+        code = {n: i for i, n in enumerate(names)}
+
+        def row(op, phase, nbytes=0, flops=0, req=-1, lane=0, after=-1, shape=(0, 0, 0, 0)):
+            return [code[op], phase, 0, nbytes, flops, req, *shape, -1, 0, 0, -1, lane, after]
+        ops = [row("gemm", 1, flops=1e12, shape=(10000, 10000, 5000, 1)),
+               row("copy", 1, nbytes=2e9, req=1, lane=102),
+               row("wait", 2, req=1, lane=100),
+               row("optimizer", 2, nbytes=4e9, lane=100),
+               row("copy", 2, nbytes=1e9, req=2, lane=101),
+               row("wait", 2, req=2)]
+        axes = ["pp", "dp_replicate", "dp_shard", "tp"]
+        return {"program": "fsdp_perf", "world_size": 1, "pp_size": 1, "cpu_offload": "optimizer",
+                "columns": cols, "op_names": names, "phase_names": ["forward", "backward", "optimizer"],
+                "axis_names": axes, "axes": {a: {"ranks": [0]} for a in axes}, "ops": ops}
+
+    def test_the_host_link_sets_the_step_as_a_hand_computation_says(self):
+        for link in (10.0, 5.0, 2.5):
+            with self.subTest(link=link):
+                sim = pm.simulate(self.schedule(), pm.load_cluster(self.cluster(link), calibrate=False))
+                # 1 s of GEMM, then the download (2 GB), the update (4 GB at 40 GB/s), the upload (1 GB)
+                self.assertAlmostEqual(sim["time"], 1.0 + 2 / link + 4 / 40.0 + 1 / link, places=12)
+                self.assertAlmostEqual(sim["host_copy"], 3 / link, places=12)
+                self.assertAlmostEqual(sim["host_update"], 0.1, places=12)
+                spans = {(e[0], e[3]): (e[4], e[5]) for e in sim["events"]}
+                self.assertEqual(spans[("copy", 102)], (1.0, 1.0 + 2 / link))
+                self.assertAlmostEqual(spans[("optimizer", 100)][0], 1.0 + 2 / link, places=12)
+                self.assertAlmostEqual(spans[("copy", 101)][0], spans[("optimizer", 100)][1], places=12)
+                self.assertAlmostEqual(sim["exposed"], 2 / link + 0.1 + 1 / link, places=12)  # compute waited
+
+    def test_offload_schedules_replay_with_their_copies_and_updates_on_their_lanes(self):
+        c = pm.load_cluster(self.LOCAL, calibrate=False)
+        for stage, offload, label in (("1", "optimizer", "fsdp-optimizer-state-offload-optimizer"),
+                                      ("3", "params", "fsdp-full-offload-params")):
+            with self.subTest(offload=offload):
+                sched = project.plan_schedule(["fsdp_perf", "--model", "t5-tiny", "--zero-stage", stage, "--cpu-offload",
+                                               offload, "--batch", "2", "--seq-len", "16"], 4, 1,
+                                              os.path.join(ROOT, "build", "bin"), 1)
+                self.assertEqual(sched["label"], label)
+                lane = sched["columns"].index("lane")
+                planned = collections.Counter(r[lane] for r in sched["ops"] if r[lane] >= 100)
+                sim = pm.simulate(sched, c)
+                replayed = collections.Counter(e[3] for e in sim["events"] if e[3] >= 100 and e[0] != "wait")
+                updates = sum(1 for r in sched["ops"] if r[lane] == 100 and sched["op_names"][r[0]] == "optimizer")
+                self.assertEqual(replayed[100], updates)
+                self.assertEqual(replayed[101], planned[101])
+                self.assertEqual(replayed[102], planned[102])
+                self.assertGreater(sim["host_copy"], 0)
+                self.assertGreater(sim["host_update"], 0)
+                self.assertGreaterEqual(sim["time"], max(e[5] for e in sim["events"]))
+
+    def test_a_projected_offload_result_carries_the_host_lanes(self):
+        out = os.path.join(self.tmp, "out")
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "project.py"), "--cluster", self.LOCAL,
+                            "--model", "t5-tiny", "--gpus", "4", "--batch", "2", "--seq-len", "16", "--strategies",
+                            "fsdp-full-offload-params", "--out", out], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        with h5py.File(os.path.join(out, "t5-tiny-fsdp-full-offload-params-g4-b2-s16.h5"), "r") as f:
+            self.assertEqual(f.attrs["cpu_offload"], "params")
+            self.assertGreater(f.attrs["projected_host_update_s"], 0)
+            lanes = set(int(x) for x in f["events"]["lane"])
+        self.assertTrue({100, 101, 102} <= lanes, lanes)
+
+    def test_an_offload_schedule_without_host_in_the_description_is_one_line(self):
+        path = self.cluster(None)
+        with self.assertRaisesRegex(pm.ProjectionError, rf"^cluster description {re.escape(path)}: missing table "
+                                    r"\[host\]"):
+            pm.simulate(self.schedule(), pm.load_cluster(path, calibrate=False))
+        with open(self.LOCAL) as f:
+            text = f.read()
+        nohost = os.path.join(self.tmp, "nohost.toml")
+        with open(nohost, "w") as f:
+            f.write(text[:text.index("[host]")])
+        out = os.path.join(self.tmp, "out")
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "project.py"), "--cluster", nohost,
+                            "--model", "t5-tiny", "--gpus", "4", "--batch", "2", "--seq-len", "16", "--strategies",
+                            "fsdp-optimizer-state-offload-optimizer", "--out", out], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(len(r.stderr.splitlines()), 1, r.stderr)
+        self.assertRegex(r.stderr, rf"^project: error: cluster description {re.escape(nohost)}: missing table \[host\]")
+        self.assertFalse(os.path.exists(out))
+        # without offload the same description projects as before
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "project.py"), "--cluster", nohost,
+                            "--model", "t5-tiny", "--gpus", "4", "--batch", "2", "--seq-len", "16", "--strategies",
+                            "fsdp-optimizer-state", "--out", out], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+    def test_bad_host_fields_are_refused_by_name(self):
+        path = self.cluster(0.0)
+        with self.assertRaisesRegex(pm.ProjectionError, r"field 'host.link_bandwidth_gbps' = 0.0 is not allowed"):
+            pm.load_cluster(path, calibrate=False)
+        path = self.cluster(10.0, path="extra.toml")
+        with open(path, "a") as f:
+            f.write("pcie = 5\n")
+        with self.assertRaisesRegex(pm.ProjectionError, r"unknown field\(s\) \['host.pcie'\]"):
+            pm.load_cluster(path, calibrate=False)
+
+
 class BadInput(unittest.TestCase):
     """Bad input is one line naming the file or value and what is allowed, exit 2, and
     nothing written or replaced (docs/projection.md): cluster descriptions that are not

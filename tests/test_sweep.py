@@ -241,10 +241,14 @@ class Validation(SweepCase):
                             f"[matrix] models: 't5-3b' is not a model preset of ddp_perf (allowed: {presets})")
         self.assert_refused(self.matrix(models='["t5-tiny", ""]'), "[matrix] models must be a non-empty list")
         allowed = "(ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, " \
-                  "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>)"
+                  "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>, then -offload-params (full, hybrid, " \
+                  "grad-op) or -offload-optimizer (any but fsdp-none))"
         for bad in ("zero3", "hybrid", "fsdp-hybrid0", "fsdp-hybrid08", "fsdp-hybrid-2", "fsdp-", "fsdp-tp2",
                     "fsdp-optimizer-state0", "fsdp-optimizer", "fsdp-optimizer-state-2",
-                    "ddp-tp1", "fsdp-full-tp0", "fsdp-full-pp2-tp2"):
+                    "ddp-tp1", "fsdp-full-tp0", "fsdp-full-pp2-tp2",
+                    "fsdp-full-offload", "fsdp-full-offload-none", "fsdp-full-offload-params-tp2",
+                    "ddp-offload-params", "fsdp-none-offload-params", "fsdp-optimizer-state-offload-params",
+                    "fsdp-none-offload-optimizer", "ddp-offload-optimizer"):
             with self.subTest(strategy=bad):
                 self.assert_refused(self.matrix(strategies=f'["ddp", "{bad}"]'),
                                     f"[matrix] strategies must be a non-empty list of distinct strategies {allowed}")
@@ -457,13 +461,33 @@ class DryRun(SweepCase):
         """slurm/sweep and analysis/project.py run a label with the same program and flags."""
         import project
         for label in ("ddp", "fsdp-full", "fsdp-hybrid", "fsdp-hybrid2", "fsdp-none", "fsdp-grad-op",
-                      "fsdp-optimizer-state", "fsdp-optimizer-state2", "fsdp-optimizer-state-tp2"):
+                      "fsdp-optimizer-state", "fsdp-optimizer-state2", "fsdp-optimizer-state-tp2",
+                      "fsdp-full-offload-params", "fsdp-grad-op-offload-params", "fsdp-hybrid2-offload-params",
+                      "fsdp-optimizer-state-offload-optimizer", "fsdp-grad-op-offload-optimizer",
+                      "fsdp-full-offload-optimizer", "fsdp-full-tp2-offload-optimizer"):
             with self.subTest(label=label):
                 cfg = sweep.load_matrix(self.matrix(strategies=f'["{label}"]', models='["t5-tiny"]'), {})
                 (p,) = sweep.points(cfg)
                 flags = list(p.args[p.args.index("fp32") + 1:])
                 flags = flags[:flags.index("--prefetch")] if "--prefetch" in flags else flags
                 self.assertEqual([p.program] + flags, project.strategy_args(label, {"gpus_per_node": 4}, 4))
+
+    def test_offload_labels_are_the_programs_own(self):
+        """-offload-params / -offload-optimizer: --cpu-offload, and the label the program prints."""
+        import project
+        for label, offload in (("fsdp-full-offload-params", "params"), ("fsdp-hybrid2-offload-params", "params"),
+                               ("fsdp-optimizer-state-offload-optimizer", "optimizer"),
+                               ("fsdp-grad-op-offload-optimizer", "optimizer")):
+            with self.subTest(label=label):
+                cfg = sweep.load_matrix(self.matrix(strategies=f'["{label}"]', models='["t5-tiny"]'), {})
+                (p,) = sweep.points(cfg)
+                self.assertEqual(p.label, label)
+                self.assertEqual(p.args[p.args.index("--cpu-offload") + 1], offload)
+                self.assertIn(f"-{label}-g4-", p.name)
+                sched = project.plan_schedule(["fsdp_perf", "--model", "t5-tiny", "--batch", "2", "--seq-len", "16"] +
+                                              project.strategy_args(label, {"gpus_per_node": 4}, 4)[1:], 4, 1, BIN, 1)
+                self.assertEqual(sched["label"], label)
+                self.assertEqual(sched["cpu_offload"], offload)
 
     def test_pipelines_and_batch_per_gpu(self):
         """batch_per = "gpu": every layout of a GPU count trains batch x GPUs sequences; the

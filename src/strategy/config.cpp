@@ -90,7 +90,9 @@ std::string StrategyConfig::label() const {
   std::string l = std::string("fsdp-") + sharding_name(sharding);
   if (sharding == Sharding::Hybrid || (sharding == Sharding::OptimizerState && shard_size > 0))
     l += std::to_string(shard_size);
-  return l + tensor;
+  // CPU offload last, after the layout: fsdp-full-tp2-offload-params (analysis/strategy_labels.py)
+  const std::string offload = cpu_offload == CpuOffload::None ? "" : std::string("-offload-") + cpu_offload_name(cpu_offload);
+  return l + tensor + offload;
 }
 
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
