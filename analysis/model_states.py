@@ -30,6 +30,9 @@ sizes (Ψ_pad: every unit padded to a multiple of N) except the last, which is b
   reduced-shard     ZeRO-1: the reduced gradient shard, 2Ψ_pad/N (the update reads it)
   no-16bit-shard    ZeRO-3: −2Ψ/N: no persistent bf16 shard (the fp32 shard is cast into
                     the gather buffer)
+  offload-shard     CPU offload: what stays on the GPU beyond the remaining terms: under
+                    optimizer ZeRO-2's bf16 shard its all-gathers start from, under params
+                    the reduced gradient shard (downloaded from there), 2Ψ_pad/N each
   in-flight         ZeRO-2: unsharded bf16 gradients of the units being differentiated (the
                     embedding's held across backward), in [0, 2 × (root units + largest
                     block)]; ZeRO-3: gathered units and unsharded gradients, in
@@ -289,7 +292,8 @@ def text_table(rows):
     print("-" * len(head), file=out)
     for r in rows:
         why = [f"{k.replace('_', '-')} {r[k] / r['params']:+.4f}" for k in ("padding", "reduced_shard",
-                                                                           "no_16bit_shard", "in_flight") if r[k]]
+                                                                           "no_16bit_shard", "offload_shard",
+                                                                           "in_flight") if r[k]]
         line = (f"{r['strategy']:<40} {r['gpus']:>5} {r['model_states'] / GIB:>9.2f} {r['formula'] / GIB:>9.2f} "
                 f"{r['model_states'] / r['params']:>9.4f} {r['formula'] / r['params']:>9.4f} "
                 f"{(r['model_states'] - r['formula']) / r['params']:>+9.4f}  {', '.join(why) or 'exact'}")

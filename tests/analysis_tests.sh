@@ -419,39 +419,18 @@ for bad in "--gpus 0|--gpus '0' is not allowed \(a comma-separated list of disti
     $PY $ROOT/analysis/model_states.py "${MS[@]}" ${bad%%|*} --out $tmp/ms-bad
   check "... nothing written" test ! -e $tmp/ms-bad
 done
-# Offload rows are one list entry each: an fsdp_perf whose --help lists --cpu-offload (a stand-in
-# over the real one that moves the fp32 master and Adam, and for params the gradient shard,
-# into a "host_memory" object) adds them, with a host column; the plumbing, not offload itself.
-mkdir -p $tmp/offbin && ln -s $BIN/ddp_perf $tmp/offbin/ddp_perf
-cat >$tmp/offbin/fsdp_perf <<PYEOF
-#!$PY
-import json, subprocess, sys
-a = sys.argv[1:]
-if "--help" in a:
-    print(subprocess.run(["$BIN/fsdp_perf", "--help"], capture_output=True, text=True).stdout + "  --cpu-offload X")
-    sys.exit(0)
-off = a[a.index("--cpu-offload") + 1] if "--cpu-offload" in a else None
-if off:
-    del a[a.index("--cpu-offload"):a.index("--cpu-offload") + 2]
-rc = subprocess.run(["$BIN/fsdp_perf"] + a).returncode
-if off and "--schedule-json" in a:
-    path = a[a.index("--schedule-json") + 1]
-    d = json.load(open(path)); m = d["memory"]; n = d["shard_size"]
-    master = sum(-(-u // n) for u in d["unit_params"]) * 4
-    host = m["optimizer_state"] + master + (m["gradients"] if off == "params" else 0)
-    m["parameters"] -= master; m["optimizer_state"] = 0
-    m["gradients"] = 0 if off == "params" else m["gradients"]
-    d["host_memory"] = {"peak_total": host}
-    json.dump(d, open(path, "w"))
-sys.exit(rc)
-PYEOF
-chmod +x $tmp/offbin/fsdp_perf
-expect "model_states: an fsdp_perf with --cpu-offload adds the offload rows, host memory a column" 0 \
+# Offload rows (fsdp_perf --cpu-offload): each variant's GPU side equals the formula's remaining
+# terms plus the named extras (the script stops otherwise), and the plan's host peak is a
+# column that holds at least the offloaded terms.
+expect "model_states: the offload rows, host memory a column" 0 \
   '^fsdp-full\+offload-params +8 .* \(0\.[0-9]+\)$' -- $PY $ROOT/analysis/model_states.py "${MS[@]}" --fit-models t5-tiny \
-  --bin $tmp/offbin --out $tmp/ms-off
+  --out $tmp/ms-off
 check "... the CSV: 4 offload variants x 2 GPU counts, each with its host bytes" $PY -c "
 import csv; r = [x for x in csv.DictReader(open('$tmp/ms-off/model_states.csv')) if x['offload'] != '-']
 assert len(r) == 8 and all(float(x['host']) >= float(x['host_model_states']) > 0 for x in r), r"
+check "... ZeRO-2 under optimizer offload names the bf16 shard it keeps" $PY -c "
+import csv; r = [x for x in csv.DictReader(open('$tmp/ms-off/model_states.csv')) if x['strategy'] == 'fsdp-grad-op+offload-optimizer']
+assert r and all(float(x['offload_shard']) > 0 for x in r), r"
 refused "model_states: a non-empty --out only with --overwrite" \
   "^model_states: error: --out '$tmp/ms' is not empty \(pass --overwrite to replace its files\)$" -- \
   $PY $ROOT/analysis/model_states.py "${MS[@]}" --out $tmp/ms
