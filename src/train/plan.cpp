@@ -2,6 +2,7 @@
 // of any world size. The allocations are the code's own, so the plan is exact for
 // everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -45,10 +46,12 @@ class PeakRecorder : public Recorder {
 
 namespace {
 
-StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
+// ops_hint: the schedule's expected length (the previous stage's), reserved up front.
+StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t ops_hint) {
   StagePlan p;
   auto backend = make_counting_backend();
   PeakRecorder rec;
+  rec.schedule.reserve(ops_hint);
   backend->set_recorder(&rec);
   Mesh mesh = Mesh::planned(layout);
   {
@@ -81,7 +84,8 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   MemoryPlan plan;
   plan.layout = layout.at_rank(0);
   for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
-    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0}))));
+    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
+                                     s ? plan.stages.back().schedule.size() + 64 : 0));
   for (int s = 0; s < plan.layout.pp; ++s) {
     if (plan.stages[size_t(s)].peak_total > plan.stages[size_t(plan.worst_stage)].peak_total) plan.worst_stage = s;
     if (plan.stages[size_t(s)].host_peak_total > plan.stages[size_t(plan.worst_host_stage)].host_peak_total)
@@ -96,7 +100,6 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   plan.host_at_peak = worst_host.host_at_peak;
   plan.host_peak_total = worst_host.host_peak_total;
   plan.counted_flops = plan.stages[0].counted_flops;
-  plan.schedule = plan.stages[0].schedule;
   return plan;
 }
 
@@ -245,6 +248,14 @@ __attribute__((format(printf, 2, 3))) void appendf(std::string& out, const char*
   va_end(again);
 }
 
+// A separator and an integer, as "%s%lld" would write them (lists of hundreds of ranks).
+void append_integer(std::string& out, int64_t v, const char* separator) {
+  out += separator;
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof digits, v).ptr;
+  out.append(digits, size_t(end - digits));
+}
+
 // "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
 // (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives) and the
 // GEMM FLOPs, so an estimate need not read the ops. One line.
@@ -302,7 +313,7 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
   for (int a = 0; a < kAxes; ++a) {
     appendf(f, "%s\"%s\": {\"size\": %d, \"ranks\": [", a ? ", " : "", axis_name(Axis(a)), p.layout.size(Axis(a)));
     const std::vector<int> ranks = p.layout.group(Axis(a));
-    for (size_t i = 0; i < ranks.size(); ++i) appendf(f, "%s%d", i ? ", " : "", ranks[i]);
+    for (size_t i = 0; i < ranks.size(); ++i) append_integer(f, ranks[i], i ? ", " : "");
     appendf(f, "]}");
   }
   appendf(f, "},\n");
@@ -317,7 +328,7 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
   appendf(f, "  \"unit_names\": [");
   for (size_t u = 0; u < units.size(); ++u) appendf(f, "%s\"%s\"", u ? ", " : "", units[u].name.c_str());
   appendf(f, "],\n  \"unit_params\": [");
-  for (size_t u = 0; u < units.size(); ++u) appendf(f, "%s%lld", u ? ", " : "", (long long)units[u].numel);
+  for (size_t u = 0; u < units.size(); ++u) append_integer(f, units[u].numel, u ? ", " : "");
   appendf(f, "],\n");
   appendf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
@@ -371,7 +382,7 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
       appendf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
                    "\"params\": %lld, \"units\": [", st.first_piece, st.last_piece,
                    p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
-      for (size_t i = 0; i < st.units.size(); ++i) appendf(f, "%s%d", i ? ", " : "", st.units[i]);
+      for (size_t i = 0; i < st.units.size(); ++i) append_integer(f, st.units[i], i ? ", " : "");
       if (with_ops) {
         appendf(f, "], \"ops\": [\n");
         ops(st, int(s), "      ");

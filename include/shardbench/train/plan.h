@@ -42,8 +42,7 @@ struct MemoryPlan {
   int64_t host_peak_total = 0;
   int worst_host_stage = 0;
   int64_t host_limit = 0;       // bytes
-  double counted_flops = 0;     // stage 0's (the whole step's without --pp)
-  std::vector<OpEvent> schedule;  // stage 0's
+  double counted_flops = 0;     // stage 0's (the whole step's without --pp); its schedule: stages[0].schedule
   bool device_fits() const { return peak_total <= limit; }
   bool host_fits() const { return host_peak_total <= host_limit; }
   bool fits() const { return device_fits() && host_fits(); }  // out-of-memory (exit 3) otherwise
