@@ -3,6 +3,7 @@
 // everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
 #include <algorithm>
 #include <charconv>
+#include <cmath>
 #include <cerrno>
 #include <cstdarg>
 #include <cstdio>
@@ -256,6 +257,16 @@ void append_integer(std::string& out, int64_t v, const char* separator) {
   out.append(digits, size_t(end - digits));
 }
 
+// A separator and a number as "%s%.17g" writes it: an integral value below 1e17 is its
+// digits there (17 significant digits, no exponent), which to_chars writes faster.
+void append_real(std::string& out, double v, const char* separator) {
+  if (v == std::floor(v) && std::fabs(v) < 1e17 && !(v == 0 && std::signbit(v))) {
+    append_integer(out, int64_t(v), separator);
+  } else {
+    appendf(out, "%s%.17g", separator, v);
+  }
+}
+
 // "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
 // (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives) and the
 // GEMM FLOPs, so an estimate need not read the ops. One line.
@@ -361,10 +372,17 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
     for (size_t i = 0; i < st.schedule.size(); ++i) {
       const OpEvent& e = st.schedule[i];
       const int peer = e.peer >= 0 && e.axis >= 0 ? me.group(Axis(e.axis))[size_t(e.peer)] : -1;
-      appendf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n", indent,
-                   int(e.kind), int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0],
-                   e.gemm[1], e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer, e.lane,
-                   (long long)e.after, i + 1 < st.schedule.size() ? "," : "");
+      // The row as "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n"
+      // writes it, without printf (a pipeline's schedule has tens of thousands of rows).
+      f += indent;
+      f += '[';
+      append_integer(f, int64_t(e.kind), "");
+      for (const int64_t v : {int64_t(e.phase), int64_t(e.unit), e.bytes}) append_integer(f, v, ", ");
+      append_real(f, e.flops, ", ");
+      for (const int64_t v : {e.request, int64_t(e.gemm[0]), int64_t(e.gemm[1]), int64_t(e.gemm[2]), int64_t(e.gemm[3]),
+                              int64_t(e.axis), int64_t(e.ranks), bytes_sent(e), int64_t(peer), int64_t(e.lane), e.after})
+        append_integer(f, v, ", ");
+      f += i + 1 < st.schedule.size() ? "],\n" : "]\n";
     }
   };
   if (with_ops) {
