@@ -40,6 +40,8 @@ echo "=== the GPU window and ledger without a GPU: scripts/gpu-window.sh, gpu-ch
 bash tests/gpu_window_test.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
+echo "=== --plan-batch: each line's schedule and exit code equal its single --plan run's (tests/test_plan_batch.py)"
+/usr/bin/python3 tests/test_plan_batch.py || failed=$((failed + 1))
 echo "=== bad input: one line and exit 2 for every flag, sizes at the limits, failed records, --out links (tests/bad_input_tests.sh)"
 bash tests/bad_input_tests.sh || failed=$((failed + 1))
 echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"

@@ -262,8 +262,8 @@ std::vector<void*> Backend::tracked_host() const {
 }
 
 void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
-  SB_ASSERT(!l.allocations.count(p), "an address allocated twice");
-  l.allocations[p] = {bytes, cat};
+  const bool fresh = l.allocations.emplace(p, Allocation{bytes, cat}).second;  // one look-up
+  SB_ASSERT(fresh, "an address allocated twice");
   const int c = int(cat);
   l.current[c] += int64_t(bytes);
   l.peak[c] = std::max(l.peak[c], l.current[c]);

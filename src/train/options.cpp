@@ -98,6 +98,15 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
   app.add_option("--schedule-json", cfg.schedule_json,
                  "with --plan: write the plan and one step's schedule as JSON (for analysis/project.py)");
+  auto* o_batch = app.add_option("--plan-batch", cfg.plan_batch,
+                                 "FILE (- for stdin): one configuration per line (this program's flags, with "
+                                 "--world-size; --plan implied; no --out or --schedule-json), one JSON line per "
+                                 "configuration on stdout: {\"line\", \"exit\", \"schedule\"} or {\"line\", \"exit\": 2, "
+                                 "\"error\"}; no other flags beside it");
+  std::string batch_ops = "all";
+  auto* o_batch_ops = app.add_option("--plan-batch-ops", batch_ops,
+                                     "with --plan-batch: all | none (the schedules without their per-operation rows)")
+                          ->capture_default_str();
   num.integer("--world-size", world, 1, 1 << 24, "world size to plan for with --plan (default: the MPI world)");
   num.real("--timeout-s", cfg.timeout_s, 0, 1e9, false,
            "watchdog: end the job when a rank makes no progress for this long (0: off)");
@@ -167,6 +176,18 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
         ->capture_default_str();
   }
   if (!parse_command_line(app, argc, argv)) return false;
+  // --plan-batch: each line of FILE is a command line of its own; only --plan-batch-ops beside it.
+  if (o_batch_ops->count() && !o_batch->count())
+    throw UsageError("--plan-batch-ops is only allowed with --plan-batch");
+  if (o_batch->count()) {
+    for (const CLI::Option* o : app.get_options())
+      if (o != o_batch && o != o_batch_ops && o->count())
+        throw UsageError("--plan-batch takes no other flags on the command line (got " + o->get_name() +
+                         "): each line of its FILE is one configuration's flags");
+    if (batch_ops != "all" && batch_ops != "none")
+      throw UsageError("--plan-batch-ops '" + batch_ops + "' is not allowed (allowed: all, none)");
+    cfg.plan_batch_ops = batch_ops == "all";
+  }
   if (list_models) {  // what slurm/sweep checks a matrix's models against
     for (const auto& n : model_preset_names()) std::printf("%s\n", n.c_str());
     return false;

@@ -1,7 +1,11 @@
 // The memory plan: one step of the configured strategy on the counting backend, for rank 0
 // of any world size. The allocations are the code's own, so the plan is exact for
 // everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
+#include <algorithm>
+#include <charconv>
+#include <cmath>
 #include <cerrno>
+#include <cstdarg>
 #include <cstdio>
 #include <cstring>
 #include <sstream>
@@ -43,10 +47,12 @@ class PeakRecorder : public Recorder {
 
 namespace {
 
-StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout) {
+// ops_hint: the schedule's expected length (the previous stage's), reserved up front.
+StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t ops_hint) {
   StagePlan p;
   auto backend = make_counting_backend();
   PeakRecorder rec;
+  rec.schedule.reserve(ops_hint);
   backend->set_recorder(&rec);
   Mesh mesh = Mesh::planned(layout);
   {
@@ -79,7 +85,8 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   MemoryPlan plan;
   plan.layout = layout.at_rank(0);
   for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
-    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0}))));
+    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
+                                     s ? plan.stages.back().schedule.size() + 64 : 0));
   for (int s = 0; s < plan.layout.pp; ++s) {
     if (plan.stages[size_t(s)].peak_total > plan.stages[size_t(plan.worst_stage)].peak_total) plan.worst_stage = s;
     if (plan.stages[size_t(s)].host_peak_total > plan.stages[size_t(plan.worst_host_stage)].host_peak_total)
@@ -94,8 +101,12 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   plan.host_at_peak = worst_host.host_at_peak;
   plan.host_peak_total = worst_host.host_peak_total;
   plan.counted_flops = plan.stages[0].counted_flops;
-  plan.schedule = plan.stages[0].schedule;
   return plan;
+}
+
+void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit) {
+  plan.limit = cfg.mem_limit_gib > 0 ? int64_t(cfg.mem_limit_gib * 1024 * 1024 * 1024) : default_limit;
+  plan.host_limit = cfg.host_mem_limit_gib > 0 ? int64_t(cfg.host_mem_limit_gib * 1024 * 1024 * 1024) : default_host_limit;
 }
 
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
@@ -217,60 +228,133 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   return o.str();
 }
 
-void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& p) {
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
+namespace {
+
+// printf onto the end of a string.
+__attribute__((format(printf, 2, 3))) void appendf(std::string& out, const char* format, ...) {
+  char small[512];
+  va_list args, again;
+  va_start(args, format);
+  va_copy(again, args);
+  const int n = std::vsnprintf(small, sizeof small, format, args);
+  va_end(args);
+  if (n < int(sizeof small)) {
+    out.append(small, size_t(std::max(n, 0)));
+  } else {
+    const size_t at = out.size();
+    out.resize(at + size_t(n) + 1);
+    std::vsnprintf(&out[at], size_t(n) + 1, format, again);
+    out.resize(at + size_t(n));
+  }
+  va_end(again);
+}
+
+// A separator and an integer, as "%s%lld" would write them (lists of hundreds of ranks).
+void append_integer(std::string& out, int64_t v, const char* separator) {
+  out += separator;
+  char digits[24];
+  const auto end = std::to_chars(digits, digits + sizeof digits, v).ptr;
+  out.append(digits, size_t(end - digits));
+}
+
+// A separator and a number as "%s%.17g" writes it: an integral value below 1e17 is its
+// digits there (17 significant digits, no exponent), which to_chars writes faster.
+void append_real(std::string& out, double v, const char* separator) {
+  if (v == std::floor(v) && std::fabs(v) < 1e17 && !(v == 0 && std::signbit(v))) {
+    append_integer(out, int64_t(v), separator);
+  } else {
+    appendf(out, "%s%.17g", separator, v);
+  }
+}
+
+// "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
+// (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives) and the
+// GEMM FLOPs, so an estimate need not read the ops. One line.
+void append_totals(std::string& f, const MemoryPlan& p) {
+  constexpr int kKinds = int(OpKind::kCount), kSlots = kAxes + 1;  // slot 0: no axis
+  appendf(f, "  \"totals\": [");
+  for (size_t s = 0; s < p.stages.size(); ++s) {
+    int64_t count[kKinds][kSlots] = {}, bytes[kKinds][kSlots] = {}, sent[kKinds][kSlots] = {};
+    double gemm_flops = 0;
+    for (const OpEvent& e : p.stages[s].schedule) {
+      const int k = int(e.kind), a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
+      ++count[k][a];
+      bytes[k][a] += e.bytes;
+      if (a) sent[k][a] += bytes_sent(e);
+      if (e.kind == OpKind::Gemm) gemm_flops += e.flops;
+    }
+    appendf(f, "%s{\"gemm_flops\": %.17g, \"ops\": {", s ? ", " : "", gemm_flops);
+    bool first_kind = true;
+    for (int k = 0; k < kKinds; ++k) {
+      bool first_axis = true;
+      for (int a = 0; a < kSlots; ++a) {
+        if (!count[k][a]) continue;
+        if (first_axis) appendf(f, "%s\"%s\": {", first_kind ? "" : ", ", op_kind_name(OpKind(k)));
+        appendf(f, "%s\"%s\": {\"count\": %lld, \"bytes\": %lld", first_axis ? "" : ", ",
+                a ? axis_name(Axis(a - 1)) : "none", (long long)count[k][a], (long long)bytes[k][a]);
+        first_kind = first_axis = false;
+        if (a) appendf(f, ", \"sent_bytes\": %lld", (long long)sent[k][a]);
+        appendf(f, "}");
+      }
+      if (!first_axis) appendf(f, "}");
+    }
+    appendf(f, "}}");
+  }
+  appendf(f, "],\n");
+}
+
+void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan& p, bool with_ops) {
   const ModelSpec& m = cfg.model;
-  std::fprintf(f, "{\n  \"schema\": \"shardbench-schedule-2\",\n");
-  std::fprintf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
+  appendf(f, "{\n  \"schema\": \"shardbench-schedule-2\",\n");
+  appendf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
                cfg.strategy.label().c_str(), m.name.c_str());
-  std::fprintf(f, "  \"d_model\": %lld, \"d_ff\": %lld, \"layers\": %lld, \"heads\": %lld, \"d_kv\": %lld, "
+  appendf(f, "  \"d_model\": %lld, \"d_ff\": %lld, \"layers\": %lld, \"heads\": %lld, \"d_kv\": %lld, "
                "\"vocab\": %lld, \"ffn\": \"%s\", \"tie_embeddings\": %d,\n",
                (long long)m.d_model, (long long)m.d_ff, (long long)m.layers, (long long)m.heads, (long long)m.d_kv,
                (long long)m.vocab, ffn_kind_name(m.ffn), int(m.tie_embeddings));
-  std::fprintf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
+  appendf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
                "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d, \"grad_accumulation\": \"%s\",\n",
                p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
                (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing),
                cfg.strategy.reduces_every_micro_batch() ? "sharded" : "unsharded");
   // The mesh as rank 0 sees it: each axis's size and the ranks of rank 0's group along it
   // (the rank order is the programs' own), so readers need not re-derive groups.
-  std::fprintf(f, "  \"tp_size\": %d, \"dp_size\": %d, \"pp_size\": %d, \"replicas\": %d,\n  \"axes\": {",
+  appendf(f, "  \"tp_size\": %d, \"dp_size\": %d, \"pp_size\": %d, \"replicas\": %d,\n  \"axes\": {",
                p.layout.tp, p.layout.dp(), p.layout.pp, p.layout.replicate);
   for (int a = 0; a < kAxes; ++a) {
-    std::fprintf(f, "%s\"%s\": {\"size\": %d, \"ranks\": [", a ? ", " : "", axis_name(Axis(a)), p.layout.size(Axis(a)));
+    appendf(f, "%s\"%s\": {\"size\": %d, \"ranks\": [", a ? ", " : "", axis_name(Axis(a)), p.layout.size(Axis(a)));
     const std::vector<int> ranks = p.layout.group(Axis(a));
-    for (size_t i = 0; i < ranks.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", ranks[i]);
-    std::fprintf(f, "]}");
+    for (size_t i = 0; i < ranks.size(); ++i) append_integer(f, ranks[i], i ? ", " : "");
+    appendf(f, "]}");
   }
-  std::fprintf(f, "},\n");
-  std::fprintf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\", \"cpu_offload\": \"%s\",\n",
+  appendf(f, "},\n");
+  appendf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\", \"cpu_offload\": \"%s\",\n",
                precision_name(cfg.strategy.param_dtype), precision_name(cfg.strategy.reduce_dtype),
                optimizer_name(cfg.strategy.optimizer.kind), cpu_offload_name(cfg.strategy.cpu_offload));
-  std::fprintf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
+  appendf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
                hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));
   // The units (the ops' "unit" codes): names and parameters (a tensor-parallel rank's part).
   const std::vector<UnitSpec> units = model_units(m, {p.layout.tp, 0});
-  std::fprintf(f, "  \"unit_names\": [");
-  for (size_t u = 0; u < units.size(); ++u) std::fprintf(f, "%s\"%s\"", u ? ", " : "", units[u].name.c_str());
-  std::fprintf(f, "],\n  \"unit_params\": [");
-  for (size_t u = 0; u < units.size(); ++u) std::fprintf(f, "%s%lld", u ? ", " : "", (long long)units[u].numel);
-  std::fprintf(f, "],\n");
-  std::fprintf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
+  appendf(f, "  \"unit_names\": [");
+  for (size_t u = 0; u < units.size(); ++u) appendf(f, "%s\"%s\"", u ? ", " : "", units[u].name.c_str());
+  appendf(f, "],\n  \"unit_params\": [");
+  for (size_t u = 0; u < units.size(); ++u) append_integer(f, units[u].numel, u ? ", " : "");
+  appendf(f, "],\n");
+  appendf(f, "  \"memory\": {\"peak_total\": %lld, \"limit\": %lld, \"fits\": %s",
                (long long)p.peak_total, (long long)p.limit, p.fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
-    std::fprintf(f, ", \"%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.peak[c]);
-  std::fprintf(f, ", \"host_peak_total\": %lld, \"host_limit\": %lld, \"host_fits\": %s", (long long)p.host_peak_total,
+    appendf(f, ", \"%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.peak[c]);
+  appendf(f, ", \"host_peak_total\": %lld, \"host_limit\": %lld, \"host_fits\": %s", (long long)p.host_peak_total,
                (long long)p.host_limit, p.host_fits() ? "true" : "false");
   for (int c = 0; c < kMemCategories; ++c)
-    std::fprintf(f, ", \"host_%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.host_peak[c]);
-  std::fprintf(f, "},\n  \"op_names\": [");
-  for (int k = 0; k < int(OpKind::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
-  std::fprintf(f, "],\n  \"phase_names\": [");
-  for (int k = 0; k < int(Phase::kCount); ++k) std::fprintf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
-  std::fprintf(f, "],\n  \"axis_names\": [");
-  for (int a = 0; a < kAxes; ++a) std::fprintf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
+    appendf(f, ", \"host_%s\": %lld", mem_category_name(MemCategory(c)), (long long)p.host_peak[c]);
+  appendf(f, "},\n  \"op_names\": [");
+  for (int k = 0; k < int(OpKind::kCount); ++k) appendf(f, "%s\"%s\"", k ? ", " : "", op_kind_name(OpKind(k)));
+  appendf(f, "],\n  \"phase_names\": [");
+  for (int k = 0; k < int(Phase::kCount); ++k) appendf(f, "%s\"%s\"", k ? ", " : "", phase_name(Phase(k)));
+  appendf(f, "],\n  \"axis_names\": [");
+  for (int a = 0; a < kAxes; ++a) appendf(f, "%s\"%s\"", a ? ", " : "", axis_name(Axis(a)));
   // One op per row: [op, phase, unit, bytes, flops, request, m, n, k, batch, axis, ranks,
   // sent_bytes, peer, lane, after] (the GEMM shape costs a GEMM by its shape class in the projection;
   // zeros for other ops; a collective's axis (-1 for none), ranks, the bytes the rank sends
@@ -279,41 +363,71 @@ void write_schedule_json(const std::string& path, const RunConfig& cfg, const Me
   // copies by direction; the request a collective or copy is ordered after, -1 for none).
   // Readers index the columns by name. "ops" is the first rank's step;
   // under pipeline parallelism "stages" holds every stage's first rank's step.
-  std::fprintf(f, "],\n  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
-               "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\", \"lane\", \"after\"],\n");
+  appendf(f, "],\n");
+  append_totals(f, p);
+  appendf(f, "  \"columns\": [\"op\", \"phase\", \"unit\", \"bytes\", \"flops\", \"request\", \"m\", \"n\", "
+             "\"k\", \"batch\", \"axis\", \"ranks\", \"sent_bytes\", \"peer\", \"lane\", \"after\"]");
   auto ops = [&](const StagePlan& st, int stage, const char* indent) {
     const ParallelLayout me = p.layout.at_rank(p.layout.rank_at({stage, 0, 0, 0}));
     for (size_t i = 0; i < st.schedule.size(); ++i) {
       const OpEvent& e = st.schedule[i];
       const int peer = e.peer >= 0 && e.axis >= 0 ? me.group(Axis(e.axis))[size_t(e.peer)] : -1;
-      std::fprintf(f, "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n", indent,
-                   int(e.kind), int(e.phase), e.unit, (long long)e.bytes, e.flops, (long long)e.request, e.gemm[0],
-                   e.gemm[1], e.gemm[2], e.gemm[3], e.axis, e.ranks, (long long)bytes_sent(e), peer, e.lane,
-                   (long long)e.after, i + 1 < st.schedule.size() ? "," : "");
+      // The row as "%s[%d, %d, %d, %lld, %.17g, %lld, %d, %d, %d, %d, %d, %d, %lld, %d, %d, %lld]%s\n"
+      // writes it, without printf (a pipeline's schedule has tens of thousands of rows).
+      f += indent;
+      f += '[';
+      append_integer(f, int64_t(e.kind), "");
+      for (const int64_t v : {int64_t(e.phase), int64_t(e.unit), e.bytes}) append_integer(f, v, ", ");
+      append_real(f, e.flops, ", ");
+      for (const int64_t v : {e.request, int64_t(e.gemm[0]), int64_t(e.gemm[1]), int64_t(e.gemm[2]), int64_t(e.gemm[3]),
+                              int64_t(e.axis), int64_t(e.ranks), bytes_sent(e), int64_t(peer), int64_t(e.lane), e.after})
+        append_integer(f, v, ", ");
+      f += i + 1 < st.schedule.size() ? "],\n" : "]\n";
     }
   };
-  std::fprintf(f, "  \"ops\": [\n");
-  ops(p.stages[0], 0, "    ");
-  std::fprintf(f, "  ]");
+  if (with_ops) {
+    appendf(f, ",\n  \"ops\": [\n");
+    ops(p.stages[0], 0, "    ");
+    appendf(f, "  ]");
+  }
   if (p.stages.size() > 1) {
-    std::fprintf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n"
+    appendf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n"
                  "  \"stages\": [\n", cfg.strategy.micro_batches, pipe_schedule_name(cfg.strategy.pp_schedule),
                  pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StagePlan& st = p.stages[s];
       // first_stage / last_stage: the stage's pieces [first, last) (the schema's names, kept).
-      std::fprintf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
+      appendf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
                    "\"params\": %lld, \"units\": [", st.first_piece, st.last_piece,
                    p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
-      for (size_t i = 0; i < st.units.size(); ++i) std::fprintf(f, "%s%d", i ? ", " : "", st.units[i]);
-      std::fprintf(f, "], \"ops\": [\n");
-      ops(st, int(s), "      ");
-      std::fprintf(f, "    ]}%s\n", s + 1 < p.stages.size() ? "," : "");
+      for (size_t i = 0; i < st.units.size(); ++i) append_integer(f, st.units[i], i ? ", " : "");
+      if (with_ops) {
+        appendf(f, "], \"ops\": [\n");
+        ops(st, int(s), "      ");
+        appendf(f, "    ]}%s\n", s + 1 < p.stages.size() ? "," : "");
+      } else {
+        appendf(f, "]}%s\n", s + 1 < p.stages.size() ? "," : "");
+      }
     }
-    std::fprintf(f, "  ]");
+    appendf(f, "  ]");
   }
-  std::fprintf(f, "\n}\n");
-  if (std::fclose(f) != 0) throw UsageError("--schedule-json '" + path + "': write failed");
+  appendf(f, "\n}\n");
+}
+
+}  // namespace
+
+std::string schedule_json(const RunConfig& cfg, const MemoryPlan& plan, bool with_ops) {
+  std::string out;
+  append_schedule_json(out, cfg, plan, with_ops);
+  return out;
+}
+
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan) {
+  const std::string text = schedule_json(cfg, plan, true);
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (std::fclose(f) != 0 || !written) throw UsageError("--schedule-json '" + path + "': write failed");
 }
 
 }  // namespace sb

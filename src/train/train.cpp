@@ -26,6 +26,7 @@
 #include "shardbench/train/check_weights.h"
 #include "shardbench/train/options.h"
 #include "shardbench/train/plan.h"
+#include "shardbench/train/plan_batch.h"
 #include "shardbench/train/report.h"
 
 namespace sb {
@@ -205,10 +206,8 @@ class TrainingRun {
   MemoryPlan make_plan() const {
     const int64_t device_free = backend_ ? backend_->memory_capacity() : -1;
     MemoryPlan plan = plan_memory(cfg_, layout_);
-    plan.limit = cfg_.mem_limit_gib > 0 ? int64_t(cfg_.mem_limit_gib * 1024 * 1024 * 1024)
-                                        : default_memory_limit(device_free);
-    const int64_t host_default = default_host_memory_limit();  // collective: every rank calls it
-    plan.host_limit = cfg_.host_mem_limit_gib > 0 ? int64_t(cfg_.host_mem_limit_gib * 1024 * 1024 * 1024) : host_default;
+    const int64_t device_default = default_memory_limit(device_free);  // collective: every rank calls it
+    set_plan_limits(plan, cfg_, device_default, default_host_memory_limit());
     return plan;
   }
 
@@ -410,7 +409,9 @@ class TrainingRun {
 int run_program(int argc, char** argv, StrategyKind kind) {
   return mpi_main(argc, argv, [kind](int argc, char** argv, int rank, int world) {
     RunConfig cfg;
-    return parse_options(argc, argv, kind, cfg) ? TrainingRun(cfg, rank, world).run() : int(kExitOk);
+    if (!parse_options(argc, argv, kind, cfg)) return int(kExitOk);
+    if (!cfg.plan_batch.empty()) return run_plan_batch(cfg, kind, rank);
+    return TrainingRun(cfg, rank, world).run();
   });
 }
 

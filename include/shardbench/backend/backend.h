@@ -581,6 +581,8 @@ class Backend {
   int unit() const { return unit_; }
   // Named ranges for a profiler's timeline (NVTX on CUDA, so Nsight Systems reads like the
   // trace); nothing elsewhere. Pushes and pops nest.
+  // Whether range_push names reach a profiler (CUDA: NVTX); else ScopedContext builds no name.
+  virtual bool names_ranges() const { return false; }
   virtual void range_push(const char* name) {}
   virtual void range_pop() {}
 
@@ -635,9 +637,11 @@ class ScopedContext {
  public:
   ScopedContext(Backend& b, Phase p, int unit) : b_(b), phase_(b.phase()), unit_(b.unit()) {
     b.set_context(p, unit);
-    char name[64];
-    if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(p), unit);
-    else std::snprintf(name, sizeof name, "%s", phase_name(p));
+    char name[64] = "";
+    if (b.names_ranges()) {  // a string per scope only where a profiler reads it (the plan runs thousands)
+      if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(p), unit);
+      else std::snprintf(name, sizeof name, "%s", phase_name(p));
+    }
     b.range_push(name);
   }
   ~ScopedContext() {

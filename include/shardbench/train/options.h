@@ -23,6 +23,8 @@ struct RunConfig {
   int plan_world = 0;        // --world-size for --plan (0: the MPI world)
   std::string schedule_json;  // --schedule-json: with --plan, the step's schedule for the projection
   bool plan_only = false;
+  std::string plan_batch;          // --plan-batch FILE ("-": stdin): one plan per line of flags
+  bool plan_batch_ops = true;      // --plan-batch-ops all (true) | none
   bool check = false;
   std::string out_path;      // --out; empty: a name under results/ made from the run
   bool overwrite = false;

@@ -42,15 +42,20 @@ struct MemoryPlan {
   int64_t host_peak_total = 0;
   int worst_host_stage = 0;
   int64_t host_limit = 0;       // bytes
-  double counted_flops = 0;     // stage 0's (the whole step's without --pp)
-  std::vector<OpEvent> schedule;  // stage 0's
+  double counted_flops = 0;     // stage 0's (the whole step's without --pp); its schedule: stages[0].schedule
   bool device_fits() const { return peak_total <= limit; }
   bool host_fits() const { return host_peak_total <= host_limit; }
   bool fits() const { return device_fits() && host_fits(); }  // out-of-memory (exit 3) otherwise
 };
 
 MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout);
-// The plan and the step's schedule as JSON (analysis/project.py replays it).
+// The limits the plan is judged against: --mem-limit-gib and --host-mem-limit-gib, or the
+// defaults given (the device's free memory, else the host's share; the host's share).
+void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit);
+// The plan and the step's schedule as JSON (analysis/project.py replays it): the object
+// --schedule-json writes and --plan-batch prints, one home for both. Without ops, the
+// per-operation rows ("ops", and each pipeline stage's "ops") are left out.
+std::string schedule_json(const RunConfig& cfg, const MemoryPlan& plan, bool with_ops = true);
 void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan);
 // The plan as a table (rank 0 prints it).
 std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);

@@ -812,6 +812,7 @@ class CudaBackend final : public Backend, private StagingDevice {
   }
 
   // ---- collectives ----
+  bool names_ranges() const override { return true; }
   void range_push(const char* name) override { nvtxRangePushA(name); }
   void range_pop() override { nvtxRangePop(); }
 
