@@ -113,6 +113,18 @@ def main():
                   and got_none["exit"] == got["exit"] and "ops" not in got_none["schedule"])
             stages = [st["ops"] for st in want["stages"]] if "stages" in want else [want["ops"]]
             totals = want["totals"]
+            lane, cols = want["columns"].index("lane"), want["columns"]
+
+            def host_of(ops):  # CPU offload's lanes: 101 uploads, 102 downloads, 100 the update
+                c = [r for r in ops if want["op_names"][r[0]] == "copy" and r[lane] in (101, 102)]
+                u = [r for r in ops if want["op_names"][r[0]] == "optimizer" and r[lane] == 100]
+                if not c and not u:
+                    return None
+                return {"h2d_bytes": sum(r[3] for r in c if r[lane] == 101),
+                        "d2h_bytes": sum(r[3] for r in c if r[lane] == 102),
+                        "update_bytes": sum(r[3] for r in u), "copy_count": len(c), "update_count": len(u)}
+            check(f"{name}: totals' host object sums the offload lanes, per stage",
+                  all(t.get("host") == host_of(ops) for t, ops in zip(totals, stages)), [t.get("host") for t in totals])
             check(f"{name}: totals sum the ops, per stage", len(totals) == len(stages) and all(
                 t["ops"] == totals_of(ops, want["op_names"], want["axis_names"]) and
                 t["gemm_flops"] == sum(r[4] for r in ops if want["op_names"][r[0]] == "gemm")

@@ -269,12 +269,14 @@ void append_real(std::string& out, double v, const char* separator) {
 
 // "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
 // (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives) and the
-// GEMM FLOPs, so an estimate need not read the ops. One line.
+// GEMM FLOPs, so an estimate need not read the ops; under CPU offload "host": the bytes and
+// counts of the ops on the offload lanes (uploads, downloads, the CPU update). One line.
 void append_totals(std::string& f, const MemoryPlan& p) {
   constexpr int kKinds = int(OpKind::kCount), kSlots = kAxes + 1;  // slot 0: no axis
   appendf(f, "  \"totals\": [");
   for (size_t s = 0; s < p.stages.size(); ++s) {
     int64_t count[kKinds][kSlots] = {}, bytes[kKinds][kSlots] = {}, sent[kKinds][kSlots] = {};
+    int64_t h2d = 0, d2h = 0, update = 0, copies = 0, updates = 0;  // CPU offload's lanes
     double gemm_flops = 0;
     for (const OpEvent& e : p.stages[s].schedule) {
       const int k = int(e.kind), a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
@@ -282,8 +284,16 @@ void append_totals(std::string& f, const MemoryPlan& p) {
       bytes[k][a] += e.bytes;
       if (a) sent[k][a] += bytes_sent(e);
       if (e.kind == OpKind::Gemm) gemm_flops += e.flops;
+      if (e.kind == OpKind::Copy && (e.lane == kCopyH2DLane || e.lane == kCopyD2HLane))
+        ++copies, (e.lane == kCopyH2DLane ? h2d : d2h) += e.bytes;
+      if (e.kind == OpKind::Optimizer && e.lane == kHostLane) ++updates, update += e.bytes;
     }
-    appendf(f, "%s{\"gemm_flops\": %.17g, \"ops\": {", s ? ", " : "", gemm_flops);
+    appendf(f, "%s{\"gemm_flops\": %.17g, ", s ? ", " : "", gemm_flops);
+    if (copies || updates)  // what of the ops below runs on the offload lanes (101, 102, 100)
+      appendf(f, "\"host\": {\"h2d_bytes\": %lld, \"d2h_bytes\": %lld, \"update_bytes\": %lld, \"copy_count\": %lld, "
+              "\"update_count\": %lld}, ", (long long)h2d, (long long)d2h, (long long)update, (long long)copies,
+              (long long)updates);
+    appendf(f, "\"ops\": {");
     bool first_kind = true;
     for (int k = 0; k < kKinds; ++k) {
       bool first_axis = true;
