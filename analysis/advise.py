@@ -106,21 +106,21 @@ def micro_batch_choices(pp, per_rank):
 
 
 def enumerate_layouts(world, global_batch, blocks, gpus_per_node, tp_ok=lambda tp: True, bases=BASES,
-                      offload=True, checkpointing=(False, True)):
+                      offload=True, checkpointing=(False, True), tps=None, pps=None):
     """(layouts, excluded): every layout of `world` GPUs by the rules of docs/projection.md
     ("The layout advisor"), and [(what, why)] for the tensor x pipeline degrees excluded
     before any plan runs (a degree the program refuses: tp_ok False; a global batch that does
     not divide over the data-parallel ranks; no micro-batch count dividing it)."""
     layouts, excluded = [], []
     for tp in divisors(world):
-        if tp > gpus_per_node:
+        if tp > gpus_per_node or (tps and tp not in tps):
             continue
         ok = tp_ok(tp)
         if ok is not True:
             excluded.append((f"tp{tp}", ok))
             continue
         for pp in divisors(world // tp):
-            if pp > blocks:
+            if pp > blocks or (pps and pp not in pps):
                 continue
             dp = world // (tp * pp)
             if global_batch % dp:
@@ -454,6 +454,8 @@ def parse_args(argv):
     ap.add_argument("--strategies", default=",".join(BASES),
                     help="the data-parallel strategies to enumerate (hybrid: every group size) "
                          "(default: %(default)s)")
+    ap.add_argument("--tp", default=None, help="only these tensor degrees, comma-separated (default: every one)")
+    ap.add_argument("--pp", default=None, help="only these pipeline degrees, comma-separated (default: every one)")
     ap.add_argument("--no-offload", action="store_true", help="leave out the CPU offload layouts (default: included "
                     "where the program serves them and the description has [host])")
     ap.add_argument("--replay", type=int, default=10, help="replay the top N in full (default: %(default)s)")
@@ -487,6 +489,16 @@ def check_args(a):
     for b in bases:
         if b not in BASES:
             raise AdviseError(f"--strategies: unknown strategy '{b}' (allowed: {', '.join(BASES)})")
+    for flag in ("tp", "pp"):
+        v = getattr(a, flag)
+        if v is not None:
+            try:
+                vals = [int(x) for x in v.split(",")]
+            except ValueError:
+                raise AdviseError(f"--{flag} '{v}' is not a comma-separated list of integers")
+            if any(x <= 0 for x in vals):
+                raise AdviseError(f"--{flag} '{v}': every value must be positive")
+            setattr(a, flag, vals)
     if a.explain is None:
         if not a.out:
             raise AdviseError("give --out DIR (the figure and the table), or --explain LAYOUT")
@@ -581,7 +593,7 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     blocks = model_blocks(a, cluster, bin_dir)
     tp_res = probe_tp_simple(a, cluster, bin_dir, a.gpus)
     layouts, excluded = enumerate_layouts(a.gpus, a.global_batch, blocks, cluster["gpus_per_node"],
-                                          lambda tp: tp_res[tp], bases, offload)
+                                          lambda tp: tp_res[tp], bases, offload, tps=a.tp, pps=a.pp)
     print(f"advise: {a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch} x "
           f"{a.seq_len}{'+' + str(a.dec_seq_len) if a.dec_seq_len else ''} tokens: {len(layouts)} layouts "
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
@@ -652,7 +664,8 @@ def probe_tp_simple(a, cluster, bin_dir, world):
     """{tp: True or why not}: one tiny plan per tensor degree (the program checks heads, d_ff
     and vocab; its exit 2 is trusted)."""
     out = {}
-    for tp in [t for t in divisors(world) if t <= cluster["gpus_per_node"]]:
+    for tp in [t for t in divisors(world) if t <= cluster["gpus_per_node"] and (not getattr(a, "tp", None) or
+                                                                           t in a.tp)]:
         lay = Layout("fsdp-full" + (f"-tp{tp}" if tp > 1 else ""), tp, 1, 1, 1, "1f1b", False, 1)
         program, flags = common_flags(a, cluster, tp, lay)
         code, r = _one_plan([os.path.join(bin_dir, program)] + flags + ["--plan"])
