@@ -211,12 +211,12 @@ def _digest_job(argv):
     return code, (digest(sched) if isinstance(sched, dict) else sched)
 
 
-def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None):
+def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None, shapes=False):
     """The one place the programs' plans are called. requests: [(program, [flags])], each with
     --world-size and the memory limits; returns [(exit, result)] in order: exit 0 fits, 3
     does not fit (GPU or host memory), 2 refused (result: the program's one line), 1 failed.
-    result: the digest of the schedule (fast estimate), or the whole schedule with `full`
-    (the replay). Batch mode (--plan-batch -, one process per program) where the programs
+    result: the digest of the schedule (fast estimate; with `shapes`, from its ops: every
+    GEMM shape and elementwise size), or the whole schedule with `full` (the replay). Batch mode (--plan-batch -, one process per program) where the programs
     have it, else one --plan --schedule-json process per layout on `jobs` workers."""
     if use_batch is None:
         use_batch = batch_mode(bin_dir)
@@ -227,7 +227,7 @@ def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None):
             if not idx:
                 continue
             # per-op rows only where the totals cannot serve (the replay; offload's host lanes)
-            for i, res in zip(idx, _batch(program, [requests[i][1] for i in idx], bin_dir, full, full)):
+            for i, res in zip(idx, _batch(program, [requests[i][1] for i in idx], bin_dir, full or shapes, full)):
                 out[i] = res
             redo = [i for i in idx if out[i][0] in (0, 3) and out[i][1] is None]
             for i, res in zip(redo, _batch(program, [requests[i][1] for i in redo], bin_dir, True, False)):
@@ -259,7 +259,7 @@ def _batch(program, lines, bin_dir, ops, full):
             out.append((2, row.get("error", "refused")))
         elif code in (0, 3):
             sched = row["schedule"]
-            out.append((code, sched if full else digest(sched, totals_only=not ops)))
+            out.append((code, sched if full else digest(sched, totals_only=not ops, prefer_ops=ops)))
         else:
             out.append((1, row.get("error", f"exit {code}")))
     return out
@@ -272,7 +272,7 @@ def _empty_stage():
             "send": [0, 0.0], "h2d": 0.0, "d2h": 0.0, "host_update": 0.0, "peak": 0}
 
 
-def digest(sched, totals_only=False):
+def digest(sched, totals_only=False, prefer_ops=False):
     """What the fast estimate needs of a schedule, per pipeline stage: compute operations'
     counts, GEMM FLOPs and bytes, each collective's count, bytes and sent bytes per mesh
     axis, the sends, CPU offload's host copies and update; and the plan's memory. From the
@@ -283,7 +283,7 @@ def digest(sched, totals_only=False):
                                    "memory", "axes", "axis_names", "cpu_offload", "pipeline_bubble_theory",
                                    "micro_batches", "pp_schedule", "unit_names", "activation_checkpointing")}
     d["micro_batches"] = d["micro_batches"] or 1
-    stages = _from_totals(sched)
+    stages = None if prefer_ops and "ops" in sched else _from_totals(sched)
     if stages is None:
         if totals_only or "ops" not in sched:
             return None
@@ -344,6 +344,15 @@ def _from_ops(sched):
             sel = (op == code[name]) & on_gpu
             s[name][0] = int(sel.sum())
             s[name][1] = float(a[sel, ix["flops"]].sum() if name == "gemm" else nbytes[sel].sum())
+            if name == "gemm":  # the distinct shapes, with their counts and FLOPs (a few dozen)
+                shapes, inv, cnt = np.unique(a[sel][:, [ix["m"], ix["n"], ix["k"], ix["batch"]]], axis=0,
+                                             return_inverse=True, return_counts=True)
+                fl = np.bincount(inv.ravel(), weights=a[sel, ix["flops"]], minlength=len(shapes))
+                s["gemm_shapes"] = [(tuple(int(v) for v in sh), int(c), float(f) / c)
+                                    for sh, c, f in zip(shapes, cnt, fl)]
+            elif name == "elementwise":
+                sizes, cnt = np.unique(nbytes[sel], return_counts=True)
+                s["elem_sizes"] = [(int(b), int(c)) for b, c in zip(sizes, cnt)]
         s["h2d"] = float(nbytes[lane == 101].sum())
         s["d2h"] = float(nbytes[lane == 102].sum())
         s["host_update"] = float(nbytes[(lane == 100) & (op == code["optimizer"])].sum())
@@ -373,9 +382,15 @@ def estimate(d, cluster):
     per = []
     for s in d["stages"]:
         n_g, flops = s["gemm"]
-        t = n_g * cm.gemm_time(0, 0, 0, 1, flops / n_g) if n_g else 0.0
         n_e, b_e = s["elementwise"]
-        t += n_e * cm.elementwise_time(b_e / n_e) if n_e else 0.0
+        if "gemm_shapes" in s:  # each distinct shape at its calibrated time, as the replay
+            t = sum(c * cm.gemm_time(*sh, f) for sh, c, f in s["gemm_shapes"])
+            t += sum(c * cm.elementwise_time(b) for b, c in s["elem_sizes"])
+        elif "rate_card" in d:  # totals only: the seconds per FLOP and per byte of a layout of the same shapes
+            t = flops * d["rate_card"][0] + b_e * d["rate_card"][1]
+        else:
+            t = n_g * cm.gemm_time(0, 0, 0, 1, flops / n_g) if n_g else 0.0
+            t += n_e * cm.elementwise_time(b_e / n_e) if n_e else 0.0
         t += s["copy"][1] / cm.bandwidth("copy") / cm.memory_scale + s["optimizer"][1] / cm.bandwidth("optimizer") / \
             cm.memory_scale
         t += cm.launch * (n_g + n_e + s["copy"][0] + s["optimizer"][0])
@@ -599,6 +614,7 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
     print(calibration_line(cluster))
     results = plan_all(a, cluster, bin_dir, use_batch, layouts)
+    rate_cards(a, cluster, bin_dir, use_batch, layouts, results)
     t_plan = time.time() - t0
     ranked, oom, refused = [], [], []
     for lay, (code, d) in zip(layouts, results):
@@ -675,21 +691,50 @@ def probe_tp_simple(a, cluster, bin_dir, world):
     return out
 
 
+def rate_cards(a, cluster, bin_dir, use_batch, layouts, results):
+    """Digests from the totals alone (--plan-batch) know the GEMM FLOPs and elementwise bytes,
+    not their shapes: every layout with the same tensor degree, sequences per micro-batch and
+    checkpointing runs the same shapes (the data-parallel strategy, offload and stages do not
+    change them), so one of each group is planned with its ops and lends the group its
+    seconds per FLOP and per byte."""
+    groups = {}
+    for i, (lay, (code, d)) in enumerate(zip(layouts, results)):
+        if code in (0, 3) and d is not None and "gemm_shapes" not in d["stages"][0]:
+            groups.setdefault((lay.tp, lay.batch // lay.mb, lay.ckpt), []).append(i)
+    if not groups:
+        return
+    reps = [idx[0] for idx in groups.values()]
+    got = run_plans([common_flags(a, cluster, a.gpus, layouts[i]) for i in reps], bin_dir, use_batch=use_batch,
+                    shapes=True)
+    cm = cluster["compute_model"]
+    for idx, (code, rep) in zip(groups.values(), got):
+        if code not in (0, 3) or rep is None:
+            continue
+        flops = sum(s["gemm"][1] for s in rep["stages"])
+        nbytes = sum(s["elementwise"][1] for s in rep["stages"])
+        tg = sum(c * cm.gemm_time(*sh, f) for s in rep["stages"] for sh, c, f in s["gemm_shapes"])
+        te = sum(c * cm.elementwise_time(b) for s in rep["stages"] for b, c in s["elem_sizes"])
+        card = (tg / flops if flops else 0.0, te / nbytes if nbytes else 0.0)
+        for i in idx:
+            results[i][1]["rate_card"] = card
+
+
 def print_table(ranked, replayed, top):
-    print(f"\n{'#':>3} {'layout':<44} {'est ms':>9} {'replay ms':>9} {'TFLOPS/GPU':>10} {'tokens/s':>10} "
-          f"{'GiB/GPU':>7} {'bubble%':>7} {'dp ms':>7} {'tp ms':>7} {'pp ms':>6}")
+    print(f"\n{'#':>3} {'layout':<46} {'est ms':>8} {'TFLOPS/GPU':>10} {'tokens/s':>9} {'replay ms':>9} "
+          f"{'TFLOPS':>7} {'GiB/GPU':>7} {'bubble%':>7} {'dp ms':>7} {'tp ms':>7} {'pp ms':>6}")
     for i, (lay, d, est) in enumerate(ranked[:top]):
         sim = replayed.get(lay.name)
-        t = sim["time"] if sim else est["time"]
-        tf, tok = figures(d, t)
+        tf, tok = figures(d, est["time"])
         bubble = sim["idle_share"] if sim and lay.pp > 1 else est["bubble"]
         e = est["exposed"]
-        print(f"{i + 1:>3} {lay.name + (' *' if lay.unverified else ''):<44} {est['time'] * 1e3:>9.1f} "
-              f"{sim['time'] * 1e3 if sim else float('nan'):>9.1f} {tf:>10.1f} {tok:>10.0f} "
+        print(f"{i + 1:>3} {lay.name + (' *' if lay.unverified else ''):<46} {est['time'] * 1e3:>8.1f} {tf:>10.1f} "
+              f"{tok:>9.0f} {sim['time'] * 1e3 if sim else float('nan'):>9.1f} "
+              f"{figures(d, sim['time'])[0] if sim else float('nan'):>7.1f} "
               f"{d['memory']['peak_total'] / 2**30:>7.2f} {bubble * 100:>7.1f} {e['dp'] * 1e3:>7.1f} "
               f"{e['tp'] * 1e3:>7.1f} {e['pp'] * 1e3:>6.1f}")
-    print("(TFLOPS and tokens/s from the full replay where there is one, else the estimate; exposed communication "
-          "by axis from the estimate)")
+    print("(est: the fast estimate, which ranks; replay: the full replay of the top layouts; bubble: the replay's idle "
+          "share where replayed, else the estimate's; exposed communication by axis (dp, tp, pipeline messages): "
+          "the estimate's; *: not yet run on the CUDA backend)")
 
 
 def write_csv(path, ranked, oom, replayed):

@@ -106,10 +106,39 @@ class Runs(unittest.TestCase):
             p = run("--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
                     "ddp,fsdp-full", "--no-offload", "--pp", "1,2", "--replay", "3", "--out", out, "--overwrite")
             self.assertEqual(p.returncode, 0, p.stderr)
-            # tp1 pp1: 2 x 2; tp1 pp2: 2 x 2 x 2 x {2, 4}; tp2 pp1: 2 x 2; tp2 pp2: 2 x 2 x 2 x {2, 4, 8}
-            self.assertIn("40 layouts", p.stdout)
+            # tp1 pp1: 2 x 2 = 4; tp1 pp2: 2 x 2 x 2 x {2, 4} = 16; tp2 pp1: 4; tp2 pp2: 2 x 2 x 2 x {2, 4, 8} = 24
+            self.assertIn("48 layouts", p.stdout)
             self.assertIn("tp4: refused by the program: --tp 4 is not allowed with heads 2", p.stdout)
             self.assertIn("by the full replay of the top 3", p.stdout)
+
+    def test_batch_mode_stand_in(self):
+        """--plan-batch (tests/data/fake_plan_batch.py standing in for the programs' batch mode):
+        the same layouts, verdicts and ranking as one --plan per layout, the estimate from the
+        totals and the rate cards within 10 % of the one from every op."""
+        import csv
+        rows = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = os.path.join(tmp, "bin")
+            os.mkdir(fake)
+            for prog in ("fsdp_perf", "ddp_perf"):
+                os.symlink(os.path.join(REPO, "tests", "data", "fake_plan_batch.py"), os.path.join(fake, prog))
+            args = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
+                    "fsdp-full", "--no-offload", "--tp", "1", "--replay", "1"]
+            for mode, extra in (("batch", ["--bin", fake]), ("slow", [])):
+                out = os.path.join(tmp, mode)
+                p = subprocess.run([PY, ADVISE, "--cluster", A100] + args + extra + ["--out", out], capture_output=True,
+                                   text=True, cwd=REPO, env={**os.environ, "REAL_BIN": os.path.join(REPO, "build", "bin")})
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn("(--plan-batch)" if mode == "batch" else "(one --plan per layout)", p.stdout)
+                with open(os.path.join(out, "advise.csv")) as f:
+                    rows[mode] = {r["layout"]: r for r in csv.DictReader(f)}
+        self.assertEqual(set(rows["batch"]), set(rows["slow"]))
+        for name, r in rows["slow"].items():
+            b = rows["batch"][name]
+            self.assertEqual(b["fits"], r["fits"])
+            self.assertEqual(b["peak_gib"], r["peak_gib"])
+            if r["fits"] == "1":
+                self.assertLess(abs(float(b["est_step_s"]) / float(r["est_step_s"]) - 1), 0.10, name)
 
     def test_explain(self):
         p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain",
