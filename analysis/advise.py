@@ -632,13 +632,9 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     t_est = time.time() - t0
     # the full replay of the top layouts
     top = ranked[:a.replay]
-    full = run_plans([common_flags(a, cluster, a.gpus, lay) for lay, _, _ in top], bin_dir, full=True,
-                     use_batch=use_batch)
-    replayed = {}
-    for (lay, d, est), (code, sched) in zip(top, full):
-        if code not in (0, 3):
-            raise AdviseError(sched)
-        replayed[lay.name] = simulate(sched, cluster)
+    replayed = dict(zip([lay.name for lay, _, _ in top],
+                        replay_all(a.cluster, [common_flags(a, cluster, a.gpus, lay) for lay, _, _ in top], bin_dir,
+                                   use_batch, a.jobs)))
     t_all = time.time() - t0
     print_table(ranked, replayed, a.top)
     print(f"\nexcluded: {len(oom)} layouts do not fit (the plan: device or host memory), {len(refused)} refused by "
@@ -691,6 +687,33 @@ def probe_tp_simple(a, cluster, bin_dir, world):
     return out
 
 
+_CLUSTERS = {}
+
+
+def _replay_job(job):
+    """A worker's full replay of one layout (its plan with every op, then simulate): the
+    replay's figures, without its timeline."""
+    cluster_path, request, bin_dir, use_batch = job
+    if cluster_path not in _CLUSTERS:
+        _CLUSTERS[cluster_path] = load_cluster(cluster_path)
+    code, sched = run_plans([request], bin_dir, full=True, use_batch=use_batch)[0]
+    if code not in (0, 3):
+        raise AdviseError(sched)
+    sim = simulate(sched, _CLUSTERS[cluster_path])
+    return {k: sim[k] for k in ("time", "compute", "communication", "exposed", "idle_share", "host_copy",
+                                "host_update", "passes", "converged")}
+
+
+def replay_all(cluster_path, requests, bin_dir, use_batch, jobs):
+    """The full replays of the top layouts, `jobs` at once (each re-plans its layout with
+    every op: the ranking kept only digests)."""
+    work = [(cluster_path, r, bin_dir, use_batch) for r in requests]
+    if jobs <= 1 or len(work) < 2:
+        return [_replay_job(w) for w in work]
+    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+        return list(pool.map(_replay_job, work))
+
+
 def rate_cards(a, cluster, bin_dir, use_batch, layouts, results):
     """Digests from the totals alone (--plan-batch) know the GEMM FLOPs and elementwise bytes,
     not their shapes: every layout with the same tensor degree, sequences per micro-batch and
@@ -703,7 +726,7 @@ def rate_cards(a, cluster, bin_dir, use_batch, layouts, results):
             groups.setdefault((lay.tp, lay.batch // lay.mb, lay.ckpt), []).append(i)
     if not groups:
         return
-    reps = [idx[0] for idx in groups.values()]
+    reps = [min(idx, key=lambda i: layouts[i].batch) for idx in groups.values()]  # the fewest micro-batches: fewest ops
     got = run_plans([common_flags(a, cluster, a.gpus, layouts[i]) for i in reps], bin_dir, use_batch=use_batch,
                     shapes=True)
     cm = cluster["compute_model"]

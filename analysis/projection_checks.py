@@ -197,10 +197,11 @@ def nic_sharing(binary_dir=None, layouts=(("ddp-tp2-pp4", 64), ("ddp-tp2-pp2", 3
     return rows
 
 
-ADVISOR_SCENARIOS = (("t5-611m", 8, 64), ("t5-2.28b", 64, 512), ("t5-11.3b", 64, 512), ("t5-11.3b", 512, 4096))
+ADVISOR_SCENARIOS = (("t5-small", 8, 64), ("t5-611m", 8, 64), ("t5-2.28b", 64, 512), ("t5-11.3b", 64, 512),
+                     ("t5-11.3b", 512, 4096))
 
 
-def advisor(per_scenario=30, binary_dir=None, seed=0):
+def advisor(per_scenario=24, binary_dir=None, seed=0):
     """The advisor's fast estimate (analysis/advise.py) against the full replay: for each
     scenario (model, GPUs, global batch; A100 description, seq 512) a seeded sample of its
     layouts that fit, each planned once and costed both ways. Prints every layout and the
