@@ -239,9 +239,12 @@ def advisor(per_scenario=24, binary_dir=None, seed=0):
         errors += errs
         w_est, w_full = min(rows, key=lambda r: r[1])[0], min(rows, key=lambda r: r[2])[0]
         agree += w_est == w_full
+        full_of = {name: f for name, _, f in rows}
+        loss = full_of[w_est] / full_of[w_full] - 1  # the estimate's pick, replayed, against the replay's best
         print(f"== {model} on {n} GPUs, global batch {gb}: {len(rows)} layouts, error median "
               f"{errs[len(errs) // 2] * 100:.1f} %, max {errs[-1] * 100:.1f} %; fastest: estimate {w_est}, replay "
-              f"{w_full}{' (agree)' if w_est == w_full else ''}", flush=True)
+              f"{w_full}{' (agree)' if w_est == w_full else f' (the estimate pick replays {loss * 100:.1f} % slower)'}",
+              flush=True)
     errors.sort()
     print(f"== all: {len(errors)} layouts, error median {errors[len(errors) // 2] * 100:.1f} %, max "
           f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(ADVISOR_SCENARIOS)} scenarios")

@@ -83,23 +83,51 @@ class Runs(unittest.TestCase):
                     "ddp,fsdp-full", "--tp", "1", "--pp", "1", "--no-offload", "--replay", "2", "--out", out,
                     "--overwrite", "--emit-matrix", os.path.join(out, "top.toml"))
             self.assertEqual(p.returncode, 0, p.stderr)
-            self.assertIn("excluded: 2 layouts do not fit", p.stdout)
-            self.assertIn("do not fit, by strategy: ddp 2", p.stdout)
+            # DDP out of memory with and without checkpointing; FSDP full only with it (batch 8 per GPU)
+            self.assertIn("excluded: 3 layouts do not fit", p.stdout)
+            self.assertIn("do not fit, by strategy: ddp 2, fsdp-full 1", p.stdout)
             self.assertIn("calibration: 3 runs in runs/calibration/h100-2026-11-23", p.stdout)
             self.assertIn("docs/projection.md#validation", p.stdout)
             rows = [x for x in p.stdout.splitlines() if x[:3].strip().isdigit()]
-            self.assertEqual([r.split()[1] for r in rows], ["fsdp-full", "fsdp-full:ckpt"])
+            self.assertEqual([r.split()[1] for r in rows], ["fsdp-full:ckpt"])
             self.assertTrue(os.path.exists(os.path.join(out, "advise.png")))
             self.assertTrue(os.path.exists(os.path.join(out, "advise.csv")))
             s = subprocess.run([PY, os.path.join(REPO, "slurm", "sweep"), os.path.join(out, "top.toml"), "--dry-run"],
                                capture_output=True, text=True, cwd=REPO)
             self.assertEqual(s.returncode, 0, s.stderr)
             self.assertIn("t5-11.3b-fsdp-full-g8-b8-s512", s.stdout)
-            # a second matrix for the checkpointing the first does not hold
-            self.assertTrue(os.path.exists(os.path.join(out, "top-2.toml")))
-            s = subprocess.run([PY, os.path.join(REPO, "slurm", "sweep"), os.path.join(out, "top-2.toml"),
-                                "--dry-run"], capture_output=True, text=True, cwd=REPO)
-            self.assertEqual(s.returncode, 0, s.stderr)
+
+    def test_matrices_per_setting(self):
+        """Layouts differing in a setting a matrix holds once: one matrix each (a layout
+        without a pipeline joins one of its batch and checkpointing), each accepted by
+        slurm/sweep --dry-run with the layouts' own flags."""
+        from projection_model import load_cluster
+
+        class A:
+            model, gpus, global_batch, seq_len, dec_seq_len = "t5-11.3b", 16, 128, 512, 256
+        for key in advise.model_shapes.KEYS:
+            setattr(A, key, None)
+        A.layers = 4
+        names = ["ddp-tp2-pp2:mb8:1f1b:ckpt", "fsdp-full-tp4:ckpt", "fsdp-full-pp4:mb8:gpipe",
+                 "fsdp-hybrid2-tp2-pp2:mb16:1f1b:ckpt"]
+        lays = [advise.parse_name(x, 16, 128) for x in names]
+        with tempfile.TemporaryDirectory() as out:
+            A.emit_matrix = os.path.join(out, "m.toml")
+            paths = advise.emit_matrix(A, load_cluster(A100), lays)
+            self.assertEqual([os.path.basename(x) for x in paths], ["m.toml", "m-2.toml", "m-3.toml"])
+            seen = []
+            for path in paths:
+                s = subprocess.run([PY, os.path.join(REPO, "slurm", "sweep"), path, "--dry-run"], capture_output=True,
+                                   text=True, cwd=REPO)
+                self.assertEqual(s.returncode, 0, s.stderr)
+                seen.append(s.stdout)
+            self.assertIn("--micro-batches 8", seen[0])
+            self.assertIn("--activation-checkpointing", seen[0])
+            self.assertIn("fsdp-full-tp4-g16-b32-s512", seen[0])  # joined the first: batch 32, checkpointing
+            self.assertIn("--pp-schedule gpipe", seen[1])
+            self.assertIn("--micro-batches 16", seen[2])
+            self.assertIn("--dec-seq-len 256", seen[0])
+            self.assertIn("--layers 4", seen[0])
 
     def test_tiny_ranked_with_exclusions(self):
         with tempfile.TemporaryDirectory() as out:
@@ -162,6 +190,8 @@ class Runs(unittest.TestCase):
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--explain", "ddp"],
                      "does not divide over 8"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "zero3"],
+                     "unknown strategy 'zero3'"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "ddp:mb2"],
                      "not a layout name"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--strategies", "zero", "--out",
                       out + "/new"], "unknown strategy 'zero'"),
