@@ -795,9 +795,8 @@ def draw(ranked, replayed, stem, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     pts = []
-    for lay, d, est in ranked:
-        sim = replayed.get(lay.name)
-        pts.append((d["memory"]["peak_total"] / 2**30, figures(d, sim["time"] if sim else est["time"])[1]))
+    for lay, d, est in ranked:  # every layout at its estimate (which ranks); the replayed ones again below
+        pts.append((d["memory"]["peak_total"] / 2**30, figures(d, est["time"])[1]))
     fig, ax = plt.subplots(figsize=(7.5, 5))
     if pts:
         ax.scatter([p[0] for p in pts], [p[1] for p in pts], s=8, c="#9aa9b8", label=f"{len(pts)} layouts that fit "
@@ -808,7 +807,8 @@ def draw(ranked, replayed, stem, title):
         for i in front[-4:]:
             ax.annotate(ranked[i][0].name, pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
         top = [i for i, (lay, _, _) in enumerate(ranked) if lay.name in replayed]
-        ax.scatter([pts[i][0] for i in top], [pts[i][1] for i in top], s=30, facecolors="none", edgecolors="black",
+        ax.scatter([pts[i][0] for i in top], [figures(ranked[i][1], replayed[ranked[i][0].name]["time"])[1]
+                                              for i in top], s=30, facecolors="none", edgecolors="black",
                    label=f"top {len(top)}, replayed in full")
     ax.set_xlabel("peak memory per GPU (GiB, the program's plan)")
     ax.set_ylabel("tokens per second (whole job)")
