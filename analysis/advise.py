@@ -294,11 +294,14 @@ def digest(sched, totals_only=False, prefer_ops=False):
 
 def _from_totals(sched):
     """The stages from the schedule's "totals" (--plan-batch): {"stages": [{"ops": {op: {axis:
-    {"count", "bytes", "sent_bytes"}}}, "gemm_flops": F}]}; None where they are absent or
-    do not split CPU offload's host lanes from the compute lane."""
+    {"count", "bytes", "sent_bytes"}}}, "gemm_flops": F, "peak_total": P}]}, and under CPU
+    offload each stage's "host": {"h2d_bytes", "d2h_bytes", "update_bytes", "copy_count",
+    "update_count"} (its lanes 101, 102, 100, counted in "ops" too); None where they are
+    absent (then the layout is asked again with its ops)."""
     t = sched.get("totals")
-    if not isinstance(t, dict) or sched.get("cpu_offload", "none") != "none":
+    if not isinstance(t, dict):
         return None
+    offload = sched.get("cpu_offload", "none") != "none"
     try:
         out = []
         for st in t["stages"]:
@@ -319,6 +322,16 @@ def _from_totals(sched):
                     elif op == "send":
                         s["send"][0] += n
                         s["send"][1] += b
+            if offload:  # CPU offload's host lanes, apart from the compute lane's copies and update
+                h = st.get("host")
+                if not isinstance(h, dict):
+                    return None
+                s["h2d"], s["d2h"] = float(h["h2d_bytes"]), float(h["d2h_bytes"])
+                s["host_update"] = float(h["update_bytes"])
+                s["copy"][0] -= int(h.get("copy_count", 0))
+                s["copy"][1] -= s["h2d"] + s["d2h"]
+                s["optimizer"][0] -= int(h.get("update_count", 0))
+                s["optimizer"][1] -= s["host_update"]
             s["peak"] = st.get("peak_total", sched["memory"]["peak_total"])
             out.append(s)
         return out or None

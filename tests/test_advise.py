@@ -151,7 +151,7 @@ class Runs(unittest.TestCase):
             for prog in ("fsdp_perf", "ddp_perf"):
                 os.symlink(os.path.join(REPO, "tests", "data", "fake_plan_batch.py"), os.path.join(fake, prog))
             args = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
-                    "fsdp-full", "--no-offload", "--tp", "1", "--replay", "1"]
+                    "fsdp-full", "--tp", "1", "--pp", "1,2", "--replay", "1"]  # with offload: the totals' host lanes
             for mode, extra in (("batch", ["--bin", fake]), ("slow", [])):
                 out = os.path.join(tmp, mode)
                 p = subprocess.run([PY, ADVISE, "--cluster", A100] + args + extra + ["--out", out], capture_output=True,

@@ -33,7 +33,19 @@ def totals(s):
             v["sent_bytes"] += r[ix["sent_bytes"]]
             if op == "gemm":
                 flops += r[ix["flops"]]
-        out.append({"ops": ops, "gemm_flops": flops, "peak_total": peak})
+        st = {"ops": ops, "gemm_flops": flops, "peak_total": peak}
+        if s.get("cpu_offload", "none") != "none":  # the host lanes (100 update, 101/102 copies)
+            h = {"h2d_bytes": 0, "d2h_bytes": 0, "update_bytes": 0, "copy_count": 0, "update_count": 0}
+            for r in rows:
+                lane, op = r[ix["lane"]], names[r[ix["op"]]]
+                if lane in (101, 102):
+                    h["h2d_bytes" if lane == 101 else "d2h_bytes"] += r[ix["bytes"]]
+                    h["copy_count"] += op == "copy"
+                elif lane == 100 and op == "optimizer":
+                    h["update_bytes"] += r[ix["bytes"]]
+                    h["update_count"] += 1
+            st["host"] = h
+        out.append(st)
     return {"stages": out}
 
 
