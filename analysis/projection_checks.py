@@ -201,7 +201,7 @@ ADVISOR_SCENARIOS = (("t5-small", 8, 64), ("t5-611m", 8, 64), ("t5-2.28b", 64, 5
                      ("t5-11.3b", 512, 4096))
 
 
-def advisor(per_scenario=24, binary_dir=None, seed=0):
+def advisor(per_scenario=24, binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
     """The advisor's fast estimate (analysis/advise.py) against the full replay: for each
     scenario (model, GPUs, global batch; A100 description, seq 512) a seeded sample of its
     layouts that fit, each planned once and costed both ways. Prints every layout and the
@@ -211,7 +211,7 @@ def advisor(per_scenario=24, binary_dir=None, seed=0):
     cluster = load_cluster(A100)
     bin_dir = binary_dir or os.path.join(ROOT, "build", "bin")
     errors, agree = [], 0
-    for model, n, gb in ADVISOR_SCENARIOS:
+    for model, n, gb in scenarios:
         class A:  # the command line advise.common_flags reads
             pass
         a = A()
@@ -247,7 +247,7 @@ def advisor(per_scenario=24, binary_dir=None, seed=0):
               flush=True)
     errors.sort()
     print(f"== all: {len(errors)} layouts, error median {errors[len(errors) // 2] * 100:.1f} %, max "
-          f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(ADVISOR_SCENARIOS)} scenarios")
+          f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(scenarios)} scenarios")
 
 
 def print_findings(f):
