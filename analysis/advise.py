@@ -680,7 +680,11 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
                f"global batch {a.global_batch}")
     print(f"advise: wrote {png} (+ .svg), {os.path.join(a.out, 'advise.csv')}")
     if a.emit_matrix:
-        for path in emit_matrix(a, cluster, [lay for lay, _, _ in top]):
+        paths = emit_matrix(a, cluster, [lay for lay, _, _ in top])
+        if len(paths) > 1:
+            print(f"advise: the top layouts differ in a setting one matrix holds once (micro-batches, schedule, "
+                  f"checkpointing, batch): {len(paths)} matrices")
+        for path in paths:
             print(f"advise: wrote {path} (slurm/sweep {path} --dry-run)")
     return 0
 
@@ -908,9 +912,6 @@ extra_args = {extra}
         with open(path, "w") as f:
             f.write(text)
         paths.append(path)
-    if len(paths) > 1:
-        print(f"advise: the top layouts differ in a setting one matrix holds once (micro-batches, schedule, "
-              f"checkpointing, batch): {len(paths)} matrices")
     return paths
 
 
