@@ -440,7 +440,7 @@ def estimate(d, cluster):
         p = per[0]
         core = busy[0] + p["dp"]
         step = max(core, p["host"]["copy"]) + p["host"]["update"]
-        pp_t = 0.0
+        pp_t, pipe = 0.0, busy[0]
     else:  # fill and drain: (M - 1) max c_s / M + sum c_s / M, plus the messages on the critical path
         pipe = (M - 1) * max(busy) / M + sum(busy) / M
         pp_t = 2 * (S - 1) * max(p["msg"] for p in per)
@@ -449,7 +449,7 @@ def estimate(d, cluster):
     compute = sum(p["compute"] for p in per) / len(per)
     exposed = {"dp": max(p["dp"] for p in per), "tp": sum(p["tp"] for p in per) / len(per), "pp": pp_t,
                "host": max(p["host"]["update"] for p in per)}
-    return {"time": step, "compute": compute, "exposed": exposed, "bubble": max(0.0, 1 - (compute + exposed["tp"]) /
+    return {"time": step, "compute": compute, "exposed": exposed, "pipe": pipe, "bubble": max(0.0, 1 - (compute + exposed["tp"]) /
                                                                                 step) if S > 1 else 0.0}
 
 
@@ -948,10 +948,17 @@ def explain(a, cluster, bin_dir, lay):
         return 0
     sim = simulate(sched, cluster)
     e = est["exposed"]
-    print(f"step (fast estimate): {est['time'] * 1e3:.1f} ms = compute {est['compute'] * 1e3:.1f} ms"
-          f" + exposed data-parallel {e['dp'] * 1e3:.1f} ms + tensor-parallel {e['tp'] * 1e3:.1f} ms"
-          f" + pipeline messages {e['pp'] * 1e3:.1f} ms + host update {e['host'] * 1e3:.1f} ms"
-          + (f"; bubble {est['bubble'] * 100:.1f} %" if lay.pp > 1 else ""))
+    if lay.pp > 1:
+        print(f"step (fast estimate): {est['time'] * 1e3:.1f} ms = the stages' compute and tensor-parallel "
+              f"collectives through the pipeline's fill and drain {est['pipe'] * 1e3:.1f} ms (compute {est['compute'] * 1e3:.1f} "
+              f"ms per stage on average, tensor-parallel {e['tp'] * 1e3:.1f} ms; bubble {est['bubble'] * 100:.1f} %)"
+              f" + pipeline messages {e['pp'] * 1e3:.1f} ms + the worst stage's exposed data-parallel tail and host "
+              f"update {(est['time'] - est['pipe'] - e['pp']) * 1e3:.1f} ms")
+    else:
+        print(f"step (fast estimate): {est['time'] * 1e3:.1f} ms = compute {est['compute'] * 1e3:.1f} ms"
+              f" + tensor-parallel {e['tp'] * 1e3:.1f} ms + exposed data-parallel {e['dp'] * 1e3:.1f} ms"
+              + (f", host link and update {(est['time'] - est['pipe'] - e['dp']) * 1e3:.1f} ms"
+                 if lay.offload != "none" else ""))
     exposed_full = sim["exposed"]
     print(f"step (full replay):   {sim['time'] * 1e3:.1f} ms = compute {sim['compute'] * 1e3:.1f} ms, waits on "
           f"collectives {exposed_full * 1e3:.1f} ms, idle {sim['idle_share'] * 100:.1f} %"
