@@ -198,8 +198,8 @@ def nic_sharing(binary_dir=None, layouts=(("ddp-tp2-pp4", 64), ("ddp-tp2-pp2", 3
 
 
 # (model, GPUs, global batch, layouts sampled): the sample of docs/projection.md ("The layout advisor")
-ADVISOR_SCENARIOS = (("t5-small", 8, 64, 24), ("t5-611m", 8, 64, 24), ("t5-2.28b", 64, 128, 18),
-                     ("t5-11.3b", 64, 128, 18), ("t5-11.3b", 512, 1024, 18))
+ADVISOR_SCENARIOS = (("t5-small", 8, 64, 24), ("t5-611m", 8, 64, 24), ("t5-small", 64, 64, 18),
+                     ("t5-611m", 64, 128, 18), ("t5-2.28b", 64, 128, 18), ("t5-11.3b", 512, 1024, 18))
 
 
 def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
