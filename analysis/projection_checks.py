@@ -4,7 +4,8 @@ A100 cluster (findings), the one-GPU step against the committed H100 calibration
 (one-gpu), the GPU count where hybrid sharding overtakes full sharding (crossover), the
 effect of each change of the communication model on the T5-11B 8→512 drop (ablation), and
 the bound on what pipeline sends sharing the NICs with data-parallel traffic could cost
-(nic-sharing).
+(nic-sharing), and the layout advisor's fast estimate against the full replay on a sample
+of layouts across models and scales (advisor).
 docs/projection.md records their output; tests/test_projection.py asserts the findings and
 the one-GPU agreement.
 """
@@ -196,6 +197,60 @@ def nic_sharing(binary_dir=None, layouts=(("ddp-tp2-pp4", 64), ("ddp-tp2-pp2", 3
     return rows
 
 
+# (model, GPUs, global batch, layouts sampled): the sample of docs/projection.md ("The layout advisor")
+ADVISOR_SCENARIOS = (("t5-small", 8, 64, 24), ("t5-611m", 8, 64, 24), ("t5-small", 64, 64, 18),
+                     ("t5-611m", 64, 128, 18), ("t5-2.28b", 64, 128, 18), ("t5-11.3b", 512, 1024, 18))
+
+
+def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
+    """The advisor's fast estimate (analysis/advise.py) against the full replay: for each
+    scenario (model, GPUs, global batch; A100 description, seq 512) a seeded sample of its
+    layouts that fit, each planned once and costed both ways. Prints every layout and the
+    relative error's median and maximum, and whether both name the same fastest layout."""
+    import random
+    import advise
+    cluster = load_cluster(A100)
+    bin_dir = binary_dir or os.path.join(ROOT, "build", "bin")
+    errors, agree = [], 0
+    for model, n, gb, per_scenario in scenarios:
+        class A:  # the command line advise.common_flags reads
+            pass
+        a = A()
+        a.model, a.seq_len, a.dec_seq_len = model, SEQ, None
+        for key in advise.model_shapes.KEYS:
+            setattr(a, key, None)
+        blocks = advise.model_blocks(a, cluster, bin_dir)
+        tp_ok = advise.probe_tp_simple(a, cluster, bin_dir, n)
+        layouts, _ = advise.enumerate_layouts(n, gb, blocks, cluster["gpus_per_node"], lambda t: tp_ok[t])
+        random.Random(seed).shuffle(layouts)
+        rows = []
+        for lay in layouts:
+            if len(rows) >= per_scenario:
+                break
+            program, flags = advise.common_flags(a, cluster, n, lay)
+            code, sched = advise._one_plan([os.path.join(bin_dir, program)] + flags + ["--plan"])
+            if code != 0 or not advise.fits(sched):
+                continue
+            est = advise.estimate(advise.digest(sched), cluster)["time"]
+            full = simulate(sched, cluster)["time"]
+            rows.append((lay.name, est, full))
+            print(f"{model:<9} {n:>4} {lay.name:<48} est {est * 1e3:9.1f} ms  replay {full * 1e3:9.1f} ms  "
+                  f"{(est - full) / full * 100:+6.1f} %", flush=True)
+        errs = sorted(abs(e - f) / f for _, e, f in rows)
+        errors += errs
+        w_est, w_full = min(rows, key=lambda r: r[1])[0], min(rows, key=lambda r: r[2])[0]
+        agree += w_est == w_full
+        full_of = {name: f for name, _, f in rows}
+        loss = full_of[w_est] / full_of[w_full] - 1  # the estimate's pick, replayed, against the replay's best
+        print(f"== {model} on {n} GPUs, global batch {gb}: {len(rows)} layouts, error median "
+              f"{errs[len(errs) // 2] * 100:.1f} %, max {errs[-1] * 100:.1f} %; fastest: estimate {w_est}, replay "
+              f"{w_full}{' (agree)' if w_est == w_full else f' (the estimate pick replays {loss * 100:.1f} % slower)'}",
+              flush=True)
+    errors.sort()
+    print(f"== all: {len(errors)} layouts, error median {errors[len(errors) // 2] * 100:.1f} %, max "
+          f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(scenarios)} scenarios")
+
+
 def print_findings(f):
     print("| finding | projected (A100 description) | holds |")
     print("|---|---|---|")
@@ -216,7 +271,8 @@ def print_findings(f):
 
 def main(argv=None):
     ap = cli.parser(__doc__, __file__)
-    ap.add_argument("checks", nargs="+", choices=("findings", "one-gpu", "crossover", "ablation", "nic-sharing"),
+    ap.add_argument("checks", nargs="+", choices=("findings", "one-gpu", "crossover", "ablation", "nic-sharing",
+                                                       "advisor"),
                     help="which tables to print (markdown, as docs/projection.md shows them)")
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin)")
     a = ap.parse_args(argv)
@@ -242,6 +298,8 @@ def main(argv=None):
                     first = (str(r["first"]) if r["first"] else "never (≤ 512)") if s == "hybrid" else ""
                     print(f"| {model} | fsdp-{s}{'8' if s == 'hybrid' else ''} | " + " | ".join(cells) +
                           f" | {first} |")
+        elif check == "advisor":
+            advisor(binary_dir=a.bin)
         elif check == "nic-sharing":
             print("| layout (t5-11.3b, 16 micro-batches) | GPUs | step | sends (worst stage) | cross-node "
                   "data-parallel collectives | both at once: the bound |")

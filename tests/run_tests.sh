@@ -46,6 +46,8 @@ echo "=== bad input: one line and exit 2 for every flag, sizes at the limits, fa
 bash tests/bad_input_tests.sh || failed=$((failed + 1))
 echo "=== projection: the study's findings and the one-GPU calibration (tests/test_projection.py)"
 /usr/bin/python3 tests/test_projection.py || failed=$((failed + 1))
+echo "=== the layout advisor (tests/test_advise.py)"
+/usr/bin/python3 tests/test_advise.py || failed=$((failed + 1))
 echo "=== analysis: figures, report, projection"
 bash tests/analysis_tests.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then echo "make test: $failed suite(s) failed"; exit 1; fi

@@ -1,0 +1,208 @@
+#!/usr/bin/python3
+"""Tests of the layout advisor (analysis/advise.py): the enumeration's counts for t5-tiny on
+4 and 8 GPUs (hand-counted below), the exclusions (a global batch that does not divide, a
+tensor degree the program refuses, a layout that does not fit), DDP excluded for t5-11.3b on
+8 A100 80GB, --emit-matrix accepted by `slurm/sweep FILE --dry-run`, --explain, the fast
+estimate beside the full replay, and bad input (one line, exit 2).
+
+Run from anywhere: /usr/bin/python3 tests/test_advise.py   (in tests/run_tests.sh; about a
+minute on 2 cores: one --plan process per layout until the programs have --plan-batch)
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "analysis"))
+import advise  # noqa: E402
+
+PY = "/usr/bin/python3"
+ADVISE = os.path.join(REPO, "analysis", "advise.py")
+A100 = os.path.join(REPO, "runs", "clusters", "a100-80gb.toml")
+
+
+def run(*args):
+    return subprocess.run([PY, ADVISE, "--cluster", A100] + list(args), capture_output=True, text=True, cwd=REPO)
+
+
+def tiny_tp(tp):  # t5-tiny: heads 2, so the program refuses tp 4 and 8
+    return True if tp <= 2 else "refused"
+
+
+class Enumeration(unittest.TestCase):
+    def count(self, layouts):
+        return len(layouts), len({x.name for x in layouts})
+
+    def test_tiny_on_4(self):
+        # 4 GPUs, global batch 16, t5-tiny (4 blocks), every strategy with offload. Labels at dp
+        # ranks: ddp, none 1 each; optimizer-state 2 (+offload-optimizer); full, grad-op 3 each
+        # (+params, +optimizer); hybrid<G> 3 for each G dividing dp, 1 < G < dp: 10 + 3h.
+        # tp1 pp1 dp4 (h 1: G 2): 13 labels x 2 checkpointing                        = 26
+        # tp1 pp2 dp2: 10 x 2 x 2 schedules x micro-batches {2, 4, 8} of batch 8     = 120
+        # tp1 pp4 dp1: 10 x 2 x 2 x {4, 8, 16} of batch 16                           = 120
+        # tp2 pp1 dp2: 10 x 2                                                        = 20
+        # tp2 pp2 dp1: 10 x 2 x 2 x {2, 4, 8, 16}                                    = 160
+        # tp4: refused by the program (heads 2)                                      total 446
+        layouts, excluded = advise.enumerate_layouts(4, 16, 4, 8, tiny_tp)
+        self.assertEqual(self.count(layouts), (446, 446))
+        self.assertEqual([w for w, _ in excluded], ["tp4"])
+
+    def test_tiny_on_8_without_offload(self):
+        # 8 GPUs, global batch 16, no offload: labels 5 + h.
+        # tp1 pp1 dp8 (G 2, 4): 7 x 2                           = 14
+        # tp1 pp2 dp4 (G 2): 6 x 2 x 2 x {2, 4} of batch 4       = 48
+        # tp1 pp4 dp2: 5 x 2 x 2 x {4, 8} of batch 8             = 40
+        # tp2 pp1 dp4: 6 x 2                                     = 12
+        # tp2 pp2 dp2: 5 x 2 x 2 x {2, 4, 8}                     = 60
+        # tp2 pp4 dp1: 5 x 2 x 2 x {4, 8, 16}                    = 60
+        # pp8 > 4 blocks: not enumerated; tp4, tp8 refused       total 234
+        layouts, excluded = advise.enumerate_layouts(8, 16, 4, 8, tiny_tp, offload=False)
+        self.assertEqual(self.count(layouts), (234, 234))
+        self.assertEqual(sorted(w for w, _ in excluded), ["tp4", "tp8"])
+
+    def test_does_not_divide(self):
+        # global batch 12 over 8 GPUs: dp 8 (tp1 pp1) does not divide it; dp 4, 2, 1 do
+        layouts, excluded = advise.enumerate_layouts(8, 12, 4, 8, tiny_tp, offload=False)
+        self.assertIn(("tp1 pp1", "global batch 12 does not divide over 8 data-parallel ranks"), excluded)
+        self.assertFalse([x for x in layouts if x.dp == 8])
+
+    def test_names_are_sweep_labels(self):
+        layouts, _ = advise.enumerate_layouts(4, 16, 4, 8, tiny_tp)
+        import strategy_labels
+        for lay in layouts:
+            strategy_labels.check(lay.label)
+            self.assertEqual(advise.parse_name(lay.name, 4, 16).name, lay.name)
+
+
+class Runs(unittest.TestCase):
+    def test_ddp_does_not_fit_11b_on_8(self):
+        with tempfile.TemporaryDirectory() as out:
+            p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--strategies",
+                    "ddp,fsdp-full", "--tp", "1", "--pp", "1", "--no-offload", "--replay", "2", "--out", out,
+                    "--overwrite", "--emit-matrix", os.path.join(out, "top.toml"))
+            self.assertEqual(p.returncode, 0, p.stderr)
+            # DDP out of memory with and without checkpointing; FSDP full only with it (batch 8 per GPU)
+            self.assertIn("excluded: 3 layouts do not fit", p.stdout)
+            self.assertIn("do not fit, by strategy: ddp 2, fsdp-full 1", p.stdout)
+            self.assertIn("calibration: 3 runs in runs/calibration/h100-2026-11-23", p.stdout)
+            self.assertIn("docs/projection.md#validation", p.stdout)
+            rows = [x for x in p.stdout.splitlines() if x[:3].strip().isdigit()]
+            self.assertEqual([r.split()[1] for r in rows], ["fsdp-full:ckpt"])
+            self.assertTrue(os.path.exists(os.path.join(out, "advise.png")))
+            self.assertTrue(os.path.exists(os.path.join(out, "advise.csv")))
+            s = subprocess.run([PY, os.path.join(REPO, "slurm", "sweep"), os.path.join(out, "top.toml"), "--dry-run"],
+                               capture_output=True, text=True, cwd=REPO)
+            self.assertEqual(s.returncode, 0, s.stderr)
+            self.assertIn("t5-11.3b-fsdp-full-g8-b8-s512", s.stdout)
+
+    def test_matrices_per_setting(self):
+        """Layouts differing in a setting a matrix holds once: one matrix each (a layout
+        without a pipeline joins one of its batch and checkpointing), each accepted by
+        slurm/sweep --dry-run with the layouts' own flags."""
+        from projection_model import load_cluster
+
+        class A:
+            model, gpus, global_batch, seq_len, dec_seq_len = "t5-11.3b", 16, 128, 512, 256
+        for key in advise.model_shapes.KEYS:
+            setattr(A, key, None)
+        A.layers = 4
+        names = ["ddp-tp2-pp2:mb8:1f1b:ckpt", "fsdp-full-tp4:ckpt", "fsdp-full-pp4:mb8:gpipe",
+                 "fsdp-hybrid2-tp2-pp2:mb16:1f1b:ckpt"]
+        lays = [advise.parse_name(x, 16, 128) for x in names]
+        with tempfile.TemporaryDirectory() as out:
+            A.emit_matrix = os.path.join(out, "m.toml")
+            paths = advise.emit_matrix(A, load_cluster(A100), lays)
+            self.assertEqual([os.path.basename(x) for x in paths], ["m.toml", "m-2.toml", "m-3.toml"])
+            seen = []
+            for path in paths:
+                s = subprocess.run([PY, os.path.join(REPO, "slurm", "sweep"), path, "--dry-run"], capture_output=True,
+                                   text=True, cwd=REPO)
+                self.assertEqual(s.returncode, 0, s.stderr)
+                seen.append(s.stdout)
+            self.assertIn("--micro-batches 8", seen[0])
+            self.assertIn("--activation-checkpointing", seen[0])
+            self.assertIn("fsdp-full-tp4-g16-b32-s512", seen[0])  # joined the first: batch 32, checkpointing
+            self.assertIn("--pp-schedule gpipe", seen[1])
+            self.assertIn("--micro-batches 16", seen[2])
+            self.assertIn("--dec-seq-len 256", seen[0])
+            self.assertIn("--layers 4", seen[0])
+
+    def test_tiny_ranked_with_exclusions(self):
+        with tempfile.TemporaryDirectory() as out:
+            p = run("--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
+                    "ddp,fsdp-full", "--no-offload", "--pp", "1,2", "--replay", "3", "--out", out, "--overwrite")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            # tp1 pp1: 2 x 2 = 4; tp1 pp2: 2 x 2 x 2 x {2, 4} = 16; tp2 pp1: 4; tp2 pp2: 2 x 2 x 2 x {2, 4, 8} = 24
+            self.assertIn("48 layouts", p.stdout)
+            self.assertIn("tp4: refused by the program: --tp 4 is not allowed with heads 2", p.stdout)
+            self.assertIn("by the full replay of the top 3", p.stdout)
+
+    def test_batch_mode_stand_in(self):
+        """--plan-batch (tests/data/fake_plan_batch.py standing in for the programs' batch mode):
+        the same layouts, verdicts and ranking as one --plan per layout, the estimate from the
+        totals and the rate cards within 10 % of the one from every op."""
+        import csv
+        rows = {}
+        with tempfile.TemporaryDirectory() as tmp:
+            fake = os.path.join(tmp, "bin")
+            os.mkdir(fake)
+            for prog in ("fsdp_perf", "ddp_perf"):
+                os.symlink(os.path.join(REPO, "tests", "data", "fake_plan_batch.py"), os.path.join(fake, prog))
+            args = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
+                    "fsdp-full", "--tp", "1", "--pp", "1,2", "--replay", "1"]  # with offload: the totals' host lanes
+            for mode, extra in (("batch", ["--bin", fake]), ("slow", [])):
+                out = os.path.join(tmp, mode)
+                p = subprocess.run([PY, ADVISE, "--cluster", A100] + args + extra + ["--out", out], capture_output=True,
+                                   text=True, cwd=REPO, env={**os.environ, "REAL_BIN": os.path.join(REPO, "build", "bin")})
+                self.assertEqual(p.returncode, 0, p.stderr)
+                self.assertIn("(--plan-batch)" if mode == "batch" else "(one --plan per layout)", p.stdout)
+                with open(os.path.join(out, "advise.csv")) as f:
+                    rows[mode] = {r["layout"]: r for r in csv.DictReader(f)}
+        self.assertEqual(set(rows["batch"]), set(rows["slow"]))
+        for name, r in rows["slow"].items():
+            b = rows["batch"][name]
+            self.assertEqual(b["fits"], r["fits"])
+            self.assertEqual(b["peak_gib"], r["peak_gib"])
+            if r["fits"] == "1":
+                self.assertLess(abs(float(b["est_step_s"]) / float(r["est_step_s"]) - 1), 0.10, name)
+
+    def test_explain(self):
+        p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain",
+                "fsdp-full-tp2-pp2:mb4:1f1b:ckpt")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        for s in ("memory per GPU (the program's plan)", "optimizer_state", "stage 1 (rank", "step (fast estimate)",
+                  "step (full replay)", "communication per axis", "tp ", "throughput (full replay)"):
+            self.assertIn(s, p.stdout)
+        p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain", "ddp")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn("DOES NOT FIT", p.stdout)
+
+    def test_bad_input(self):
+        with tempfile.TemporaryDirectory() as out:
+            open(os.path.join(out, "x"), "w").close()
+            for args, msg in (
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--out", out], "is not empty"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16"], "give --out DIR"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "ddp-pp2"],
+                     "names its micro-batches"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--explain", "ddp"],
+                     "does not divide over 8"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "zero3"],
+                     "unknown strategy 'zero3'"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "ddp:mb2"],
+                     "not a layout name"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--strategies", "zero", "--out",
+                      out + "/new"], "unknown strategy 'zero'"),
+                    (["--model", "t5-nope", "--gpus", "8", "--global-batch", "16", "--out", out + "/new"], "t5-nope")):
+                p = run(*args)
+                self.assertEqual(p.returncode, 2, (args, p.stdout, p.stderr))
+                self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+                self.assertIn(msg, p.stderr)
+                self.assertTrue(p.stderr.startswith("advise: error: "), p.stderr)
+            self.assertFalse(os.path.exists(out + "/new"))
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
