@@ -207,8 +207,8 @@ def _one_plan(argv):
 
 def _digest_job(argv):
     """A worker's job (slow path): the plan of one layout, reduced to its digest."""
-    code, sched = _one_plan(argv)
-    return code, (digest(sched) if isinstance(sched, dict) else sched)
+    code, sched = _one_plan(argv)  # a whole schedule: every op's shape, not only the totals
+    return code, (digest(sched, prefer_ops=True) if isinstance(sched, dict) else sched)
 
 
 def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None, shapes=False):
@@ -283,9 +283,11 @@ def digest(sched, totals_only=False, prefer_ops=False):
                                    "memory", "axes", "axis_names", "cpu_offload", "pipeline_bubble_theory",
                                    "micro_batches", "pp_schedule", "unit_names", "activation_checkpointing")}
     d["micro_batches"] = d["micro_batches"] or 1
-    stages = None if prefer_ops and "ops" in sched else _from_totals(sched)
+    # the ops: top-level, or each pipeline stage's
+    has_ops = "ops" in sched or bool(sched.get("stages")) and all("ops" in st for st in sched["stages"])
+    stages = None if prefer_ops and has_ops else _from_totals(sched)
     if stages is None:
-        if totals_only or "ops" not in sched:
+        if totals_only or not has_ops:
             return None
         stages = _from_ops(sched)
     d["stages"] = stages
@@ -293,12 +295,14 @@ def digest(sched, totals_only=False, prefer_ops=False):
 
 
 def _from_totals(sched):
-    """The stages from the schedule's "totals" (--plan-batch): {"stages": [{"ops": {op: {axis:
-    {"count", "bytes", "sent_bytes"}}}, "gemm_flops": F, "peak_total": P}]}, and under CPU
+    """The stages from the schedule's "totals" (--plan-batch): [{"ops": {op: {axis:
+    {"count", "bytes", "sent_bytes"}}}, "gemm_flops": F, "peak_total": P}], and under CPU
     offload each stage's "host": {"h2d_bytes", "d2h_bytes", "update_bytes", "copy_count",
     "update_count"} (its lanes 101, 102, 100, counted in "ops" too); None where they are
     absent (then the layout is asked again with its ops)."""
     t = sched.get("totals")
+    if isinstance(t, list):  # the programs' form: the list of stages itself
+        t = {"stages": t}
     if not isinstance(t, dict):
         return None
     offload = sched.get("cpu_offload", "none") != "none"
