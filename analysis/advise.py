@@ -31,6 +31,7 @@ import csv
 import json
 import math
 import os
+import random
 import re
 import subprocess
 import sys
@@ -45,7 +46,6 @@ import strategy_labels  # noqa: E402
 from projection_model import (ROOT, ProjectionError, collective_time, group_tiers, load_cluster,  # noqa: E402
                               oversubscription, p2p_time, simulate, straggler_factor)
 
-import numpy as np  # noqa: E402
 
 # The data-parallel strategies (strategy_labels' vocabulary), without a shard size: hybrid is
 # enumerated at every group size.
@@ -207,17 +207,18 @@ def _one_plan(argv):
 
 def _digest_job(argv):
     """A worker's job (slow path): the plan of one layout, reduced to its digest."""
-    code, sched = _one_plan(argv)  # a whole schedule: every op's shape, not only the totals
-    return code, (digest(sched, prefer_ops=True) if isinstance(sched, dict) else sched)
+    code, sched = _one_plan(argv)
+    return code, (digest(sched) if isinstance(sched, dict) else sched)
 
 
-def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None, shapes=False):
+def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None):
     """The one place the programs' plans are called. requests: [(program, [flags])], each with
     --world-size and the memory limits; returns [(exit, result)] in order: exit 0 fits, 3
     does not fit (GPU or host memory), 2 refused (result: the program's one line), 1 failed.
-    result: the digest of the schedule (fast estimate; with `shapes`, from its ops: every
-    GEMM shape and elementwise size), or the whole schedule with `full` (the replay). Batch mode (--plan-batch -, one process per program) where the programs
-    have it, else one --plan --schedule-json process per layout on `jobs` workers."""
+    result: the digest of the schedule (the fast estimate's), or the whole schedule with
+    `full` (the replay). Batch mode (--plan-batch -, `jobs` processes per program, the lines
+    dealt out at random) where the programs have it, else one --plan --schedule-json process
+    per layout on `jobs` workers."""
     if use_batch is None:
         use_batch = batch_mode(bin_dir)
     out = [None] * len(requests)
@@ -226,12 +227,14 @@ def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None, shapes=Fals
             idx = [i for i, (p, _) in enumerate(requests) if p == program]
             if not idx:
                 continue
-            # per-op rows only where the totals cannot serve (the replay; offload's host lanes)
-            for i, res in zip(idx, _batch(program, [requests[i][1] for i in idx], bin_dir, full or shapes, full)):
-                out[i] = res
-            redo = [i for i in idx if out[i][0] in (0, 3) and out[i][1] is None]
-            for i, res in zip(redo, _batch(program, [requests[i][1] for i in redo], bin_dir, True, False)):
-                out[i] = res
+            order = list(idx)
+            random.Random(0).shuffle(order)  # costs vary by layout (micro-batches, schedule): dealt at random
+            parts = [order[j::jobs] for j in range(min(jobs, len(order)))]
+            with concurrent.futures.ThreadPoolExecutor(len(parts)) as pool:  # the work is in the processes
+                got = list(pool.map(lambda part: _batch(program, [requests[i][1] for i in part], bin_dir, full), parts))
+            for part, res in zip(parts, got):
+                for i, r in zip(part, res):
+                    out[i] = r
         return out
     argvs = [[os.path.join(bin_dir, p)] + flags + ["--plan"] for p, flags in requests]
     if full:
@@ -242,12 +245,12 @@ def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None, shapes=Fals
         return list(pool.map(_digest_job, argvs, chunksize=4))
 
 
-def _batch(program, lines, bin_dir, ops, full):
-    """[(exit, digest or schedule or None)] of `program --plan-batch -`; None: the totals do
-    not give the fast estimate what it needs (asked again with the ops)."""
+def _batch(program, lines, bin_dir, full):
+    """[(exit, digest or schedule)] of `program --plan-batch -`: the totals alone for the
+    digest (--plan-batch-ops none), every op for the replay (`full`)."""
     if not lines:
         return []
-    cmd = [os.path.join(bin_dir, program), "--plan-batch", "-", "--plan-batch-ops", "all" if ops else "none"]
+    cmd = [os.path.join(bin_dir, program), "--plan-batch", "-", "--plan-batch-ops", "all" if full else "none"]
     p = subprocess.run(cmd, input="".join(" ".join(f) + "\n" for f in lines), capture_output=True, text=True)
     rows = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
     if len(rows) != len(lines):
@@ -259,7 +262,7 @@ def _batch(program, lines, bin_dir, ops, full):
             out.append((2, row.get("error", "refused")))
         elif code in (0, 3):
             sched = row["schedule"]
-            out.append((code, sched if full else digest(sched, totals_only=not ops, prefer_ops=ops)))
+            out.append((code, sched if full else digest(sched)))
         else:
             out.append((1, row.get("error", f"exit {code}")))
     return out
@@ -272,117 +275,55 @@ def _empty_stage():
             "send": [0, 0.0], "h2d": 0.0, "d2h": 0.0, "host_update": 0.0, "peak": 0}
 
 
-def digest(sched, totals_only=False, prefer_ops=False):
-    """What the fast estimate needs of a schedule, per pipeline stage: compute operations'
-    counts, GEMM FLOPs and bytes, each collective's count, bytes and sent bytes per mesh
-    axis, the sends, CPU offload's host copies and update; and the plan's memory. From the
-    schedule's "totals" where they are there (the programs' --plan-batch), else summed over
-    its ops. None when totals_only and the totals do not serve."""
+def digest(sched):
+    """What the fast estimate needs of a schedule, per pipeline stage, from its "totals" (the
+    programs' schedule writer: --plan-batch and --schedule-json alike): compute operations'
+    counts, GEMM FLOPs, the distinct GEMM shapes and elementwise sizes with their counts,
+    bytes, each collective's count, bytes and sent bytes per mesh axis, the sends, CPU
+    offload's host copies and update; and the plan's memory."""
     d = {k: sched.get(k) for k in ("label", "program", "world_size", "dp_size", "tp_size", "pp_size", "batch_per_rank",
                                    "enc_seq_len", "dec_seq_len", "model_flops_per_step", "hardware_flops_per_step",
                                    "memory", "axes", "axis_names", "cpu_offload", "pipeline_bubble_theory",
                                    "micro_batches", "pp_schedule", "unit_names", "activation_checkpointing")}
     d["micro_batches"] = d["micro_batches"] or 1
-    # the ops: top-level, or each pipeline stage's
-    has_ops = "ops" in sched or bool(sched.get("stages")) and all("ops" in st for st in sched["stages"])
-    stages = None if prefer_ops and has_ops else _from_totals(sched)
-    if stages is None:
-        if totals_only or not has_ops:
-            return None
-        stages = _from_ops(sched)
-    d["stages"] = stages
-    return d
-
-
-def _from_totals(sched):
-    """The stages from the schedule's "totals" (--plan-batch): [{"ops": {op: {axis:
-    {"count", "bytes", "sent_bytes"}}}, "gemm_flops": F, "peak_total": P}], and under CPU
-    offload each stage's "host": {"h2d_bytes", "d2h_bytes", "update_bytes", "copy_count",
-    "update_count"} (its lanes 101, 102, 100, counted in "ops" too); None where they are
-    absent (then the layout is asked again with its ops)."""
-    t = sched.get("totals")
-    if isinstance(t, list):  # the programs' form: the list of stages itself
-        t = {"stages": t}
-    if not isinstance(t, dict):
-        return None
+    totals = sched.get("totals")
+    if not isinstance(totals, list) or not totals or "gemm_shapes" not in totals[0]:
+        raise AdviseError(f"the schedule of {sched.get('label')} has no per-stage totals with GEMM shapes: the "
+                          "programs are older than this script (rebuild them with make)")
     offload = sched.get("cpu_offload", "none") != "none"
-    try:
-        out = []
-        for st in t["stages"]:
-            s = _empty_stage()
-            s["gemm"][1] = float(st["gemm_flops"])
-            for op, per_axis in st["ops"].items():
-                for axis, v in per_axis.items():
-                    n, b, sent = int(v["count"]), float(v["bytes"]), float(v.get("sent_bytes", 0))
-                    if op in ("gemm", "elementwise", "copy", "optimizer"):
-                        s[op][0] += n
-                        if op != "gemm":
-                            s[op][1] += b
-                    elif op in ("all-reduce", "all-gather", "reduce-scatter"):
-                        c = s["coll"].setdefault((op, axis), [0, 0.0, 0.0])
-                        c[0] += n
-                        c[1] += b
-                        c[2] += sent
-                    elif op == "send":
-                        s["send"][0] += n
-                        s["send"][1] += b
-            if offload:  # CPU offload's host lanes, apart from the compute lane's copies and update
-                h = st.get("host")
-                if not isinstance(h, dict):
-                    return None
-                s["h2d"], s["d2h"] = float(h["h2d_bytes"]), float(h["d2h_bytes"])
-                s["host_update"] = float(h["update_bytes"])
-                s["copy"][0] -= int(h.get("copy_count", 0))
-                s["copy"][1] -= s["h2d"] + s["d2h"]
-                s["optimizer"][0] -= int(h.get("update_count", 0))
-                s["optimizer"][1] -= s["host_update"]
-            s["peak"] = st.get("peak_total", sched["memory"]["peak_total"])
-            out.append(s)
-        return out or None
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _from_ops(sched):
-    cols, names = sched["columns"], sched["op_names"]
-    ix = {c: i for i, c in enumerate(cols)}
-    code = {n: i for i, n in enumerate(names)}
-    axis_names = sched["axis_names"]
-    lists = ([(s["ops"], s.get("peak_total", sched["memory"]["peak_total"])) for s in sched["stages"]]
-             if sched.get("pp_size", 1) > 1 and sched.get("stages") else [(sched["ops"], sched["memory"]["peak_total"])])
-    out = []
-    for rows, peak in lists:
+    peaks = [st["peak_total"] for st in sched["stages"]] if sched.get("stages") else [sched["memory"]["peak_total"]]
+    d["stages"] = []
+    for st, peak in zip(totals, peaks):
         s = _empty_stage()
         s["peak"] = peak
-        a = np.asarray(rows, dtype=np.float64) if rows else np.zeros((0, len(cols)))
-        op, nbytes, lane = a[:, ix["op"]], a[:, ix["bytes"]], (a[:, ix["lane"]] if "lane" in ix else np.zeros(len(a)))
-        on_gpu = lane < 100
-        for name in ("gemm", "elementwise", "copy", "optimizer"):
-            sel = (op == code[name]) & on_gpu
-            s[name][0] = int(sel.sum())
-            s[name][1] = float(a[sel, ix["flops"]].sum() if name == "gemm" else nbytes[sel].sum())
-            if name == "gemm":  # the distinct shapes, with their counts and FLOPs (a few dozen)
-                shapes, inv, cnt = np.unique(a[sel][:, [ix["m"], ix["n"], ix["k"], ix["batch"]]], axis=0,
-                                             return_inverse=True, return_counts=True)
-                fl = np.bincount(inv.ravel(), weights=a[sel, ix["flops"]], minlength=len(shapes))
-                s["gemm_shapes"] = [(tuple(int(v) for v in sh), int(c), float(f) / c)
-                                    for sh, c, f in zip(shapes, cnt, fl)]
-            elif name == "elementwise":
-                sizes, cnt = np.unique(nbytes[sel], return_counts=True)
-                s["elem_sizes"] = [(int(b), int(c)) for b, c in zip(sizes, cnt)]
-        s["h2d"] = float(nbytes[lane == 101].sum())
-        s["d2h"] = float(nbytes[lane == 102].sum())
-        s["host_update"] = float(nbytes[(lane == 100) & (op == code["optimizer"])].sum())
-        for name in ("all-reduce", "all-gather", "reduce-scatter"):
-            sel = op == code[name]
-            for ax in np.unique(a[sel, ix["axis"]]):
-                m = sel & (a[:, ix["axis"]] == ax)
-                s["coll"][(name, axis_names[int(ax)])] = [int(m.sum()), float(nbytes[m].sum()),
-                                                          float(a[m, ix["sent_bytes"]].sum())]
-        sel = op == code["send"]
-        s["send"] = [int(sel.sum()), float(nbytes[sel].sum())]
-        out.append(s)
-    return out
+        s["gemm"][1] = float(st["gemm_flops"])
+        s["gemm_shapes"] = [((m, n, k, b), c, f / c) for m, n, k, b, c, f in st["gemm_shapes"]]
+        s["elem_sizes"] = [(b, c) for b, c in st["elementwise_sizes"]]
+        for op, per_axis in st["ops"].items():
+            for axis, v in per_axis.items():
+                n, b, sent = int(v["count"]), float(v["bytes"]), float(v.get("sent_bytes", 0))
+                if op in ("gemm", "elementwise", "copy", "optimizer"):
+                    s[op][0] += n
+                    if op != "gemm":
+                        s[op][1] += b
+                elif op in ("all-reduce", "all-gather", "reduce-scatter"):
+                    c = s["coll"].setdefault((op, axis), [0, 0.0, 0.0])
+                    c[0] += n
+                    c[1] += b
+                    c[2] += sent
+                elif op == "send":
+                    s["send"][0] += n
+                    s["send"][1] += b
+        h = st.get("host")
+        if offload and h:  # CPU offload's host lanes, apart from the compute lane's copies and update
+            s["h2d"], s["d2h"] = float(h["h2d_bytes"]), float(h["d2h_bytes"])
+            s["host_update"] = float(h["update_bytes"])
+            s["copy"][0] -= int(h["copy_count"])
+            s["copy"][1] -= s["h2d"] + s["d2h"]
+            s["optimizer"][0] -= int(h["update_count"])
+            s["optimizer"][1] -= s["host_update"]
+        d["stages"].append(s)
+    return d
 
 
 def estimate(d, cluster):
@@ -398,16 +339,10 @@ def estimate(d, cluster):
     units = max(1, len(d.get("unit_names") or [1]) // S)
     per = []
     for s in d["stages"]:
-        n_g, flops = s["gemm"]
-        n_e, b_e = s["elementwise"]
-        if "gemm_shapes" in s:  # each distinct shape at its calibrated time, as the replay
-            t = sum(c * cm.gemm_time(*sh, f) for sh, c, f in s["gemm_shapes"])
-            t += sum(c * cm.elementwise_time(b) for b, c in s["elem_sizes"])
-        elif "rate_card" in d:  # totals only: the seconds per FLOP and per byte of a layout of the same shapes
-            t = flops * d["rate_card"][0] + b_e * d["rate_card"][1]
-        else:
-            t = n_g * cm.gemm_time(0, 0, 0, 1, flops / n_g) if n_g else 0.0
-            t += n_e * cm.elementwise_time(b_e / n_e) if n_e else 0.0
+        n_g, n_e = s["gemm"][0], s["elementwise"][0]
+        # each distinct shape at its calibrated time, as the replay
+        t = sum(c * cm.gemm_time(*sh, f) for sh, c, f in s["gemm_shapes"])
+        t += sum(c * cm.elementwise_time(b) for b, c in s["elem_sizes"])
         t += s["copy"][1] / cm.bandwidth("copy") / cm.memory_scale + s["optimizer"][1] / cm.bandwidth("optimizer") / \
             cm.memory_scale
         t += cm.launch * (n_g + n_e + s["copy"][0] + s["optimizer"][0])
@@ -631,7 +566,6 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
     print(calibration_line(cluster))
     results = plan_all(a, cluster, bin_dir, use_batch, layouts)
-    rate_cards(a, cluster, bin_dir, use_batch, layouts, results)
     t_plan = time.time() - t0
     ranked, oom, refused = [], [], []
     for lay, (code, d) in zip(layouts, results):
@@ -733,34 +667,6 @@ def replay_all(cluster_path, requests, bin_dir, use_batch, jobs):
         return [_replay_job(w) for w in work]
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
         return list(pool.map(_replay_job, work))
-
-
-def rate_cards(a, cluster, bin_dir, use_batch, layouts, results):
-    """Digests from the totals alone (--plan-batch) know the GEMM FLOPs and elementwise bytes,
-    not their shapes: every layout with the same tensor degree, sequences per micro-batch and
-    checkpointing runs the same shapes (the data-parallel strategy, offload and stages do not
-    change them), so one of each group is planned with its ops and lends the group its
-    seconds per FLOP and per byte."""
-    groups = {}
-    for i, (lay, (code, d)) in enumerate(zip(layouts, results)):
-        if code in (0, 3) and d is not None and "gemm_shapes" not in d["stages"][0]:
-            groups.setdefault((lay.tp, lay.batch // lay.mb, lay.ckpt), []).append(i)
-    if not groups:
-        return
-    reps = [min(idx, key=lambda i: layouts[i].batch) for idx in groups.values()]  # the fewest micro-batches: fewest ops
-    got = run_plans([common_flags(a, cluster, a.gpus, layouts[i]) for i in reps], bin_dir, use_batch=use_batch,
-                    shapes=True)
-    cm = cluster["compute_model"]
-    for idx, (code, rep) in zip(groups.values(), got):
-        if code not in (0, 3) or rep is None:
-            continue
-        flops = sum(s["gemm"][1] for s in rep["stages"])
-        nbytes = sum(s["elementwise"][1] for s in rep["stages"])
-        tg = sum(c * cm.gemm_time(*sh, f) for s in rep["stages"] for sh, c, f in s["gemm_shapes"])
-        te = sum(c * cm.elementwise_time(b) for s in rep["stages"] for b, c in s["elem_sizes"])
-        card = (tg / flops if flops else 0.0, te / nbytes if nbytes else 0.0)
-        for i in idx:
-            results[i][1]["rate_card"] = card
 
 
 def print_table(ranked, replayed, top):

@@ -5,8 +5,10 @@ For a dozen configurations (DDP, every sharding, --tp, --pp with micro-batches a
 schedules, CPU offload, the optimizers, one the parser refuses, two that do not fit), the
 batch's schedule objects equal the files `--plan --schedule-json` writes (both parsed as
 JSON), its exit codes equal the single runs' (0, 2, 3), a refused line's error is the
-single run's message; --plan-batch-ops none equals all without the per-op rows; "totals"
-sums the ops; comments, blank lines and stdin; bad input is one line and exit 2.
+single run's message; --plan-batch-ops none equals all without the per-op rows, also where
+it plans a 1F1B pipeline of many micro-batches from three plans of fewer (and says so);
+"totals" sums the ops (GEMM shapes and elementwise sizes too); comments, blank lines and
+stdin; bad input is one line and exit 2.
 Run from anywhere (needs build/bin and scripts/mpi-env.sh's environment for MPI as root).
   BIN=/other/build/bin python3 tests/test_plan_batch.py
 """
@@ -49,7 +51,38 @@ CONFIGS = [  # (program, line)
     ("fsdp_perf", "--model t5-11.3b --world-size 8 --mem-limit-gib 1"),    # device: exit 3
     ("fsdp_perf", SMALL + " --cpu-offload params --host-mem-limit-gib 0.0001"),  # host: exit 3
     ("ddp_perf", "--model t5-11.3b --world-size 64 --tp 8 --pp 8 --batch 8 --micro-batches 8 --mem-limit-gib 1"),
+    # more than 3 m0 + 3 micro-batches: without ops, planned from m0 .. m0 + 2 (S + 2 under 1F1B, 4 under GPipe)
+    ("ddp_perf", SMALL.replace("--batch 4", "--batch 16") + " --pp 2 --micro-batches 16 --bucket-mb 4"),
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 32") + " --pp 2 --micro-batches 16"),
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 32") + " --pp 2 --micro-batches 32 --sharding optimizer-state "
+     "--cpu-offload optimizer --activation-checkpointing --dtype bf16"),
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 16") + " --tp 2 --pp 2 --micro-batches 16 --sharding hybrid "
+     "--shard-size 2 --grad-accumulation sharded --cpu-offload params"),
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 24") + " --pp 4 --micro-batches 24 --sharding grad-op "
+     "--optimizer adamw-8bit --mem-limit-gib 0.001"),                      # planned from fewer, exit 3
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 30") + " --pp 2 --micro-batches 15"),  # 15: planned directly
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 32") + " --pp 2 --micro-batches 32 --pp-schedule gpipe"),
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 64") + " --pp 4 --micro-batches 64 --pp-schedule gpipe "
+     "--activation-checkpointing --cpu-offload optimizer"),
+    # GPipe whose peak is not at the end of its forwards at 4 .. 6 micro-batches (the host
+    # copies' staging, checkpointing): the steeper line might pass it, so planned directly
+    ("fsdp_perf", SMALL.replace("--batch 4", "--batch 32") + " --pp 2 --micro-batches 32 --pp-schedule gpipe "
+     "--activation-checkpointing --sharding optimizer-state --cpu-offload optimizer"),
 ]
+DIRECT_GPIPE = {CONFIGS[-1][1]}
+LINE = "planned_from_micro_batches"  # only without ops (--plan-batch-ops none)
+
+
+def from_line(program, line):
+    """The micro-batch counts the plan without ops of `line` is extended from (plan.cpp's
+    plan_by_micro_batch_line), None where it is planned directly: S stages, m0 = S + 2 (1F1B)
+    or 4 (GPipe), more than 3 m0 + 3 micro-batches, and under GPipe a peak that grows with them
+    (not the lines of DIRECT_GPIPE)."""
+    w = line.split()
+    get = lambda flag, default: w[w.index(flag) + 1] if flag in w else default  # noqa: E731
+    S, M, gpipe = int(get("--pp", "1")), int(get("--micro-batches", "0")), get("--pp-schedule", "1f1b") == "gpipe"
+    m0 = 4 if gpipe else S + 2
+    return [m0, m0 + 1, m0 + 2] if S > 1 and M > 3 * m0 + 3 and line not in DIRECT_GPIPE else None
 
 
 def without_ops(schedule):
@@ -109,8 +142,14 @@ def main():
                 want = json.load(f)
             check(f"{name}: schedule = --schedule-json's file", got.get("schedule") == want,
                   [k for k in want if want.get(k) != got.get("schedule", {}).get(k)])
-            check(f"{name}: ops none = all without the ops", got_none.get("schedule") == without_ops(want)
-                  and got_none["exit"] == got["exit"] and "ops" not in got_none["schedule"])
+            none = dict(got_none.get("schedule", {}))
+            line_from = none.pop(LINE, None)
+            check(f"{name}: ops none = all without the ops", none == without_ops(want)
+                  and got_none["exit"] == got["exit"] and "ops" not in none,
+                  [k for k in want if k != "ops" and want.get(k) != none.get(k)])
+            expect = from_line(program, line)
+            check(f"{name}: ops none {f'extended from {expect} micro-batches' if expect else 'planned directly'}",
+                  line_from == expect and LINE not in want, line_from)
             stages = [st["ops"] for st in want["stages"]] if "stages" in want else [want["ops"]]
             totals = want["totals"]
             lane, cols = want["columns"].index("lane"), want["columns"]
@@ -125,6 +164,21 @@ def main():
                         "update_bytes": sum(r[3] for r in u), "copy_count": len(c), "update_count": len(u)}
             check(f"{name}: totals' host object sums the offload lanes, per stage",
                   all(t.get("host") == host_of(ops) for t, ops in zip(totals, stages)), [t.get("host") for t in totals])
+            def shapes_of(ops):  # the compute lane's GEMM shapes and elementwise sizes, as the totals give them
+                g, e, names, c = {}, {}, want["op_names"], {n: i for i, n in enumerate(cols)}
+                for r in ops:
+                    if r[lane] >= 100:
+                        continue
+                    if names[r[0]] == "gemm":
+                        key = tuple(r[c[k]] for k in ("m", "n", "k", "batch"))
+                        n, f = g.get(key, (0, 0))
+                        g[key] = (n + 1, f + r[4])
+                    elif names[r[0]] == "elementwise":
+                        e[r[3]] = e.get(r[3], 0) + 1
+                return [list(k) + [n, f] for k, (n, f) in sorted(g.items())], [[b, n] for b, n in sorted(e.items())]
+            check(f"{name}: totals' GEMM shapes and elementwise sizes count the ops, per stage",
+                  all([t["gemm_shapes"], t["elementwise_sizes"]] == list(shapes_of(ops)) for t, ops in zip(totals, stages)),
+                  [t["gemm_shapes"][:3] for t in totals])
             check(f"{name}: totals sum the ops, per stage", len(totals) == len(stages) and all(
                 t["ops"] == totals_of(ops, want["op_names"], want["axis_names"]) and
                 t["gemm_flops"] == sum(r[4] for r in ops if want["op_names"][r[0]] == "gemm")

@@ -141,7 +141,7 @@ struct Micro {
   float* head_rstd = nullptr;     // [Nd] (fp32)
   Buf logits;                     // [Nd, V]; holds dlogits after the Head forward
   std::vector<std::vector<void*>> saved;  // per piece: what its forward allocated
-  std::vector<BlockState> block_state;    // per piece (blocks only)
+  std::vector<BlockState> block_state;    // per piece this stage runs (blocks only), from part.first
   std::vector<bool> forwarded;            // per piece: saved state is live
   std::vector<void*> received;            // what the previous pipeline stage sent (its first
                                           // local piece's inputs), freed by that piece's backward
@@ -209,7 +209,7 @@ struct T5Step::Impl {
     micro.resize(size_t(part.micro_batches));
     for (Micro& m : micro) {
       m.saved.resize(pieces.size());
-      m.block_state.resize(pieces.size());
+      m.block_state.resize(size_t(part.last - part.first));
       m.forwarded.assign(pieces.size(), false);
       m.hidden[0].assign(L + 1, Buf());
       m.hidden[1].assign(L + 1, Buf());
@@ -423,13 +423,13 @@ struct T5Step::Impl {
                           bias_stack >= 0 ? buckets[bias_stack] : nullptr, attn_shape(tq, tk, causal));
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
-      for (int bi = 0; bi < B; ++bi)  // scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
-        b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner,
-                       dkv, 0.f, a.probs + bi * ss, tk, int64_t(tq) * tk, H);
+      // per sequence bi: scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
+      b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, a.q, inner, dkv, a.k, inner, dkv, 0.f,
+                          a.probs, tk, int64_t(tq) * tk, H);
       b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(mb.bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
-      for (int bi = 0; bi < B; ++bi)  // ctx_bh [tq, dkv] = P_bh v_bh
-        b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk,
-                       a.v + bi * sk, inner, dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
+      // per sequence: ctx_bh [tq, dkv] = P_bh v_bh
+      b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, a.probs, tk, int64_t(tq) * tk, a.v, inner,
+                          dkv, 0.f, a.ctx, inner, dkv, H);
     }
     add_row_parallel(out, int64_t(B) * tq * d, p + "-attention output", [&](Buf dst, float beta) {  // out += ctx Wo^T
       b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, beta, dst, d);
@@ -469,23 +469,18 @@ struct T5Step::Impl {
     } else {
       const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
       const int64_t sp = int64_t(tq) * tk;
-      for (int bi = 0; bi < B; ++bi) {
-        // dP_bh [tq, tk] = dctx_bh v_bh^T
-        b.gemm_batched(false, true, tq, tk, dkv, 1.f, dctx + bi * sq, inner, dkv, a.v + bi * sk, inner,
-                       dkv, 0.f, ds + bi * ss, tk, sp, H);
-        // dv_bh [tk, dkv] = P_bh^T dctx_bh
-        b.gemm_batched(true, false, tk, dkv, tq, 1.f, a.probs + bi * ss, tk, sp, dctx + bi * sq, inner,
-                       dkv, 0.f, dv + bi * sk, inner, dkv, H);
-      }
+      // per sequence (each call writes its own outputs, so the order of the calls is free):
+      // dP_bh [tq, tk] = dctx_bh v_bh^T, dv_bh [tk, dkv] = P_bh^T dctx_bh
+      b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, dctx, inner, dkv, a.v, inner, dkv, 0.f, ds,
+                          tk, sp, H);
+      b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, a.probs, tk, sp, dctx, inner, dkv, 0.f, dv,
+                          inner, dkv, H);
       b.softmax_backward(ds, a.probs, with_bias ? dbias[bias_stack] : Buf(), B, H, tq, tk);  // ds = dS
-      for (int bi = 0; bi < B; ++bi) {
-        // dq_bh [tq, dkv] = dS_bh k_bh
-        b.gemm_batched(false, false, tq, dkv, tk, 1.f, ds + bi * ss, tk, sp, a.k + bi * sk, inner, dkv,
-                       0.f, dq + bi * sq, inner, dkv, H);
-        // dk_bh [tk, dkv] = dS_bh^T q_bh
-        b.gemm_batched(true, false, tk, dkv, tq, 1.f, ds + bi * ss, tk, sp, a.q + bi * sq, inner, dkv,
-                       0.f, dk + bi * sk, inner, dkv, H);
-      }
+      // dq_bh [tq, dkv] = dS_bh k_bh, dk_bh [tk, dkv] = dS_bh^T q_bh
+      b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, ds, tk, sp, a.k, inner, dkv, 0.f, dq, inner,
+                          dkv, H);
+      b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, ds, tk, sp, a.q, inner, dkv, 0.f, dk, inner,
+                          dkv, H);
     }
     b.gemm(true, false, inner, d, B * tq, 1.f, dq, inner, a.xn, d, 1.f, gq, d);  // dWq += dq^T xn
     ready(s, p + ".q");
@@ -664,8 +659,9 @@ struct T5Step::Impl {
       block_compute(mb, pi, W, st, out);
       release_all(tmp);
     } else {
-      mb.block_state[pi] = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
-      block_compute(mb, pi, W, mb.block_state[pi], out);
+      BlockState& st = mb.block_state[size_t(pi - part.first)];
+      st = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
+      block_compute(mb, pi, W, st, out);
     }
     mb.hidden[stack][s.layer + 1] = out;
   }
@@ -673,11 +669,12 @@ struct T5Step::Impl {
   void block_backward_piece(Micro& mb, int pi, CBuf W, Buf G) {
     const Piece& s = pieces[pi];
     const int stack = stack_of(s);
+    BlockState& st = mb.block_state[size_t(pi - part.first)];
     if (checkpointing) {  // recompute into the (identical) output still held by this piece
-      mb.block_state[pi] = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
-      block_compute(mb, pi, W, mb.block_state[pi], mb.hidden[stack][s.layer + 1]);
+      st = alloc_block(mb.saved[pi], MemCategory::Activations, stack);
+      block_compute(mb, pi, W, st, mb.hidden[stack][s.layer + 1]);
     }
-    block_backward(mb, pi, W, G, mb.block_state[pi]);
+    block_backward(mb, pi, W, G, st);
   }
 
   // ---------------------------------------------------------------- embedding, bridge, head

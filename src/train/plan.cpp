@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <sstream>
 
 #include "shardbench/core/check.h"
@@ -23,9 +24,17 @@ namespace {
 class PeakRecorder : public Recorder {
  public:
   void on_op(const OpEvent& e) override {
-    if (keep) schedule.push_back(e);
+    if (!recording) return;
+    totals.add(e);
+    if (keep_ops) schedule.push_back(e);
   }
-  bool keep = false;
+  void on_ops(const OpEvent& e, int times) override {
+    if (!recording) return;
+    totals.add(e, times);
+    if (keep_ops) schedule.insert(schedule.end(), size_t(times), e);
+  }
+  bool recording = false, keep_ops = true;
+  PlanTotals totals;
   std::vector<OpEvent> schedule;
   void on_memory(double, const MemBytes& cur) override {
     int64_t total = 0;
@@ -45,14 +54,36 @@ class PeakRecorder : public Recorder {
 
 }  // namespace
 
+// Integers throughout: a GEMM's FLOPs (2 m n k batch) are one, and a step's sum can pass
+// 2^53, where a double would round.
+void PlanTotals::add(const OpEvent& e, int times) {
+  const int k = int(e.kind), a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
+  count[k][a] += times;
+  bytes[k][a] += e.bytes * times;
+  if (a) sent[k][a] += bytes_sent(e) * times;
+  if (e.kind == OpKind::Gemm) gemm_flops += int64_t(e.flops) * times;
+  if (e.kind == OpKind::Copy && (e.lane == kCopyH2DLane || e.lane == kCopyD2HLane))
+    copies += times, (e.lane == kCopyH2DLane ? h2d : d2h) += e.bytes * times;
+  if (e.kind == OpKind::Optimizer && e.lane == kHostLane) updates += times, update += e.bytes * times;
+  if (e.lane >= kHostLane) return;  // the shapes: of the device's compute
+  if (e.kind == OpKind::Gemm) {
+    auto& [n, flops] = gemm_shapes[{e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3]}];
+    n += times;
+    flops += int64_t(e.flops) * times;
+  } else if (e.kind == OpKind::Elementwise) {
+    elementwise_sizes[e.bytes] += times;
+  }
+}
+
 namespace {
 
 // ops_hint: the schedule's expected length (the previous stage's), reserved up front.
-StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t ops_hint) {
+StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t ops_hint, bool with_ops) {
   StagePlan p;
   auto backend = make_counting_backend();
   PeakRecorder rec;
-  rec.schedule.reserve(ops_hint);
+  rec.keep_ops = with_ops;
+  if (with_ops) rec.schedule.reserve(ops_hint);
   backend->set_recorder(&rec);
   Mesh mesh = Mesh::planned(layout);
   {
@@ -63,10 +94,11 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t 
     for (size_t u = 0; u < model.units().size(); ++u)
       if (model.holds_unit(int(u))) p.units.push_back(int(u)), p.params += model.units()[u].numel;
     const double before = counted_gemm_flops(*backend);
-    rec.keep = true;
+    rec.recording = true;
     strategy->step(1, Tokens{});  // the counting backend needs no tokens: nothing grows with the shapes
-    rec.keep = false;
+    rec.recording = false;
     p.counted_flops = counted_gemm_flops(*backend) - before;
+    p.totals = std::move(rec.totals);
     p.schedule = std::move(rec.schedule);
   }
   SB_ASSERT(backend->mem_total_current() == 0, "the plan's schedule leaked memory");
@@ -79,14 +111,10 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t 
   p.host_at_peak = rec.host_at_peak;
   return p;
 }
-}  // namespace
 
-MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
-  MemoryPlan plan;
-  plan.layout = layout.at_rank(0);
-  for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
-    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
-                                     s ? plan.stages.back().schedule.size() + 64 : 0));
+// The worst stages and their figures (every rank's limit is the same).
+void pick_worst_stages(MemoryPlan& plan) {
+  plan.worst_stage = plan.worst_host_stage = 0;
   for (int s = 0; s < plan.layout.pp; ++s) {
     if (plan.stages[size_t(s)].peak_total > plan.stages[size_t(plan.worst_stage)].peak_total) plan.worst_stage = s;
     if (plan.stages[size_t(s)].host_peak_total > plan.stages[size_t(plan.worst_host_stage)].host_peak_total)
@@ -101,7 +129,126 @@ MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout) {
   plan.host_at_peak = worst_host.host_at_peak;
   plan.host_peak_total = worst_host.host_peak_total;
   plan.counted_flops = plan.stages[0].counted_flops;
+}
+
+MemoryPlan plan_directly(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops) {
+  MemoryPlan plan;
+  plan.layout = layout.at_rank(0);
+  for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
+    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
+                                     s ? plan.stages.back().schedule.size() + 64 : 0, with_ops));
+  pick_worst_stages(plan);
   return plan;
+}
+
+// Every integer of a stage's plan without its ops, visited in the same order in `n` plans:
+// f gets the n addresses of one figure. False where the plans' maps differ in their keys
+// (a GEMM shape or an elementwise size one of them lacks).
+template <size_t n, typename F>
+bool each_figure(const std::array<StagePlan*, n>& p, F f) {
+  std::array<int64_t*, n> v;
+  auto figure = [&](auto get) {
+    for (size_t i = 0; i < n; ++i) v[i] = &get(*p[i]);
+    f(v);
+  };
+  for (size_t c = 0; c < size_t(kMemCategories); ++c) {
+    figure([c](StagePlan& s) -> int64_t& { return s.peak[c]; });
+    figure([c](StagePlan& s) -> int64_t& { return s.at_peak[c]; });
+    figure([c](StagePlan& s) -> int64_t& { return s.host_peak[c]; });
+    figure([c](StagePlan& s) -> int64_t& { return s.host_at_peak[c]; });
+  }
+  figure([](StagePlan& s) -> int64_t& { return s.peak_total; });
+  figure([](StagePlan& s) -> int64_t& { return s.host_peak_total; });
+  for (int k = 0; k < PlanTotals::kKinds; ++k)
+    for (int a = 0; a < PlanTotals::kSlots; ++a) {
+      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.count[k][a]; });
+      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.bytes[k][a]; });
+      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.sent[k][a]; });
+    }
+  for (int64_t PlanTotals::*m : {&PlanTotals::h2d, &PlanTotals::d2h, &PlanTotals::update, &PlanTotals::copies,
+                                 &PlanTotals::updates, &PlanTotals::gemm_flops})
+    figure([m](StagePlan& s) -> int64_t& { return s.totals.*m; });
+  auto same_keys = [](const auto& x, const auto& y) {
+    return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
+                                              [](const auto& l, const auto& r) { return l.first == r.first; });
+  };
+  for (size_t i = 1; i < n; ++i)
+    if (!same_keys(p[i]->totals.gemm_shapes, p[0]->totals.gemm_shapes) ||
+        !same_keys(p[i]->totals.elementwise_sizes, p[0]->totals.elementwise_sizes))
+      return false;
+  std::array<decltype(p[0]->totals.gemm_shapes.begin()), n> g;
+  for (size_t i = 0; i < n; ++i) g[i] = p[i]->totals.gemm_shapes.begin();
+  for (size_t j = 0; j < p[0]->totals.gemm_shapes.size(); ++j) {
+    for (size_t i = 0; i < n; ++i) v[i] = &g[i]->second.first;
+    f(v);
+    for (size_t i = 0; i < n; ++i) v[i] = &(g[i]++)->second.second;
+    f(v);
+  }
+  std::array<decltype(p[0]->totals.elementwise_sizes.begin()), n> e;
+  for (size_t i = 0; i < n; ++i) e[i] = p[i]->totals.elementwise_sizes.begin();
+  for (size_t j = 0; j < p[0]->totals.elementwise_sizes.size(); ++j) {
+    for (size_t i = 0; i < n; ++i) v[i] = &(e[i]++)->second;
+    f(v);
+  }
+  return true;
+}
+
+// A pipeline's plan without its ops, at M micro-batches, from its plans at m0, m0 + 1 and
+// m0 + 2 micro-batches of the same size: m0 = S + 2 under 1F1B (S stages; every stage then
+// runs a forward-backward pair past its first and before its last), 4 under GPipe (a
+// micro-batch besides the first and the last). Each figure (peaks per category, op counts
+// and bytes, FLOPs) is then a + (M - m0) (b - a); the three plans must agree on that line
+// (c - b = b - a for every figure), else the plan is made directly. Why a line:
+// - 1F1B: past its warm-up (S - 1 - s forwards on stage s) a stage runs the same
+//   forward-backward pair for every further micro-batch with the same micro-batches in
+//   flight, so a pair adds the same ops, and what grows with M is only what each micro-batch
+//   holds for the whole step (its tokens): every moment's memory grows alike.
+// - GPipe: all forwards, then all backwards. A moment's memory grows by the tokens, plus
+//   one micro-batch's saved activations where the micro-batches in flight grow with M (the
+//   end of the forwards, the first backwards). The peak is the larger of two lines, so the
+//   extension holds only when the peak already sits on the steeper one: its activations
+//   grow from plan to plan, on every stage; else the plan is made directly.
+// tests/test_plan_batch.py compares both with the direct plan. Empty when it does not apply
+// (no pipeline, or three plans would cost more than the direct one).
+std::optional<MemoryPlan> plan_by_micro_batch_line(const RunConfig& cfg, const ParallelLayout& layout) {
+  const bool gpipe = cfg.strategy.pp_schedule == PipeSchedule::GPipe;
+  const int S = layout.pp, M = cfg.strategy.micro_batches, m0 = gpipe ? 4 : S + 2;
+  if (S < 2 || M <= 3 * m0 + 3) return std::nullopt;
+  const int64_t size = cfg.shape.batch / M;  // sequences per micro-batch (the batch divides: parse_options)
+  std::array<MemoryPlan, 3> at;
+  for (int i = 0; i < 3; ++i) {
+    RunConfig c = cfg;  // the same split of the stages: cfg.split is kept
+    c.strategy.micro_batches = m0 + i;
+    c.shape.batch = size * (m0 + i);
+    at[size_t(i)] = plan_directly(c, layout, false);
+  }
+  MemoryPlan plan = std::move(at[0]);
+  constexpr size_t kAct = size_t(MemCategory::Activations);
+  for (size_t s = 0; s < plan.stages.size(); ++s) {
+    if (gpipe && at[1].stages[s].at_peak[kAct] <= plan.stages[s].at_peak[kAct])
+      return std::nullopt;  // the peak on the flatter line: the steeper one may pass it at M
+    StagePlan out = plan.stages[s];
+    bool on_line = true;
+    const bool same_shapes = each_figure<4>({&plan.stages[s], &at[1].stages[s], &at[2].stages[s], &out},
+                                            [&](const std::array<int64_t*, 4>& v) {
+      const int64_t step = *v[1] - *v[0];
+      if (*v[2] - *v[1] != step) on_line = false;
+      *v[3] = *v[0] + int64_t(M - m0) * step;
+    });
+    if (!same_shapes || !on_line) return std::nullopt;
+    out.counted_flops = double(out.totals.gemm_flops);
+    plan.stages[s] = std::move(out);
+  }
+  pick_worst_stages(plan);
+  plan.line_micro_batches = {m0, m0 + 1, m0 + 2};
+  return plan;
+}
+}  // namespace
+
+MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops) {
+  if (!with_ops)
+    if (std::optional<MemoryPlan> plan = plan_by_micro_batch_line(cfg, layout)) return std::move(*plan);
+  return plan_directly(cfg, layout, with_ops);
 }
 
 void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit) {
@@ -268,42 +415,44 @@ void append_real(std::string& out, double v, const char* separator) {
 }
 
 // "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
-// (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives) and the
-// GEMM FLOPs, so an estimate need not read the ops; under CPU offload "host": the bytes and
-// counts of the ops on the offload lanes (uploads, downloads, the CPU update). One line.
+// (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives), the
+// GEMM FLOPs, the compute lane's distinct GEMM shapes ([m, n, k, batch, count, FLOPs]) and
+// elementwise sizes ([bytes, count]), so an estimate need not read the ops; under CPU
+// offload "host": the bytes and counts of the ops on the offload lanes (uploads, downloads,
+// the CPU update). One line.
 void append_totals(std::string& f, const MemoryPlan& p) {
-  constexpr int kKinds = int(OpKind::kCount), kSlots = kAxes + 1;  // slot 0: no axis
   appendf(f, "  \"totals\": [");
   for (size_t s = 0; s < p.stages.size(); ++s) {
-    int64_t count[kKinds][kSlots] = {}, bytes[kKinds][kSlots] = {}, sent[kKinds][kSlots] = {};
-    int64_t h2d = 0, d2h = 0, update = 0, copies = 0, updates = 0;  // CPU offload's lanes
-    double gemm_flops = 0;
-    for (const OpEvent& e : p.stages[s].schedule) {
-      const int k = int(e.kind), a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
-      ++count[k][a];
-      bytes[k][a] += e.bytes;
-      if (a) sent[k][a] += bytes_sent(e);
-      if (e.kind == OpKind::Gemm) gemm_flops += e.flops;
-      if (e.kind == OpKind::Copy && (e.lane == kCopyH2DLane || e.lane == kCopyD2HLane))
-        ++copies, (e.lane == kCopyH2DLane ? h2d : d2h) += e.bytes;
-      if (e.kind == OpKind::Optimizer && e.lane == kHostLane) ++updates, update += e.bytes;
-    }
-    appendf(f, "%s{\"gemm_flops\": %.17g, ", s ? ", " : "", gemm_flops);
-    if (copies || updates)  // what of the ops below runs on the offload lanes (101, 102, 100)
+    const PlanTotals& t = p.stages[s].totals;
+    appendf(f, "%s{\"gemm_flops\": %lld, ", s ? ", " : "", (long long)t.gemm_flops);
+    if (t.copies || t.updates)  // what of the ops below runs on the offload lanes (101, 102, 100)
       appendf(f, "\"host\": {\"h2d_bytes\": %lld, \"d2h_bytes\": %lld, \"update_bytes\": %lld, \"copy_count\": %lld, "
-              "\"update_count\": %lld}, ", (long long)h2d, (long long)d2h, (long long)update, (long long)copies,
-              (long long)updates);
-    appendf(f, "\"ops\": {");
+              "\"update_count\": %lld}, ", (long long)t.h2d, (long long)t.d2h, (long long)t.update, (long long)t.copies,
+              (long long)t.updates);
+    appendf(f, "\"gemm_shapes\": [");
+    bool first = true;
+    for (const auto& [shape, v] : t.gemm_shapes) {
+      appendf(f, "%s[%d, %d, %d, %d, %lld, %lld]", first ? "" : ", ", shape[0], shape[1], shape[2], shape[3],
+              (long long)v.first, (long long)v.second);
+      first = false;
+    }
+    appendf(f, "], \"elementwise_sizes\": [");
+    first = true;
+    for (const auto& [size, n] : t.elementwise_sizes) {
+      appendf(f, "%s[%lld, %lld]", first ? "" : ", ", (long long)size, (long long)n);
+      first = false;
+    }
+    appendf(f, "], \"ops\": {");
     bool first_kind = true;
-    for (int k = 0; k < kKinds; ++k) {
+    for (int k = 0; k < PlanTotals::kKinds; ++k) {
       bool first_axis = true;
-      for (int a = 0; a < kSlots; ++a) {
-        if (!count[k][a]) continue;
+      for (int a = 0; a < PlanTotals::kSlots; ++a) {
+        if (!t.count[k][a]) continue;
         if (first_axis) appendf(f, "%s\"%s\": {", first_kind ? "" : ", ", op_kind_name(OpKind(k)));
         appendf(f, "%s\"%s\": {\"count\": %lld, \"bytes\": %lld", first_axis ? "" : ", ",
-                a ? axis_name(Axis(a - 1)) : "none", (long long)count[k][a], (long long)bytes[k][a]);
+                a ? axis_name(Axis(a - 1)) : "none", (long long)t.count[k][a], (long long)t.bytes[k][a]);
         first_kind = first_axis = false;
-        if (a) appendf(f, ", \"sent_bytes\": %lld", (long long)sent[k][a]);
+        if (a) appendf(f, ", \"sent_bytes\": %lld", (long long)t.sent[k][a]);
         appendf(f, "}");
       }
       if (!first_axis) appendf(f, "}");
@@ -401,9 +550,13 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
     appendf(f, "  ]");
   }
   if (p.stages.size() > 1) {
-    appendf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n"
-                 "  \"stages\": [\n", cfg.strategy.micro_batches, pipe_schedule_name(cfg.strategy.pp_schedule),
-                 pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
+    appendf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n",
+            cfg.strategy.micro_batches, pipe_schedule_name(cfg.strategy.pp_schedule),
+            pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
+    if (!p.line_micro_batches.empty())  // planned from fewer micro-batches (plan_by_micro_batch_line)
+      appendf(f, "  \"planned_from_micro_batches\": [%d, %d, %d],\n", p.line_micro_batches[0], p.line_micro_batches[1],
+              p.line_micro_batches[2]);
+    appendf(f, "  \"stages\": [\n");
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StagePlan& st = p.stages[s];
       // first_stage / last_stage: the stage's pieces [first, last) (the schema's names, kept).

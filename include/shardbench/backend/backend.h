@@ -17,6 +17,7 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
+#include <memory_resource>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -116,6 +117,10 @@ class Recorder {
  public:
   virtual ~Recorder() = default;
   virtual void on_op(const OpEvent& e) = 0;
+  // `times` identical operations in a row (the counting backend's gemm_batched_each).
+  virtual void on_ops(const OpEvent& e, int times) {
+    for (int i = 0; i < times; ++i) on_op(e);
+  }
   virtual void on_memory(double t, const MemBytes& current) = 0;
   virtual void on_host_memory(double t, const MemBytes& current) {}
 };
@@ -441,6 +446,18 @@ class Backend {
   virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A,
                             int lda, int64_t stride_a, CBuf B, int ldb, int64_t stride_b, float beta,
                             Buf C, int ldc, int64_t stride_c, int batch) = 0;
+  // `count` such calls in a row, the i-th with A, B and C advanced by i x step_a, step_b,
+  // step_c elements: unfused attention's loop over a micro-batch's sequences (a sequence's
+  // heads sit at column offsets, so no single stride spans sequences and heads). The loop
+  // itself here; the counting backend records the calls without issuing each one.
+  virtual void gemm_batched_each(int count, int64_t step_a, int64_t step_b, int64_t step_c, bool trans_a,
+                                 bool trans_b, int M, int N, int K, float alpha, CBuf A, int lda, int64_t stride_a,
+                                 CBuf B, int ldb, int64_t stride_b, float beta, Buf C, int ldc, int64_t stride_c,
+                                 int batch) {
+    for (int i = 0; i < count; ++i)
+      gemm_batched(trans_a, trans_b, M, N, K, alpha, A + i * step_a, lda, stride_a, B + i * step_b, ldb, stride_b,
+                   beta, C + i * step_c, ldc, stride_c, batch);
+  }
   // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
   // An id of -1 (a token another tensor-parallel rank's rows hold) gives a zero row.
   virtual void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) = 0;
@@ -614,7 +631,9 @@ class Backend {
   };
   // One memory ledger: the device's (alloc) or the host's (alloc_host).
   struct Ledger {
-    std::unordered_map<void*, Allocation> allocations;
+    // The map's entries come and go by the thousand per step: from a pool, not malloc.
+    std::pmr::unsynchronized_pool_resource pool;
+    std::pmr::unordered_map<void*, Allocation> allocations{&pool};
     MemBytes current{}, peak{};
     int64_t peak_total = 0;
     int64_t total() const;

@@ -2,7 +2,10 @@
 // of the layout's world, and under pipeline parallelism for the first rank of every stage
 // (the stages hold different parts of the model); nothing is allocated or computed.
 #pragma once
+#include <array>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardbench/backend/backend.h"
@@ -10,6 +13,21 @@
 #include "shardbench/train/options.h"
 
 namespace sb {
+
+// One stage's step summed as its ops are issued (the schedule JSON's "totals"), so a plan
+// asked without its ops keeps no schedule: by kind and mesh axis (slot 0: none) the count,
+// bytes and bytes sent; the offload lanes' copies and host update; the compute lane's
+// distinct GEMM shapes (m, n, k, batch: count, FLOPs) and elementwise sizes (bytes: count),
+// a few dozen each, so an estimate can cost each shape as the replay does.
+struct PlanTotals {
+  static constexpr int kKinds = int(OpKind::kCount), kSlots = kAxes + 1;
+  int64_t count[kKinds][kSlots] = {}, bytes[kKinds][kSlots] = {}, sent[kKinds][kSlots] = {};
+  int64_t h2d = 0, d2h = 0, update = 0, copies = 0, updates = 0;
+  int64_t gemm_flops = 0;
+  std::map<std::array<int32_t, 4>, std::pair<int64_t, int64_t>> gemm_shapes;
+  std::map<int64_t, int64_t> elementwise_sizes;
+  void add(const OpEvent& e, int times = 1);
+};
 
 // One pipeline stage's plan (the whole step without --pp).
 struct StagePlan {
@@ -23,7 +41,8 @@ struct StagePlan {
   std::vector<int> units;       // the units it holds (those its pieces use)
   int64_t params = 0;           // parameters it holds (a tensor-parallel rank's part)
   double counted_flops = 0;     // GEMM FLOPs of one step, as the schedule issues them
-  std::vector<OpEvent> schedule;  // GEMMs, collectives, waits, optimizer of one step, in order
+  PlanTotals totals;             // of one step
+  std::vector<OpEvent> schedule;  // GEMMs, collectives, waits, optimizer of one step, in order (with ops)
 };
 
 struct MemoryPlan {
@@ -43,12 +62,15 @@ struct MemoryPlan {
   int worst_host_stage = 0;
   int64_t host_limit = 0;       // bytes
   double counted_flops = 0;     // stage 0's (the whole step's without --pp); its schedule: stages[0].schedule
+  std::vector<int> line_micro_batches;  // the micro-batch counts it was extended from (plan.cpp); empty: planned directly
   bool device_fits() const { return peak_total <= limit; }
   bool host_fits() const { return host_peak_total <= host_limit; }
   bool fits() const { return device_fits() && host_fits(); }  // out-of-memory (exit 3) otherwise
 };
 
-MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout);
+// with_ops false: the stages' schedules are left empty (their totals are kept), and a 1F1B
+// pipeline of many micro-batches is planned from three plans of fewer (plan.cpp says how).
+MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops = true);
 // The limits the plan is judged against: --mem-limit-gib and --host-mem-limit-gib, or the
 // defaults given (the device's free memory, else the host's share; the host's share).
 void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit);
