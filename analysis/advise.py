@@ -36,6 +36,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -247,24 +248,36 @@ def run_plans(requests, bin_dir, full=False, jobs=2, use_batch=None):
 
 def _batch(program, lines, bin_dir, full):
     """[(exit, digest or schedule)] of `program --plan-batch -`: the totals alone for the
-    digest (--plan-batch-ops none), every op for the replay (`full`)."""
+    digest (--plan-batch-ops none), every op for the replay (`full`). Each line is read and
+    digested as the program writes it, while it plans the next."""
     if not lines:
         return []
     cmd = [os.path.join(bin_dir, program), "--plan-batch", "-", "--plan-batch-ops", "all" if full else "none"]
-    p = subprocess.run(cmd, input="".join(" ".join(f) + "\n" for f in lines), capture_output=True, text=True)
-    rows = [json.loads(x) for x in p.stdout.splitlines() if x.strip()]
-    if len(rows) != len(lines):
-        raise AdviseError(f"{program} --plan-batch answered {len(rows)} of {len(lines)} lines: {p.stderr.strip()[-300:]}")
+    p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err = []
+    feeders = [threading.Thread(target=lambda: (p.stdin.write("".join(" ".join(f) + "\n" for f in lines)),
+                                                p.stdin.close())),
+               threading.Thread(target=lambda: err.append(p.stderr.read()))]
+    for t in feeders:
+        t.start()
     out = []
-    for row in rows:
+    for text in p.stdout:
+        if not text.strip():
+            continue
+        row = json.loads(text)
         code = row["exit"]
         if code == 2:
             out.append((2, row.get("error", "refused")))
         elif code in (0, 3):
-            sched = row["schedule"]
-            out.append((code, sched if full else digest(sched)))
+            out.append((code, row["schedule"] if full else digest(row["schedule"])))
         else:
             out.append((1, row.get("error", f"exit {code}")))
+    p.wait()
+    for t in feeders:
+        t.join()
+    if len(out) != len(lines):
+        raise AdviseError(f"{program} --plan-batch answered {len(out)} of {len(lines)} lines: "
+                          f"{''.join(err).strip()[-300:]}")
     return out
 
 

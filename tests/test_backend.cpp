@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
 #include "attention_expect.h"
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/half.h"
+#include "shardbench/core/pointer_map.h"
 
 using namespace sb;
 
@@ -586,4 +588,42 @@ TEST(CountingBackend, CopiesAndHostComputeInTheSchedule) {
   b->release_host(host);
   b->release(dev);
   b->set_recorder(nullptr);
+}
+
+// The ledgers' map against std::unordered_map through random inserts and removals: keys
+// that collide on purpose (strides of a power of two), chains that wrap around the table,
+// growth, removals from the middle of chains.
+TEST(PointerMap, AgreesWithUnorderedMap) {
+  PointerMap<int64_t> map;
+  std::unordered_map<const void*, int64_t> want;
+  uint64_t state = 12345;
+  auto rnd = [&]() { return state = state * 6364136223846793005ull + 1442695040888963407ull, state >> 33; };
+  for (int i = 0; i < 200000; ++i) {
+    const void* key = reinterpret_cast<const void*>(uintptr_t(4096 + (rnd() % 3000) * (i % 3 ? 64 : 1 << 20)));
+    if (rnd() % 3) {
+      const bool fresh = want.emplace(key, int64_t(i)).second;
+      ASSERT_EQ(map.insert(key, int64_t(i)), fresh);
+    } else {
+      int64_t got = -1;
+      const auto it = want.find(key);
+      ASSERT_EQ(map.take(key, &got), it != want.end());
+      if (it != want.end()) {
+        EXPECT_EQ(got, it->second);
+        want.erase(it);
+      }
+    }
+    ASSERT_EQ(map.size(), want.size());
+  }
+  for (const auto& [k, v] : want) {
+    const int64_t* got = map.find(k);
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(*got, v);
+  }
+  size_t seen = 0;
+  map.for_each([&](const void* k, int64_t v) {
+    ++seen;
+    EXPECT_EQ(want.at(k), v);
+  });
+  EXPECT_EQ(seen, want.size());
+  EXPECT_EQ(map.find(reinterpret_cast<const void*>(uintptr_t(8))), nullptr);
 }

@@ -251,18 +251,18 @@ void Backend::untrack_host(void* p) { untrack(host_, p); }
 
 std::vector<void*> Backend::tracked() const {
   std::vector<void*> v;
-  for (const auto& [p, a] : device_.allocations) v.push_back(p);
+  device_.allocations.for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
   return v;
 }
 
 std::vector<void*> Backend::tracked_host() const {
   std::vector<void*> v;
-  for (const auto& [p, a] : host_.allocations) v.push_back(p);
+  host_.allocations.for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
   return v;
 }
 
 void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
-  const bool fresh = l.allocations.emplace(p, Allocation{bytes, cat}).second;  // one look-up
+  const bool fresh = l.allocations.insert(p, Allocation{bytes, cat});
   SB_ASSERT(fresh, "an address allocated twice");
   const int c = int(cat);
   l.current[c] += int64_t(bytes);
@@ -272,13 +272,13 @@ void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
 }
 
 void Backend::untrack(Ledger& l, void* p) {
-  auto it = l.allocations.find(p);
-  SB_ASSERT(it != l.allocations.end(), &l == &host_ ? "release_host of a pointer the backend did not allocate"
-                                                     : "release of a pointer the backend did not allocate");
-  const int c = int(it->second.cat);
-  l.current[c] -= int64_t(it->second.bytes);
+  Allocation a;
+  const bool ours = l.allocations.take(p, &a);  // one look-up
+  SB_ASSERT(ours, &l == &host_ ? "release_host of a pointer the backend did not allocate"
+                               : "release of a pointer the backend did not allocate");
+  const int c = int(a.cat);
+  l.current[c] -= int64_t(a.bytes);
   SB_ASSERT(l.current[c] >= 0, "memory accounting went negative");
-  l.allocations.erase(it);
   notify(l);
 }
 

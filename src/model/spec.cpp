@@ -227,6 +227,20 @@ struct UnitBuilder {
 };
 }  // namespace
 
+std::shared_ptr<const std::vector<UnitSpec>> shared_model_units(const ModelSpec& s, TensorPartition tp) {
+  struct Entry {
+    ModelSpec spec;
+    TensorPartition tp;
+    std::shared_ptr<const std::vector<UnitSpec>> units;
+  };
+  static std::vector<Entry> recent;  // the last few, newest last
+  for (const Entry& e : recent)
+    if (e.spec == s && e.tp.size == tp.size && e.tp.rank == tp.rank) return e.units;
+  if (recent.size() == 8) recent.erase(recent.begin());
+  recent.push_back({s, tp, std::make_shared<const std::vector<UnitSpec>>(model_units(s, tp))});
+  return recent.back().units;
+}
+
 std::vector<UnitSpec> model_units(const ModelSpec& s, TensorPartition tp) {
   SB_ASSERT(tp.size >= 1 && tp.rank >= 0 && tp.rank < tp.size, "bad tensor-parallel rank");
   if (tp.size > 1) check_tensor_parallel(s, tp.size);

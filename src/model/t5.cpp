@@ -161,7 +161,8 @@ struct T5Step::Impl {
   PipelinePart part;  // [part.first, part.last) of pieces, part.micro_batches
   T5Step::GradReadyHook grad_ready;
   T5Step::GroupSumHook* sum_hook = nullptr;  // --check's lockstep only
-  std::vector<UnitSpec> units;
+  std::shared_ptr<const std::vector<UnitSpec>> shared_units;  // the model's, built once (shared_model_units)
+  const std::vector<UnitSpec>& units;
   std::vector<Piece> pieces;
 
   // This rank's part under tensor parallelism: H heads, ff of d_ff, V vocabulary rows from
@@ -187,7 +188,7 @@ struct T5Step::Impl {
   Impl(const ModelSpec& s, Backend& be, DType dt, const StepShape& x, bool ckpt, float gs, AttentionImpl at,
        TensorGroup g, PipelinePart pp)
       : b(be), dtype(dt), spec(s), shape(x), checkpointing(ckpt), grad_scale(gs), attention(at), tp(g), part(pp),
-        units((validate(s), model_units(s, {g.size, g.rank}))) {
+        shared_units((validate(s), shared_model_units(s, {g.size, g.rank}))), units(*shared_units) {
     SB_ASSERT(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size), "a tensor-parallel group needs its communicator");
     SB_ASSERT(x.batch > 0 && x.enc_len > 0 && x.dec_len > 0, "step shape must be positive");
     SB_ASSERT(s.num_buckets >= 4 && s.max_distance > s.num_buckets / 2,

@@ -17,10 +17,11 @@
 #include <functional>
 #include <initializer_list>
 #include <memory>
-#include <memory_resource>
 #include <string>
 #include <unordered_map>
 #include <vector>
+
+#include "shardbench/core/pointer_map.h"
 
 namespace sb {
 
@@ -631,9 +632,7 @@ class Backend {
   };
   // One memory ledger: the device's (alloc) or the host's (alloc_host).
   struct Ledger {
-    // The map's entries come and go by the thousand per step: from a pool, not malloc.
-    std::pmr::unsynchronized_pool_resource pool;
-    std::pmr::unordered_map<void*, Allocation> allocations{&pool};
+    PointerMap<Allocation> allocations;
     MemBytes current{}, peak{};
     int64_t peak_total = 0;
     int64_t total() const;

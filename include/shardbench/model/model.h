@@ -6,6 +6,7 @@
 // (wi_0, wi_1, wo), and the LM head is `shared` itself (tied) or a matrix of its own.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,12 @@ struct ModelSpec {
 
   int64_t inner() const { return heads * d_kv; }  // width of Q, K, V
 };
+// Every field (a field added above belongs here too).
+inline bool operator==(const ModelSpec& a, const ModelSpec& b) {
+  return a.name == b.name && a.d_model == b.d_model && a.d_ff == b.d_ff && a.layers == b.layers &&
+         a.heads == b.heads && a.d_kv == b.d_kv && a.vocab == b.vocab && a.num_buckets == b.num_buckets &&
+         a.max_distance == b.max_distance && a.ffn == b.ffn && a.tie_embeddings == b.tie_embeddings;
+}
 
 // Presets: t5-611m, t5-2.28b, t5-11.3b (the published study), t5-tiny, t5-small (tests,
 // demos), and Hugging Face's T5 v1.1 and Flan-T5 configurations (t5-v1_1-small ... -xxl,
@@ -100,6 +107,9 @@ struct UnitSpec {
 // The units as rank `tp.rank` of a tensor-parallel group of `tp.size` holds them (the whole
 // model by default). Unit and tensor order do not depend on the partition.
 std::vector<UnitSpec> model_units(const ModelSpec& spec, TensorPartition tp = {});
+// The same, shared: built once per model and partition of the last few asked (a memory plan
+// builds a model per pipeline stage, thousands of times in a --plan-batch). Not thread-safe.
+std::shared_ptr<const std::vector<UnitSpec>> shared_model_units(const ModelSpec& spec, TensorPartition tp = {});
 
 // THE parameter count: sum of every unit's numel (agrees with Hugging Face's T5).
 int64_t param_count(const ModelSpec& spec);
