@@ -211,7 +211,7 @@ def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
     import advise
     cluster = load_cluster(A100)
     bin_dir = binary_dir or os.path.join(ROOT, "build", "bin")
-    errors, agree = [], 0
+    errors, agree, picks = [], 0, 0
     for model, n, gb, per_scenario in scenarios:
         class A:  # the command line advise.common_flags reads
             pass
@@ -242,13 +242,18 @@ def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
         agree += w_est == w_full
         full_of = {name: f for name, _, f in rows}
         loss = full_of[w_est] / full_of[w_full] - 1  # the estimate's pick, replayed, against the replay's best
+        # The advisor's recommendation: the replay's fastest of the estimate's top 10.
+        pick = min(sorted(rows, key=lambda r: r[1])[:10], key=lambda r: r[2])[0]
+        picks += full_of[pick] == full_of[w_full]
         print(f"== {model} on {n} GPUs, global batch {gb}: {len(rows)} layouts, error median "
               f"{errs[len(errs) // 2] * 100:.1f} %, max {errs[-1] * 100:.1f} %; fastest: estimate {w_est}, replay "
-              f"{w_full}{' (agree)' if w_est == w_full else f' (the estimate pick replays {loss * 100:.1f} % slower)'}",
-              flush=True)
+              f"{w_full}{' (agree)' if w_est == w_full else f' (the estimate pick replays {loss * 100:.1f} % slower)'}; "
+              f"the advisor's pick (the replay's fastest of the estimate's top 10) {pick}: "
+              f"{'the fastest' if full_of[pick] == full_of[w_full] else 'NOT the fastest'}", flush=True)
     errors.sort()
     print(f"== all: {len(errors)} layouts, error median {errors[len(errors) // 2] * 100:.1f} %, max "
-          f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(scenarios)} scenarios")
+          f"{errors[-1] * 100:.1f} %; the fastest agrees in {agree} of {len(scenarios)} scenarios, the advisor's "
+          f"pick is the fastest in {picks}")
 
 
 def print_findings(f):
