@@ -1,12 +1,13 @@
 #!/usr/bin/python3
 """Tests of the layout advisor (analysis/advise.py): the enumeration's counts for t5-tiny on
 4 and 8 GPUs (hand-counted below), the exclusions (a global batch that does not divide, a
-tensor degree the program refuses, a layout that does not fit), DDP excluded for t5-11.3b on
-8 A100 80GB, --emit-matrix accepted by `slurm/sweep FILE --dry-run`, --explain, the fast
+tensor degree the program refuses, a layout that does not fit), the study's cases (DDP
+excluded for t5-11.3b on 8 A100 80GB; on 512, only checkpointing fits without a pipeline and
+hybrid sharding (G = 8) replays ahead of full sharding), --emit-matrix accepted by `slurm/sweep FILE --dry-run`, --explain, the fast
 estimate beside the full replay, and bad input (one line, exit 2).
 
-Run from anywhere: /usr/bin/python3 tests/test_advise.py   (in tests/run_tests.sh; about a
-minute on 2 cores: one --plan process per layout until the programs have --plan-batch)
+Run from anywhere: /usr/bin/python3 tests/test_advise.py   (in tests/run_tests.sh; about half
+a minute on 2 cores)
 """
 import os
 import subprocess
@@ -128,6 +129,26 @@ class Runs(unittest.TestCase):
             self.assertIn("--micro-batches 16", seen[2])
             self.assertIn("--dec-seq-len 256", seen[0])
             self.assertIn("--layers 4", seen[0])
+
+    def test_study_512_gpus_full_against_hybrid(self):
+        """The study's 512-GPU case (t5-11.3b, A100 description, global batch 4096 x 512): without a
+        pipeline only checkpointing fits, and the replay puts hybrid sharding (G = 8) ahead of full
+        sharding at the figures of docs/projection.md's crossover table (108.8 and 108.4 TFLOPS/GPU)."""
+        import csv
+        with tempfile.TemporaryDirectory() as out:
+            p = run("--model", "t5-11.3b", "--gpus", "512", "--global-batch", "4096", "--seq-len", "512",
+                    "--strategies", "fsdp-full,fsdp-hybrid", "--tp", "1", "--pp", "1", "--no-offload", "--replay", "18",
+                    "--out", out, "--overwrite")
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("18 layouts", p.stdout)
+            with open(os.path.join(out, "advise.csv")) as f:
+                rows = {r["layout"]: r for r in csv.DictReader(f)}
+        self.assertEqual(len(rows), 18)
+        self.assertEqual({n for n, r in rows.items() if r["fits"] == "1"}, {n for n in rows if n.endswith(":ckpt")})
+        full, hybrid = rows["fsdp-full:ckpt"], rows["fsdp-hybrid8:ckpt"]
+        self.assertLess(float(hybrid["replay_step_s"]), float(full["replay_step_s"]))
+        self.assertAlmostEqual(float(hybrid["model_tflops_per_gpu"]), 108.8, delta=0.15)
+        self.assertAlmostEqual(float(full["model_tflops_per_gpu"]), 108.4, delta=0.15)
 
     def test_tiny_ranked_with_exclusions(self):
         with tempfile.TemporaryDirectory() as out:
