@@ -472,13 +472,7 @@ def check_args(a):
     for flag in ("tp", "pp"):
         v = getattr(a, flag)
         if v is not None:
-            try:
-                vals = [int(x) for x in v.split(",")]
-            except ValueError:
-                raise AdviseError(f"--{flag} '{v}' is not a comma-separated list of integers")
-            if any(x <= 0 for x in vals):
-                raise AdviseError(f"--{flag} '{v}': every value must be positive")
-            setattr(a, flag, vals)
+            setattr(a, flag, cli.positive_list(v, f"--{flag}"))
     if a.explain is None:
         if not a.out:
             raise AdviseError("give --out DIR (the figure and the table), or --explain LAYOUT")
@@ -548,7 +542,7 @@ def main(argv=None):
         if a.explain:
             return explain(a, cluster, bin_dir, parse_name(a.explain, a.gpus, a.global_batch))
         return rank(a, cluster, bin_dir, use_batch, bases, offload)
-    except (AdviseError, ProjectionError) as e:
+    except (AdviseError, ProjectionError, cli.BadInput) as e:
         print(f"advise: error: {e}", file=sys.stderr)
         return 2
 

@@ -13,7 +13,7 @@ tests/check_cli.py holds every analysis script to it.
 
 Bad input is checked here too, once for every tool (and slurm/sweep: this module is standard
 library only): BadInput, load_toml() for the TOML files they read, check_output_file() and
-check_output_dir() for the paths they write.
+check_output_dir() for the paths they write, positive_list() for their lists of counts.
 """
 import argparse
 import os
@@ -115,3 +115,15 @@ def check_output_dir(path, flag):
     why = _unwritable(folder)
     if why:
         raise BadInput(f"{flag} '{path}': directory '{folder}' is not writable ({why})")
+
+
+def positive_list(text, flag):
+    """The integers of `text`, a comma-separated list given as `flag`, or BadInput unless
+    each is a positive integer."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise BadInput(f"{flag} '{text}' is not a comma-separated list of integers")
+    if any(x <= 0 for x in values):
+        raise BadInput(f"{flag} '{text}': every value must be positive")
+    return values

@@ -274,16 +274,6 @@ def parse_args(argv):
     return ap.parse_args(argv)
 
 
-def positive_list(text, flag):
-    try:
-        values = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise ProjectionError(f"{flag} '{text}' is not a comma-separated list of integers")
-    if any(x <= 0 for x in values):
-        raise ProjectionError(f"{flag} '{text}': every value must be positive")
-    return values
-
-
 def setup(a):
     """The cluster with its calibration applied, and the GPU counts and batches."""
     if bool(a.matrix) == bool(a.model):
@@ -304,7 +294,7 @@ def setup(a):
             strategy_labels.check(label)
         except strategy_labels.StrategyError as e:
             raise ProjectionError(f"--strategies: {e}")
-    gpus, batches = positive_list(a.gpus, "--gpus"), positive_list(a.batch, "--batch")
+    gpus, batches = cli.positive_list(a.gpus, "--gpus"), cli.positive_list(a.batch, "--batch")
     for model in a.model or []:  # the program judges the model and its shape flags before anything is printed
         plan_schedule(["fsdp_perf"] + model_shapes.flags(shape_of(a, model)) + ["--batch", "1", "--seq-len", "1"], 1,
                       cluster["gpu_memory_gib"], a.bin or os.path.join(ROOT, "build", "bin"))
@@ -463,7 +453,7 @@ def main(argv=None):
         cluster, gpus, batches = setup(a)
         todo = points_to_project(a, cluster, gpus, batches)
         check_out(a, todo)
-    except (ProjectionError, OSError, KeyError) as e:
+    except (ProjectionError, cli.BadInput, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     made = []  # the folders this run created: removed again when it writes nothing

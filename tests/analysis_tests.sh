@@ -43,7 +43,9 @@ print(a['model'], a['layers'], a['ffn'], a['tie_embeddings'], a['param_count'])"
 for bad in "--d-ff 0|--d-ff 0 is not allowed \(an integer from 1 to 2147483647\)" \
   "--heads abc|--heads abc is not allowed \(an integer from 1 to 2147483647\)" \
   "--ffn swiglu|--ffn 'swiglu' is not allowed \(allowed: relu, gated-gelu\)" \
-  "--tie-embeddings maybe|--tie-embeddings 'maybe' is not allowed \(allowed: yes, no\)"; do
+  "--tie-embeddings maybe|--tie-embeddings 'maybe' is not allowed \(allowed: yes, no\)" \
+  "--batch 8,x|--batch '8,x' is not a comma-separated list of integers" \
+  "--batch 8,0|--batch '8,0': every value must be positive"; do
   expect "projection refuses ${bad%%|*} in one line, exit 2" 2 "^project: error: ${bad#*|}\$" -- \
     $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --model t5-11.3b ${bad%%|*} \
     --strategies fsdp-full --gpus 8 --out $tmp/pbad

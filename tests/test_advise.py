@@ -223,6 +223,10 @@ class Runs(unittest.TestCase):
                      "not a layout name"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--strategies", "zero", "--out",
                       out + "/new"], "unknown strategy 'zero'"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--tp", "1,x", "--out",
+                      out + "/new"], "--tp '1,x' is not a comma-separated list of integers"),
+                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--pp", "2,0", "--out",
+                      out + "/new"], "--pp '2,0': every value must be positive"),
                     (["--model", "t5-nope", "--gpus", "8", "--global-batch", "16", "--out", out + "/new"], "t5-nope")):
                 p = run(*args)
                 self.assertEqual(p.returncode, 2, (args, p.stdout, p.stderr))

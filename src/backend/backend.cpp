@@ -288,8 +288,10 @@ void Backend::notify(const Ledger& l) {
   else recorder_->on_memory(now(), l.current);
 }
 
-void Backend::record(OpEvent e) {
-  if (recorder_) recorder_->on_op(e);
+void Backend::record(const OpEvent& e, int times) {
+  if (!recorder_ || times < 1) return;
+  if (times == 1) recorder_->on_op(e);
+  else recorder_->on_ops(e, times);
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,

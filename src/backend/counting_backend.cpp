@@ -4,7 +4,6 @@
 // what the code path allocates, for any model and world size, without the memory.
 #include <algorithm>
 #include <cstring>
-#include <unordered_map>
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/check.h"
@@ -168,9 +167,7 @@ class CountingBackend final : public Backend {
   void count_gemm(bool ta, bool tb, int M, int N, int K, int batch, int times = 1) {
     const double flops = 2.0 * M * N * K * batch;
     for (int i = 0; i < times; ++i) flops_ += flops;  // one at a time: the sum as the calls one by one give it
-    if (!recorder_ || times < 1) return;
-    OpEvent e{OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, int(ta) | int(tb) << 1}};
-    recorder_->on_ops(e, times);
+    record({OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, int(ta) | int(tb) << 1}}, times);
   }
 
   void count_attention(const AttentionShape& s, bool backward) {

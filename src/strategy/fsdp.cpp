@@ -93,8 +93,8 @@ class FSDP final : public TrainingSchedule {
     } else {
       if (!zero1() || low_precision()) params_ = b_.alloc_floats(total_, MemCategory::Parameters);
       // ZeRO-1 updates unit by unit (its fp32 master may be slices of the whole parameters)
-      regions_ = optimizer_regions(cfg_.optimizer, offset_, sizes);
-      if (zero1()) regions_ = {offset_, sizes, optimizer_state_layout(cfg_.optimizer, sizes)};
+      regions_ = zero1() ? OptimizerRegions{offset_, sizes, optimizer_state_layout(cfg_.optimizer, sizes)}
+                         : optimizer_regions(cfg_.optimizer, offset_, sizes);
       if (regions_.state.bytes > 0)
         state_ = static_cast<char*>(b_.alloc(size_t(regions_.state.bytes), MemCategory::OptimizerState));
     }

@@ -18,7 +18,6 @@
 #include <initializer_list>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #include "shardbench/core/pointer_map.h"
@@ -623,7 +622,8 @@ class Backend {
   bool blocking_when_waited_ = true;
   ComputeOptions options_;
 
-  void record(OpEvent e);  // an event built by the backend (phase and unit as given)
+  // An event built by the backend (phase and unit as given), `times` identical ones in a row.
+  void record(const OpEvent& e, int times = 1);
 
  private:
   struct Allocation {
