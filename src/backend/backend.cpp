@@ -299,7 +299,7 @@ void Backend::record(OpKind kind, int lane, double start, double end, int64_t by
   if (!recorder_) return;
   OpEvent e{kind, phase_, unit_, lane, start, end, bytes, flops, {0, 0, 0, 0, 0}, request, ranks, after, axis, peer};
   if (gemm_shape) std::copy(gemm_shape, gemm_shape + 5, e.gemm);
-  recorder_->on_op(e);
+  record(e);
 }
 
 std::unique_ptr<Backend> make_cpu_backend();

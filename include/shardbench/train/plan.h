@@ -68,8 +68,9 @@ struct MemoryPlan {
   bool fits() const { return device_fits() && host_fits(); }  // out-of-memory (exit 3) otherwise
 };
 
-// with_ops false: the stages' schedules are left empty (their totals are kept), and a 1F1B
-// pipeline of many micro-batches is planned from three plans of fewer (plan.cpp says how).
+// with_ops false: the stages' schedules are left empty (their totals are kept), and a
+// pipeline of many micro-batches (1F1B; GPipe where its peak allows) is planned from three
+// plans of fewer (plan.cpp says how).
 MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops = true);
 // The limits the plan is judged against: --mem-limit-gib and --host-mem-limit-gib, or the
 // defaults given (the device's free memory, else the host's share; the host's share).
