@@ -567,9 +567,11 @@ std::vector<uint8_t> small_integers(DType dt, int64_t count, uint64_t key) {
 
 TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
   // On one rank every collective (and every reduction, avg included) returns its input.
+  // Send and Recv are point to point, with a peer: PointToPointToItselfOverMpi.
   auto comm = gpu().make_comm(MPI_COMM_SELF);
   const int64_t count = 4096;
-  for (int op = 0; op < int(Collective::kCount); ++op)
+  for (int op = 0; op < int(Collective::kCount); ++op) {
+    if (collective_info(Collective(op)).point_to_point) continue;
     for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::I64, DType::U8})
       for (ReduceOp red : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
         ASSERT_TRUE(gpu().supports(Collective(op), dt, red));
@@ -581,6 +583,7 @@ TEST_F(CudaVsCpu, GeneralCollectivesOnOneRankInEveryDtype) {
         gpu().download(out.data(), recv, out.size());
         EXPECT_EQ(out, in) << collective_name(Collective(op)) << " " << dtype_name(dt) << " " << reduce_op_name(red);
       }
+  }
 }
 
 // ---------------------------------------------------------------- collectives over MPI
@@ -604,7 +607,8 @@ TEST_F(CudaVsCpu, MpiCollectivesOnOneRankInEveryDtype) {
     auto b = make_backend("cuda", lib);
     auto comm = b->make_comm(MPI_COMM_SELF);
     const int64_t count = 40000;  // 2.5 slots of fp32
-    for (int op = 0; op < int(Collective::kCount); ++op)
+    for (int op = 0; op < int(Collective::kCount); ++op) {
+      if (collective_info(Collective(op)).point_to_point) continue;
       for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::U8})
         for (ReduceOp red : {ReduceOp::Sum, ReduceOp::Avg, ReduceOp::Max}) {
           ASSERT_TRUE(b->supports(Collective(op), dt, red));
@@ -622,6 +626,38 @@ TEST_F(CudaVsCpu, MpiCollectivesOnOneRankInEveryDtype) {
           b->release(send);
           b->release(recv);
         }
+    }
+    b->synchronize();
+  }
+}
+
+// A rank's send to itself and its receive from itself, both in flight at once (a pipeline's
+// stages on one rank), over MPI: what arrives is what was sent, in every dtype, in several
+// staging slots. (NCCL pairs a send to itself with its receive only inside one group, which
+// Backend::collective does not form: its point-to-point path runs on 2 GPUs, docs/gpu.md.)
+TEST_F(CudaVsCpu, PointToPointToItselfOverMpi) {
+  const SmallSlots small;
+  for (CommLibrary lib : mpi_libraries()) {
+    auto b = make_backend("cuda", lib);
+    auto comm = b->make_comm(MPI_COMM_SELF);
+    const int64_t count = 40000;
+    for (DType dt : {DType::F32, DType::BF16, DType::F16, DType::F64, DType::I32, DType::U8}) {
+      const std::vector<uint8_t> in = small_integers(dt, count, 7);
+      void* send = b->alloc(in.size(), MemCategory::CommBuffers);
+      void* recv = b->alloc(in.size(), MemCategory::CommBuffers);
+      b->upload(send, in.data(), in.size());
+      const std::vector<uint8_t> junk(in.size(), 0xff);
+      b->upload(recv, junk.data(), junk.size());
+      const Request s = b->send({send, dt}, count, 0, 3, P2PDirection::Activations, *comm);
+      const Request r = b->recv({recv, dt}, count, 0, 3, P2PDirection::Activations, *comm);
+      b->wait(r);
+      b->wait(s);
+      std::vector<uint8_t> out(in.size());
+      b->download(out.data(), recv, out.size());
+      EXPECT_EQ(out, in) << comm_library_name(lib) << " " << dtype_name(dt);
+      b->release(send);
+      b->release(recv);
+    }
     b->synchronize();
   }
 }
@@ -1081,24 +1117,46 @@ TEST_F(CudaVsCpu, FusedAttentionIsDeterministic) {
 }
 
 // A T5 step with fused attention on the GPU against the CPU, on shapes past one tile: in
-// fp32 against the unfused step (step_tol()); in bf16 against the CPU's fused step (1e-1
-// per unit, as the other bf16 steps: fused and unfused bf16 steps differ by up to 1.03e-1
-// max-relative per unit on the CPU, since they round different intermediates).
+// fp32 against the unfused step (step_tol()). In bf16 against an fp32 step on the CPU from
+// the same bf16-rounded parameters, normwise over all gradients within 5e-2, the bound of
+// T5Step.FusedAttentionBf16IsCloseToFp32 on the CPU (both bf16 paths measure 2.4-2.6e-2
+// there). Not bf16 against bf16 unit by unit: two correct bf16 steps round different
+// intermediates (the CPU's fused and unfused differ by up to 1.03e-1 max-relative in a unit),
+// and at e2c3c7f the tensor-core step and the CPU's fused one differed by 0.1006 in
+// decoder.0, over a bound of 0.1 that judged the spread of two roundings, not an error.
 TEST_F(CudaVsCpu, FusedT5StepMatchesCpu) {
-  struct Case { const char* model; StepShape shape; bool ckpt; DType t; };
-  for (const Case c : {Case{"t5-tiny", {2, 70, 67}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, true, DType::F32},
-                       Case{"t5-small", {2, 32, 24}, false, DType::F32}, Case{"t5-tiny", {2, 70, 67}, false, DType::BF16}}) {
+  struct Case { const char* model; StepShape shape; bool ckpt; };
+  for (const Case c : {Case{"t5-tiny", {2, 70, 67}, false}, Case{"t5-tiny", {2, 70, 67}, true},
+                       Case{"t5-small", {2, 32, 24}, false}}) {
     const ModelSpec spec = model_preset(c.model);
-    const AttentionImpl on_cpu_attention = c.t == DType::F32 ? AttentionImpl::Unfused : AttentionImpl::Fused;
-    Model on_cpu(cpu(), spec, c.shape, c.ckpt, c.t, 1.f, on_cpu_attention),
-        on_gpu(gpu(), spec, c.shape, c.ckpt, c.t, 1.f, AttentionImpl::Fused);
+    Model on_cpu(cpu(), spec, c.shape, c.ckpt), on_gpu(gpu(), spec, c.shape, c.ckpt, DType::F32, 1.f, AttentionImpl::Fused);
     const double l_cpu = on_cpu.forward_backward(), l_gpu = on_gpu.forward_backward();
-    const double tol = c.t == DType::F32 ? step_tol() : 1e-1;
-    EXPECT_NEAR(l_gpu, l_cpu, (c.t == DType::F32 ? step_tol() : 1e-2) * std::fabs(l_cpu)) << c.model;
+    EXPECT_NEAR(l_gpu, l_cpu, step_tol() * std::fabs(l_cpu)) << c.model;
     for (size_t u = 0; u < on_cpu.grads.size(); ++u)
-      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), tol)
-          << c.model << " " << dtype_name(c.t) << " ckpt " << c.ckpt << " unit " << on_cpu.step->units()[u].name;
+      EXPECT_CLOSE(on_gpu.grad(u), on_cpu.grad(u), step_tol())
+          << c.model << " ckpt " << c.ckpt << " unit " << on_cpu.step->units()[u].name;
   }
+  const ModelSpec spec = model_preset("t5-tiny");
+  const StepShape x{2, 70, 67};
+  Model ref(cpu(), spec, x, false), on_gpu(gpu(), spec, x, false, DType::BF16, 1.f, AttentionImpl::Fused);
+  for (size_t u = 0; u < ref.params.size(); ++u) {  // the fp32 step starts from the bf16 parameters
+    const int64_t n = ref.step->units()[u].numel;
+    const Buf tmp = cpu().alloc_buf(n, DType::BF16, MemCategory::Workspace);
+    cpu().cast(tmp, ref.params[u], n);
+    cpu().cast(ref.params[u], tmp, n);
+    cpu().release(tmp.ptr);
+  }
+  const double l_ref = ref.forward_backward(), l_gpu = on_gpu.forward_backward();
+  EXPECT_NEAR(l_gpu, l_ref, 2e-3 * std::fabs(l_ref));
+  double diff = 0, norm = 0;
+  for (size_t u = 0; u < ref.grads.size(); ++u) {
+    const std::vector<float> g = on_gpu.grad(u), r = ref.grad(u);
+    for (size_t i = 0; i < r.size(); ++i) diff += (double(g[i]) - r[i]) * (double(g[i]) - r[i]), norm += double(r[i]) * r[i];
+  }
+  const double err = std::sqrt(diff / norm);
+  std::printf("bf16 tensor-core step's gradients vs fp32: %.3e normwise\n", err);
+  EXPECT_LT(err, 5e-2);
+  EXPECT_GT(err, 1e-5) << "bf16 rounding must show";
 }
 
 // ---------------------------------------------------------------- gated GELU (T5 v1.1)
@@ -1259,16 +1317,17 @@ TEST_F(CudaVsCpu, OptInPathsTrainAsTheCpu) {
       EXPECT_EQ(ops[1], ops[2]) << what;
       EXPECT_GT(ops[1], size_t(0)) << what;
     }
-  auto counting = make_counting_backend();
-  ComputeOptions o = all;
-  gpu().set_compute_options(o);
-  for (Backend* b : {&gpu(), counting.get()}) {
+  // The plan on a backend of its own: gpu()'s peaks hold the six strategies above (at
+  // e2c3c7f this compared them, 3x the plan's parameters, and failed).
+  auto fresh = make_backend("cuda"), counting = make_counting_backend();
+  fresh->set_compute_options(all);
+  for (Backend* b : {fresh.get(), counting.get()}) {
     Model m(*b, spec, shape, false, DType::BF16, 1.f, AttentionImpl::Fused);
     m.forward_backward();
     b->synchronize();
   }
-  gpu().set_compute_options(ComputeOptions{});
-  EXPECT_EQ(gpu().mem_peak(), counting->mem_peak());
+  EXPECT_EQ(fresh->mem_peak(), counting->mem_peak());
+  EXPECT_EQ(fresh->mem_peak_total(), counting->mem_peak_total());
 }
 
 // gemm with beta = 0 does not read C (BLAS): C holding NaN must not reach the result. The

@@ -76,6 +76,10 @@ void HostOffload::initialize(int u, Init init) {
                                    CopyDirection::DeviceToHost));
   }
   for (Request r : copies) b_.wait(r);
+  // wait() orders compute only; the host reads master(u) next (--check gathers the initial
+  // weights from it before any step), so it waits for the copies itself. CUDA at e2c3c7f:
+  // 2 and 4 ranks in bf16 read a unit's master before its copy had landed.
+  b_.synchronize();
   b_.release(dev);
   if (low) b_.release(low.ptr);
 }
