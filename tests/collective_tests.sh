@@ -16,6 +16,8 @@ mkdir -p "$R" "$B"
 # --- every operation, both placements, data checked; arithmetic rechecked from samples ---
 expect "2 ranks: every operation, data checked" 0 'Out of bounds values : 0 OK' -- \
   "${MPI2[@]}" $CP --ops all "${SMALL[@]}" --out $R/all2.h5
+expect "hybrid without --shard-size: one node's ranks (4)" 0 '# hybrid: reduce-scatter in shard groups of 4, all-reduce across 1 groups' -- \
+  "${MPI4[@]}" $CP --ops hybrid "${SMALL[@]}" --out $R/hybrid-node.h5
 expect "4 ranks: every operation and hybrid, -a 3 (max)" 0 'Out of bounds values : 0 OK' -- \
   "${MPI4[@]}" $CP --ops all,hybrid --shard-size 2 "${SMALL[@]}" -a 3 --out $R/all4.h5
 expect "4 ranks: -a 0 (rank 0), -z 1 (a barrier after each operation)" 0 'time across ranks: rank0' -- \
@@ -114,7 +116,6 @@ expect "unknown dtype" 2 "-d 'float8' is not allowed" -- "${MPI2[@]}" $CP -d flo
 expect "unknown reduce op" 2 "-o 'median' is not allowed" -- "${MPI2[@]}" $CP -o median --out $B/x.h5
 expect "shard size not dividing the world" 2 "--shard-size 3 is not allowed with world size 4" -- \
   "${MPI4[@]}" $CP --ops hybrid --shard-size 3 --out $B/x.h5
-expect "hybrid without a shard size" 2 "needs --shard-size" -- "${MPI2[@]}" $CP --ops hybrid --out $B/x.h5
 expect "-z 4" 2 "-z 4 is not allowed \(an integer from 0 to 3\)" -- "${MPI2[@]}" $CP -z 4 --out $B/x.h5
 expect "-c -1" 2 "-c -1 is not allowed \(an integer from 0 to" -- "${MPI2[@]}" $CP -c -1 --out $B/x.h5
 expect "-o mulsum" 2 "-o mulsum is not allowed" -- "${MPI2[@]}" $CP -o mulsum --out $B/x.h5

@@ -322,7 +322,9 @@ expect "unknown model" 2 "--model 't5-nope' is not allowed \(allowed: t5-611m" -
 expect "unknown sharding" 2 "--sharding 'zero9' is not allowed" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding zero9
 expect "shard size not dividing world" 2 "--shard-size 3 is not allowed with world size 4" -- \
   "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --shard-size 3
-expect "hybrid without shard size" 2 "needs --shard-size" -- "${MPIRUN[@]}" $BIN/fsdp_perf --sharding hybrid
+expect "hybrid without shard size: one node's ranks" 0 "strategy=fsdp-hybrid4 " -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid
+expect "hybrid without shard size in a plan" 2 "needs --shard-size G where there are no nodes" -- \
+  "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}" --sharding hybrid --plan --world-size 8
 expect "unknown dtype" 2 "--dtype 'fp8' is not allowed \(allowed: fp32, bf16, fp16\)" -- "${MPIRUN[@]}" $BIN/fsdp_perf --dtype fp8
 expect "non-positive loss scale" 2 "--loss-scale '0' is not allowed \(a finite number > 0 and <= 3.4e\+38, or dynamic\)" -- \
   "${MPIRUN[@]}" $BIN/ddp_perf --dtype fp16 --loss-scale 0

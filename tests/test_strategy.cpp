@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "shardbench/backend/backend.h"
@@ -465,4 +466,95 @@ TEST(Schedule, OptimizerStatePerOptimizer) {
   EXPECT_NEAR(double(run_schedule(c, 4).peak[int(MemCategory::OptimizerState)]) / adamw, 0.5, 1e-3);
   c.optimizer.kind = OptimizerKind::AdamW8bit;
   EXPECT_NEAR(double(run_schedule(c, 4).peak[int(MemCategory::OptimizerState)]) / adamw, (2 + 8.0 / 256) / 8, 2e-3);
+}
+
+// ---------------------------------------------------------------- nodes (core/nodes.h)
+namespace {
+NodeMap hosts_of(std::initializer_list<const char*> per_rank) {
+  return NodeMap::from_hosts(std::vector<std::string>(per_rank.begin(), per_rank.end()), 0);
+}
+StrategyConfig hybrid(int tp = 1, int pp = 1) {
+  StrategyConfig c = fsdp(Sharding::Hybrid);
+  c.tp = tp, c.pp = pp;
+  return c;
+}
+std::string usage_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Nodes, HostNamesMakeTheNodes) {
+  const NodeMap m = hosts_of({"node1", "node1", "node2", "node2", "node3", "node3", "node4", "node4"});
+  EXPECT_EQ(m.nodes(), 4);
+  EXPECT_EQ(m.node_of, (std::vector<int>{0, 0, 1, 1, 2, 2, 3, 3}));
+  EXPECT_EQ(m.hosts, (std::vector<std::string>{"node1", "node2", "node3", "node4"}));
+  EXPECT_TRUE(m.uniform());
+  EXPECT_TRUE(m.node_major());
+  EXPECT_EQ(m.max_ranks_per_node(), 2);
+  EXPECT_EQ(m.spans({2, 3}), "");
+  EXPECT_EQ(m.spans({1, 2}), "ranks 1,2 on node1 and node2");
+  NodeMap r = NodeMap::from_hosts({"b", "a", "b", "a", "b"}, 3);  // round robin, 3 + 2
+  EXPECT_EQ(r.node(), 1);
+  EXPECT_EQ(r.local_rank(), 1);
+  EXPECT_EQ(r.local_ranks(), 2);
+  EXPECT_FALSE(r.node_major());
+  EXPECT_FALSE(r.uniform());
+  EXPECT_EQ(r.max_ranks_per_node(), 3);
+}
+
+// Hybrid without --shard-size: one node's data-parallel ranks, whatever else the layout holds.
+TEST(Nodes, HybridShardsOverOneNodesDataParallelRanks) {
+  const NodeMap four_by_two = hosts_of({"n1", "n1", "n2", "n2", "n3", "n3", "n4", "n4"});
+  EXPECT_EQ(node_shard_size(hybrid(), four_by_two), 2);
+  EXPECT_EQ(node_shard_size(hybrid(2), four_by_two), 1);     // a node is one tensor-parallel group
+  EXPECT_EQ(node_shard_size(hybrid(1, 2), four_by_two), 2);  // stages of two nodes each
+  EXPECT_EQ(node_shard_size(hybrid(1, 8), four_by_two), 1);  // a stage is one rank
+  const NodeMap two_by_four = hosts_of({"a", "a", "a", "a", "b", "b", "b", "b"});
+  EXPECT_EQ(node_shard_size(hybrid(2), two_by_four), 2);
+  EXPECT_EQ(node_shard_size(hybrid(1, 4), two_by_four), 2);  // a node holds two stages of two ranks
+  EXPECT_EQ(node_shard_size(hybrid(), hosts_of({"a", "a", "a"})), 3);  // one node: full sharding
+  // The groups it gives stay inside a node, and nothing is flagged.
+  StrategyConfig c = hybrid();
+  c.shard_size = node_shard_size(c, four_by_two);
+  const ParallelLayout l = layout_for(c, 8, 0);
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(four_by_two.spans(l.at_rank(r).group(Axis::Shard)), "") << r;
+  EXPECT_EQ(placement_warning(l, four_by_two, c), "");
+}
+
+TEST(Nodes, HybridWithoutASizeRefusesNodesThatCannotHoldItsGroups) {
+  const auto refused = [](const StrategyConfig& c, const NodeMap& m) {
+    return usage_error([&] { node_shard_size(c, m); });
+  };
+  const std::string round_robin = refused(hybrid(), hosts_of({"n1", "n2", "n1", "n2"}));
+  EXPECT_NE(round_robin.find("not placed node by node (rank 2 is on n1 after rank 1 on n2"), std::string::npos)
+      << round_robin;
+  EXPECT_NE(round_robin.find("give --shard-size G"), std::string::npos);
+  EXPECT_NE(refused(hybrid(), hosts_of({"a", "a", "a", "b"})).find("different numbers of ranks"), std::string::npos);
+  EXPECT_NE(refused(hybrid(4), hosts_of({"a", "a", "b", "b", "c", "c", "d", "d"})).find("whole --tp 4 groups"),
+            std::string::npos);
+  // 3 ranks a node, stages of 2: a node holds a stage and a half.
+  EXPECT_NE(refused(hybrid(1, 3), hosts_of({"a", "a", "a", "b", "b", "b"})).find("pipeline stages"),
+            std::string::npos);
+  // A plan has no nodes.
+  EXPECT_NE(usage_error([] { layout_for(hybrid(), 8, 0); }).find("needs --shard-size G"), std::string::npos);
+}
+
+TEST(Nodes, PlacementWarningNamesAGroupThatCrossesNodes) {
+  const NodeMap round_robin = hosts_of({"n1", "n2", "n1", "n2"});
+  StrategyConfig c = hybrid();
+  c.shard_size = 2;
+  EXPECT_EQ(placement_warning(layout_for(c, 4, 0), round_robin, c),
+            "a hybrid shard group crosses nodes: ranks 0,1 on n1 and n2 (its all-gathers leave the node)");
+  c.shard_size = 4;  // larger than a node: crossing is the point
+  EXPECT_EQ(placement_warning(layout_for(c, 4, 0), round_robin, c), "");
+  StrategyConfig t = fsdp(Sharding::Full);
+  t.tp = 2;
+  EXPECT_NE(placement_warning(layout_for(t, 4, 0), round_robin, t).find("a tensor-parallel group crosses nodes"),
+            std::string::npos);
+  EXPECT_EQ(placement_warning(layout_for(t, 4, 0), hosts_of({"n1", "n1", "n2", "n2"}), t), "");
 }

@@ -24,10 +24,12 @@
 #include "shardbench/core/cli.h"
 #include "shardbench/core/format.h"
 #include "shardbench/core/half.h"
+#include "shardbench/core/nodes.h"
 #include "shardbench/run/environment.h"
 #include "shardbench/run/mpi_main.h"
 #include "shardbench/run/provenance.h"
 #include "shardbench/backend/layout.h"
+#include "shardbench/strategy/config.h"
 #include "shardbench/trace/h5.h"
 #include "shardbench/trace/trace.h"
 
@@ -183,7 +185,7 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
                "measure the non-blocking collectives (MPI_I* then wait) the training programs overlap "
                "with compute, instead of the blocking ones (MPI_Allreduce, ...)");
   app.add_flag("--barrier", o.barrier, "a barrier before every timed iteration, so all ranks start it together");
-  num.integer("--shard-size", shard, 1, kIntMax, "shard group size G of the hybrid operation (divides the world)");
+  num.integer("--shard-size", shard, 1, kIntMax, "shard group size G of the hybrid operation (divides the world; default: one node's ranks)");
   app.add_option("--backend", o.backend, "cpu (MPI); cuda (NCCL) where built")->capture_default_str();
   std::string comm;
   app.add_option("--comm", comm, "--backend cuda: nccl (default), mpi, mpi-staged, mpi-direct, or a list "
@@ -231,7 +233,11 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
                      std::to_string(o.iters) + ")");
   if (!o.json.empty()) check_writable("-J", o.json);
   const bool hybrid = std::any_of(o.ops.begin(), o.ops.end(), [](BenchOp op) { return op.hybrid; });
-  if (hybrid && shard == 0) throw UsageError("--ops hybrid needs --shard-size G (G divides the world size)");
+  if (hybrid && shard == 0) {  // one node's ranks, as fsdp_perf's hybrid (the same rule)
+    StrategyConfig node_groups;
+    node_groups.sharding = Sharding::Hybrid;
+    shard = node_shard_size(node_groups, node_map());
+  }
   o.layout = ParallelLayout::make(world, rank, shard ? shard : 1);
   return true;
 }
@@ -676,7 +682,7 @@ int run(const Options& o, int rank, int n) {
   const std::string stem = "collective_perf-w" + std::to_string(n);
   const std::string path = forever ? "" : resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
-  const int nodes = count_nodes(), rpn = local_ranks();
+  const int nodes = node_map().nodes(), rpn = node_map().max_ranks_per_node();
 
   // Buffers for the largest size of every case, -u elements more.
   size_t max_bytes = 64;

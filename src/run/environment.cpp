@@ -7,6 +7,7 @@
 #include <string>
 
 #include "shardbench/core/check.h"
+#include "shardbench/core/nodes.h"
 #include "shardbench/run/environment.h"
 
 namespace sb {
@@ -45,22 +46,13 @@ std::string hostname() {
   return host;
 }
 
-int local_ranks() {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int n = 0;
-  MPI_CHECK(MPI_Comm_size(node, &n));
-  MPI_CHECK(MPI_Comm_free(&node));
-  return n;
-}
-
 int64_t default_memory_limit(int64_t device_free) {
   const int64_t host = default_host_memory_limit();  // collective: every rank calls it
   return device_free > 0 ? device_free : host;
 }
 
 int64_t default_host_memory_limit() {
-  const int ranks = local_ranks();
+  const int ranks = node_map().local_ranks();
   return int64_t(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGE_SIZE) / ranks;
 }
 
@@ -125,17 +117,6 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
   if (!error.empty()) throw UsageError(error);
   bcast_string(path);
   return path;
-}
-
-int count_nodes() {
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
-  int node_rank = 0, leaders = 0;
-  MPI_CHECK(MPI_Comm_rank(node, &node_rank));
-  MPI_CHECK(MPI_Comm_free(&node));
-  int leader = node_rank == 0;
-  MPI_CHECK(MPI_Allreduce(&leader, &leaders, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD));
-  return leaders;
 }
 
 }  // namespace sb

@@ -2,6 +2,7 @@
 // pipeline's split.
 #include "shardbench/strategy/config.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -105,7 +106,50 @@ ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
                         (c.sharding == Sharding::OptimizerState && c.shard_size == 0);
   if (c.kind == StrategyKind::FSDP && whole_dp) shard = inner >= 1 ? int(world / inner) : 1;
   if (c.kind == StrategyKind::FSDP && !whole_dp && c.shard_size > 0) shard = c.shard_size;
+  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid && c.shard_size <= 0)
+    throw UsageError("--sharding hybrid needs --shard-size G where there are no nodes to take it from (a plan of "
+                     "--world-size ranks); a run takes one node's data-parallel ranks");
   return ParallelLayout::make(world, rank, shard, c.tp, c.pp);
+}
+
+int node_shard_size(const StrategyConfig& c, const NodeMap& nodes) {
+  const int world = int(nodes.node_of.size()), per_node = nodes.max_ranks_per_node();
+  const std::string give = "; give --shard-size G";
+  const std::string why = "hybrid sharding without --shard-size takes one node's data-parallel ranks as a shard group, but ";
+  if (!nodes.uniform()) throw UsageError(why + "the nodes hold different numbers of ranks" + give);
+  if (!nodes.node_major()) {
+    size_t r = 1;
+    while (nodes.node_of[r] >= nodes.node_of[r - 1]) ++r;
+    throw UsageError(why + "the ranks are not placed node by node (rank " + std::to_string(r) + " is on " +
+                     nodes.hosts[size_t(nodes.node_of[r])] + " after rank " + std::to_string(r - 1) + " on " +
+                     nodes.hosts[size_t(nodes.node_of[r - 1])] + ": place them by slot, e.g. mpirun --map-by slot, "
+                     "srun --distribution=block)" + give);
+  }
+  if (c.tp < 1 || c.pp < 1 || world % (c.tp * c.pp) != 0) return 1;  // layout_for names the bad flag
+  const int stage = world / c.pp;
+  const int block = std::min(per_node, stage);  // one node's ranks of one stage
+  if (stage % block != 0 || per_node % block != 0)
+    throw UsageError(why + "a node's " + std::to_string(per_node) + " ranks are not a whole number of pipeline stages "
+                     "of " + std::to_string(stage) + " ranks or a divisor of one" + give);
+  if (block % c.tp != 0)
+    throw UsageError(why + "a node's " + std::to_string(block) + " ranks do not hold whole --tp " + std::to_string(c.tp) +
+                     " groups" + give);
+  return block / c.tp;
+}
+
+std::string placement_warning(const ParallelLayout& layout, const NodeMap& nodes, const StrategyConfig& c) {
+  const int per_node = nodes.max_ranks_per_node();
+  const bool hybrid = c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid;
+  for (int r = 0; r < layout.world; ++r) {
+    const ParallelLayout at = layout.at_rank(r);
+    if (layout.tp > 1 && layout.tp <= per_node)
+      if (const std::string s = nodes.spans(at.group(Axis::Tensor)); !s.empty())
+        return "a tensor-parallel group crosses nodes: " + s + " (its collectives run on every layer)";
+    if (hybrid && layout.shard * layout.tp <= per_node)
+      if (const std::string s = nodes.spans(at.group(Axis::Shard)); !s.empty())
+        return "a hybrid shard group crosses nodes: " + s + " (its all-gathers leave the node)";
+  }
+  return "";
 }
 
 PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape) {

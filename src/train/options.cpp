@@ -151,13 +151,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     num.real("--bucket-mb", cfg.strategy.bucket_mb, 0, 1 << 20, true, "gradient bucket cap in MiB (first bucket: 1 MiB)");
   } else {
     o_sharding = app.add_option("--sharding", sharding,
-                                "full (ZeRO-3) | hybrid (full inside --shard-size groups) | none (ZeRO-0) | grad-op "
+                                "full (ZeRO-3) | hybrid (full inside each node, or --shard-size groups) | none (ZeRO-0) | grad-op "
                                 "(ZeRO-2) | optimizer-state (ZeRO-1: master weights and optimizer state sharded)")
                      ->capture_default_str();
     o_zero = num.integer("--zero-stage", zero, 0, 3,
                          "DeepSpeed's name for --sharding: 0 none, 1 optimizer-state, 2 grad-op, 3 full");
     num.integer("--shard-size", shard, 1, kIntMax,
-                "shard group size for --sharding hybrid, or optimizer-state (default there: the data-parallel ranks)");
+                "shard group size for --sharding hybrid (default: the data-parallel ranks of one node) or optimizer-state "
+                "(default: all data-parallel ranks)");
     app.add_option("--prefetch", prefetch, "backward prefetch: none | backward-pre | backward-post")
         ->capture_default_str();
     app.add_flag("--forward-prefetch", cfg.strategy.forward_prefetch,
@@ -310,11 +311,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     if (cfg.strategy.cpu_offload == CpuOffload::Optimizer && sh == Sharding::None)
       throw UsageError("--cpu-offload optimizer is not allowed with --sharding none (allowed: optimizer-state, grad-op, "
                        "full, hybrid: the optimizer state must be sharded, as ZeRO-Offload's)");
-    if (cfg.strategy.sharding == Sharding::Hybrid) {
-      if (shard <= 0)
-        throw UsageError("--sharding hybrid needs --shard-size G > 0 (got " + std::to_string(shard) + ")");
-      cfg.strategy.shard_size = int(shard);
-    }
+    if (cfg.strategy.sharding == Sharding::Hybrid) cfg.strategy.shard_size = int(shard);  // 0: one node's (train.cpp)
   }
   return true;
 }

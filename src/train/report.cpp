@@ -2,6 +2,7 @@
 #include "shardbench/train/report.h"
 
 #include "shardbench/core/format.h"
+#include "shardbench/core/nodes.h"
 #include "shardbench/run/environment.h"
 
 namespace sb {
@@ -81,6 +82,7 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
   out("  communication        %.2f ms issued, %.2f ms exposed (not overlapped)\n", s.communication * 1e3,
       s.exposed * 1e3);
   out("  harness overhead     %.3f ms (%.2f%% of the step)\n", s.overhead * 1e3, 100 * s.overhead / t);
+  if (!s.placement.empty()) out("  warning: %s\n", s.placement.c_str());
   if (s.pp > 1)
     out("  pipeline bubble      %.1f%% of the step measured (ranks not computing, mean), %.1f%% in theory "
         "((S - 1) / (M + S - 1))\n", 100 * s.idle_share, 100 * s.bubble_theory);
@@ -115,11 +117,12 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
 std::vector<Attr> summary_attrs(const Summary& s) {
   const double t = s.step_time;
   // The console's warnings, kept with the result so that reports built from it show them.
-  const std::string warnings =
+  std::string warnings =
       s.oversubscribed() ? std::to_string(s.ranks_on_node) + " ranks on " + std::to_string(s.cores) +
                                " cores (ranks > cores): ranks share cores; the GEMM rate against its replay is not "
                                "meaningful"
                          : "";
+  if (!s.placement.empty()) warnings += (warnings.empty() ? "" : "; ") + s.placement;
   return {
       Attr::integer("first_nonfinite_step", s.first_nonfinite),
       Attr::integer("skipped_steps", s.skipped_steps),
@@ -146,7 +149,7 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
                             double end) {
   const ModelSpec& m = c.model;
   const int world = layout.world;
-  const int rpn = local_ranks();
+  const NodeMap& nodes = node_map();
   return {
       Attr::str("program", c.program),
       Attr::str("strategy", c.strategy.kind == StrategyKind::DDP ? "ddp" : "fsdp"),
@@ -184,8 +187,8 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("param_count", param_count(m)),
       Attr::integer("param_count_per_rank", param_count_per_rank(m, layout.tp)),
       Attr::integer("world_size", world),
-      Attr::integer("ranks_per_node", rpn),
-      Attr::integer("nodes", count_nodes()),
+      Attr::integer("ranks_per_node", nodes.max_ranks_per_node()),
+      Attr::integer("nodes", nodes.nodes()),
       Attr::integer("batch_per_rank", c.shape.batch),
       Attr::integer("global_batch", c.shape.batch * layout.dp()),
       Attr::integer("enc_seq_len", c.shape.enc_len),

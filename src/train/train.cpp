@@ -16,6 +16,7 @@
 
 #include "shardbench/core/check.h"
 #include "shardbench/core/format.h"
+#include "shardbench/core/nodes.h"
 #include "shardbench/model/t5.h"
 #include "shardbench/run/environment.h"
 #include "shardbench/run/mpi_main.h"
@@ -240,7 +241,7 @@ class TrainingRun {
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());
     StrategyConfig strategy = cfg_.strategy;  // the CPU update of offload shares the node's cores with its ranks
-    strategy.host_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, local_ranks()));
+    strategy.host_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, node_map().local_ranks()));
     strategy_ = make_strategy(strategy, cfg_.model, *backend_, mesh_, cfg_.shape, cfg_.split);
     if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, mesh_);
   }
@@ -339,7 +340,8 @@ class TrainingRun {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.host_peak, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.rss_growth, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     s.cores = int(std::thread::hardware_concurrency());
-    s.ranks_on_node = local_ranks();
+    s.ranks_on_node = node_map().local_ranks();
+    s.placement = placement_warning(layout_, node_map(), cfg_.strategy);
     s.plan_peak = plan.peak_total;
     s.plan_host_peak = plan.host_peak_total;
     s.final_loss = timed_.back().loss;
@@ -411,6 +413,10 @@ int run_program(int argc, char** argv, StrategyKind kind) {
     RunConfig cfg;
     if (!parse_options(argc, argv, kind, cfg)) return int(kExitOk);
     if (!cfg.plan_batch.empty()) return run_plan_batch(cfg, kind, rank);
+    // Hybrid without --shard-size: one node's data-parallel ranks (a plan has no nodes: layout_for refuses it).
+    if (cfg.strategy.kind == StrategyKind::FSDP && cfg.strategy.sharding == Sharding::Hybrid &&
+        cfg.strategy.shard_size == 0 && cfg.plan_world == 0)
+      cfg.strategy.shard_size = node_shard_size(cfg.strategy, node_map());
     return TrainingRun(cfg, rank, world).run();
   });
 }

@@ -1,4 +1,4 @@
-// The run's environment: ranks per node, nodes, memory, wall-clock time, the result path.
+// The run's environment: host, memory, wall-clock time, the result path.
 // Every function that says "collective" is called by every rank of MPI_COMM_WORLD.
 #pragma once
 #include <cstdint>
@@ -7,8 +7,6 @@
 namespace sb {
 
 std::string hostname();
-int local_ranks();  // ranks sharing this node (collective)
-int count_nodes();  // distinct nodes of MPI_COMM_WORLD (collective)
 // Memory one rank may plan for: the device's free memory where known (device_free > 0),
 // else host memory / ranks on the node (collective).
 int64_t default_memory_limit(int64_t device_free);

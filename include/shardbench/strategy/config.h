@@ -7,6 +7,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/backend/layout.h"
+#include "shardbench/core/nodes.h"
 #include "shardbench/model/model.h"
 #include "shardbench/model/t5.h"
 #include "shardbench/strategy/pipeline.h"
@@ -49,7 +50,7 @@ CpuOffload parse_cpu_offload(const std::string& s);  // throws UsageError
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
   Sharding sharding = Sharding::Full;
-  int shard_size = 0;          // hybrid, optimizer-state (0: the data-parallel ranks); full = those, none = 1
+  int shard_size = 0;          // hybrid (0: one node's, node_shard_size), optimizer-state (0: the data-parallel ranks)
   int tp = 1;                  // tensor-parallel group size (--tp): Megatron-LM inside each layer
   int pp = 1;                  // pipeline stages (--pp)
   int micro_batches = 1;       // micro-batches per step of a data-parallel rank (--micro-batches)
@@ -97,8 +98,22 @@ struct StrategyConfig {
 // and over the world / (pp × tp) data-parallel ranks shard groups of all of them (full,
 // grad-op, optimizer-state), of one rank (DDP, none) or of --shard-size (hybrid, and
 // optimizer-state where given). The sizes are checked by
-// ParallelLayout::make (UsageError naming the flag).
+// ParallelLayout::make (UsageError naming the flag); hybrid needs its size settled first.
 ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
+
+// Hybrid's shard group without --shard-size: the data-parallel ranks of one node, so the
+// parameter all-gathers and gradient reduce-scatters stay on a node's own links and only the
+// replicas' all-reduce crosses nodes (PyTorch's HYBRID_SHARD; the FSDP paper's hybrid). A
+// node holding several pipeline stages shards over one stage's data-parallel ranks. Throws
+// UsageError (telling to give --shard-size) where nodes cannot hold whole groups: ranks not
+// placed node by node, nodes of different rank counts, a node's ranks not whole --tp groups
+// or not a whole number of pipeline stages or a divisor of one.
+int node_shard_size(const StrategyConfig& c, const NodeMap& nodes);
+// What of the layout crosses nodes that should not: a tensor-parallel group, or a hybrid
+// shard group no larger than a node's data-parallel ranks, on ranks of several nodes. ""
+// when nothing does; else one line naming the first such group (the run says it and keeps it
+// with the result).
+std::string placement_warning(const ParallelLayout& layout, const NodeMap& nodes, const StrategyConfig& c);
 
 // The pieces each pipeline stage runs: split_pipeline over the blocks' forward FLOPs (the
 // head's counted with the last decoder block), for a configuration and shape. Computed once

@@ -35,6 +35,7 @@ struct Summary {
   double communication = 0, exposed = 0, overhead = 0;  // s
   double gemm_vs_replay = 0;     // the worst rank's in-step GEMM rate over its replay
   int ranks_on_node = 0, cores = 0;
+  std::string placement;         // placement_warning: a group that should stay in a node does not
   int64_t peak = 0, plan_peak = 0, rss_growth = 0;  // bytes
   int64_t host_peak = 0, plan_host_peak = 0;  // the host ledger's (CPU offload), bytes
   double final_loss = 0;

@@ -41,6 +41,7 @@
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/check.h"     // SB_FATAL, MPI_CHECK
+#include "shardbench/core/nodes.h"     // node_comm: the ranks of this host
 #include "shardbench/backend/comm_staging.h"  // --comm, device pointers vs staging, chunks
 #include "shardbench/backend/graph_segments.h"  // --cuda-graphs: segments between boundaries
 #include "shardbench/core/format.h"    // human_bytes
@@ -174,8 +175,7 @@ int select_device(bool exclusive, int& sharing) {
   int mpi_up = 0;
   MPI_CHECK(MPI_Initialized(&mpi_up));
   SB_ASSERT(mpi_up, "the CUDA backend needs MPI to be initialised (it picks a GPU per local rank)");
-  MPI_Comm node;
-  MPI_CHECK(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  MPI_Comm node = node_comm();  // the ranks of this host (core/nodes.h)
   int local_rank = 0, local_size = 1, device = -1;
   MPI_CHECK(MPI_Comm_rank(node, &local_rank));
   MPI_CHECK(MPI_Comm_size(node, &local_size));

@@ -1,0 +1,316 @@
+#!/usr/bin/env bash
+# An emulated multi-node cluster on this one machine, for multi-host Open MPI runs.
+#
+# Each node is a Linux host of its own to Open MPI: a network namespace (sbc-nodeI), a UTS
+# namespace (host name nodeI) and a mount namespace with its own /tmp (PMIx session files of
+# two nodes must not collide) and an /etc/hosts naming every node. One veth per node joins
+# the bridge sbc-br0 (198.18.0.1/24); node I is 198.18.0.(10+I)/24. Addresses come only from
+# 198.18.0.0/15 (RFC 2544); no default route, no NAT: traffic stays on the bridge.
+# One cluster per machine; needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN).
+#
+#   scripts/local-cluster.sh up --nodes 4 --link-mbit 1000 --slow node3=200
+#   scripts/local-cluster.sh up --nodes 3 --slow-path node1-node2=50
+#   scripts/local-cluster.sh status
+#   scripts/local-cluster.sh exec node2 hostname
+#   source scripts/mpi-env.sh
+#   mpirun $(scripts/local-cluster.sh mpirun-args --ranks-per-node 2) -np 8 build/bin/collective_perf
+#   scripts/local-cluster.sh down
+#   scripts/local-cluster.sh run --nodes 2 --link-mbit 100 -- sh -c 'mpirun $SB_CLUSTER_MPIRUN_ARGS -np 2 hostname'
+#
+# Exit codes: 0 ok, 1 failure (or `status` with no cluster), 2 bad input or a cluster already
+# up, 3 namespaces cannot be made here (no root / CAP_NET_ADMIN: tests count it as skipped).
+set -uo pipefail
+
+SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+STATE=${SB_CLUSTER_STATE:-/run/shardbench-cluster}
+MARK=.shardbench-cluster        # only a folder holding this file is ever removed by `down`
+NET=198.18.0 BR=sbc-br0 MAXN=16 MAXR=100000
+
+usage() {
+  cat <<'EOF'
+usage: scripts/local-cluster.sh COMMAND ...
+  up --nodes N [--link-mbit R] [--slow NODE=R]... [--slow-path A-B=R]...
+                         make nodes node1..nodeN (N 1..16); R in Mbit/s: --link-mbit shapes
+                         every node's link, --slow one node's link (both directions),
+                         --slow-path only the traffic between nodes A and B
+  down                   remove every node, link and the state (idempotent)
+  exec NODE CMD...       run CMD inside NODE (cwd and environment kept)
+  status                 one line per node; exit 1 when no cluster is up
+  mpirun-args [--ranks-per-node R]
+                         the Open MPI flags to launch across the nodes from this namespace
+  run --nodes N [shaping flags] -- CMD...
+                         up, run CMD here with SB_CLUSTER_NODES, SB_CLUSTER_HOSTS and
+                         SB_CLUSTER_MPIRUN_ARGS exported, then down; CMD's exit status
+State folder: $SB_CLUSTER_STATE (default /run/shardbench-cluster).
+EOF
+}
+
+die() { echo "local-cluster: $2" >&2; exit "$1"; }
+is_rate() { [[ $1 =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] && awk -v r="$1" -v m=$MAXR 'BEGIN{exit !(r > 0 && r <= m)}'; }
+# A bucket of 4 ms at the rate, at least 32 KiB: smaller ones keep TCP well under the rate.
+burst() { awk -v r="$1" 'BEGIN{b = int(r * 500); print (b < 32768 ? 32768 : b)}'; }
+node_index() { [[ $1 =~ ^node([1-9][0-9]*)$ ]] && ((BASH_REMATCH[1] <= $2)) && echo "${BASH_REMATCH[1]}"; }
+# A holder's argv[0] is sbc-holder-NODE@STATE: it says which node of which cluster it keeps.
+holder_tag() { [[ -r /proc/$1/cmdline ]] && tr '\0' '\n' <"/proc/$1/cmdline" | head -n1 | grep '^sbc-holder-'; }
+holder_alive() { [[ $(holder_tag "$1") == "sbc-holder-$2@$STATE" ]]; }
+
+# A cluster is up when the state lists nodes and every holder still runs.
+cluster_up() {
+  [[ -s $STATE/nodes ]] || return 1
+  local name addr pid rest
+  while read -r name addr pid rest; do holder_alive "$pid" "$name" || return 1; done <"$STATE/nodes"
+}
+leftovers() { ip netns list 2>/dev/null | grep -q '^sbc-' || ip -o link show 2>/dev/null | grep -q ': sbc-' || [[ -e $STATE/$MARK ]]; }
+
+# Remove everything with the prefix: processes in the nodes (holders, orteds), namespaces,
+# links, the state. Waits until the links are gone, so the host looks as before on return.
+teardown() {
+  local ns pids name addr pid rest i
+  [[ -s $STATE/nodes ]] && while read -r name addr pid rest; do
+    holder_alive "$pid" "$name" && kill -KILL "$pid" 2>/dev/null
+  done <"$STATE/nodes"
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^sbc-/ {print $1}'); do
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [[ -n $pids ]] && kill -KILL $pids 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  for i in $(seq 50); do   # namespaces are freed asynchronously, their veths with them
+    for ns in $(ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^sbc-/ {sub(/@.*/, "", $2); print $2}'); do
+      ip link del "$ns" 2>/dev/null
+    done
+    ip -o link show 2>/dev/null | grep -q ': sbc-' || break
+    sleep 0.1
+  done
+  [[ -e $STATE/$MARK ]] && rm -rf "$STATE"
+  [[ -d $STATE ]] && rmdir "$STATE" 2>/dev/null
+  return 0
+}
+
+# Shapes node I's link: tbf (or htb, when it has slow paths) on its eth0, tbf on the root side.
+shape_node() {
+  local i=$1 n=node$1 link=${RATE[$1]:-} desc="none" b p r cls
+  local peers=() k
+  for k in "${!PATHR[@]}"; do
+    [[ ${k%-*} == "$i" ]] && peers+=("${k#*-}:${PATHR[$k]}")
+    [[ ${k#*-} == "$i" ]] && peers+=("${k%-*}:${PATHR[$k]}")
+  done
+  if [[ -n $link ]]; then
+    b=$(burst "$link")
+    tc qdisc add dev "sbc-v$i" root tbf rate "${link}mbit" burst "$b" latency 50ms || return 1
+    desc="tbf ${link}mbit"
+  fi
+  if ((${#peers[@]})); then
+    r=${link:-10000}; b=$(burst "$r")    # 10 Gbit/s stands for unlimited
+    tc -n "sbc-$n" qdisc add dev eth0 root handle 1: htb default 2 || return 1
+    tc -n "sbc-$n" class add dev eth0 parent 1: classid 1:1 htb rate "${r}mbit" burst "$b" cburst "$b" quantum 60000 || return 1
+    tc -n "sbc-$n" class add dev eth0 parent 1:1 classid 1:2 htb rate "${r}mbit" burst "$b" cburst "$b" quantum 60000 || return 1
+    desc="htb ${link:-unlimited}${link:+mbit}"
+    for p in "${peers[@]}"; do
+      cls=$(printf '1:%x' $((16 + ${p%%:*}))); b=$(burst "${p#*:}")
+      tc -n "sbc-$n" class add dev eth0 parent 1:1 classid "$cls" htb rate "${p#*:}mbit" ceil "${p#*:}mbit" \
+        burst "$b" cburst "$b" quantum 60000 || return 1
+      tc -n "sbc-$n" filter add dev eth0 parent 1: protocol ip prio 1 u32 \
+        match ip dst "$NET.$((10 + ${p%%:*}))/32" flowid "$cls" || return 1
+      desc+=", to node${p%%:*} ${p#*:}mbit"
+    done
+  elif [[ -n $link ]]; then
+    tc -n "sbc-$n" qdisc add dev eth0 root tbf rate "${link}mbit" burst "$b" latency 50ms || return 1
+  fi
+  SHAPE[$i]=$desc
+}
+
+# Starts node I: namespace, veth to the bridge, the holder process that keeps its UTS and
+# mount namespaces (not `ip netns exec`: it remounts /sys, which slurmd cannot live with).
+make_node() {
+  local i=$1 n=node$1 pid t
+  mkdir -p "$STATE/$n/tmp" && chmod 1777 "$STATE/$n/tmp" || return 1
+  ip link add "sbc-v$i" type veth peer name "sbc-e$i" || return 1
+  ip link set "sbc-e$i" netns "sbc-$n" || return 1
+  ip -n "sbc-$n" link set "sbc-e$i" name eth0 || return 1
+  ip -n "sbc-$n" addr add "$NET.$((10 + i))/24" dev eth0 || return 1
+  ip -n "sbc-$n" link set lo up && ip -n "sbc-$n" link set eth0 up || return 1
+  ip link set "sbc-v$i" master "$BR" && ip link set "sbc-v$i" up || return 1
+  setsid nsenter --net="/run/netns/sbc-$n" unshare --uts --mount --propagation private \
+    bash -c 'hostname "$1" && mount --bind "$2/tmp" /tmp && mount --bind "$3" /etc/hosts &&
+             exec -a "sbc-holder-$1@$4" sleep infinity' bash "$n" "$STATE/$n" "$STATE/hosts" "$STATE" \
+    </dev/null >>"$STATE/$n/holder.log" 2>&1 &
+  pid=$!
+  for t in $(seq 100); do holder_alive "$pid" "$n" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  holder_alive "$pid" "$n" || { echo "local-cluster: $n did not start: $(tail -n1 "$STATE/$n/holder.log")" >&2; return 1; }
+  PID[$i]=$pid
+}
+
+cmd_up() {
+  local nodes="" i a b k v
+  declare -gA RATE=() PATHR=() SHAPE=() PID=()
+  local link="" slows=() paths=()
+  while (($#)); do
+    case $1 in
+      --nodes|--link-mbit|--slow|--slow-path)
+        (($# >= 2)) || die 2 "$1 needs a value (--nodes N: 1..$MAXN; --link-mbit R; --slow NODE=R; --slow-path A-B=R)"
+        case $1 in --nodes) nodes=$2 ;; --link-mbit) link=$2 ;; --slow) slows+=("$2") ;; *) paths+=("$2") ;; esac
+        shift 2 ;;
+      -h|--help) usage; exit 0 ;;
+      *) die 2 "up: unknown argument '$1' (allowed: --nodes N, --link-mbit R, --slow NODE=R, --slow-path A-B=R)" ;;
+    esac
+  done
+  [[ -n $nodes ]] || die 2 "up: --nodes N is required (N from 1 to $MAXN)"
+  [[ $nodes =~ ^[0-9]+$ ]] && ((10#$nodes >= 1 && 10#$nodes <= MAXN)) || die 2 "--nodes '$nodes': N must be from 1 to $MAXN"
+  nodes=$((10#$nodes))
+  if [[ -n $link ]]; then
+    is_rate "$link" || die 2 "--link-mbit '$link': must be a positive number of Mbit/s up to $MAXR"
+    for ((i = 1; i <= nodes; i++)); do RATE[$i]=$link; done
+  fi
+  for v in ${slows[@]+"${slows[@]}"}; do
+    [[ $v == *=* ]] || die 2 "--slow '$v': must be NODE=R (NODE node1..node$nodes, R Mbit/s)"
+    i=$(node_index "${v%%=*}" "$nodes") || die 2 "--slow '$v': unknown node '${v%%=*}' (allowed: node1..node$nodes)"
+    is_rate "${v#*=}" || die 2 "--slow '$v': rate '${v#*=}' must be a positive number of Mbit/s up to $MAXR"
+    RATE[$i]=${v#*=}
+  done
+  for v in ${paths[@]+"${paths[@]}"}; do
+    [[ $v =~ ^([^-=]+)-([^-=]+)=(.*)$ ]] || die 2 "--slow-path '$v': must be A-B=R (two of node1..node$nodes, R Mbit/s)"
+    k=${BASH_REMATCH[3]}
+    a=$(node_index "${BASH_REMATCH[1]}" "$nodes") || die 2 "--slow-path '$v': unknown node '${BASH_REMATCH[1]}' (allowed: node1..node$nodes)"
+    b=$(node_index "${BASH_REMATCH[2]}" "$nodes") || die 2 "--slow-path '$v': unknown node '${BASH_REMATCH[2]}' (allowed: node1..node$nodes)"
+    ((a != b)) || die 2 "--slow-path '$v': A and B must be two different nodes"
+    is_rate "$k" || die 2 "--slow-path '$v': rate '$k' must be a positive number of Mbit/s up to $MAXR"
+    if ((a < b)); then PATHR[$a-$b]=$k; else PATHR[$b-$a]=$k; fi
+  done
+  # The nodes see every path but /tmp (their own): the rsh agent and state must be outside it.
+  [[ $STATE == /* && $STATE != *[[:space:]]* && $STATE != /tmp && $STATE != /tmp/* ]] ||
+    die 2 "SB_CLUSTER_STATE '$STATE': must be an absolute path without spaces, not under /tmp"
+  if [[ -d $STATE && ! -e $STATE/$MARK ]] && [[ -n $(ls -A "$STATE") ]]; then
+    die 2 "SB_CLUSTER_STATE '$STATE': exists and is not a cluster state folder; pick another"
+  fi
+  if cluster_up; then
+    die 2 "a cluster is up ($(wc -l <"$STATE/nodes") nodes); run 'scripts/local-cluster.sh down' first"
+  fi
+  local ns pid other
+  for ns in $(ip netns list 2>/dev/null | awk '$1 ~ /^sbc-/ {print $1}'); do
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do
+      other=$(holder_tag "$pid") && other=${other#*@} && [[ $other != "$STATE" && -s $other/nodes ]] &&
+        die 2 "a cluster is up with SB_CLUSTER_STATE=$other; run 'SB_CLUSTER_STATE=$other scripts/local-cluster.sh down' first"
+    done
+  done
+  if leftovers; then echo "local-cluster: removing a stale cluster" >&2; teardown; fi
+
+  # From here on, whatever fails or interrupts us removes what was made.
+  trap 'teardown; exit 130' INT
+  trap 'teardown; exit 143' TERM
+  local err
+  if ! err=$(ip netns add sbc-node1 2>&1); then
+    teardown; die 3 "cannot make network namespaces here (needs root / CAP_NET_ADMIN): $err"
+  fi
+  mkdir -p "$STATE" && touch "$STATE/$MARK" || { teardown; die 1 "cannot write the state folder $STATE"; }
+  { echo "127.0.0.1 localhost"; echo "$NET.1 sbc-root"
+    for ((i = 1; i <= nodes; i++)); do echo "$NET.$((10 + i)) node$i"; done; } >"$STATE/hosts"
+  printf '#!/bin/sh\n# Open MPI rsh agent for this cluster: [options] HOST CMD...\nSB_CLUSTER_STATE=%s exec %s rsh "$@"\n' \
+    "$STATE" "$SELF" >"$STATE/rsh-agent" && chmod +x "$STATE/rsh-agent"
+  if ! { ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up; }; then
+    teardown; die 1 "cannot make the bridge $BR"
+  fi
+  for ((i = 1; i <= nodes; i++)); do
+    { ((i == 1)) || ip netns add "sbc-node$i"; } && make_node "$i" && shape_node "$i" ||
+      { teardown; die 1 "up: could not make node$i (see the lines above); nothing was left behind"; }
+  done
+  for ((i = 1; i <= nodes; i++)); do echo "node$i $NET.$((10 + i)) ${PID[$i]} ${SHAPE[$i]}"; done >"$STATE/nodes"
+  trap - INT TERM
+}
+
+cmd_down() { teardown; }
+
+need_up() { cluster_up || die 1 "no cluster is up (scripts/local-cluster.sh up --nodes N)"; }
+
+# Prints the holder pid of NODE (a name or an address), or fails.
+holder_of() {
+  local name addr pid rest
+  while read -r name addr pid rest; do
+    [[ $1 == "$name" || $1 == "$addr" ]] && { echo "$pid"; return 0; }
+  done <"$STATE/nodes"
+  return 1
+}
+
+cmd_exec() {
+  (($# >= 2)) || die 2 "exec: usage: exec NODE CMD..."
+  need_up
+  local pid n=$(wc -l <"$STATE/nodes")
+  pid=$(holder_of "$1") || die 2 "exec: unknown node '$1' (allowed: node1..node$n)"
+  shift
+  exec nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "$@"
+}
+
+# Open MPI's rsh launcher calls its agent as `AGENT [options] HOST CMD...`, CMD being words of
+# a shell command line (as ssh would take them): skip the options, run CMD in HOST's shell.
+cmd_rsh() {
+  while [[ ${1:-} == -* ]]; do shift; done
+  (($# >= 2)) || die 2 "rsh: usage: rsh [options] HOST CMD..."
+  local pid host=$1
+  shift
+  pid=$(holder_of "$host") || die 2 "rsh: unknown host '$host'"
+  exec nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "${SHELL:-/bin/sh}" -c "$*"
+}
+
+mpirun_args() {
+  local per=$1 hosts="" name rest
+  while read -r name rest; do hosts+=${hosts:+,}$name:$per; done <"$STATE/nodes"
+  echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent" \
+    "--mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24"
+}
+
+cmd_mpirun_args() {
+  local per=1
+  while (($#)); do
+    case $1 in
+      --ranks-per-node) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] || die 2 "--ranks-per-node '${2:-}': must be a positive integer"
+        per=$2; shift 2 ;;
+      *) die 2 "mpirun-args: unknown argument '$1' (allowed: --ranks-per-node R)" ;;
+    esac
+  done
+  need_up
+  mpirun_args "$per"
+}
+
+cmd_status() {
+  [[ -s $STATE/nodes ]] || die 1 "no cluster is up"
+  local name addr pid shape state=0
+  while read -r name addr pid shape; do
+    if holder_alive "$pid" "$name"; then echo "$name $addr up $shape"; else echo "$name $addr down $shape"; state=1; fi
+  done <"$STATE/nodes"
+  return $state
+}
+
+# up, CMD here with the cluster's description exported, down on every exit.
+cmd_run() {
+  local up=() child rc
+  while (($#)) && [[ $1 != -- ]]; do up+=("$1"); shift; done
+  (($# >= 2)) || die 2 "run: usage: run --nodes N [shaping flags] -- CMD..."
+  shift
+  cmd_up ${up[@]+"${up[@]}"}
+  trap 'teardown' EXIT
+  trap '[[ -n ${child:-} ]] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit 130' INT
+  trap '[[ -n ${child:-} ]] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit 143' TERM
+  export SB_CLUSTER_NODES=$(wc -l <"$STATE/nodes")
+  export SB_CLUSTER_HOSTS=$(awk '{print $1}' "$STATE/nodes" | paste -sd, -)
+  export SB_CLUSTER_MPIRUN_ARGS=$(mpirun_args 1)
+  # In the background so that a signal reaches our trap at once (bash defers traps until a
+  # foreground child ends); stdin passed on explicitly, as `&` would give it /dev/null.
+  exec 3<&0
+  "$@" <&3 3<&- &
+  child=$!
+  wait "$child"; rc=$?
+  child=""
+  return $rc
+}
+
+case ${1:-} in
+  up) shift; cmd_up "$@" ;;
+  down) cmd_down ;;
+  exec) shift; cmd_exec "$@" ;;
+  rsh) shift; cmd_rsh "$@" ;;
+  status) cmd_status ;;
+  mpirun-args) shift; cmd_mpirun_args "$@" ;;
+  run) shift; cmd_run "$@" ;;
+  -h|--help|help) usage ;;
+  "") die 2 "no command given (allowed: up, down, exec, status, mpirun-args, run; -h for help)" ;;
+  *) die 2 "unknown command '$1' (allowed: up, down, exec, status, mpirun-args, run)" ;;
+esac
