@@ -21,6 +21,8 @@
 # up, 3 namespaces cannot be made here (no root / CAP_NET_ADMIN: tests count it as skipped).
 set -uo pipefail
 
+declare -A PID=()   # holder pids started by this process, by node index
+MADE=0              # 1 once this process has started making a cluster
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 STATE=${SB_CLUSTER_STATE:-/run/shardbench-cluster}
 MARK=.shardbench-cluster        # only a folder holding this file is ever removed by `down`
@@ -51,7 +53,7 @@ is_rate() { [[ $1 =~ ^([0-9]+([.][0-9]*)?|[.][0-9]+)$ ]] && awk -v r="$1" -v m=$
 burst() { awk -v r="$1" 'BEGIN{b = int(r * 500); print (b < 32768 ? 32768 : b)}'; }
 node_index() { [[ $1 =~ ^node([1-9][0-9]*)$ ]] && ((BASH_REMATCH[1] <= $2)) && echo "${BASH_REMATCH[1]}"; }
 # A holder's argv[0] is sbc-holder-NODE@STATE: it says which node of which cluster it keeps.
-holder_tag() { [[ -r /proc/$1/cmdline ]] && tr '\0' '\n' <"/proc/$1/cmdline" | head -n1 | grep '^sbc-holder-'; }
+holder_tag() { tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" | head -n1 | grep '^sbc-holder-'; }
 holder_alive() { [[ $(holder_tag "$1") == "sbc-holder-$2@$STATE" ]]; }
 
 # A cluster is up when the state lists nodes and every holder still runs.
@@ -60,12 +62,20 @@ cluster_up() {
   local name addr pid rest
   while read -r name addr pid rest; do holder_alive "$pid" "$name" || return 1; done <"$STATE/nodes"
 }
-leftovers() { ip netns list 2>/dev/null | grep -q '^sbc-' || ip -o link show 2>/dev/null | grep -q ': sbc-' || [[ -e $STATE/$MARK ]]; }
+# What is left of a cluster: namespaces, links, the state folder; one line.
+leftover_list() {
+  { ip netns list 2>/dev/null | awk '$1 ~ /^sbc-/ {print $1}'
+    ip -o link show 2>/dev/null | awk -F': ' '$2 ~ /^sbc-/ {sub(/@.*/, "", $2); print $2}'
+    [[ -e $STATE/$MARK ]] && echo "$STATE"; } | paste -sd' '
+}
+leftovers() { [[ -n $(leftover_list) ]]; }
 
 # Remove everything with the prefix: processes in the nodes (holders, orteds), namespaces,
 # links, the state. Waits until the links are gone, so the host looks as before on return.
 teardown() {
   local ns pids name addr pid rest i
+  # Holders this process started, even one not yet in its namespace (up interrupted).
+  ((${#PID[@]})) && kill -KILL "${PID[@]}" 2>/dev/null
   [[ -s $STATE/nodes ]] && while read -r name addr pid rest; do
     holder_alive "$pid" "$name" && kill -KILL "$pid" 2>/dev/null
   done <"$STATE/nodes"
@@ -121,8 +131,9 @@ shape_node() {
 
 # Starts node I: namespace, veth to the bridge, the holder process that keeps its UTS and
 # mount namespaces (not `ip netns exec`: it remounts /sys, which slurmd cannot live with).
+# mount -n: /run is shared with this host, so no entry in its /run/mount/utab.
 make_node() {
-  local i=$1 n=node$1 pid t
+  local i=$1 n=node$1 pid
   mkdir -p "$STATE/$n/tmp" && chmod 1777 "$STATE/$n/tmp" || return 1
   ip link add "sbc-v$i" type veth peer name "sbc-e$i" || return 1
   ip link set "sbc-e$i" netns "sbc-$n" || return 1
@@ -131,18 +142,18 @@ make_node() {
   ip -n "sbc-$n" link set lo up && ip -n "sbc-$n" link set eth0 up || return 1
   ip link set "sbc-v$i" master "$BR" && ip link set "sbc-v$i" up || return 1
   setsid nsenter --net="/run/netns/sbc-$n" unshare --uts --mount --propagation private \
-    bash -c 'hostname "$1" && mount --bind "$2/tmp" /tmp && mount --bind "$3" /etc/hosts &&
+    bash -c 'hostname "$1" && mount -n --bind "$2/tmp" /tmp && mount -n --bind "$3" /etc/hosts &&
              exec -a "sbc-holder-$1@$4" sleep infinity' bash "$n" "$STATE/$n" "$STATE/hosts" "$STATE" \
     </dev/null >>"$STATE/$n/holder.log" 2>&1 &
-  pid=$!
-  for t in $(seq 100); do holder_alive "$pid" "$n" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+  pid=$! PID[$i]=$!
+  disown "$pid"     # no "Killed" report from this shell when `down` ends it
+  for _ in $(seq 100); do holder_alive "$pid" "$n" && break; kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
   holder_alive "$pid" "$n" || { echo "local-cluster: $n did not start: $(tail -n1 "$STATE/$n/holder.log")" >&2; return 1; }
-  PID[$i]=$pid
 }
 
 cmd_up() {
   local nodes="" i a b k v
-  declare -gA RATE=() PATHR=() SHAPE=() PID=()
+  declare -gA RATE=() PATHR=() SHAPE=()
   local link="" slows=() paths=()
   while (($#)); do
     case $1 in
@@ -195,29 +206,41 @@ cmd_up() {
   if leftovers; then echo "local-cluster: removing a stale cluster" >&2; teardown; fi
 
   # From here on, whatever fails or interrupts us removes what was made.
+  local old_traps
+  old_traps=$(trap -p INT TERM)
+  # shellcheck disable=SC2034  # read by run's EXIT trap
+  MADE=1
   trap 'teardown; exit 130' INT
   trap 'teardown; exit 143' TERM
   local err
-  if ! err=$(ip netns add sbc-node1 2>&1); then
-    teardown; die 3 "cannot make network namespaces here (needs root / CAP_NET_ADMIN): $err"
+  if ! err=$(ip netns add sbc-node1 2>&1) || ! err=$(ip link add "$BR" type bridge 2>&1); then
+    teardown; die 3 "cannot make network namespaces and links here (needs root / CAP_NET_ADMIN): $err"
   fi
   mkdir -p "$STATE" && touch "$STATE/$MARK" || { teardown; die 1 "cannot write the state folder $STATE"; }
   { echo "127.0.0.1 localhost"; echo "$NET.1 sbc-root"
     for ((i = 1; i <= nodes; i++)); do echo "$NET.$((10 + i)) node$i"; done; } >"$STATE/hosts"
   printf '#!/bin/sh\n# Open MPI rsh agent for this cluster: [options] HOST CMD...\nSB_CLUSTER_STATE=%s exec %s rsh "$@"\n' \
     "$STATE" "$SELF" >"$STATE/rsh-agent" && chmod +x "$STATE/rsh-agent"
-  if ! { ip link add "$BR" type bridge && ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up; }; then
+  if ! { ip addr add "$NET.1/24" dev "$BR" && ip link set "$BR" up; }; then
     teardown; die 1 "cannot make the bridge $BR"
   fi
   for ((i = 1; i <= nodes; i++)); do
     { ((i == 1)) || ip netns add "sbc-node$i"; } && make_node "$i" && shape_node "$i" ||
       { teardown; die 1 "up: could not make node$i (see the lines above); nothing was left behind"; }
   done
-  for ((i = 1; i <= nodes; i++)); do echo "node$i $NET.$((10 + i)) ${PID[$i]} ${SHAPE[$i]}"; done >"$STATE/nodes"
+  # Written last and at once: a `nodes` file means a complete cluster.
+  for ((i = 1; i <= nodes; i++)); do echo "node$i $NET.$((10 + i)) ${PID[$i]} ${SHAPE[$i]}"; done >"$STATE/nodes.new"
+  mv "$STATE/nodes.new" "$STATE/nodes"
   trap - INT TERM
+  eval "$old_traps"
 }
 
-cmd_down() { teardown; }
+cmd_down() {
+  teardown
+  local left
+  left=$(leftover_list)
+  [[ -z $left ]] || die 1 "down: could not remove $left (needs root)"
+}
 
 need_up() { cluster_up || die 1 "no cluster is up (scripts/local-cluster.sh up --nodes N)"; }
 
@@ -233,7 +256,8 @@ holder_of() {
 cmd_exec() {
   (($# >= 2)) || die 2 "exec: usage: exec NODE CMD..."
   need_up
-  local pid n=$(wc -l <"$STATE/nodes")
+  local pid n
+  n=$(wc -l <"$STATE/nodes")
   pid=$(holder_of "$1") || die 2 "exec: unknown node '$1' (allowed: node1..node$n)"
   shift
   exec nsenter -t "$pid" --net --uts --mount --wd="$PWD" -- "$@"
@@ -252,6 +276,10 @@ cmd_rsh() {
 
 mpirun_args() {
   local per=$1 hosts="" name rest
+  # Ranks start in mpirun's folder by its path: under /tmp that is each node's own (or, where
+  # missing, $HOME), so collective writes (results/*.h5 via MPI-IO) hang or split.
+  [[ $PWD == /tmp || $PWD == /tmp/* ]] &&
+    echo "local-cluster: warning: $PWD is under /tmp, which each node has its own of; run mpirun from elsewhere" >&2
   while read -r name rest; do hosts+=${hosts:+,}$name:$per; done <"$STATE/nodes"
   echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent" \
     "--mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24"
@@ -279,22 +307,38 @@ cmd_status() {
   return $state
 }
 
+# Ends run's CMD and its children (say, the mpirun of a `sh -c`), by pid.
+stop_child() {
+  [[ -n ${child:-} ]] && kill -0 "$child" 2>/dev/null || return 0
+  local kids p
+  kids=$(pgrep -P "$child")   # before the child ends and they move to another parent
+  kill -TERM "$child" $kids 2>/dev/null
+  for _ in $(seq 30); do     # 3 s to end cleanly (mpirun stops its ranks), then KILL
+    for p in "$child" $kids; do kill -0 "$p" 2>/dev/null && break; p=""; done
+    [[ -z $p ]] && break
+    sleep 0.1
+  done
+  kill -KILL "$child" $kids 2>/dev/null; wait "$child" 2>/dev/null
+}
+
 # up, CMD here with the cluster's description exported, down on every exit.
 cmd_run() {
   local up=() child rc
   while (($#)) && [[ $1 != -- ]]; do up+=("$1"); shift; done
   (($# >= 2)) || die 2 "run: usage: run --nodes N [shaping flags] -- CMD..."
   shift
+  # Set before up, so no signal falls between up and these; a refused up made nothing.
+  trap '((MADE)) && { stop_child; teardown; }' EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
   cmd_up ${up[@]+"${up[@]}"}
-  trap 'teardown' EXIT
-  trap '[[ -n ${child:-} ]] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit 130' INT
-  trap '[[ -n ${child:-} ]] && kill -TERM "$child" 2>/dev/null && wait "$child"; exit 143' TERM
-  export SB_CLUSTER_NODES=$(wc -l <"$STATE/nodes")
-  export SB_CLUSTER_HOSTS=$(awk '{print $1}' "$STATE/nodes" | paste -sd, -)
-  export SB_CLUSTER_MPIRUN_ARGS=$(mpirun_args 1)
+  SB_CLUSTER_NODES=$(wc -l <"$STATE/nodes")
+  SB_CLUSTER_HOSTS=$(awk '{print $1}' "$STATE/nodes" | paste -sd, -)
+  SB_CLUSTER_MPIRUN_ARGS=$(mpirun_args 1)
+  export SB_CLUSTER_NODES SB_CLUSTER_HOSTS SB_CLUSTER_MPIRUN_ARGS
   # In the background so that a signal reaches our trap at once (bash defers traps until a
   # foreground child ends); stdin passed on explicitly, as `&` would give it /dev/null.
-  exec 3<&0
+  exec 3<&0 || exec 3</dev/null
   "$@" <&3 3<&- &
   child=$!
   wait "$child"; rc=$?

@@ -12,22 +12,25 @@ trap 'exit 130' INT TERM
 skip() { echo "local_cluster_test: skipped: $1"; exit 0; }
 if "$C" status >/dev/null 2>&1; then trap 'rm -rf "$tmp"' EXIT; skip "a cluster is up; not touching it"; fi
 "$C" down >/dev/null 2>&1   # a stale one
-"$C" up --nodes 1 >"$tmp/out" 2>&1
-case $? in
-  0) "$C" down ;;
-  3) skip "$(tail -n1 "$tmp/out")" ;;
-  *) bad "up --nodes 1 works"; summary; exit 1 ;;
-esac
 
 # What the cluster may touch on the host; equal before and after.
 snapshot() {
   { ip -o link; ip -o addr; ip route; ip netns list; pgrep -a -f '^sbc-holder-'; ls -d /run/shardbench-cluster; } 2>&1
 }
 snapshot >"$tmp/before"
+ref=$tmp/before   # what refusals must leave as it was: the host, or the host with the cluster up
 same_host() {   # same_host NAME: the host looks as before
   snapshot >"$tmp/after"
   if diff "$tmp/before" "$tmp/after" >"$tmp/out"; then ok "$1"; else bad "$1"; fi
 }
+
+"$C" up --nodes 1 >"$tmp/out" 2>&1
+case $? in
+  0) "$C" down >>"$tmp/out" 2>&1 && ok "up --nodes 1, down" || bad "up --nodes 1, down" ;;
+  3) skip "$(tail -n1 "$tmp/out")" ;;
+  *) bad "up --nodes 1 works"; summary; exit 1 ;;
+esac
+same_host "  the host as before"
 # refused NAME PATTERN -- command...: exit 2, one line on stderr matching PATTERN, host unchanged.
 refused() {
   local name=$1 pattern=$2
@@ -36,12 +39,23 @@ refused() {
   local rc=$? lines
   lines=$(wc -l <"$tmp/stderr")
   cat "$tmp/stdout" "$tmp/stderr" >"$tmp/out"
-  if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -qE -- "$pattern" "$tmp/stderr" || [ -s "$tmp/stdout" ]; then
-    echo "      exit $rc, $lines line(s) on stderr, expected exit 2, one line /$pattern/" >>"$tmp/out"
+  snapshot | diff "$ref" - >>"$tmp/out"
+  local changed=$?
+  if [ $rc -ne 2 ] || [ "$lines" -ne 1 ] || ! grep -qE -- "$pattern" "$tmp/stderr" || [ -s "$tmp/stdout" ] || [ $changed -ne 0 ]; then
+    echo "      exit $rc, $lines line(s) on stderr, expected exit 2, one line /$pattern/, the host unchanged" >>"$tmp/out"
     bad "$name"
   else
     ok "$name"
   fi
+}
+
+# status NAME CODE -- command...: exit code CODE, whatever the output.
+status() {
+  local name=$1 code=$2
+  shift 3
+  "$@" >"$tmp/out" 2>&1
+  local rc=$?
+  if [ $rc -eq "$code" ]; then ok "$name"; else echo "      exit $rc, expected $code" >>"$tmp/out"; bad "$name"; fi
 }
 
 # A TCP stream of MB MiB from node A to node B; prints Mbit/s as the receiver saw it.
@@ -78,7 +92,7 @@ within() {
 }
 
 # 1. Three nodes: hosts of their own.
-expect "up --nodes 3" 0 '' -- "$C" up --nodes 3
+status "up --nodes 3" 0 -- "$C" up --nodes 3
 for i in 1 2 3; do
   expect "  node$i: host name node$i" 0 "^node$i\$" -- "$C" exec node$i hostname
   expect "  node$i: address 198.18.0.$((10 + i))/24 on eth0" 0 "inet 198.18.0.$((10 + i))/24 " -- "$C" exec node$i ip -o -4 addr show eth0
@@ -99,20 +113,24 @@ unshaped=$(rate node1 node2 40)
 echo "      unshaped node1 -> node2: $unshaped Mbit/s"
 
 # 5. Open MPI from this namespace across the nodes (mpi-env.sh's btl_tcp_if_include=lo loses).
-"$C" mpirun-args --ranks-per-node 2 >"$tmp/args" 2>"$tmp/out"
-timeout 60 mpirun $(cat "$tmp/args") -np 4 hostname >"$tmp/hosts" 2>>"$tmp/out"
-sort "$tmp/hosts" | paste -sd' ' >>"$tmp/out"
-check "mpirun: 2 ranks on node1, 2 on node2" grep -qx 'node1 node1 node2 node2' "$tmp/out"
+"$C" mpirun-args --ranks-per-node 2 >"$tmp/args" 2>"$tmp/mpi"
+timeout 60 mpirun $(cat "$tmp/args") -np 4 hostname >"$tmp/hosts" 2>>"$tmp/mpi"
+sort "$tmp/hosts" | paste -sd' ' >>"$tmp/mpi"
+expect "mpirun: 2 ranks on node1, 2 on node2" 0 '^node1 node1 node2 node2$' -- cat "$tmp/mpi"
+expect "  the ranks' TCP is pinned to the bridge's network" 0 '^198.18.0.0/24$' -- \
+  timeout 60 mpirun $(cat "$tmp/args") -np 1 sh -c 'echo $OMPI_MCA_btl_tcp_if_include' 
 
 # 6 (while up). Refusals leave the cluster as it was.
 snapshot >"$tmp/up"
+ref=$tmp/up
 refused "a second up is refused" 'a cluster is up \(3 nodes\).*down' -- "$C" up --nodes 2
 expect "  the first cluster still works" 0 '^node3$' -- "$C" exec node3 hostname
 if snapshot | diff "$tmp/up" - >"$tmp/out"; then ok "  and is untouched"; else bad "  and is untouched"; fi
 refused "exec on an unknown node" "node7.*node1..node3" -- "$C" exec node7 true
 "$C" down
+ref=$tmp/before
 same_host "down: the host as before"
-expect "down again: nothing to do, exit 0" 0 '' -- "$C" down
+status "down again: nothing to do, exit 0" 0 -- "$C" down
 expect "status without a cluster: exit 1" 1 'no cluster is up' -- "$C" status
 
 # 6. Bad input: one line, exit 2, nothing made.
@@ -126,7 +144,7 @@ refused "--slow-path node1-node1=10" "node1-node1=10.*two different nodes" -- "$
 same_host "  the host as before"
 
 # 4. Shaping, measured.
-expect "up --nodes 2 --link-mbit 100" 0 '' -- "$C" up --nodes 2 --link-mbit 100
+status "up --nodes 2 --link-mbit 100" 0 -- "$C" up --nodes 2 --link-mbit 100
 r12=$(rate node1 node2 5)
 within "  node1 -> node2 at 80..105 Mbit/s" "$r12" 80 105
 r21=$(rate node2 node1 5)
@@ -134,14 +152,22 @@ within "  node2 -> node1 at 80..105 Mbit/s" "$r21" 80 105
 within "  unshaped is over 3x faster" "$unshaped" $((3 * 100)) 1e9
 expect "  status says so" 0 '^node1 198.18.0.11 up tbf 100mbit$' -- "$C" status
 "$C" down
-expect "up --nodes 3 --slow-path node1-node2=50" 0 '' -- "$C" up --nodes 3 --slow-path node1-node2=50
+# --slow shapes one node's link: out of it at its eth0, into it at this host's end of the veth.
+status "up --nodes 2 --slow node2=60" 0 -- "$C" up --nodes 2 --slow node2=60
+s12=$(rate node1 node2 3)
+within "  node1 -> node2 (into node2) at 48..63 Mbit/s" "$s12" 48 63
+s21=$(rate node2 node1 3)
+within "  node2 -> node1 (out of node2) at 48..63 Mbit/s" "$s21" 48 63
+expect "  status says so" 0 '^node2 198.18.0.12 up tbf 60mbit$' -- "$C" status
+"$C" down
+status "up --nodes 3 --slow-path node1-node2=50" 0 -- "$C" up --nodes 3 --slow-path node1-node2=50
 p12=$(rate node1 node2 4)
 within "  node1 -> node2 at 40..52.5 Mbit/s" "$p12" 40 52.5
 p21=$(rate node2 node1 4)
 within "  node2 -> node1 at 40..52.5 Mbit/s" "$p21" 40 52.5
 p13=$(rate node1 node3 20)
 within "  node1 -> node3 is over 3x faster" "$p13" 150 1e9
-echo "      measured Mbit/s: link 100: $r12, $r21; path 50: $p12, $p21; node1 -> node3 $p13; unshaped $unshaped"
+echo "      measured Mbit/s: link 100: $r12, $r21; node2 at 60: $s12, $s21; path 50: $p12, $p21; node1 -> node3 $p13; unshaped $unshaped"
 "$C" down
 
 # 1 (cont.). A stale cluster, run, and interrupted runs leave nothing behind.
@@ -154,7 +180,7 @@ expect "  and makes a working one" 0 '^node2$' -- "$C" exec node2 hostname
 expect "run: CMD sees the cluster, runs mpirun, and its status is run's" 3 '^2 node1,node2 node1 node2$' -- \
   "$C" run --nodes 2 -- sh -c 'echo $SB_CLUSTER_NODES $SB_CLUSTER_HOSTS $(mpirun $SB_CLUSTER_MPIRUN_ARGS -np 2 hostname | sort); exit 3'
 same_host "  the host as before"
-expect "run -- false: exit 1" 1 '' -- "$C" run --nodes 2 -- false
+status "run -- false: exit 1" 1 -- "$C" run --nodes 2 -- false
 same_host "  the host as before"
 "$C" run --nodes 2 -- sleep 61.5 >/dev/null 2>&1 &
 runpid=$!
