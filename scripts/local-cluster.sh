@@ -281,8 +281,11 @@ mpirun_args() {
   [[ $PWD == /tmp || $PWD == /tmp/* ]] &&
     echo "local-cluster: warning: $PWD is under /tmp, which each node has its own of; run mpirun from elsewhere" >&2
   while read -r name rest; do hosts+=${hosts:+,}$name:$per; done <"$STATE/nodes"
+  # Two TCP connections per pair of ranks: over one, traffic both ways at once (a ring's
+  # send-recv, all-reduce, all-gather) got half the shaped rate each way (16 MiB send-recv,
+  # 2 nodes at 200 Mbit/s: 96 Mbit/s a direction; with two 192, as one way alone).
   echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent" \
-    "--mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24"
+    "--mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24 --mca btl_tcp_links 2"
 }
 
 cmd_mpirun_args() {

@@ -3,7 +3,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source scripts/mpi-env.sh
-failed=0
+failed=0 skipped=()
 echo "=== first contact: make demo / make test on a machine where deps installs the packages (tests/first_contact_test.sh)"
 bash tests/first_contact_test.sh || failed=$((failed + 1))
 echo "=== the repo stands on its own (citations, paths, issue numbers)"
@@ -36,6 +36,13 @@ echo "=== tensor parallelism: --tp with every strategy (tests/tp_tests.sh)"
 bash tests/tp_tests.sh || failed=$((failed + 1))
 echo "=== pipeline parallelism: --pp with GPipe and 1F1B (tests/pp_tests.sh)"
 bash tests/pp_tests.sh || failed=$((failed + 1))
+echo "=== many nodes on one machine: every strategy across emulated hosts, shaped links (tests/multinode_tests.sh)"
+bash tests/multinode_tests.sh
+case $? in
+  0) ;;
+  77) skipped+=("multinode (no network namespaces here)") ;;  # said why in one line; never a pass
+  *) failed=$((failed + 1)) ;;
+esac
 echo "=== the GPU window and ledger without a GPU: scripts/gpu-window.sh, gpu-check.sh --stale (tests/gpu_window_test.sh)"
 bash tests/gpu_window_test.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
@@ -51,4 +58,8 @@ echo "=== the layout advisor (tests/test_advise.py)"
 echo "=== analysis: figures, report, projection"
 bash tests/analysis_tests.sh || failed=$((failed + 1))
 if [ "$failed" -ne 0 ]; then echo "make test: $failed suite(s) failed"; exit 1; fi
-echo "make test: all suites passed"
+if [ ${#skipped[@]} -gt 0 ]; then
+  echo "make test: all suites that ran passed; ${#skipped[@]} skipped: ${skipped[*]}"
+else
+  echo "make test: all suites passed"
+fi
