@@ -344,7 +344,7 @@ def estimate(d, cluster):
     "The layout advisor")."""
     cm = cluster["compute_model"]
     w, gpn = d["world_size"], cluster["gpus_per_node"]
-    slow = oversubscription(cluster, min(w, gpn)) * straggler_factor(cluster, w)
+    slow = oversubscription(cluster, min(w, gpn), w) * straggler_factor(cluster, w)
     tiers = group_tiers(d, cluster)
     axis_code = {name: i for i, name in enumerate(d["axis_names"])}
     overlap = cluster["compute"].get("overlap_slowdown", 0.0)

@@ -28,7 +28,8 @@ COMPUTE_OPS = ("gemm", "elementwise", "optimizer", "copy")
 # Field: (type, required). Numbers must be positive unless noted in the docs.
 NUM = (int, float)
 CLUSTER_FIELDS = {"name": (str, True), "gpus_per_node": (int, True), "gpu_memory_gib": (NUM, True),
-                  "dtype": (str, True), "collectives": (str, False), "cpu_cores_per_node": (int, False)}
+                  "dtype": (str, True), "collectives": (str, False), "cpu_cores_per_node": (int, False),
+                  "cpu_cores_shared": (int, False)}
 COMPUTE_FIELDS = {"gemm_tflops": (NUM, True), "memory_bandwidth_gbps": (NUM, True), "launch_us": (NUM, False),
                   "calibration_runs": (list, False), "gemm_scale": (NUM, False), "memory_scale": (NUM, False),
                   "overlap_slowdown": (NUM, False), "gpu_speed_spread": (NUM, False)}
@@ -135,8 +136,13 @@ def load_cluster(path, calibrate=True):
 
 # ---------------------------------------------------------------- compute
 
-def oversubscription(cluster, ranks_per_node):
-    """CPU clusters: ranks beyond the cores share them, so compute slows by ranks/cores."""
+def oversubscription(cluster, ranks_per_node, world):
+    """CPU clusters: ranks beyond the cores share them, so compute slows by ranks/cores: a
+    node's ranks share its cpu_cores_per_node, or, where the nodes are hosts emulated on one
+    machine (cpu_cores_shared: that machine's cores), every rank of the world shares them."""
+    shared = cluster.get("cpu_cores_shared")
+    if shared:
+        return max(1.0, world / shared)
     cores = cluster.get("cpu_cores_per_node")
     return max(1.0, ranks_per_node / cores) if cores else 1.0
 
@@ -206,6 +212,7 @@ class ComputeModel:
                 s, e = f["steps"][()], f["events"][()]
                 op_names = np.array(shardbench_h5.names(f["events"]))
                 dtype, rpn = shardbench_h5.attr(f, "dtype"), shardbench_h5.attr(f, "ranks_per_node")
+                world = shardbench_h5.attr(f, "world_size")
                 label = f"{shardbench_h5.attr(f, 'program')} {shardbench_h5.attr(f, 'model')} {shardbench_h5.attr(f, 'backend')} {dtype}"
         except OSError as err:
             raise ProjectionError(f"calibration run {path}: {err}")
@@ -214,7 +221,7 @@ class ComputeModel:
                                   "rates of this cluster description (its field 'dtype')")
         timed = s[s["warmup"] == 0]
         e = e[np.isin(e["step"], timed["step"])]
-        slow = oversubscription(cluster, rpn)  # the measured times already suffered it
+        slow = oversubscription(cluster, rpn, world)  # the measured times already suffered it
         d = (e["end"] - e["start"]) / slow
         ops = op_names[e["op"]]
         for row, op, dur in zip(e, ops, d):
@@ -745,7 +752,7 @@ def _stage_lists(sched, cluster):
     """[(rank, ops, cost)]: the schedule's one rank, or under --pp the first rank of every
     stage, with each compute op's seconds on one GPU of the world (0 for other ops)."""
     cm, w = cluster["compute_model"], sched["world_size"]
-    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"])) * straggler_factor(cluster, w)
+    slow = oversubscription(cluster, min(w, cluster["gpus_per_node"]), w) * straggler_factor(cluster, w)
     lists = ([(s["rank"], list(schedule_ops(sched, s["ops"], lanes=True))) for s in sched["stages"]]
              if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched, lanes=True)))])
     # CPU offload: copies over the host link, the update at the host's rate ([host], per GPU)
