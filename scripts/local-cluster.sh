@@ -12,6 +12,7 @@
 #   scripts/local-cluster.sh up --nodes 3 --slow-path node1-node2=50
 #   scripts/local-cluster.sh status
 #   scripts/local-cluster.sh exec node2 hostname
+#   scripts/local-cluster.sh shape node2=80          # a running cluster: node2's link to 80 Mbit/s
 #   source scripts/mpi-env.sh
 #   mpirun $(scripts/local-cluster.sh mpirun-args --ranks-per-node 2) -np 8 build/bin/collective_perf
 #   scripts/local-cluster.sh down
@@ -37,6 +38,9 @@ usage: scripts/local-cluster.sh COMMAND ...
                          --slow-path only the traffic between nodes A and B
   down                   remove every node, link and the state (idempotent)
   exec NODE CMD...       run CMD inside NODE (cwd and environment kept)
+  shape NODE=R|NODE=off...
+                         on a running cluster: shape NODE's link to R Mbit/s (both
+                         directions), or remove its shaping; not for a node with --slow-path
   status                 one line per node; exit 1 when no cluster is up
   mpirun-args [--ranks-per-node R]
                          the Open MPI flags to launch across the nodes from this namespace
@@ -301,6 +305,45 @@ cmd_mpirun_args() {
   mpirun_args "$per"
 }
 
+# Reshapes node links of a running cluster: tbf on both ends, replaced in place (open
+# connections and running jobs go on at the new rate). All arguments checked first.
+cmd_shape() {
+  (($#)) || die 2 "shape: usage: shape NODE=R|NODE=off... (R in Mbit/s)"
+  need_up
+  local n v i r b name addr pid rest
+  n=$(wc -l <"$STATE/nodes")
+  local -A NEW=()
+  for v in "$@"; do
+    [[ $v == *=* ]] || die 2 "shape: '$v': must be NODE=R or NODE=off (NODE node1..node$n, R Mbit/s)"
+    i=$(node_index "${v%%=*}" "$n") || die 2 "shape: '$v': unknown node '${v%%=*}' (allowed: node1..node$n)"
+    r=${v#*=}
+    [[ $r == off ]] || is_rate "$r" || die 2 "shape: '$v': rate '$r' must be a positive number of Mbit/s up to $MAXR, or off"
+    tc -n "sbc-node$i" qdisc show dev eth0 2>/dev/null | grep -q '^qdisc htb' &&
+      die 2 "shape: node$i has per-path shaping (--slow-path): bring the cluster up again to change it"
+    NEW[$i]=$r
+  done
+  for i in "${!NEW[@]}"; do
+    r=${NEW[$i]}
+    if [[ $r == off ]]; then
+      tc qdisc del dev "sbc-v$i" root 2>/dev/null
+      tc -n "sbc-node$i" qdisc del dev eth0 root 2>/dev/null
+    else
+      b=$(burst "$r")
+      tc qdisc replace dev "sbc-v$i" root tbf rate "${r}mbit" burst "$b" latency 50ms &&
+        tc -n "sbc-node$i" qdisc replace dev eth0 root tbf rate "${r}mbit" burst "$b" latency 50ms ||
+        die 1 "shape: could not shape node$i's link"
+    fi
+  done
+  while read -r name addr pid rest; do
+    i=${name#node}
+    if [[ -n ${NEW[$i]:-} ]]; then
+      if [[ ${NEW[$i]} == off ]]; then rest=none; else rest="tbf ${NEW[$i]}mbit"; fi
+    fi
+    echo "$name $addr $pid $rest"
+  done <"$STATE/nodes" >"$STATE/nodes.new" && mv "$STATE/nodes.new" "$STATE/nodes"
+  cmd_status
+}
+
 cmd_status() {
   [[ -s $STATE/nodes ]] || die 1 "no cluster is up"
   local name addr pid shape state=0
@@ -355,9 +398,10 @@ case ${1:-} in
   exec) shift; cmd_exec "$@" ;;
   rsh) shift; cmd_rsh "$@" ;;
   status) cmd_status ;;
+  shape) shift; cmd_shape "$@" ;;
   mpirun-args) shift; cmd_mpirun_args "$@" ;;
   run) shift; cmd_run "$@" ;;
   -h|--help|help) usage ;;
-  "") die 2 "no command given (allowed: up, down, exec, status, mpirun-args, run; -h for help)" ;;
-  *) die 2 "unknown command '$1' (allowed: up, down, exec, status, mpirun-args, run)" ;;
+  "") die 2 "no command given (allowed: up, down, exec, status, shape, mpirun-args, run; -h for help)" ;;
+  *) die 2 "unknown command '$1' (allowed: up, down, exec, status, shape, mpirun-args, run)" ;;
 esac
