@@ -307,16 +307,25 @@ def ring_steps(op, n):
     return 2 * (n - 1) if op == "all-reduce" else n - 1
 
 
+def nic_share(cluster, per_node):
+    """The NICs a group with `per_node` ranks on each node has, while the node's other ranks
+    run their own groups of the same axis at the same time (data parallelism's groups all
+    reduce at once): the node's NICs in proportion to its ranks. One NIC per GPU (rail
+    optimised, the GPU clusters): per_node NICs. One NIC for the node (the emulated cluster):
+    a hybrid replicate group of one rank per node gets 1 / ranks per node of it."""
+    gpn = cluster["gpus_per_node"]
+    return cluster["inter"]["nics_per_node"] * min(per_node, gpn) / gpn
+
+
 def bus_bandwidth(cluster, nodes, per_node):
     """Bytes/s of a ring's busbw. One node: the NVLink/NVSwitch ring. Across nodes NCCL runs
     one channel per NIC (rail-aligned rings, each crossing the node boundary through its own
-    NIC), so the node's share of the ring is carried by the NICs of the group's ranks on
-    that node: min(intra busbw, ranks per node × NIC busbw)."""
+    NIC), so the node's share of the ring is carried by the group's NICs (nic_share):
+    min(intra busbw, NICs × NIC busbw)."""
     intra, inter = cluster["intra"], cluster["inter"]
     if nodes <= 1:
         return intra["bandwidth_gbps"] * 1e9
-    nics = min(per_node, inter["nics_per_node"])
-    return min(intra["bandwidth_gbps"], nics * inter["nic_bandwidth_gbps"]) * 1e9
+    return min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * inter["nic_bandwidth_gbps"]) * 1e9
 
 
 def collective_time(cluster, op, size, n, nodes, sent):
@@ -332,6 +341,11 @@ def collective_time(cluster, op, size, n, nodes, sent):
     cross = 0 if nodes <= 1 else (2 if op == "all-reduce" else 1) * (nodes - 1)
     lat = (steps - cross) * intra["latency_us"] + cross * inter["latency_us"]
     bw = bus_bandwidth(cluster, nodes, per_node)
+    fitted = (intra if nodes <= 1 else inter).get("ops", {}).get(op)
+    if cluster["collectives"] == "ring" and fitted:  # this operation's own fit (calibrate_collectives)
+        lat_op, busbw_op = fitted  # across nodes: per NIC
+        bw = busbw_op if nodes <= 1 else min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * busbw_op)
+        return steps * lat_op * 1e-6 + sent / (bw * 1e9)
     if op == "all-reduce" and nodes <= 1 and "allreduce_bandwidth_gbps" in intra:
         bw = max(bw, intra["allreduce_bandwidth_gbps"] * 1e9)  # NVLS (NVSwitch reductions) on one node
     if cluster["collectives"] == "ring":
@@ -362,7 +376,12 @@ def group_tiers(sched, cluster):
 
 def calibrate_collectives(cluster, path):
     """Fits t = steps·α + factor·S/B (ring) to a collective_perf result's out-of-place
-    all-reduce, all-gather and reduce-scatter; sets the tier it ran on."""
+    all-reduce, all-gather and reduce-scatter; sets the tier it ran on. Where an operation ran
+    at two sizes or more it also gets a fit of its own (the tier's "ops"), which ring clusters
+    use for it: MPI libraries run each with an algorithm of its own (Open MPI's non-blocking
+    all-gather by recursive doubling, its reduce-scatter pairwise), so one busbw for all
+    misses each by its ratio to the others (on the emulated 4-node cluster at 100 Mbit/s
+    nonblocking all-reduce by a ring 0.011 GB/s, all-gather 0.006, reduce-scatter 0.004)."""
     try:
         with h5py.File(path, "r") as f:
             if shardbench_h5.attr(f, "program") != "collective_perf":
@@ -372,7 +391,7 @@ def calibrate_collectives(cluster, path):
             r = f["results"][()]
     except OSError as err:
         raise ProjectionError(f"--calibrate-collectives {path}: {err}")
-    rows, times = [], []
+    rows, times, ops = [], [], []
     for row in r[r["in_place"] == 0]:
         op = names[row["op"]]
         if op not in ("all-reduce", "all-gather", "reduce-scatter") or row["algbw"] <= 0:
@@ -380,23 +399,32 @@ def calibrate_collectives(cluster, path):
         # the bytes a rank sends: the size × the bus factor the file's busbw/algbw carries
         rows.append([ring_steps(op, n), row["size"] * row["busbw"] / row["algbw"]])
         times.append(row["time"])
+        ops.append(op)
     if len(rows) < 2:
         raise ProjectionError(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
-    x, y = np.array(rows, float), np.array(times)
-    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-    alpha, inv_bw = coef
-    if alpha < 0 or inv_bw <= 0:  # latency cannot be negative: refit bandwidth alone
-        alpha, inv_bw = 0.0, float((x[:, 1] @ y) / (x[:, 1] @ x[:, 1]))
-    bw, lat = 1 / inv_bw / 1e9, alpha * 1e6
+
+    def fit(x, y):  # (latency µs per step, busbw GB/s)
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        alpha, inv_bw = coef
+        if alpha < 0 or inv_bw <= 0:  # latency cannot be negative: refit bandwidth alone
+            alpha, inv_bw = 0.0, float((x[:, 1] @ y) / (x[:, 1] @ x[:, 1]))
+        return alpha * 1e6, 1 / inv_bw / 1e9
+
+    x, y, ops = np.array(rows, float), np.array(times), np.array(ops)
+    lat, bw = fit(x, y)
+    per_op = {op: fit(x[ops == op], y[ops == op]) for op in sorted(set(ops)) if len(set(x[ops == op][:, 1])) >= 2}
     if nodes == 1:
-        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat}
+        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat, "ops": per_op}
         tier = "intra"
-    else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node use
+    else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node used
         per_node = max(1, n // nodes)
-        cluster["inter"] = {"nic_bandwidth_gbps": bw / per_node, "nics_per_node": per_node, "latency_us": lat}
+        nics = min(per_node, cluster["inter"]["nics_per_node"])
+        cluster["inter"] = {"nic_bandwidth_gbps": bw / nics, "nics_per_node": cluster["inter"]["nics_per_node"],
+                            "latency_us": lat, "ops": {op: (l, b / nics) for op, (l, b) in per_op.items()}}
         tier = "inter"
+    each = "".join(f"; {op} {b:.3g} GB/s, {l:.1f} us" for op, (l, b) in per_op.items())
     cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s)): {tier} "
-                                  f"{bw:.2f} GB/s, {lat:.1f} us")
+                                  f"{bw:.3g} GB/s, {lat:.1f} us{each}")
 
 
 # ---------------------------------------------------------------- replay

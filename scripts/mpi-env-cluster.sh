@@ -11,3 +11,6 @@ else
 fi
 export OMPI_MCA_btl_tcp_if_include=198.18.0.0/24 OMPI_MCA_oob_tcp_if_include=198.18.0.0/24
 export OMPI_MCA_btl_tcp_links=2
+# A ring for the non-blocking all-reduce (libnbc's default for in-place buffers is a binomial
+# tree: a quarter of the link's rate across 4 nodes; scripts/local-cluster.sh mpirun_args).
+export OMPI_MCA_coll_libnbc_iallreduce_algorithm=1
