@@ -44,7 +44,8 @@ import cli  # noqa: E402
 import model_shapes  # noqa: E402
 import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
-from projection_model import (ROOT, ProjectionError, collective_time, group_tiers, load_cluster,  # noqa: E402
+from projection_model import (ROOT, ProjectionError, add_calibration_arguments, calibrated,  # noqa: E402
+                              calibrated_from, collective_time, group_tiers,
                               oversubscription, p2p_time, simulate, straggler_factor)
 
 
@@ -449,6 +450,7 @@ def parse_args(argv):
                     help="write a run matrix of the top --replay layouts for slurm/sweep (one file per setting of "
                          "micro-batches, schedule, checkpointing and batch a matrix holds once: FILE-2.toml ...) "
                          "(default: none)")
+    add_calibration_arguments(ap)
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this "
                     "checkout)")
     ap.add_argument("--out", default=None, help="folder for advise.png/.svg and advise.csv (required unless "
@@ -506,8 +508,11 @@ def common_flags(a, cluster, world, layout):
     return program, flags
 
 
-def calibration_line(cluster):
-    """The calibration the projection stands on: its runs, the GPU they ran on, their date."""
+def calibration_line(cluster, flags=None):
+    """The calibration the projection stands on: its runs, the GPU they ran on, their date;
+    or, where --calibrate-run / --calibrate-collectives gave it (flags), what each set."""
+    if flags and (flags.calibrate_run or flags.calibrate_collectives):
+        return "calibration: " + "; ".join(cluster["calibration"])
     runs = cluster["compute"].get("calibration_runs", [])
     if not runs:
         return f"calibration: none (the {cluster['name']} description's nominal rates)"
@@ -535,7 +540,7 @@ def main(argv=None):
     a = parse_args(argv)
     try:
         bases = check_args(a)
-        cluster = load_cluster(a.cluster)
+        cluster = calibrated(a)
         bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
         use_batch = batch_mode(bin_dir)
         offload = not a.no_offload and isinstance(cluster.get("host"), dict)
@@ -571,7 +576,7 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     print(f"advise: {a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch} x "
           f"{a.seq_len}{'+' + str(a.dec_seq_len) if a.dec_seq_len else ''} tokens: {len(layouts)} layouts "
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
-    print(calibration_line(cluster))
+    print(calibration_line(cluster, a))
     results = plan_all(a, cluster, bin_dir, use_batch, layouts)
     t_plan = time.time() - t0
     ranked, oom, refused = [], [], []
@@ -591,7 +596,8 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     # the full replay of the top layouts
     top = ranked[:a.replay]
     replayed = dict(zip([lay.name for lay, _, _ in top],
-                        replay_all(a.cluster, [common_flags(a, cluster, a.gpus, lay) for lay, _, _ in top], bin_dir,
+                        replay_all((a.cluster, tuple(a.calibrate_run), tuple(a.calibrate_collectives)),
+                                   [common_flags(a, cluster, a.gpus, lay) for lay, _, _ in top], bin_dir,
                                    use_batch, a.jobs)))
     t_all = time.time() - t0
     print_table(ranked, replayed, a.top)
@@ -655,21 +661,21 @@ _CLUSTERS = {}
 def _replay_job(job):
     """A worker's full replay of one layout (its plan with every op, then simulate): the
     replay's figures, without its timeline."""
-    cluster_path, request, bin_dir, use_batch = job
-    if cluster_path not in _CLUSTERS:
-        _CLUSTERS[cluster_path] = load_cluster(cluster_path)
+    cluster_args, request, bin_dir, use_batch = job  # (path, calibration runs, collective results)
+    if cluster_args not in _CLUSTERS:
+        _CLUSTERS[cluster_args] = calibrated_from(*cluster_args)
     code, sched = run_plans([request], bin_dir, full=True, use_batch=use_batch)[0]
     if code not in (0, 3):
         raise AdviseError(sched)
-    sim = simulate(sched, _CLUSTERS[cluster_path])
+    sim = simulate(sched, _CLUSTERS[cluster_args])
     return {k: sim[k] for k in ("time", "compute", "communication", "exposed", "idle_share", "host_copy",
                                 "host_update", "passes", "converged")}
 
 
-def replay_all(cluster_path, requests, bin_dir, use_batch, jobs):
+def replay_all(cluster_args, requests, bin_dir, use_batch, jobs):
     """The full replays of the top layouts, `jobs` at once (each re-plans its layout with
-    every op: the ranking kept only digests)."""
-    work = [(cluster_path, r, bin_dir, use_batch) for r in requests]
+    every op: the ranking kept only digests); cluster_args: calibrated_from's."""
+    work = [(cluster_args, r, bin_dir, use_batch) for r in requests]
     if jobs <= 1 or len(work) < 2:
         return [_replay_job(w) for w in work]
     with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
@@ -849,7 +855,7 @@ def explain(a, cluster, bin_dir, lay):
           + (f", {lay.mb} micro-batches ({lay.schedule})" if lay.pp > 1 else "")
           + (", activation checkpointing" if lay.ckpt else "") + (f", CPU offload {lay.offload}"
                                                                   if lay.offload != "none" else ""))
-    print(calibration_line(cluster))
+    print(calibration_line(cluster, a))
     print(f"memory per GPU (the program's plan): {m['peak_total'] / 2**30:.2f} GiB of {cluster['gpu_memory_gib']} GiB: "
           f"{'fits' if fits(d) else 'DOES NOT FIT'}")
     for k in ("parameters", "gradients", "optimizer_state", "activations", "comm_buffers", "workspace"):

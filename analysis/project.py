@@ -55,8 +55,8 @@ import cli  # noqa: E402
 import model_shapes  # noqa: E402
 import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
-from projection_model import (PRECISIONS, ROOT, ProjectionError, calibrate_collectives,  # noqa: E402
-                              host_rates, load_cluster, simulate)
+from projection_model import (PRECISIONS, ROOT, ProjectionError, add_calibration_arguments,  # noqa: E402
+                              calibrated, host_rates, load_cluster, simulate)
 
 def plan_schedule(program_args, world, limit_gib, binary_dir, host_limit_gib=None):
     """The program's plan and schedule JSON; host_limit_gib: its --host-mem-limit-gib (CPU
@@ -259,14 +259,7 @@ def parse_args(argv):
                          "overlapping the compute issued before them, at most two gathered units in flight "
                          "(rate limiter); program = as the schedule's program issues them, after that compute "
                          "(default: %(default)s)")
-    ap.add_argument("--calibrate-run", action="append", default=[], metavar="RESULT.h5",
-                    help="measured training run (HDF5) to calibrate the compute model from, in place of the "
-                         "description's calibration_runs; repeat for several (default: the description's runs)")
-    ap.add_argument("--calibrate-collectives", action="append", default=[], metavar="RESULT.h5",
-                    help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable "
-                         "(default: the description's tiers)")
-    ap.add_argument("--require-calibration", action="store_true",
-                    help="refuse to project without calibration data (runs or collectives)")
+    add_calibration_arguments(ap)
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
     ap.add_argument("--out", required=True, help="directory for one projected HDF5 result per point")
     ap.add_argument("--overwrite", action="store_true",
@@ -279,14 +272,7 @@ def setup(a):
     if bool(a.matrix) == bool(a.model):
         raise ProjectionError("give --model (one or more) or --matrix, not both" if a.matrix else
                               "give --model (one or more), or --matrix RUNS.toml")
-    cluster = load_cluster(a.cluster, calibrate=not a.calibrate_run)
-    for p in a.calibrate_run:
-        cluster["compute_model"].add_run(p, cluster)
-    for p in a.calibrate_collectives:
-        calibrate_collectives(cluster, p)
-    if a.require_calibration and not cluster["calibration"]:
-        raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
-                              "description with calibration_runs")
+    cluster = calibrated(a)
     if a.seq_len <= 0 or (a.dec_seq_len is not None and a.dec_seq_len <= 0):
         raise ProjectionError("--seq-len and --dec-seq-len must be positive")
     for label in a.strategies.split(","):

@@ -328,11 +328,13 @@ def bus_bandwidth(cluster, nodes, per_node):
     return min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * inter["nic_bandwidth_gbps"]) * 1e9
 
 
-def collective_time(cluster, op, size, n, nodes, sent):
+def collective_time(cluster, op, size, n, nodes, sent, blocking=False):
     """Seconds of one collective of `size` bytes over n ranks on `nodes` nodes, of which each
     rank sends `sent` bytes (the schedule's sent_bytes: size × nccl-tests' bus factor): NCCL's
     alpha-beta model (ring; for all-reduce across nodes also the tree, the cheaper taken, as
-    NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring."""
+    NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring, or the
+    operation's own fit for its group shape and mode (blocking: one blocking call, as the CPU
+    backend makes of a collective waited for at once; else non-blocking)."""
     if n <= 1:
         return 0.0
     intra, inter = cluster["intra"], cluster["inter"]
@@ -341,7 +343,8 @@ def collective_time(cluster, op, size, n, nodes, sent):
     cross = 0 if nodes <= 1 else (2 if op == "all-reduce" else 1) * (nodes - 1)
     lat = (steps - cross) * intra["latency_us"] + cross * inter["latency_us"]
     bw = bus_bandwidth(cluster, nodes, per_node)
-    fitted = (intra if nodes <= 1 else inter).get("ops", {}).get(op)
+    fitted = nearest_fit((intra if nodes <= 1 else inter).get("ops", {}).get(op), n, nodes,
+                         "blocking" if blocking else "nonblocking")
     if cluster["collectives"] == "ring" and fitted:  # this operation's own fit (calibrate_collectives)
         lat_op, busbw_op = fitted  # across nodes: per NIC
         bw = busbw_op if nodes <= 1 else min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * busbw_op)
@@ -362,6 +365,20 @@ def collective_time(cluster, op, size, n, nodes, sent):
     return min(ring, tree)
 
 
+def nearest_fit(fits, n, nodes, mode):
+    """Of an operation's fits by group shape and mode {(ranks, nodes, mode): fit}, the one of
+    this mode (blocking, nonblocking: MPI runs them with different algorithms; the other mode
+    where only it was measured) and shape, else of the nearest shape (in log2 of ranks plus
+    log2 of nodes; the larger group on a tie): an MPI library's algorithm moves a share of the
+    bytes across the node boundary that depends on the shape (recursive doubling, for one: 4
+    ranks on 2 nodes send 1.33x a ring's bytes over a node's link, 8 on 4 1.71x), so a fit
+    serves its own shape best."""
+    if not fits:
+        return None
+    return fits[min(fits, key=lambda k: (k[2] != mode, abs(math.log2(n / k[0])) + abs(math.log2(nodes / k[1])),
+                                         -k[0]))]
+
+
 def group_tiers(sched, cluster):
     """{axis code: (ranks, nodes)} of rank 0's group along each mesh axis, as the schedule
     lists the group's ranks (the programs' rank order; nodes of `gpus_per_node` consecutive
@@ -377,16 +394,18 @@ def group_tiers(sched, cluster):
 def calibrate_collectives(cluster, path):
     """Fits t = steps·α + factor·S/B (ring) to a collective_perf result's out-of-place
     all-reduce, all-gather and reduce-scatter; sets the tier it ran on. Where an operation ran
-    at two sizes or more it also gets a fit of its own (the tier's "ops"), which ring clusters
-    use for it: MPI libraries run each with an algorithm of its own (Open MPI's non-blocking
-    all-gather by recursive doubling, its reduce-scatter pairwise), so one busbw for all
-    misses each by its ratio to the others (on the emulated 4-node cluster at 100 Mbit/s
+    at two sizes or more it also gets a fit of its own for this group shape (ranks, nodes; the
+    tier's "ops"), which ring clusters use for it (nearest_fit: results of several shapes build
+    a table): MPI libraries run each with an algorithm of its own (Open MPI's non-blocking
+    all-gather by recursive doubling), so one busbw for all misses each by its ratio to the
+    others (on the emulated 4-node cluster at 100 Mbit/s
     nonblocking all-reduce by a ring 0.011 GB/s, all-gather 0.006, reduce-scatter 0.004)."""
     try:
         with h5py.File(path, "r") as f:
             if shardbench_h5.attr(f, "program") != "collective_perf":
                 raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
             n, nodes = shardbench_h5.attr(f, "world_size"), shardbench_h5.attr(f, "nodes")
+            mode = shardbench_h5.attr(f, "collectives") if "collectives" in f.attrs else "blocking"  # older: blocking
             names = shardbench_h5.names(f["results"])
             r = f["results"][()]
     except OSError as err:
@@ -413,18 +432,53 @@ def calibrate_collectives(cluster, path):
     x, y, ops = np.array(rows, float), np.array(times), np.array(ops)
     lat, bw = fit(x, y)
     per_op = {op: fit(x[ops == op], y[ops == op]) for op in sorted(set(ops)) if len(set(x[ops == op][:, 1])) >= 2}
+    tier = "intra" if nodes == 1 else "inter"
+    fits = cluster[tier].get("ops", {})  # earlier calibrations of other group shapes stay
     if nodes == 1:
-        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat, "ops": per_op}
-        tier = "intra"
+        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat, "ops": fits}
+        nics = 1
     else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node used
         per_node = max(1, n // nodes)
         nics = min(per_node, cluster["inter"]["nics_per_node"])
         cluster["inter"] = {"nic_bandwidth_gbps": bw / nics, "nics_per_node": cluster["inter"]["nics_per_node"],
-                            "latency_us": lat, "ops": {op: (l, b / nics) for op, (l, b) in per_op.items()}}
-        tier = "inter"
+                            "latency_us": lat, "ops": fits}
+    for op, (l, b) in per_op.items():
+        fits.setdefault(op, {})[(n, nodes, mode)] = (l, b / nics)
     each = "".join(f"; {op} {b:.3g} GB/s, {l:.1f} us" for op, (l, b) in per_op.items())
-    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s)): {tier} "
+    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s), {mode}): {tier} "
                                   f"{bw:.3g} GB/s, {lat:.1f} us{each}")
+
+
+def add_calibration_arguments(ap):
+    """The calibration flags project.py and advise.py share (calibrated() applies them)."""
+    ap.add_argument("--calibrate-run", action="append", default=[], metavar="RESULT.h5",
+                    help="measured training run (HDF5) to calibrate the compute model from, in place of the "
+                         "description's calibration_runs; repeat for several (default: the description's runs)")
+    ap.add_argument("--calibrate-collectives", action="append", default=[], metavar="RESULT.h5",
+                    help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable "
+                         "(default: the description's tiers)")
+    ap.add_argument("--require-calibration", action="store_true",
+                    help="refuse to project without calibration data (runs or collectives)")
+
+
+def calibrated(a):
+    """The description of a.cluster with the calibration flags of add_calibration_arguments applied."""
+    cluster = calibrated_from(a.cluster, tuple(a.calibrate_run), tuple(a.calibrate_collectives))
+    if a.require_calibration and not cluster["calibration"]:
+        raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
+                              "description with calibration_runs")
+    return cluster
+
+
+def calibrated_from(path, runs=(), collectives=()):
+    """A description calibrated by measured runs (its own calibration_runs where none are given)
+    and collective_perf results: what a worker process rebuilds from the same arguments."""
+    cluster = load_cluster(path, calibrate=not runs)
+    for p in runs:
+        cluster["compute_model"].add_run(p, cluster)
+    for p in collectives:
+        calibrate_collectives(cluster, p)
+    return cluster
 
 
 # ---------------------------------------------------------------- replay
@@ -606,6 +660,11 @@ class _StageReplay:
         for j in range(len(self.ops) - 1, -1, -1):
             self.next_gather[j] = j if self.ops[j][0] == "all-gather" else self.next_gather[j + 1]
         self.messages = {}  # request -> (send|recv, pipe key) of a posted point-to-point
+        # Collectives waited for right after their issue: the CPU backend makes each one blocking
+        # call (Backend::set_blocking_when_waited), which MPI runs with other algorithms than
+        # its non-blocking ones (collective_time's `blocking`).
+        self.blocking = {op[5] for op, nxt in zip(self.ops, self.ops[1:])
+                         if op[0] in COLLECTIVES and nxt[0] == "wait" and nxt[5] == op[5]}
         self.pending_cast = 0.0
         # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
         # replayed timeline
@@ -673,7 +732,7 @@ class _StageReplay:
                 self.early_copy(after, earliest)
             earliest = max(earliest, self.done.get(after, 0.0))
         start = max(earliest, self.lanes[lane])
-        d = collective_time(self.cluster, name, nbytes, n, nodes, sent)
+        d = collective_time(self.cluster, name, nbytes, n, nodes, sent, req in self.blocking)
         res = "net" if nodes > 1 else "nvlink"
         end = max(start + extra, self.wire.get(res, 0.0)) + d
         self.wire[res] = self.lanes[lane] = self.done[req] = end

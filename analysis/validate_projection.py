@@ -1,18 +1,25 @@
 #!/usr/bin/python3
 """Projection against measurement: pairs measured and projected results of the same
 configuration (strategy, model, ranks, batch, sequence length) and prints the error of
-the projected step time.
+the projected step time against the measured one: the median of the runs of that
+configuration (each run's own median step), with the runs' range.
 
     analysis/validate_projection.py --measured val/measured --projected val/projected --max-error 0.35
+    analysis/validate_projection.py --measured m/ --projected p/ --max-error 0.15 --same-order
 
-scripts/validate-projection.sh measures, calibrates and projects, then runs this.
-Exit codes: 0 compared; 1 a pair's |error| exceeds --max-error; 2 bad input (a path that
-does not exist, a --max-error that is not a finite number >= 0) or no pair; 3
-(EXIT_SKIPPED) unreadable files were skipped, one line each, and the rest compared.
+--same-order also requires, among the strategies of each model, rank count, batch and sequence
+length, the projected order of step times to be the measured one.
+scripts/validate-projection.sh (one machine) and scripts/validate-emulated.sh (emulated nodes)
+measure, calibrate and project, then run this.
+Exit codes: 0 compared; 1 a pair's |error| exceeds --max-error, or an order differs under
+--same-order; 2 bad input (a path that does not exist, a --max-error that is not a finite
+number >= 0) or no pair; 3 (EXIT_SKIPPED) unreadable files were skipped, one line each, and
+the rest compared.
 """
 import glob
 import math
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,6 +54,8 @@ def main(argv=None):
                     help="projected results (analysis/project.py), or folders of them (required)")
     ap.add_argument("--max-error", type=float, default=None, metavar="FRACTION",
                     help="fail (exit 1) when a pair's |projected/measured − 1| exceeds this (default: report only)")
+    ap.add_argument("--same-order", action="store_true",
+                    help="fail (exit 1) unless the projection orders the strategies of each setting as measured")
     a = ap.parse_args(argv)
     try:
         if a.max_error is not None and not (math.isfinite(a.max_error) and a.max_error >= 0):
@@ -57,23 +66,44 @@ def main(argv=None):
         return 2
     inputs = shardbench_h5.Inputs("validate")  # attributes only: a file whose tables were dropped still counts
     metas = [[m for m in (inputs.read_one(p, attrs) for p in group) if m is not None] for group in paths]
-    measured = {key(m): m for m in metas[0] if m.get("status") == "ok" and not m.get("projected")}
-    projected = {key(m): m for m in metas[1] if m.get("projected")}
-    pairs = sorted(set(measured) & set(projected))
+    runs = {}  # every measured run of a configuration
+    for m in metas[0]:
+        if m.get("status") == "ok" and not m.get("projected"):
+            runs.setdefault(key(m), []).append(m["median_step_time_s"])
+    projected = {key(m): m["median_step_time_s"] for m in metas[1] if m.get("projected")}
+    pairs = sorted(set(runs) & set(projected))
     if not pairs:
         print("validate: no configuration was both measured and projected", file=sys.stderr)
         return 2
-    print(f"{'strategy':<14} {'model':<9} {'ranks':>5} {'batch':>5} {'seq':>4} {'measured ms':>12} "
-          f"{'projected ms':>13} {'error':>8}")
-    worst = 0.0
+    print(f"{'strategy':<16} {'model':<9} {'ranks':>5} {'batch':>5} {'seq':>4} {'runs':>4} {'measured ms':>12} "
+          f"{'range ms':>19} {'projected ms':>13} {'error':>8}")
+    worst, measured = 0.0, {}
     for k in pairs:
-        m, p = measured[k]["median_step_time_s"], projected[k]["median_step_time_s"]
+        m, p = statistics.median(runs[k]), projected[k]
+        measured[k] = m
         err = p / m - 1
         worst = max(worst, abs(err))
-        print(f"{k[0]:<14} {k[1]:<9} {k[2]:>5} {k[3]:>5} {k[4]:>4} {m * 1e3:>12.2f} {p * 1e3:>13.2f} {err:>+8.1%}")
+        span = f"{min(runs[k]) * 1e3:.1f}-{max(runs[k]) * 1e3:.1f}"
+        print(f"{k[0]:<16} {k[1]:<9} {k[2]:>5} {k[3]:>5} {k[4]:>4} {len(runs[k]):>4} {m * 1e3:>12.2f} {span:>19} "
+              f"{p * 1e3:>13.2f} {err:>+8.1%}")
     print(f"validate: {len(pairs)} configurations, worst |error| {worst:.1%}")
-    if a.max_error is not None and worst > a.max_error:
+    failed = a.max_error is not None and worst > a.max_error
+    if failed:
         print(f"validate: FAIL: worst error above {a.max_error:.0%}")
+    settings = {}
+    for k in pairs:
+        settings.setdefault(k[1:], []).append(k)
+    for setting, ks in sorted(settings.items()):
+        if len(ks) < 2:
+            continue
+        by_measured = [k[0] for k in sorted(ks, key=lambda k: measured[k])]
+        by_projected = [k[0] for k in sorted(ks, key=lambda k: projected[k])]
+        same = by_measured == by_projected
+        print(f"validate: {setting[0]} on {setting[1]} ranks: measured {' < '.join(by_measured)}; projected "
+              f"{' < '.join(by_projected)}: {'same order' if same else 'ORDER DIFFERS'}")
+        if a.same_order and not same:
+            failed = True
+    if failed:
         return 1
     return inputs.exit_code(0)
 

@@ -11,6 +11,8 @@ else
 fi
 export OMPI_MCA_btl_tcp_if_include=198.18.0.0/24 OMPI_MCA_oob_tcp_if_include=198.18.0.0/24
 export OMPI_MCA_btl_tcp_links=2
-# A ring for the non-blocking all-reduce (libnbc's default for in-place buffers is a binomial
-# tree: a quarter of the link's rate across 4 nodes; scripts/local-cluster.sh mpirun_args).
-export OMPI_MCA_coll_libnbc_iallreduce_algorithm=1
+# Rings for all-reduce and all-gather (Open MPI's defaults reach a quarter to a half of the
+# shaped links' rate across 4 nodes; scripts/local-cluster.sh mpirun_args says by how much).
+export OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 OMPI_MCA_coll_tuned_use_dynamic_rules=1
+export OMPI_MCA_coll_tuned_allreduce_algorithm=4 OMPI_MCA_coll_tuned_allgather_algorithm=4
+export OMPI_MCA_coll_tuned_reduce_scatter_algorithm=3
