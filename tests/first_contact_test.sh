@@ -60,6 +60,7 @@ EOF
   echo "echo tests >>$S/ran" >"$m/tree/tests/run_tests.sh"
   echo "open('$S/ran', 'a').write('sweep\n')" >"$m/tree/tests/test_sweep.py"
   echo "echo slurm >>$S/ran" >"$m/tree/slurm/test/slurm-test.sh"
+  echo "echo slurm-multinode >>$S/ran" >"$m/tree/slurm/test/slurm-multinode-test.sh"
   echo "echo install >>$S/ran" >"$m/tree/tests/install_test.sh"
   chmod +x "$m/bin/"* "$m/mpicxx"
   echo "$m"
@@ -80,7 +81,8 @@ if [ $rc = 0 ] && [ "$(count $m/state/installs install)" = 1 ] && [ "$(count $m/
 else echo "exit $rc" >>"$m/out"; bad "make demo first: installs, then builds with what deps installed" "$m/out"; fi
 on "$m" test; rc=$?
 if [ $rc = 0 ] && [ "$(count $m/state/installs install)" = 1 ] && [ "$(count $m/state/ran tests)" = 1 ] \
-   && [ "$(count $m/state/ran slurm)" = 1 ] && [ "$(count $m/state/ran install)" = 1 ] && grep -q "deps: all present" "$m/out"; then
+   && [ "$(count $m/state/ran slurm)" = 1 ] && [ "$(count $m/state/ran slurm-multinode)" = 1 ] \
+   && [ "$(count $m/state/ran install)" = 1 ] && grep -q "deps: all present" "$m/out"; then
   ok "make test second: installs nothing, runs every suite"
 else echo "exit $rc" >>"$m/out"; bad "make test second: installs nothing, runs every suite" "$m/out"; fi
 
