@@ -23,11 +23,24 @@ A point is a regression when all three hold:
     bootstrap, the bootstrap CI of the median slowdown) at the same level.
 Improvements are judged the same way, in the other direction.
 
-Prints a table (with the slowdown that the spread lets it detect), writes DIR/report.md
-and DIR/report.png. Exit status: 0 no regression; 1 regression; 2 unusable input (not a
-collective_perf result, a corrupt or empty samples table, non-finite times, a baseline
-of fewer than MIN_BASELINE_RUNS runs, inputs that cannot be compared, a --report-dir that
-cannot be written): one line, nothing written.
+Every point also gets the smallest slowdown it could have detected: the slowdown at which
+the t test above reaches alpha / points, given the spread between baseline runs and the
+numbers of runs (`detectable` in the table). A point that is not flagged and whose
+detectable slowdown is above --threshold is inconclusive: the baseline is too noisy, or
+has too few runs, for a slowdown of --threshold to be told from noise there, so "no
+regression" at that point would be a claim the data cannot support. The remedy is more
+baseline runs (slurm/interconnect.sbatch SB_BASELINE_RUNS; and check runs, SB_RUNS), more
+iterations, or a quieter allocation for the baseline and the check.
+
+Prints a table and a summary line, writes DIR/report.md and DIR/report.png. Exit status:
+  0  no regression, and every point could have detected a slowdown of --threshold;
+  1  regression: at least one point flagged (even if others are inconclusive);
+  2  unusable input (not a collective_perf result, a corrupt or empty samples table,
+     non-finite times, a baseline of fewer than MIN_BASELINE_RUNS runs, inputs that cannot
+     be compared, a --report-dir that cannot be written): one line, nothing written;
+  3  inconclusive: no regression found, but at least one point could only have detected a
+     slowdown larger than --threshold; the summary line names how many and the smallest
+     slowdowns they could detect (best and worst).
 """
 import math
 import os
@@ -212,6 +225,56 @@ def bootstrap_lower(base, cur, alpha, rng):
     return float(np.quantile(ratios, alpha / 2)), float(np.quantile(ratios, 1 - alpha / 2))
 
 
+def _expm1(x):
+    """exp(x) - 1, infinite instead of an OverflowError."""
+    return math.expm1(x) if x < 700 else math.inf
+
+
+def pct(x, sign=True):
+    """A fraction as a percentage: one decimal below 10 %, none above, powers of ten from
+    100000 % (+2.1%, +35%, +1770%, +4.9e+11%)."""
+    if not math.isfinite(x):
+        return ("+" if sign and x > 0 else "-" if x < 0 else "") + "inf%"
+    v = 100 * x
+    if abs(v) >= 1e5:  # a baseline whose runs differ a thousandfold: +4.9e+11%
+        return f"{v:{'+' if sign else ''}.2g}%"
+    return f"{v:{'+' if sign else ''}.{1 if abs(v) < 10 else 0}f}%"
+
+
+def threshold_pct(x):
+    """--threshold as typed, in percent: 5%, 2.5%, 100000%."""
+    return f"{100 * x:.4f}".rstrip("0").rstrip(".") + "%"
+
+
+def span(values):
+    """'+35% to +220%' (best to worst), or one figure where they print alike."""
+    lo, hi = pct(min(values)), pct(max(values))
+    return lo if lo == hi else f"{lo} to {hi}"
+
+
+def verdict(rows, a):
+    """(exit status, summary line, the settings it rests on) of a comparison's rows."""
+    regressions = [r for r in rows if r["verdict"] == "REGRESSION"]
+    unsure = [r for r in rows if r["verdict"] == "inconclusive"]
+    thr = threshold_pct(a.threshold)
+    stats = f"alpha {a.alpha} over all points, {a.method}"
+    if regressions:
+        summary = f"{len(regressions)} regression(s) in {len(rows)} points"
+        if unsure:
+            summary += (f"; {len(unsure)} other point(s) inconclusive: could only detect slowdowns of "
+                        f"{span([r['detectable'] for r in unsure])}")
+        return 1, summary, f"threshold {thr}, {stats}"
+    if unsure:
+        rest = len(rows) - len(unsure)
+        summary = (f"inconclusive: {len(unsure)} of {len(rows)} points could only detect slowdowns of "
+                   f"{span([r['detectable'] for r in unsure])} (threshold {thr}); "
+                   + (f"no regression found in the other {rest}" if rest else "no regression found"))
+        return 3, summary, stats
+    summary = (f"no regression in {len(rows)} points; every point could detect a slowdown of the threshold, "
+               f"smallest detectable {span([r['detectable'] for r in rows])}")
+    return 0, summary, f"threshold {thr}, {stats}"
+
+
 def compare(base, cur, args):
     """One row per point: medians, bandwidth change, p-values with their direction, verdict."""
     rng = np.random.default_rng(12345)
@@ -226,7 +289,9 @@ def compare(base, cur, args):
         diff, se, n = spread[key]
         p_slow = t_sf(diff / se, n) if se > 0 else float(diff <= 0)
         p_fast = 1.0 - p_slow if se > 0 else float(diff >= 0)
-        detectable = max(math.exp(t_isf(level, n) * se) - 1, args.threshold) if se > 0 else args.threshold
+        # the smallest slowdown the t test could flag here: diff must exceed t_isf(level) * se.
+        # Not clamped to the threshold: above it, a slowdown of --threshold passes unseen.
+        detectable = _expm1(t_isf(level, n) * se) if se > 0 else 0.0
         b_all, c_all = np.concatenate(base[key]), np.concatenate(cur[key])
         if args.method == "rank-sum":
             it_slow, it_fast = rank_sum_p(c_all, b_all) < level, rank_sum_p(b_all, c_all) < level
@@ -240,6 +305,8 @@ def compare(base, cur, args):
         elif (-slowdown / (1 + slowdown) > args.threshold and c_med * (1 + args.threshold) < min(run_meds)
               and p_fast < level and it_fast):
             verdict = "improvement"
+        elif detectable > args.threshold:
+            verdict = "inconclusive"  # "same" here would claim more than the spread allows
         op, place, size = key
         rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6,
                          cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, stat=stat,
@@ -285,7 +352,7 @@ def main(argv=None):
               file=sys.stderr)
         return 2
     try:
-        cli.check_output_dir(a.report_dir, "--report-dir")  # before the comparison: 1 must mean regression
+        cli.check_output_dir(a.report_dir, "--report-dir")  # before the comparison: 1 and 3 must mean the verdict
     except cli.BadInput as e:
         print(f"regress: error: {e}", file=sys.stderr)
         return 2
@@ -302,37 +369,47 @@ def main(argv=None):
     lines = [hdr, "-" * len(hdr)]
     for r in rows:
         lines.append(f"{r['op']:<15} {r['placement']:<5} {r['size']:>12} {r['base_us']:>12.2f} {r['cur_us']:>12.2f} "
-                     f"{r['bw_change']:>+12.1%} {r['detectable']:>+10.0%} {r['stat']:>22}  {r['verdict']}")
+                     f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {r['stat']:>22}  {r['verdict']}")
     print("\n".join(lines))
-    regressions = [r for r in rows if r["verdict"] == "REGRESSION"]
-    summary = (f"{len(regressions)} regression(s) in {len(rows)} points" if regressions
-               else f"no regression in {len(rows)} points")
+    code, summary, stats = verdict(rows, a)
     nb, nc = min(len(v) for v in base.values()), min(len(v) for v in cur.values())
-    print(f"\nregress: {summary} (threshold {a.threshold:.0%}, alpha {a.alpha} over all points, {a.method}; "
-          f"{nb} baseline runs, {nc} current); {bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
+    print(f"\nregress: {summary} ({stats}; {nb} baseline runs, {nc} current); "
+          f"{bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
+    if any(r["verdict"] == "inconclusive" for r in rows):
+        print(f"regress: {INCONCLUSIVE_ADVICE}")
     try:
-        write_report(a, rows, summary, bf, cf)
+        write_report(a, rows, summary, stats, bf, cf)
     except OSError as e:
         print(f"regress: cannot write the report in {a.report_dir}: {e}", file=sys.stderr)
         return 2
     print(f"regress: wrote {os.path.join(a.report_dir, 'report.md')} and report.png")
-    return 1 if regressions else 0
+    return code
 
 
-def write_report(a, rows, summary, bf, cf):
+INCONCLUSIVE_ADVICE = ("at the inconclusive points the baseline runs vary too much, or are too few, to tell a "
+                       "slowdown of the threshold from noise: record more baseline runs (SB_BASELINE_RUNS; and "
+                       "check runs, SB_RUNS), more iterations (SB_ITERS), or on a quieter allocation")
+
+
+def write_report(a, rows, summary, stats, bf, cf):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     os.makedirs(a.report_dir, exist_ok=True)
     with open(os.path.join(a.report_dir, "report.md"), "w") as f:
-        f.write(f"# Interconnect regression report\n\n**{summary}** — threshold {a.threshold:.0%}, "
-                f"alpha {a.alpha} over all points ({a.method}); {bf['world_size']} ranks, {bf['dtype']}, {bf['redop']}.\n\n"
+        f.write(f"# Interconnect regression report\n\n**{summary}** — {stats}; {bf['world_size']} ranks, "
+                f"{bf['dtype']}, {bf['redop']}.\n\n"
                 f"- baseline: {', '.join(bf['files'])}\n- current: {', '.join(cf['files'])}\n\n"
                 "| operation | placement | size (B) | baseline (us) | current (us) | busbw change | detectable | "
                 "test (runs) | verdict |\n|---|---|---:|---:|---:|---:|---:|---|---|\n")
         for r in rows:
             f.write(f"| {r['op']} | {r['placement']} | {r['size']} | {r['base_us']:.2f} | {r['cur_us']:.2f} | "
-                    f"{r['bw_change']:+.1%} | {r['detectable']:+.0%} | {r['stat']} | {r['verdict']} |\n")
+                    f"{r['bw_change']:+.1%} | {pct(r['detectable'])} | {r['stat']} | {r['verdict']} |\n")
+        f.write(f"\n`detectable`: the smallest slowdown the spread between baseline runs lets the check flag at "
+                f"that point. A point not flagged whose figure is above the threshold ({threshold_pct(a.threshold)}) "
+                "is *inconclusive*: it could not have seen a slowdown of the threshold.\n")
+        if any(r["verdict"] == "inconclusive" for r in rows):
+            f.write(f"\n**Inconclusive points:** {INCONCLUSIVE_ADVICE}.\n")
         f.write("\n![bandwidth against size](report.png)\n")
     ops = sorted({r["op"] for r in rows})
     fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.6), squeeze=False)
@@ -347,8 +424,9 @@ def write_report(a, rows, summary, bf, cf):
             ax.plot(size, [r["size"] / r["cur_us"] / 1e3 for r in pts], "s" + style, color="tab:red",
                     label=f"current ({place})")
             for r in pts:
-                if r["verdict"] == "REGRESSION":
-                    ax.annotate("!", (r["size"], r["size"] / r["cur_us"] / 1e3), color="red", fontsize=14)
+                if r["verdict"] in ("REGRESSION", "inconclusive"):
+                    mark, color = ("!", "red") if r["verdict"] == "REGRESSION" else ("?", "gray")
+                    ax.annotate(mark, (r["size"], r["size"] / r["cur_us"] / 1e3), color=color, fontsize=14)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("size (bytes)")
         ax.set_ylabel("algorithm bandwidth (GB/s), median")
@@ -361,6 +439,6 @@ def write_report(a, rows, summary, bf, cf):
 if __name__ == "__main__":
     try:
         sys.exit(main())
-    except Exception as e:  # noqa: BLE001: exit 1 means "regression"; anything unforeseen is unusable input
+    except Exception as e:  # noqa: BLE001: 1 means "regression", 3 "inconclusive"; the unforeseen is unusable input
         print(f"regress: cannot compare: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

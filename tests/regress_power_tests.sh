@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# analysis/regress.py knows its own power: a point whose smallest detectable slowdown (the
+# `detectable` column) is above --threshold, and that is not flagged, is "inconclusive", and
+# the comparison exits 3 (never 0) unless a regression was found elsewhere (exit 1). On data:
+# the recorded runs of tests/data/regress (its README), rescaled in copies, never this
+# machine's timing of the day:
+#   (a) a baseline too noisy for the threshold (whole runs scaled 0.5x-2x) against a current
+#       unchanged or 2x slower at every point: inconclusive, exit 3; real runs as recorded
+#       too (5 baseline runs; 8 against a current with the all-reduce 2x slower, which the
+#       verdict without power passed as "no regression", exit 0);
+#   (b) a quiet baseline (real runs with their run-to-run swings taken out: run times
+#       0.99-1.01 of one run's, each run's own iterations) and an unchanged current: exit 0;
+#       1.3x slower: exit 1; a threshold below its detectable figure: exit 3;
+#   (c) the summary line and report.md name the detectable figures (checked against the
+#       table) and say what to do;
+#   (d) slurm/interconnect.sbatch (run with bash and mpirun, no Slurm): regress.py's exit 3
+#       passes through with an "=== interconnect ...: INCONCLUSIVE" line naming the report;
+#       a failed collective_perf exits 4, no longer 3.
+# REGRESS=path and IC_SBATCH=path test other copies (e.g. an older version, which must fail).
+# Prints one ok/FAIL line per check and "N passed, M failed"; exit 0 all passed, 1 a failure.
+set -uo pipefail
+source "$(dirname "$0")/lib.sh"
+REGRESS=${REGRESS:-$ROOT/analysis/regress.py}
+IC_SBATCH=${IC_SBATCH:-$ROOT/slurm/interconnect.sbatch}
+D=$tmp/data
+regress() { $PY "$REGRESS" "$@"; }
+
+PYTHONPATH="$ROOT/analysis" $PY - "$ROOT/tests/data/regress" "$D" <<'PYEOF' >"$tmp/gen.out" 2>&1 || { cat "$tmp/gen.out"; exit 1; }
+import glob, os, shutil, sys, h5py, numpy as np
+from shardbench_h5 import names as names_of  # (PYTHONPATH: analysis/)
+src, out = sys.argv[1:]
+runs = sorted(glob.glob(os.path.join(src, "run*.h5")))
+assert len(runs) == 20, runs
+
+def rewrite(path, dst, edit):
+    """A copy of the run `path` at `dst`, its samples table passed through edit(samples, op names)."""
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    shutil.copy(path, dst)
+    with h5py.File(dst, "r+") as f:
+        s = f["samples"][()]
+        edit(s, names_of(f["samples"]))
+        f["samples"][...] = s
+
+def scale(factor, op=None):
+    def edit(s, names):
+        sel = np.ones(len(s), bool) if op is None else s["op"] == names.index(op)
+        s["time"][sel] *= factor
+    return edit
+
+def points(s):
+    return sorted({(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s})
+
+def run_time(s, sel):  # regress.py's time of a run at a point: median over iterations of the slowest rank
+    its = np.unique(s["iteration"][sel])
+    return np.median([s["time"][sel & (s["iteration"] == i)].max() for i in its])
+
+ref = h5py.File(runs[0], "r")["samples"][()]
+centre = {k: run_time(ref, (ref["op"] == k[0]) & (ref["in_place"] == k[1]) & (ref["size"] == k[2])) for k in points(ref)}
+
+def quiet(factor, op=None, op_factor=1.0):
+    """Every point of a real run moved so that its run time is run00's times `factor` (times
+    op_factor for the operation `op`): the run's own iterations, not the machine's swings."""
+    def edit(s, names):
+        for k in points(s):
+            sel = (s["op"] == k[0]) & (s["in_place"] == k[1]) & (s["size"] == k[2])
+            f = factor * (op_factor if names[k[0]] == op else 1.0)
+            s["time"][sel] *= centre[k] * f / run_time(s, sel)
+    return edit
+
+# (a) too noisy a baseline: runs 0-7, each whole run scaled by a random factor, 0.5x-2x
+# (log-uniform, fixed seed); currents: runs 8-10 as recorded, and 2x slower at every point
+factors = np.exp(np.random.default_rng(20261127).uniform(np.log(0.5), np.log(2.0), 8))
+print("noisy baseline factors:", " ".join(f"{f:.2f}" for f in factors))
+for j, f in enumerate(factors):
+    rewrite(runs[j], f"{out}/noisy/base/{j}.h5", scale(f))
+for j in range(3):
+    rewrite(runs[8 + j], f"{out}/noisy/same/{j}.h5", scale(1.0))
+    rewrite(runs[8 + j], f"{out}/noisy/slow2x/{j}.h5", scale(2.0))
+# a small baseline, as recorded: 5 baseline runs (runs 0-4), 3 current (runs 5-7)
+for j in range(5):
+    rewrite(runs[j], f"{out}/real5/base/{j}.h5", scale(1.0))
+for j in range(3):
+    rewrite(runs[5 + j], f"{out}/real5/same/{j}.h5", scale(1.0))
+# docs/reliability.md's case: 8 real baseline runs (0-7), 3 real current runs (8-10) with the
+# all-reduce made 2x slower; the old verdict said "no regression" (exit 0)
+for j in range(8):
+    rewrite(runs[j], f"{out}/real8/base/{j}.h5", scale(1.0))
+for j in range(3):
+    rewrite(runs[8 + j], f"{out}/real8/ar2x/{j}.h5", scale(2.0, "all-reduce"))
+# (b) a quiet baseline: runs 0-7 at 0.99 ... 1.01 of run00's run times; currents from runs
+# 8-10 at 0.995 ... 1.005 of them: unchanged, 1.3x slower. "mixed": the same baseline with
+# the all-gather's runs spread by the noisy factors above; a current with the all-reduce 1.3x.
+for j, f in enumerate([0.99, 0.993, 0.997, 1.0, 1.0, 1.003, 1.007, 1.01]):
+    rewrite(runs[j], f"{out}/quiet/base/{j}.h5", quiet(f))
+    rewrite(runs[j], f"{out}/mixed/base/{j}.h5", quiet(f, "all-gather", factors[j]))
+for j, f in enumerate([0.995, 1.0, 1.005]):
+    rewrite(runs[8 + j], f"{out}/quiet/same/{j}.h5", quiet(f))
+    rewrite(runs[8 + j], f"{out}/quiet/slow13/{j}.h5", quiet(1.3 * f))
+    rewrite(runs[8 + j], f"{out}/mixed/ar13/{j}.h5", quiet(f, "all-reduce", 1.3))
+PYEOF
+sed 's/^/  /' "$tmp/gen.out"
+
+# check_figures NAME OUT REPORT_DIR N: the summary line of OUT names N inconclusive points and
+# the smallest and largest `detectable` of the table's inconclusive rows; report.md says the
+# same, tables those rows as inconclusive with their figures, and says what to do.
+check_figures() {
+  local name=$1 out=$2 dir=$3 n=$4
+  if $PY - "$out" "$dir/report.md" "$n" >"$tmp/fig.out" 2>&1 <<'PYEOF'; then ok "$name"; else cp "$tmp/fig.out" "$tmp/out"; bad "$name"; fi
+import re, sys
+out, report, n = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
+rows = [l.split() for l in out.splitlines() if l.split()[-1:] == ["inconclusive"]]
+assert len(rows) == n, f"{len(rows)} inconclusive rows in the table, expected {n}"
+figs = sorted((float(r[6].rstrip("%")), r[6]) for r in rows)  # detectable: the 7th column
+span = figs[0][1] if figs[0][1] == figs[-1][1] else f"{figs[0][1]} to {figs[-1][1]}"
+line = [l for l in out.splitlines() if l.startswith("regress: ") and "slowdowns of" in l]
+assert line, "no summary line naming slowdowns"
+print(line[0])
+m = re.search(r"(\d+) (?:of \d+ points could only detect|other point\(s\) inconclusive: could only detect) slowdowns of ([^ (]+(?: to [^ (]+)?)", line[0])
+assert m, "the summary line does not say how many points were inconclusive and what they could detect"
+assert int(m.group(1)) == n, f"the summary says {m.group(1)} points, the table {n}"
+assert m.group(2) == span, f"the summary says {m.group(2)}, the table's inconclusive rows {span}"
+summary = re.sub(r" \((threshold [^,]*, )?alpha .*", "", line[0][len("regress: "):])
+assert f"**{summary}**" in report, f"report.md does not carry the summary '{summary}'"
+md_rows = [l for l in report.splitlines() if l.endswith("| inconclusive |")]
+assert len(md_rows) == n, f"report.md tables {len(md_rows)} inconclusive rows, expected {n}"
+assert sorted(l.split(" | ")[6] for l in md_rows) == sorted(r[6] for r in rows), \
+    "report.md's detectable figures differ from the table's"
+assert "SB_BASELINE_RUNS" in report and "quieter allocation" in report, "report.md does not say what to do"
+PYEOF
+}
+
+# --- (a) too noisy a baseline: never "no regression" ---
+expect "noisy baseline (runs scaled 0.5x-2x), current unchanged: inconclusive, exit 3" 3 \
+  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+[0-9]+% to \+[0-9]+% \(threshold 5%\); no regression found \(' -- \
+  regress $D/noisy/base $D/noisy/same --report-dir $tmp/rep-a1
+cp "$tmp/out" "$tmp/a1.out"
+check_figures "... its summary line and report.md name the detectable figures of the table" "$tmp/a1.out" $tmp/rep-a1 8
+expect "noisy baseline, current 2x slower at every point: inconclusive, exit 3 (never 0)" 3 \
+  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of' -- \
+  regress $D/noisy/base $D/noisy/slow2x --report-dir $tmp/rep-a2
+cp "$tmp/out" "$tmp/a2.out"
+check_figures "... the same figures named" "$tmp/a2.out" $tmp/rep-a2 8
+# The 2x slowdown went unflagged because it could not be seen: every point's figure is above +100 %.
+check "... every point could only detect slowdowns above +100 % (so 2x could not be seen)" \
+  awk '$NF == "inconclusive" { n++; v = $7; sub("%", "", v); if (v + 0 <= 100) bad++ } END { exit !(n == 8 && !bad) }' "$tmp/a2.out"
+check "... the advice is printed: more baseline runs, iterations, a quieter allocation" \
+  grep -q 'record more baseline runs (SB_BASELINE_RUNS; and check runs, SB_RUNS), more iterations (SB_ITERS), or on a quieter allocation' "$tmp/a2.out"
+expect "noisy baseline, --method bootstrap: inconclusive too, exit 3" 3 '^regress: inconclusive: 8 of 8 points' -- \
+  regress $D/noisy/base $D/noisy/slow2x --method bootstrap --report-dir $tmp/rep-a3
+# 5 real baseline runs of this shared VM, as recorded: the all-reduce's three points that ran
+# >= 40 % faster are improvements (judged, not inconclusive); the other 5 could only detect +24 % to +106 %.
+expect "5 real baseline runs, 3 real current: 5 of 8 inconclusive (+24% to +106%), exit 3" 3 \
+  '^regress: inconclusive: 5 of 8 points could only detect slowdowns of \+24% to \+106% \(threshold 5%\); no regression found in the other 3 \(.*5 baseline runs, 3 current' -- \
+  regress $D/real5/base $D/real5/same --report-dir $tmp/rep-a4
+cp "$tmp/out" "$tmp/a4.out"
+check_figures "... the figures named in the summary and report.md" "$tmp/a4.out" $tmp/rep-a4 5
+check "... its improvements stay improvements" test "$(grep -c ' improvement$' "$tmp/a4.out")" -eq 3
+# 8 real baseline runs, the all-reduce of 3 real runs made 2x slower (they ran ~30 % faster than
+# the baseline's, so 1.3-1.5x its median): each point could only detect +79 % to +280 %.
+expect "8 real baseline runs, the all-reduce 2x slower in 3 real runs: inconclusive (+79% to +280%), exit 3, not 0" 3 \
+  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+79% to \+280% \(threshold 5%\); no regression found \(' -- \
+  regress $D/real8/base $D/real8/ar2x --report-dir $tmp/rep-a5
+
+# --- (b) a quiet baseline: conclusive ---
+expect "quiet baseline, current unchanged: no regression, exit 0, the detectable figure named" 0 \
+  '^regress: no regression in 8 points; every point could detect a slowdown of the threshold, smallest detectable \+1\.9% \(threshold 5%' -- \
+  regress $D/quiet/base $D/quiet/same --report-dir $tmp/rep-b1
+check "... no point inconclusive in report.md" bash -c "grep -q '| same |\$' $tmp/rep-b1/report.md && ! grep -q '| inconclusive |\$' $tmp/rep-b1/report.md"
+expect "quiet baseline, current 1.3x slower: every point flagged, exit 1" 1 '^regress: 8 regression\(s\) in 8 points \(threshold 5%' -- \
+  regress $D/quiet/base $D/quiet/slow13 --report-dir $tmp/rep-b2
+expect "quiet baseline, --threshold 0.015 below its +1.9 %: inconclusive, exit 3" 3 \
+  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+1\.9% \(threshold 1\.5%\)' -- \
+  regress $D/quiet/base $D/quiet/same --threshold 0.015 --report-dir $tmp/rep-b3
+expect "quiet baseline, --threshold 0.025 above it: exit 0" 0 '^regress: no regression in 8 points.*\(threshold 2\.5%' -- \
+  regress $D/quiet/base $D/quiet/same --threshold 0.025 --report-dir $tmp/rep-b4
+
+# --- mixed: a quiet all-reduce, a noisy all-gather ---
+expect "noisy all-gather, quiet all-reduce, unchanged: 4 of 8 inconclusive, exit 3" 3 \
+  '^regress: inconclusive: 4 of 8 points could only detect slowdowns of \+[0-9]+%.*\(threshold 5%\); no regression found in the other 4 \(' -- \
+  regress $D/mixed/base $D/quiet/same --report-dir $tmp/rep-m1
+cp "$tmp/out" "$tmp/m1.out"
+check_figures "... the all-gather's figures named" "$tmp/m1.out" $tmp/rep-m1 4
+check "... the inconclusive points are the all-gather's" bash -c "test \$(grep -c '^all-gather .* inconclusive\$' $tmp/m1.out) -eq 4"
+expect "the all-reduce 1.3x slower: its regressions reported though the all-gather is inconclusive, exit 1" 1 \
+  '^regress: 4 regression\(s\) in 8 points; 4 other point\(s\) inconclusive: could only detect slowdowns of \+[0-9]+%' -- \
+  regress $D/mixed/base $D/mixed/ar13 --report-dir $tmp/rep-m2
+cp "$tmp/out" "$tmp/m2.out"
+check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tmp/rep-m2 4
+
+# --- the help text says the exit statuses ---
+regress --help >"$tmp/help.out" 2>&1
+check "regress.py --help lists exit status 3 (inconclusive)" grep -qE '^ +3 +inconclusive: no regression found' "$tmp/help.out"
+
+# --- (d) slurm/interconnect.sbatch, outside Slurm: mpirun on this machine's 2 ranks ---
+if [ -x "$BIN/collective_perf" ] && command -v mpirun >/dev/null; then
+  IC=$tmp/ic
+  ic() { # ic VAR=VALUE...: the job with bash, all-reduce of 64 KiB, 5 iterations
+    env SB_REPO="$ROOT" SB_CLUSTER=power SB_BACKEND=cpu SB_LAUNCHER=mpirun SB_SETUP=scripts/mpi-env.sh \
+      SB_OPS=all-reduce SB_MIN_BYTES=64K SB_MAX_BYTES=64K SB_ITERS=5 SB_WARMUP=1 SB_RESULTS=$IC/results "$@" \
+      bash "$IC_SBATCH"
+  }
+  expect "interconnect.sbatch: a failed collective_perf (bad -b) exits 4, not 3" 4 'collective_perf failed \(exit 2\)' -- \
+    ic SB_RECORD=1 SB_BASELINE_RUNS=1 SB_BASELINE=$IC/none SB_MIN_BYTES=lots
+  expect "interconnect.sbatch SB_RECORD=1: a baseline of 3 runs" 0 "=== recorded 3 runs in $IC/base" -- \
+    ic SB_RECORD=1 SB_BASELINE_RUNS=3 SB_BASELINE=$IC/base
+  # Its runs scaled 1/30, 1 and 30: no slowdown this machine could show can be told from that spread.
+  $PY - $IC/base <<'PYEOF' >"$tmp/out" 2>&1
+import glob, os, sys, h5py
+files = sorted(glob.glob(os.path.join(sys.argv[1], "*.h5")))
+assert len(files) == 3, files
+for f, factor in zip(files, [1 / 30, 1.0, 30.0]):
+    with h5py.File(f, "r+") as h:
+        s = h["samples"][()]
+        s["time"] *= factor
+        h["samples"][...] = s
+PYEOF
+  expect "interconnect.sbatch against a baseline spread 1/30x-30x: regress's exit 3 passes through, INCONCLUSIVE line" 3 \
+    "^=== interconnect power: INCONCLUSIVE: 2 of 2 points could only detect slowdowns of .*\(threshold 5%\); no regression found; .*SB_BASELINE_RUNS.*\(report: $IC/results/collectives-[^ ]*-report/report.md\)" -- \
+    ic SB_RUNS=1 SB_BASELINE=$IC/base
+  report=$(sed -n 's/^=== interconnect power: INCONCLUSIVE: .*(report: \(.*\))$/\1/p' "$tmp/out")
+  check "... the report it names exists and says inconclusive" grep -q '^\*\*inconclusive: 2 of 2 points' "${report:-/dev/null}"
+else
+  echo "  (interconnect.sbatch not checked: $BIN/collective_perf or mpirun missing)"
+fi
+
+summary
