@@ -43,10 +43,21 @@ case $? in
   77) skipped+=("multinode (no network namespaces here)") ;;  # said why in one line; never a pass
   *) failed=$((failed + 1)) ;;
 esac
+echo "=== which node, which link: pair sweeps and their diagnosis across emulated hosts (tests/pair_sweep_tests.sh)"
+bash tests/pair_sweep_tests.sh
+case $? in
+  0) ;;
+  77) skipped+=("pair sweeps (no network namespaces here)") ;;
+  *) failed=$((failed + 1)) ;;
+esac
 echo "=== the GPU window and ledger without a GPU: scripts/gpu-window.sh, gpu-check.sh --stale (tests/gpu_window_test.sh)"
 bash tests/gpu_window_test.sh || failed=$((failed + 1))
 echo "=== collective_perf and regression tests"
 bash tests/collective_tests.sh || failed=$((failed + 1))
+echo "=== the regression verdict knows its power: inconclusive, never a pass, on a noisy baseline (tests/regress_power_tests.sh)"
+bash tests/regress_power_tests.sh || failed=$((failed + 1))
+echo "=== history of interconnect checks and its change points (tests/history_tests.sh)"
+bash tests/history_tests.sh || failed=$((failed + 1))
 echo "=== --plan-batch: each line's schedule and exit code equal its single --plan run's (tests/test_plan_batch.py)"
 /usr/bin/python3 tests/test_plan_batch.py || failed=$((failed + 1))
 echo "=== bad input: one line and exit 2 for every flag, sizes at the limits, failed records, --out links (tests/bad_input_tests.sh)"

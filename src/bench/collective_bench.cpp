@@ -20,6 +20,7 @@
 #include "shardbench/backend/comm_staging.h"
 #include "shardbench/bench/collective_bench.h"
 #include "shardbench/bench/collectives.h"
+#include "shardbench/bench/pair_sweep.h"
 #include "shardbench/core/check.h"
 #include "shardbench/core/cli.h"
 #include "shardbench/core/format.h"
@@ -58,6 +59,8 @@ struct Options {
   bool nonblocking = false;  // the non-blocking path (issue, then wait) instead of the blocking call
   double min_busbw = 0;
   int inject_error = -1;  // self-test of the data check: corrupt one element on this rank
+  std::string pattern = "collectives";  // or pairs: pair_sweep.h
+  PairSweepOptions pairs;               // --pattern pairs: its own options, filled here
 };
 
 const char* kAverageNames[] = {"rank0", "avg", "min", "max"};
@@ -196,7 +199,32 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   num.real("--min-busbw", o.min_busbw, 0, 1e9, false,
            "fail (exit 5) when the average bus bandwidth is under this many GB/s (default: $SHARDBENCH_MIN_BUSBW)");
   num.integer("--inject-error", o.inject_error, 0, world - 1, "self-test: corrupt one result element on this rank");
+  app.add_option("--pattern", o.pattern, "collectives: the operations of --ops across all ranks; pairs: every pair of "
+                                         "nodes on its own (round robin, both directions at once), then each node's "
+                                         "all-reduce inside it (analysis/diagnose.py reads the result)")
+      ->check(CLI::IsMember({"collectives", "pairs"}))->capture_default_str();
+  app.add_option("--pairs", o.pairs.pairs, "--pattern pairs: only these node pairs, host names A:B separated by commas "
+                                          "(a re-test: diagnose.py prints the list); default every pair");
+  std::string pair_ranks = "one";
+  app.add_option("--pair-ranks", pair_ranks, "--pattern pairs: one rank per node, or matched: local rank i of one node "
+                                            "with local rank i of the other, all at once (one NIC per GPU)")
+      ->check(CLI::IsMember({"one", "matched"}))->capture_default_str();
+  num.integer("--rounds", o.pairs.rounds, 1, kIntMax, "--pattern pairs: only the first K rounds of the schedule "
+                                                     "(each pairs every node once: K pairs a node, the quick pass "
+                                                     "of a large allocation; default all N-1)");
   if (!parse_command_line(app, argc, argv)) return false;
+  if (o.pattern != "pairs") {
+    for (const char* flag : {"--pairs", "--pair-ranks", "--rounds"})
+      if (app.count(flag)) throw UsageError(std::string(flag) + " is only allowed with --pattern pairs");
+  } else {
+    // The pair sweep takes nccl-tests' size and iteration flags; the others mean nothing to it.
+    for (const char* flag : {"--ops", "-d", "-o", "-r", "-m", "-N", "-z", "-C", "-I", "-K", "-J", "-a", "-u", "-M", "-S",
+                             "-T", "--shard-size", "--nonblocking", "--barrier", "--min-busbw", "--comm"})
+      if (app.count(flag))
+        throw UsageError(std::string(flag) + " is not allowed with --pattern pairs (it takes -b -e -f -i -n -w -c, "
+                                             "--pairs, --pair-ranks, --rounds, --backend, --out, --overwrite)");
+    o.pairs.matched = pair_ranks == "matched";
+  }
   num.apply();
   const std::string one_rank = "collective_perf runs one rank per device (start more ranks with mpirun -np)";
   require_applicable({{"-t", threads, 1, one_rank.c_str()},
@@ -849,7 +877,15 @@ int run(const Options& o, int rank, int n) {
 int run_collective_perf(int argc, char** argv) {
   return mpi_main(argc, argv, [](int argc, char** argv, int rank, int world) {
     Options o;
-    return parse(argc, argv, o, rank, world) ? run(o, rank, world) : int(kExitOk);
+    if (!parse(argc, argv, o, rank, world)) return int(kExitOk);
+    if (o.pattern == "collectives") return run(o, rank, world);
+    PairSweepOptions& p = o.pairs;
+    if (o.min_bytes < 4) throw UsageError("-b " + std::to_string(o.min_bytes) + " is not allowed with --pattern pairs "
+                                          "(at least 4 bytes: pairs exchange 4-byte words)");
+    for (int64_t size = o.min_bytes; size <= o.max_bytes; size = next_size(o, size)) p.sizes.push_back(size);
+    p.argv = o.argv, p.backend = o.backend, p.out = o.out, p.overwrite = o.overwrite;
+    p.iters = o.iters, p.warmup = o.warmup, p.check = o.check, p.inject_error = o.inject_error;
+    return run_pair_sweep(p, rank, world);
   });
 }
 
