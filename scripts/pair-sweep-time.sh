@@ -19,7 +19,7 @@ for n in "${@:-4 8 16}"; do
     read -ra MPI <<<"timeout 600 mpirun $("$C" mpirun-args --ranks-per-node 1)"
     for what in "8B:-b 8 -e 8 -n 1 -w 0 -c 0" "1MiB:-b 1M -e 1M -n 8 -w 2"; do
       # shellcheck disable=SC2086
-      "${MPI[@]}" -np "$n1" "$ROOT/build/bin/collective_perf" --pattern pairs ${what#*:} --out "$out/n$n1-${what%%:*}.h5" \
+      "${MPI[@]}" -np "$n1" "$ROOT/build/bin/collective_perf" --pattern pairs ${what#*:} --overwrite --out "$out/n$n1-${what%%:*}.h5" \
         </dev/null >"$out/n$n1-${what%%:*}.log" 2>&1 || { echo "nodes $n1 ${what%%:*}: failed ($out/n$n1-${what%%:*}.log)"; continue; }
       /usr/bin/python3 -c "
 import h5py; a = h5py.File('$out/n$n1-${what%%:*}.h5').attrs

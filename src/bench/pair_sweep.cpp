@@ -221,7 +221,9 @@ int run_pair_sweep(const PairSweepOptions& o, int rank, int world) {
   int npairs = 0;
   for (const PairRound& r : rounds) npairs += int(r.size());
   const std::string path = resolve_output(o.out, o.overwrite, "pair_sweep-n" + std::to_string(nodes), rank);
-  const double start = wall_clock_rank0();
+  const double start = wall_clock_rank0();  // the calendar time (whole seconds); durations: MPI_Wtime
+  MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
+  const double t_start = MPI_Wtime();
 
   std::unique_ptr<Backend> backend = make_backend(o.backend);
   backend->set_blocking_when_waited(true);
@@ -326,7 +328,8 @@ int run_pair_sweep(const PairSweepOptions& o, int rank, int world) {
   backend->release(s.recv);
   int64_t wrong_total = s.wrong_total;
   MPI_CHECK(MPI_Bcast(&wrong_total, 1, MPI_INT64_T, 0, MPI_COMM_WORLD));
-  const double seconds = wall_clock_rank0() - start;
+  double seconds = MPI_Wtime() - t_start;
+  MPI_CHECK(MPI_Bcast(&seconds, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD));
   const std::string status = wrong_total ? "failed" : "ok";
   if (rank == 0) {
     print_matrix(s.rows, nm.hosts, kExchange, max_bytes);
