@@ -92,7 +92,7 @@ params = [x['params'] for x in stages]
 # The stages that look tokens up (the encoder embedding's, the bridge's) or, tied, project
 # onto the embedding (the head's): a copy of the embedding (a tensor-parallel rank's rows) each.
 def uses(x):
-    pieces = range(x['first_stage'], x['last_stage'])
+    pieces = range(x['first_piece'], x['last_piece'])
     return 0 in pieces or L + 1 in pieces or bool(j['tie_embeddings'] and 2 * L + 2 in pieces)
 holders = [s for s, x in enumerate(stages) if uses(x)]
 embedding = j['vocab'] * j['d_model'] // tp

@@ -245,12 +245,12 @@ TEST(Schedule, Zero1ShardsOnlyTheOptimizer) {
     for (const auto& [wait, scatter] : waits) EXPECT_GT(wait, last_backward_gemm(s.rec));
   }
   // --zero-stage's numbers are these strategies
-  EXPECT_EQ(sharding_of_zero_stage(0), Sharding::None);
-  EXPECT_EQ(sharding_of_zero_stage(1), Sharding::OptimizerState);
-  EXPECT_EQ(sharding_of_zero_stage(2), Sharding::GradOp);
-  EXPECT_EQ(sharding_of_zero_stage(3), Sharding::Full);
-  for (int st = 0; st <= 3; ++st) EXPECT_EQ(zero_stage(sharding_of_zero_stage(st)), st);
-  EXPECT_THROW(sharding_of_zero_stage(4), UsageError);
+  EXPECT_EQ(sharding_of_zero_level(0), Sharding::None);
+  EXPECT_EQ(sharding_of_zero_level(1), Sharding::OptimizerState);
+  EXPECT_EQ(sharding_of_zero_level(2), Sharding::GradOp);
+  EXPECT_EQ(sharding_of_zero_level(3), Sharding::Full);
+  for (int st = 0; st <= 3; ++st) EXPECT_EQ(zero_level(sharding_of_zero_level(st)), st);
+  EXPECT_THROW(sharding_of_zero_level(4), UsageError);
 }
 
 // FSDP1 (default): no compute waits on a reduce-scatter before backward ends: every

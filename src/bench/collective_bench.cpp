@@ -681,6 +681,70 @@ std::unique_ptr<Side> make_side(const Options& o, const CommLibrary* comm) {
   return side;
 }
 
+// The HDF5 result: the run's attributes and provenance, every sample, rank 0's rows.
+struct Outcome {
+  const std::vector<SampleRow>& samples;
+  const std::vector<ResultRow>& results;
+  const std::vector<std::string>& comm_names;
+  const std::string& status;
+  std::string device;
+  double start, avg_busbw;
+  int64_t wrong_total;
+};
+
+void write_result(const Options& o, const std::string& path, const Outcome& r, int n) {
+  const int nodes = node_map().nodes(), rpn = node_map().max_ranks_per_node();
+  std::vector<std::string> op_names, dtype_names, redop_names;
+  for (BenchOp op : bench_ops()) op_names.push_back(bench_op_name(op));
+  for (int i = 0; i < int(DType::kCount); ++i) dtype_names.push_back(dtype_name(DType(i)));
+  for (int i = 0; i < int(ReduceOp::kCount); ++i) redop_names.push_back(reduce_op_name(ReduceOp(i)));
+  auto join = [](const auto& items, auto name) {
+    std::string out;
+    for (const auto& x : items) out += (out.empty() ? "" : ",") + std::string(name(x));
+    return out;
+  };
+  ResultFile f(path, MPI_COMM_WORLD, o.overwrite, int64_t(r.samples.size() * sizeof(SampleRow)));
+  f.attributes("/", {
+      Attr::integer("schema_version", kSchemaVersion), Attr::str("program", "collective_perf"),
+      Attr::str("ops", join(o.ops, bench_op_name)), Attr::str("dtype", join(o.dtypes, dtype_name)),
+      Attr::str("redop", join(o.redops, reduce_op_name)), Attr::str("root", join(o.roots, [](int r) { return std::to_string(r); })),
+      Attr::integer("min_bytes", o.min_bytes), Attr::integer("max_bytes", o.max_bytes),
+      Attr::num("step_factor", o.factor), Attr::integer("step_bytes", o.step_bytes), Attr::integer("iters", o.iters),
+      Attr::integer("agg_iters", o.agg), Attr::integer("warmup", o.warmup), Attr::integer("run_cycles", o.cycles),
+      Attr::integer("check", o.check), Attr::integer("blocking", o.blocking), Attr::integer("barrier", o.barrier),
+      Attr::str("collectives", path_name(o)), Attr::integer("report_cputime", o.cputime),
+      Attr::integer("unalign", o.unalign), Attr::str("average", kAverageNames[o.average]),
+      Attr::integer("world_size", n), Attr::integer("ranks_per_node", rpn), Attr::integer("nodes", nodes),
+      Attr::integer("shard_size", o.layout.shard), Attr::str("backend", o.backend),
+      Attr::str("comm", join(r.comm_names, [](const std::string& c) { return c; })), Attr::str("status", r.status),
+      Attr::num("avg_busbw", r.avg_busbw), Attr::num("min_busbw", o.min_busbw), Attr::integer("wrong_total", r.wrong_total),
+      Attr::str("start_time", iso_time(r.start)), Attr::str("end_time", iso_time(wall_clock_rank0())),
+  });
+  write_provenance(f, collect_provenance(o.argv), hostname(), r.device, MPI_COMM_WORLD);
+  f.table("samples",
+          {SB_COLUMN(SampleRow, rank, I32), SB_COLUMN(SampleRow, op, I32), SB_COLUMN(SampleRow, in_place, I32),
+           SB_COLUMN(SampleRow, iteration, I32), SB_COLUMN(SampleRow, size, I64), SB_COLUMN(SampleRow, time, F64),
+           SB_COLUMN(SampleRow, dtype, I32), SB_COLUMN(SampleRow, redop, I32), SB_COLUMN(SampleRow, root, I32),
+           SB_COLUMN(SampleRow, cycle, I32), SB_COLUMN(SampleRow, comm, I32)},
+          r.samples);
+  f.table("results",
+          {SB_COLUMN(ResultRow, op, I32), SB_COLUMN(ResultRow, in_place, I32), SB_COLUMN(ResultRow, size, I64),
+           SB_COLUMN(ResultRow, count, I64), SB_COLUMN(ResultRow, time, F64), SB_COLUMN(ResultRow, algbw, F64),
+           SB_COLUMN(ResultRow, busbw, F64), SB_COLUMN(ResultRow, wrong, I64), SB_COLUMN(ResultRow, p50, F64),
+           SB_COLUMN(ResultRow, p90, F64), SB_COLUMN(ResultRow, p99, F64), SB_COLUMN(ResultRow, rank_min, F64),
+           SB_COLUMN(ResultRow, rank_max, F64), SB_COLUMN(ResultRow, slowest_rank, I32),
+           SB_COLUMN(ResultRow, dtype, I32), SB_COLUMN(ResultRow, redop, I32), SB_COLUMN(ResultRow, root, I32),
+           SB_COLUMN(ResultRow, cycle, I32), SB_COLUMN(ResultRow, comm, I32)},
+          r.results);
+  for (const char* table : {"samples", "results"}) {
+    f.names_attribute(table, "op_names", op_names);
+    f.names_attribute(table, "dtype_names", dtype_names);
+    f.names_attribute(table, "redop_names", redop_names);
+    f.names_attribute(table, "comm_names", r.comm_names);
+  }
+  f.commit();
+}
+
 int run(const Options& o, int rank, int n) {
   std::vector<std::unique_ptr<Side>> sides;  // the CPU backend: MPI; CUDA: each --comm
   if (o.comms.empty()) sides.push_back(make_side(o, nullptr));
@@ -819,55 +883,7 @@ int run(const Options& o, int rank, int n) {
   // ---- HDF5 and -J ----
   const std::string status = wrong_total ? "failed" : below ? "below-floor" : "ok";
   if (rank == 0 && !o.json.empty()) write_json(o, results, n, avg_busbw, wrong_total, status);
-  std::vector<std::string> op_names, dtype_names, redop_names;
-  for (BenchOp op : bench_ops()) op_names.push_back(bench_op_name(op));
-  for (int i = 0; i < int(DType::kCount); ++i) dtype_names.push_back(dtype_name(DType(i)));
-  for (int i = 0; i < int(ReduceOp::kCount); ++i) redop_names.push_back(reduce_op_name(ReduceOp(i)));
-  auto join = [](const auto& items, auto name) {
-    std::string out;
-    for (const auto& x : items) out += (out.empty() ? "" : ",") + std::string(name(x));
-    return out;
-  };
-  ResultFile f(path, MPI_COMM_WORLD, o.overwrite, int64_t(samples.size() * sizeof(SampleRow)));
-  f.attributes("/", {
-      Attr::integer("schema_version", kSchemaVersion), Attr::str("program", "collective_perf"),
-      Attr::str("ops", join(o.ops, bench_op_name)), Attr::str("dtype", join(o.dtypes, dtype_name)),
-      Attr::str("redop", join(o.redops, reduce_op_name)), Attr::str("root", join(o.roots, [](int r) { return std::to_string(r); })),
-      Attr::integer("min_bytes", o.min_bytes), Attr::integer("max_bytes", o.max_bytes),
-      Attr::num("step_factor", o.factor), Attr::integer("step_bytes", o.step_bytes), Attr::integer("iters", o.iters),
-      Attr::integer("agg_iters", o.agg), Attr::integer("warmup", o.warmup), Attr::integer("run_cycles", o.cycles),
-      Attr::integer("check", o.check), Attr::integer("blocking", o.blocking), Attr::integer("barrier", o.barrier),
-      Attr::str("collectives", path_name(o)), Attr::integer("report_cputime", o.cputime),
-      Attr::integer("unalign", o.unalign), Attr::str("average", kAverageNames[o.average]),
-      Attr::integer("world_size", n), Attr::integer("ranks_per_node", rpn), Attr::integer("nodes", nodes),
-      Attr::integer("shard_size", o.layout.shard), Attr::str("backend", o.backend),
-      Attr::str("comm", join(comm_names, [](const std::string& c) { return c; })), Attr::str("status", status),
-      Attr::num("avg_busbw", avg_busbw), Attr::num("min_busbw", o.min_busbw), Attr::integer("wrong_total", wrong_total),
-      Attr::str("start_time", iso_time(start)), Attr::str("end_time", iso_time(wall_clock_rank0())),
-  });
-  write_provenance(f, collect_provenance(o.argv), hostname(), backend->device_name(), MPI_COMM_WORLD);
-  f.table("samples",
-          {SB_COLUMN(SampleRow, rank, I32), SB_COLUMN(SampleRow, op, I32), SB_COLUMN(SampleRow, in_place, I32),
-           SB_COLUMN(SampleRow, iteration, I32), SB_COLUMN(SampleRow, size, I64), SB_COLUMN(SampleRow, time, F64),
-           SB_COLUMN(SampleRow, dtype, I32), SB_COLUMN(SampleRow, redop, I32), SB_COLUMN(SampleRow, root, I32),
-           SB_COLUMN(SampleRow, cycle, I32), SB_COLUMN(SampleRow, comm, I32)},
-          samples);
-  f.table("results",
-          {SB_COLUMN(ResultRow, op, I32), SB_COLUMN(ResultRow, in_place, I32), SB_COLUMN(ResultRow, size, I64),
-           SB_COLUMN(ResultRow, count, I64), SB_COLUMN(ResultRow, time, F64), SB_COLUMN(ResultRow, algbw, F64),
-           SB_COLUMN(ResultRow, busbw, F64), SB_COLUMN(ResultRow, wrong, I64), SB_COLUMN(ResultRow, p50, F64),
-           SB_COLUMN(ResultRow, p90, F64), SB_COLUMN(ResultRow, p99, F64), SB_COLUMN(ResultRow, rank_min, F64),
-           SB_COLUMN(ResultRow, rank_max, F64), SB_COLUMN(ResultRow, slowest_rank, I32),
-           SB_COLUMN(ResultRow, dtype, I32), SB_COLUMN(ResultRow, redop, I32), SB_COLUMN(ResultRow, root, I32),
-           SB_COLUMN(ResultRow, cycle, I32), SB_COLUMN(ResultRow, comm, I32)},
-          results);
-  for (const char* table : {"samples", "results"}) {
-    f.names_attribute(table, "op_names", op_names);
-    f.names_attribute(table, "dtype_names", dtype_names);
-    f.names_attribute(table, "redop_names", redop_names);
-    f.names_attribute(table, "comm_names", comm_names);
-  }
-  f.commit();
+  write_result(o, path, {samples, results, comm_names, status, backend->device_name(), start, avg_busbw, wrong_total}, n);
   if (rank == 0) std::printf("wrote %s (status %s)\n", path.c_str(), status.c_str());
   return wrong_total ? kExitCheckFailed : below ? kExitBelowFloor : kExitOk;
 }

@@ -36,14 +36,14 @@ Sharding parse_sharding(const std::string& s) {
   throw UsageError("--sharding '" + s + "' is not allowed (allowed: full, hybrid, none, grad-op, optimizer-state)");
 }
 
-Sharding sharding_of_zero_stage(int stage) {
-  static const Sharding by_stage[] = {Sharding::None, Sharding::OptimizerState, Sharding::GradOp, Sharding::Full};
-  if (stage < 0 || stage > 3)
-    throw UsageError("--zero-stage " + std::to_string(stage) + " is not allowed (allowed: 0, 1, 2, 3)");
-  return by_stage[stage];
+Sharding sharding_of_zero_level(int level) {
+  static const Sharding by_level[] = {Sharding::None, Sharding::OptimizerState, Sharding::GradOp, Sharding::Full};
+  if (level < 0 || level > 3)
+    throw UsageError("--zero-stage " + std::to_string(level) + " is not allowed (allowed: 0, 1, 2, 3)");
+  return by_level[level];
 }
 
-int zero_stage(Sharding s) {
+int zero_level(Sharding s) {
   switch (s) {
     case Sharding::None: return 0;
     case Sharding::OptimizerState: return 1;

@@ -292,7 +292,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   if (!ddp) {
     if (o_zero->count() && o_sharding->count())
       throw UsageError("--zero-stage and --sharding name the same choice: give one of them");
-    cfg.strategy.sharding = o_zero->count() ? sharding_of_zero_stage(int(zero)) : parse_sharding(sharding);
+    cfg.strategy.sharding = o_zero->count() ? sharding_of_zero_level(int(zero)) : parse_sharding(sharding);
     cfg.strategy.prefetch = parse_prefetch(prefetch);
     cfg.strategy.grad_accumulation = parse_grad_accumulation(grad_accumulation);
     cfg.strategy.fsdp_version = int(fsdp_version);

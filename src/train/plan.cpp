@@ -559,8 +559,8 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
     appendf(f, "  \"stages\": [\n");
     for (size_t s = 0; s < p.stages.size(); ++s) {
       const StagePlan& st = p.stages[s];
-      // first_stage / last_stage: the stage's pieces [first, last) (the schema's names, kept).
-      appendf(f, "    {\"first_stage\": %d, \"last_stage\": %d, \"rank\": %d, \"peak_total\": %lld, "
+      // first_piece / last_piece: the stage's pieces [first, last).
+      appendf(f, "    {\"first_piece\": %d, \"last_piece\": %d, \"rank\": %d, \"peak_total\": %lld, "
                    "\"params\": %lld, \"units\": [", st.first_piece, st.last_piece,
                    p.layout.rank_at({int(s), 0, 0, 0}), (long long)st.peak_total, (long long)st.params);
       for (size_t i = 0; i < st.units.size(); ++i) append_integer(f, st.units[i], i ? ", " : "");

@@ -15,7 +15,7 @@
 namespace sb {
 
 enum class StrategyKind { DDP, FSDP };
-// ZeRO's stages (DeepSpeed's --zero-stage): None 0, OptimizerState 1, GradOp 2, Full 3;
+// ZeRO levels (DeepSpeed calls them stages, its flag --zero-stage): None 0, OptimizerState 1, GradOp 2, Full 3;
 // Hybrid is Full inside groups of --shard-size (docs/strategies.md maps every name).
 enum class Sharding { Full, Hybrid, None, GradOp, OptimizerState };
 enum class Prefetch { None, BackwardPre, BackwardPost };
@@ -39,8 +39,8 @@ enum class CpuOffload { None, Params, Optimizer };
 const char* sharding_name(Sharding s);
 const char* prefetch_name(Prefetch p);
 Sharding parse_sharding(const std::string& s);  // throws UsageError
-Sharding sharding_of_zero_stage(int stage);     // 0-3 (--zero-stage)
-int zero_stage(Sharding s);                      // DeepSpeed's stage; hybrid: 3
+Sharding sharding_of_zero_level(int level);     // 0-3 (the flag --zero-stage, DeepSpeed's name)
+int zero_level(Sharding s);                      // DeepSpeed's ZeRO stage number; hybrid: 3
 Prefetch parse_prefetch(const std::string& s);  // throws UsageError
 const char* grad_accumulation_name(GradAccumulation g);
 GradAccumulation parse_grad_accumulation(const std::string& s);  // throws UsageError
