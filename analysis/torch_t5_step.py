@@ -2,7 +2,7 @@
 """The synthetic T5 training step of shardbench, written directly in PyTorch: the reference
 that scripts/gpu-check.sh times our CUDA backend against, on the same shapes and GPU.
 
-Same model as src/model/t5.cpp (Hugging Face T5 semantics, no `transformers` needed): RMS
+Same model as src/model/t5*.cpp (Hugging Face T5 semantics, no `transformers` needed): RMS
 norm without bias (T5LayerNorm), attention without 1/sqrt(d_kv) scaling, relative position
 bias (HF bucketing; one table per stack, used by every block of it; none in cross-attention),
 ReLU feed-forward or T5 v1.1's gated GELU (--ffn gated-gelu: wo(gelu_tanh(wi_0 x) * wi_1 x)),

@@ -49,7 +49,14 @@ struct T5Model {
   T5Model(Backend& be, const ModelSpec& spec, const StepShape& x, bool ckpt, DType dtype = DType::F32,
           float loss_scale_ = 1.f, AttentionImpl attention = AttentionImpl::Unfused)
       : b(be), shape(x), grad_scale(1.f / float(x.batch * x.dec_len)), loss_scale(loss_scale_) {
-    step = std::make_unique<T5Step>(spec, b, dtype, x, ckpt, grad_scale * loss_scale, attention);
+    T5StepConfig config;
+    config.spec = spec;
+    config.dtype = dtype;
+    config.shape = x;
+    config.checkpointing = ckpt;
+    config.grad_scale = grad_scale * loss_scale;
+    config.attention = attention;
+    step = std::make_unique<T5Step>(b, config);
     const auto& units = step->units();
     for (size_t u = 0; u < units.size(); ++u) {
       float* master = b.alloc_floats(units[u].numel, MemCategory::Workspace);

@@ -58,7 +58,10 @@ double rel_norm_diff(const std::vector<float>& a, const std::vector<float>& ref)
 TEST(T5Step, PiecesFollowTheHeader) {
   auto b = make_counting_backend();
   const ModelSpec spec = model_preset("t5-tiny");
-  T5Step step(spec, *b, DType::F32, tiny_shape(), false, 1.f);
+  T5StepConfig config;
+  config.spec = spec;
+  config.shape = tiny_shape();
+  T5Step step(*b, config);
   const auto& st = step.pieces();
   const int L = int(spec.layers);
   ASSERT_EQ(int(st.size()), 2 * L + 3);
@@ -303,7 +306,11 @@ TEST(T5Step, TensorParallelRankCountsItsShareAndItsAllReduces) {
     Count count;
     b->set_recorder(&count);
     auto comm = make_planned_comm(tp, 1);
-    T5Step step(spec, *b, DType::F32, x, false, 1.f, AttentionImpl::Unfused, TensorGroup{tp, 1, comm.get()});
+    T5StepConfig config;
+    config.spec = spec;
+    config.shape = x;
+    config.tp = TensorGroup{tp, 1, comm.get()};
+    T5Step step(*b, config);
     std::vector<Buf> p;
     for (const UnitSpec& u : step.units()) p.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Parameters));
     const int S = int(step.pieces().size());

@@ -1,5 +1,5 @@
 // One T5 attention forward + backward on a backend, each path as a training step issues it
-// (src/model/t5.cpp, attention_forward / attention_backward between the Q/K/V projections
+// (src/model/t5_attention.cpp, Attention::forward / backward between the Q/K/V projections
 // and the output projection), for kernel_bench: unfused (batched GEMMs per sequence around
 // the softmax over a held [B, H, T, T] tensor, the bias tensor added in the softmax and its
 // gradient accumulated by the softmax backward) or fused (attention_forward/backward with

@@ -67,7 +67,10 @@ class Collect : public sb::Recorder {
 std::set<Shape> step_gemms(sb::ModelSpec spec, const sb::StepShape& shape) {
   spec.layers = 1;
   auto counting = sb::make_counting_backend();
-  sb::T5Step step(spec, *counting, sb::DType::F32, shape, false, 1.0f);
+  sb::T5StepConfig config;
+  config.spec = spec;
+  config.shape = shape;  // fp32, no checkpointing, grad_scale 1
+  sb::T5Step step(*counting, config);
   Collect rec(step.units());
   const int n = int(step.pieces().size());
   float* params = counting->alloc_floats(1, sb::MemCategory::Parameters);  // never read

@@ -28,6 +28,21 @@ PipelinePart part_of(const StrategyConfig& c, const PipelineSplit& split, const 
   return {split.first[size_t(s)], split.first[size_t(s) + 1], c.micro_batches,
           std::vector<int>(split.first.begin(), split.first.end() - 1)};
 }
+// The step this rank runs: one micro-batch of its pipeline stage's pieces, in its
+// tensor-parallel group, the loss gradient scaled for the global mean and the loss scale.
+T5StepConfig step_config(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape, const Mesh& mesh,
+                         const PipelinePart& part) {
+  T5StepConfig s;
+  s.spec = spec;
+  s.dtype = c.param_dtype;
+  s.shape = micro_shape(shape, c.micro_batches);
+  s.checkpointing = c.checkpointing;
+  s.grad_scale = grad_scale(shape, mesh.layout.dp()) * c.loss_scale;
+  s.attention = c.attention;
+  s.tp = tensor_group(mesh);
+  s.part = part;
+  return s;
+}
 // Sequences m·B/M .. (m+1)·B/M − 1 of a rank's tokens.
 Tokens micro_tokens(const Tokens& t, int micro, int micro_batches) {
   if (micro_batches == 1 || t.enc_ids.empty()) return t;
@@ -45,8 +60,7 @@ TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& s
       b_(b),
       mesh_(mesh),
       part_(part_of(cfg, split, mesh)),
-      model_(spec, b, cfg.param_dtype, micro_shape(shape, cfg.micro_batches), cfg.checkpointing,
-             grad_scale(shape, mesh.layout.dp()) * cfg.loss_scale, cfg.attention, tensor_group(mesh), part_),
+      model_(b, step_config(cfg, spec, shape, mesh, part_)),
       units_(model_.units()),
       unit_pieces_(units_.size()),
       pipeline_(b, mesh, model_, split, cfg.micro_batches),

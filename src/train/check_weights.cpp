@@ -43,6 +43,7 @@
 #include "shardbench/model/t5.h"
 #include "shardbench/strategy/pipeline.h"
 #include "shardbench/train/check_weights.h"
+#include "shardbench/train/reference_step.h"
 #include "shardbench/train/tp_lockstep.h"
 
 namespace sb {
@@ -81,10 +82,8 @@ uint64_t fnv1a(const std::vector<std::vector<float>>& units) {
 
 }  // namespace
 
-// One model of a reference: the step and its per-unit buffers.
-struct RefModel {
-  std::unique_ptr<T5Step> step;
-  std::vector<Buf> params, grads;  // per unit, in the step's dtype
+// One model of a reference: the step and its per-unit buffers (reference_step.h).
+struct RefModel : ReferenceModel {
   std::vector<Buf> embedding_parts;  // pipeline: the embedding's gradient of each stage holding it
 };
 
@@ -103,21 +102,12 @@ struct StepCheck::Reference {
 
   // One micro-batch at a time (the run's micro-batch shape), `parts` embedding gradients.
   void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int parts) {
-    const StepShape micro{cfg.shape.batch / cfg.strategy.micro_batches, cfg.shape.enc_len, cfg.shape.dec_len};
-    PipelinePart whole;  // every piece, the table's gradient folded where the run's stages start
-    whole.stage_starts.assign(cfg.split.first.begin(), cfg.split.first.end() - 1);
-    r.step = std::make_unique<T5Step>(cfg.model, *b, dtype, micro, cfg.strategy.checkpointing, grad_scale,
-                                      cfg.strategy.attention, tp, whole);  // the run's attention path
-    for (const UnitSpec& u : r.step->units()) {
-      r.params.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Parameters));
-      r.grads.push_back(b->alloc_buf(u.numel, dtype, MemCategory::Gradients));
-    }
+    r.ReferenceModel::make(cfg, *b, dtype, grad_scale, tp);  // the run's attention path
     const int64_t numel = r.step->units()[size_t(r.step->pieces()[0].unit)].numel;
     for (int i = 0; i < parts && parts > 1; ++i) r.embedding_parts.push_back(b->alloc_buf(numel, dtype, MemCategory::Gradients));
   }
   void release(RefModel& r) {
-    r.step.reset();
-    for (size_t k = 0; k < r.params.size(); ++k) b->release(r.params[k].ptr), b->release(r.grads[k].ptr);
+    r.ReferenceModel::release(*b);
     for (const Buf& g : r.embedding_parts) b->release(g.ptr);
   }
 };

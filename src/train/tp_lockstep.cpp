@@ -9,6 +9,7 @@
 #include <map>
 
 #include "shardbench/core/check.h"
+#include "shardbench/train/reference_step.h"
 
 namespace sb {
 namespace {
@@ -70,7 +71,7 @@ class SumRecorder final : public T5Step::GroupSumHook {
  public:
   SumRecorder(Backend& b, std::vector<GroupSum>& out, const std::string& where) : b_(b), out_(out), where_(where) {}
   void rounded(CBuf acc, int64_t n) override { budgets_.add(b_, acc, n); }
-  void sum(Buf x, int64_t n, ReduceOp op, const std::string& what, const std::function<void()>& reduce) override {
+  void sum(Buf x, int64_t n, ReduceOp op, const char* what, const std::function<void()>& reduce) override {
     reduce();
     GroupSum s{what, where_, int(op), download(b_, x, n), budgets_.take(x.ptr, n)};
     out_.push_back(std::move(s));
@@ -89,7 +90,7 @@ class Lockstep final : public T5Step::GroupSumHook {
   Lockstep(Backend& b, MPI_Comm group, int T, int rank, const std::vector<GroupSum>& full, const std::string& where)
       : b_(b), group_(group), T_(T), rank_(rank), full_(full), where_(where) {}
   void rounded(CBuf acc, int64_t n) override { budgets_.add(b_, acc, n); }
-  void sum(Buf x, int64_t n, ReduceOp op, const std::string& what, const std::function<void()>& reduce) override {
+  void sum(Buf x, int64_t n, ReduceOp op, const char* what, const std::function<void()>& reduce) override {
     // The same records on every rank of the group, so every rank takes the same path here.
     if (lost_) return reduce();
     if (next_ >= full_.size() || full_[next_].what != what || full_[next_].where != where_ ||
@@ -126,7 +127,7 @@ class Lockstep final : public T5Step::GroupSumHook {
 
  private:
   void compare(const GroupSum& f, const std::vector<float>& s, const std::vector<double>& total,
-               const std::string& what, ReduceOp op) {
+               const char* what, ReduceOp op) {
     ++sums;
     for (size_t i = 0; i < s.size(); ++i) {
       ++elements;
@@ -149,12 +150,12 @@ class Lockstep final : public T5Step::GroupSumHook {
         std::snprintf(text, sizeof text,
                       "%s: the group's sum of the %s, element %zu of %zu, is %.9g, the full model's %.9g: %.3g apart, "
                       "%.3g x its rounding bound %.3g",
-                      where_.c_str(), what.c_str(), i, s.size(), S, F, std::fabs(S - F), ratio, bound);
+                      where_.c_str(), what, i, s.size(), S, F, std::fabs(S - F), ratio, bound);
       else
         std::snprintf(text, sizeof text,
                       "%s: the group's maximum of the %s, element %zu of %zu, is %.9g, the full model's %.9g "
                       "(a maximum is exact)",
-                      where_.c_str(), what.c_str(), i, s.size(), S, F);
+                      where_.c_str(), what, i, s.size(), S, F);
       failure = text;
     }
   }
@@ -225,10 +226,7 @@ std::string named(const Piece& p) {
 }  // namespace
 
 struct TpLockstep::Impl {
-  struct Model {
-    std::unique_ptr<T5Step> step;
-    std::vector<Buf> params, grads;
-  };
+  using Model = ReferenceModel;
   const RunConfig& cfg;
   MPI_Comm mpi = MPI_COMM_NULL;       // the hook's reductions, the records, the gradients
   MPI_Comm comm_mpi = MPI_COMM_NULL;  // the tensor-parallel model's own all-reduces
@@ -244,22 +242,8 @@ struct TpLockstep::Impl {
 
   explicit Impl(const RunConfig& c) : cfg(c) {}
 
-  void make(Model& m, TensorGroup g) {
-    const int M = cfg.strategy.micro_batches;
-    const StepShape micro{cfg.shape.batch / M, cfg.shape.enc_len, cfg.shape.dec_len};
-    PipelinePart whole;  // every piece, the table's gradient folded where the run's stages start (as the reference)
-    whole.stage_starts.assign(cfg.split.first.begin(), cfg.split.first.end() - 1);
-    m.step = std::make_unique<T5Step>(cfg.model, *b, DType::F32, micro, cfg.strategy.checkpointing, 1.f,
-                                      cfg.strategy.attention, g, whole);
-    for (const UnitSpec& u : m.step->units()) {
-      m.params.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Parameters));
-      m.grads.push_back(b->alloc_buf(u.numel, DType::F32, MemCategory::Gradients));
-    }
-  }
-  void release(Model& m) {
-    m.step.reset();
-    for (size_t k = 0; k < m.params.size(); ++k) b->release(m.params[k].ptr), b->release(m.grads[k].ptr);
-  }
+  void make(Model& m, TensorGroup g) { m.make(cfg, *b, DType::F32, 1.f, g); }
+  void release(Model& m) { m.release(*b); }
 
   // A data-parallel rank's step: each micro-batch's forward then backward, the gradients
   // accumulated in order. Returns the loss summed over the micro-batches.

@@ -22,10 +22,10 @@
 //   offload-skip-upload             strategy/offload.cpp           CPU offload uploads nothing: the device computes with
 //                                                                  parameters the CPU update never reached; --check
 //                                                                  fails at step 1 or 2 (tests/mpi_tests.sh)
-//   tp-skip-attention-all-reduce    model/t5.cpp                   the attention's input gradient is not summed over
+//   tp-skip-attention-all-reduce    model/t5_attention.cpp         the attention's input gradient is not summed over
 //                                                                  the tensor-parallel group; --check fails against the
 //                                                                  full model (tests/tp_tests.sh)
-//   tp-skip-feed-forward-all-reduce model/t5.cpp                   the feed-forward block's row-parallel output (wo's
+//   tp-skip-feed-forward-all-reduce model/t5_block.cpp             the feed-forward block's row-parallel output (wo's
 //                                                                  product) is not summed over the tensor-parallel
 //                                                                  group in forward; --check fails against the full
 //                                                                  model (tests/tp_tests.sh)

@@ -98,16 +98,26 @@ inline std::function<Buf(int)> by_unit(const std::vector<Buf>& bufs) {
   return [&bufs](int u) { return bufs[size_t(u)]; };
 }
 
-class T5Step {
- public:
-  // grad_scale multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the
-  // global batch, so summing gradients across data-parallel ranks yields the global mean.
+// What a step is: the model, its precision and micro-batch shape, and how it runs. Set the
+// fields by name; the defaults are a single rank running the whole model in fp32.
+struct T5StepConfig {
+  ModelSpec spec;
   // Activations, parameters and gradients of the step are in `dtype` (fp32, bf16, fp16):
   // mixed precision as FSDP's param_dtype runs it; norms' rstd and the losses stay fp32.
-  // `shape` is one micro-batch's.
-  T5Step(const ModelSpec& spec, Backend& backend, DType dtype, const StepShape& shape,
-         bool checkpointing, float grad_scale, AttentionImpl attention = AttentionImpl::Unfused,
-         TensorGroup tp = {}, PipelinePart part = {});
+  DType dtype = DType::F32;
+  StepShape shape;  // one micro-batch's
+  bool checkpointing = false;  // a block saves only its input and recomputes the rest in backward
+  // Multiplies d(loss_sum)/d(logits): 1 / (global tokens) gives the mean over the global
+  // batch, so summing gradients across data-parallel ranks yields the global mean.
+  float grad_scale = 1.f;
+  AttentionImpl attention = AttentionImpl::Unfused;
+  TensorGroup tp;     // a group of one: the whole model
+  PipelinePart part;  // every piece
+};
+
+class T5Step {
+ public:
+  T5Step(Backend& backend, const T5StepConfig& config);
   ~T5Step();
   T5Step(const T5Step&) = delete;
   T5Step& operator=(const T5Step&) = delete;
@@ -160,7 +170,8 @@ class T5Step {
     // x [n] holds this rank's part of a sum over the group (`op`: sum or max), which `what`
     // names. The hook calls `reduce` once, which sums x in place (nothing in a group of one,
     // or where an injected fault removes the all-reduce), and may then set x's values.
-    virtual void sum(Buf x, int64_t n, ReduceOp op, const std::string& what, const std::function<void()>& reduce) = 0;
+    // `what` is a literal of the step's (no string is built for a sum when no hook is set).
+    virtual void sum(Buf x, int64_t n, ReduceOp op, const char* what, const std::function<void()>& reduce) = 0;
   };
   void set_group_sum_hook(GroupSumHook* hook);
 
