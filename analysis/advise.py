@@ -34,9 +34,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-import model_shapes  # noqa: E402,F401  (advise.model_shapes: the shape keys, for the tests)
+import model_shapes  # noqa: E402
 import runner  # noqa: E402
-from advise_estimate import digest, estimate, figures  # noqa: E402,F401
+from advise_estimate import digest, estimate  # noqa: E402
 from advise_layouts import BASES, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
 from advise_outputs import calibration_line, draw, emit_matrix, explain, print_table, write_csv  # noqa: E402
 from projection_model import ROOT, add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402

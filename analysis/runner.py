@@ -2,8 +2,8 @@
 schedule (--plan --schedule-json), many plans streamed through one process (--plan-batch),
 the flags of a layout, what a build offers (its --help, read here and nowhere else), its
 presets (--list-models) and the plan's memory verdict. analysis/advise.py, project.py,
-model_states.py and projection_checks.py run their plans through this module; none starts a
-program itself.
+model_states.py, projection_checks.py, torch_t5_step.py and hf_t5_step.py run their plans
+through this module; none starts a program itself.
 
 A plan's answer is (exit, result): exit 0 fits, 3 does not fit (GPU or host memory), with
 result the schedule (a dict, the program's JSON); 2 refused, with result the program's one
@@ -127,14 +127,17 @@ def fits(plan):
 
 # ---------------------------------------------------------------- one plan
 
-def plan(program, flags, folder=None):
-    """(exit, schedule or line) of one `program FLAGS --plan --schedule-json` process."""
+def plan(program, flags, folder=None, own_session=False):
+    """(exit, schedule or line) of one `program FLAGS --plan --schedule-json` process;
+    own_session: the MPI singleton's session folder in the plan's own temporary folder
+    (OMPI_MCA_orte_tmpdir_base), not the machine's."""
     path = os.path.join(bin_dir(folder), program)
     with tempfile.TemporaryDirectory(prefix="shardbench-plan-") as tmp:
         out = os.path.join(tmp, "s.json")
         cmd = [path] + list(flags) + ["--plan", "--schedule-json", out]
+        env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmp) if own_session else None
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True)
+            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
         except OSError as e:
             raise _start_error(path, e)
         if p.returncode == 2:  # a value the program refuses: its one line, without the program's path
