@@ -14,6 +14,8 @@ tests/check_cli.py holds every analysis script to it.
 Bad input is checked here too, once for every tool (and slurm/sweep: this module is standard
 library only): BadInput, load_toml() for the TOML files they read, check_output_file() and
 check_output_dir() for the paths they write, positive_list() for their lists of counts.
+BadInput is the tools' one error of one line: each raises it and prints it as
+"<tool>: error: <message>" (strategy_labels' and model_shapes' errors are kinds of it).
 """
 import argparse
 import os
@@ -32,7 +34,8 @@ def parser(doc, file):
 # "<tool>: error: <message>" and exit 2, before anything is written.
 
 class BadInput(Exception):
-    """A file or path a tool cannot use: its message is one line naming it and why."""
+    """Input a tool cannot use (a file, a path, a value, a program's refusal): its message is
+    one line naming it and why."""
 
 
 def load_toml(path, what):

@@ -52,30 +52,27 @@ import shardbench_h5  # noqa: E402
 KIND_EXCHANGE, KIND_LATENCY = 0, 1
 
 
-class InputError(Exception):
-    pass
-
 
 def read_sweep(fname):
     """{'nodes': [...], 'points': {(a, b, kind, size): per-iteration times}, 'facts'} of one sweep."""
     try:
         f = h5py.File(fname, "r")
     except OSError as e:
-        raise InputError(f"{fname}: not a readable HDF5 file ({e})")
+        raise cli.BadInput(f"{fname}: not a readable HDF5 file ({e})")
     with f:
         if shardbench_h5.attr(f, "program") != "collective_perf" or "pattern" not in f.attrs \
                 or shardbench_h5.attr(f, "pattern") != "pairs":
-            raise InputError(f"{fname}: not a pair sweep (collective_perf --pattern pairs)")
+            raise cli.BadInput(f"{fname}: not a pair sweep (collective_perf --pattern pairs)")
         if shardbench_h5.attr(f, "status") != "ok":
-            raise InputError(f"{fname}: its data check found wrong bytes (status {shardbench_h5.attr(f, 'status')})")
+            raise cli.BadInput(f"{fname}: its data check found wrong bytes (status {shardbench_h5.attr(f, 'status')})")
         if "samples" not in f or len(f["samples"]) == 0:
-            raise InputError(f"{fname}: no samples")
+            raise cli.BadInput(f"{fname}: no samples")
         nodes = shardbench_h5.attr(f, "node_names").split(",")
         s = f["samples"][()]
         facts = {k: shardbench_h5.attr(f, k) for k in ("iters", "warmup", "latency_bytes", "sizes", "pair_ranks",
                                                          "start_time", "backend")}
     if not np.all(np.isfinite(s["time"])) or np.any(s["time"][s["kind"] != 2] <= 0):
-        raise InputError(f"{fname}: non-finite or non-positive times")
+        raise cli.BadInput(f"{fname}: non-finite or non-positive times")
     points = {}
     for kind in (KIND_EXCHANGE, KIND_LATENCY):
         sel = s[s["kind"] == kind]
@@ -93,10 +90,10 @@ def _files(path):
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".h5"))
         if not files:
-            raise InputError(f"{path}: no .h5 results in this folder")
+            raise cli.BadInput(f"{path}: no .h5 results in this folder")
         return files
     if not os.path.exists(path):
-        raise InputError(f"{path}: no such file or folder")
+        raise cli.BadInput(f"{path}: no such file or folder")
     return [path]
 
 
@@ -179,7 +176,7 @@ def baseline_verdict(key, cur, base, args, level):
     """regress.py's test of one point: the current sweep against the baseline sweeps' spread."""
     runs = base["runs"].get(key)
     if runs is None:
-        raise InputError(f"the baseline has no {key[0]}:{key[1]} at {label(key[2], key[3])}: other nodes or sizes")
+        raise cli.BadInput(f"the baseline has no {key[0]}:{key[1]} at {label(key[2], key[3])}: other nodes or sizes")
     b_logs = np.log([np.median(r) for r in runs])
     diff = math.log(float(np.median(cur))) - float(np.median(b_logs))
     sd = max(base["pooled_sd"], float(b_logs.std(ddof=1)))
@@ -198,16 +195,16 @@ def load_baseline(path, sweep):
     files = _files(path)
     runs = [read_sweep(f) for f in files]
     if len(runs) < regress.MIN_BASELINE_RUNS:
-        raise InputError(f"the baseline has {len(runs)} sweep(s); it needs at least {regress.MIN_BASELINE_RUNS}, "
-                         "recorded back to back, to know the run-to-run spread")
+        raise cli.BadInput(f"the baseline has {len(runs)} sweep(s); it needs at least {regress.MIN_BASELINE_RUNS}, "
+                           "recorded back to back, to know the run-to-run spread")
     out = {}
     for r in runs:
         for k, t in r["points"].items():
             out.setdefault(k, []).append(t)
     if set(out) != set(sweep["points"]):
         missing = sorted(set(sweep["points"]) - set(out))[:3]
-        raise InputError(f"the baseline and the sweep cover other pairs or sizes (e.g. "
-                         f"{', '.join(f'{k[0]}:{k[1]} {label(k[2], k[3])}' for k in missing) or 'extra in baseline'})")
+        raise cli.BadInput(f"the baseline and the sweep cover other pairs or sizes (e.g. "
+                           f"{', '.join(f'{k[0]}:{k[1]} {label(k[2], k[3])}' for k in missing) or 'extra in baseline'})")
     logs = [np.log([np.median(t) for t in v]) for v in out.values()]
     ss = sum(float(((x - x.mean()) ** 2).sum()) for x in logs)
     dof = sum(len(x) - 1 for x in logs)
@@ -276,7 +273,7 @@ def confirm(suspects, refs, retest, args):
     slow = {}
     for (a, b, kind, size), t in retest["points"].items():
         if (kind, size) not in refs:
-            raise InputError(f"{retest['file']}: {label(kind, size)} is not a size of the sweep")
+            raise cli.BadInput(f"{retest['file']}: {label(kind, size)} is not a size of the sweep")
         slow[f"{a}:{b}"] = slow.get(f"{a}:{b}", False) or is_slow(t, refs[(kind, size)], level)[2]
     out = []
     for s in suspects:
@@ -400,10 +397,10 @@ def main(argv=None):
         retest = read_sweep(a.retest) if a.retest else None
         if retest is not None:
             if not set(retest["nodes"]) <= set(sweep["nodes"]):
-                raise InputError(f"{a.retest}: nodes {', '.join(sorted(set(retest['nodes']) - set(sweep['nodes'])))} "
-                                 "are not in the sweep")
+                raise cli.BadInput(f"{a.retest}: nodes {', '.join(sorted(set(retest['nodes']) - set(sweep['nodes'])))} "
+                                   "are not in the sweep")
             suspects = [s for s in confirm(suspects, refs, retest, a) if s["retest"].startswith("confirmed")]
-    except InputError as e:
+    except cli.BadInput as e:
         print(f"diagnose: cannot diagnose: {e}", file=sys.stderr)
         return 2
     nodes = sweep["nodes"]

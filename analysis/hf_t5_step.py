@@ -30,16 +30,14 @@ Exit status: 0 measured; 1 failed (out of memory included, with the reason); 3 n
 here (no transformers, no PyTorch, or no CUDA device): gpu-check prints the reason and skips
 the row.
 """
-import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import runner  # noqa: E402
 import torch_t5_step  # noqa: E402  (PRESETS and the plan's FLOP count: one place for each)
 
 NOT_AVAILABLE = 3
@@ -114,17 +112,13 @@ def build(torch, transformers, a, device):
 
 def shardbench_parameters(a):
     """param_count of fsdp_perf --plan for the same shape, or None where it is not built."""
-    binary = os.path.join(a.bin, "fsdp_perf")
-    if not os.access(binary, os.X_OK):
+    if not os.access(os.path.join(a.bin, "fsdp_perf"), os.X_OK):
         return None
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "s.json")
-        r = subprocess.run([binary, "--model", a.model, "--layers", str(a.layers), "--batch", "1", "--seq-len", "1",
-                            "--plan", "--world-size", "1", "--schedule-json", path], capture_output=True, text=True)
-        if r.returncode not in (0, 3) or not os.path.exists(path):
-            raise RuntimeError(f"{binary} --plan failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
-        with open(path) as f:
-            return json.load(f)["param_count"]
+    code, plan = runner.plan("fsdp_perf", ["--model", a.model, "--layers", str(a.layers), "--batch", "1", "--seq-len", "1",
+                                           "--world-size", "1"], a.bin)
+    if code not in (0, 3):
+        raise RuntimeError(f"{os.path.join(a.bin, 'fsdp_perf')} --plan failed: {plan}")
+    return plan["param_count"]
 
 
 def main(argv):

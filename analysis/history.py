@@ -112,10 +112,6 @@ CREATE INDEX runs_start ON runs(start_time);
 """
 
 
-class BadInput(Exception):
-    """Unusable input: one line naming it and what is wrong."""
-
-
 # ---- reading a collective_perf result -------------------------------------------------------------
 
 def _value(v):
@@ -137,7 +133,7 @@ def parse_time(text, what):
     try:
         t = datetime.datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
     except ValueError:
-        raise BadInput(f"{what} '{text}' is not an ISO 8601 date or time (e.g. 2026-11-23 or 2026-11-23T06:01:54Z)")
+        raise cli.BadInput(f"{what} '{text}' is not an ISO 8601 date or time (e.g. 2026-11-23 or 2026-11-23T06:01:54Z)")
     return t.replace(tzinfo=datetime.timezone.utc) if t.tzinfo is None else t.astimezone(datetime.timezone.utc)
 
 
@@ -165,51 +161,51 @@ def _decode(rows, ds, field, names_key, fallback, fname, table):
     codes = rows[field].astype(np.int64)
     bad = codes[(codes < 0) | (codes >= len(names))]
     if len(bad):
-        raise BadInput(f"{fname}: corrupt {table} table: {field} code {int(bad[0])} is not one of the "
-                       f"{len(names)} {names_key}")
+        raise cli.BadInput(f"{fname}: corrupt {table} table: {field} code {int(bad[0])} is not one of the "
+                           f"{len(names)} {names_key}")
     return np.array(names, dtype=object)[codes]
 
 
 def read_result(fname):
     """(run facts, {point key: (time_s, iterations, busbw, algbw)}) of one collective_perf
-    result, or BadInput naming the file and what is wrong."""
+    result, or cli.BadInput naming the file and what is wrong."""
     try:
         return _read_result(fname)
-    except BadInput:
+    except cli.BadInput:
         raise
     except Exception as e:  # noqa: BLE001: a damaged file fails in many places; name it
-        raise BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {_one_line(e)})")
+        raise cli.BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {_one_line(e)})")
 
 
 def _read_result(fname):
     import h5py  # here: show needs none of it
     if os.path.isdir(fname):
-        raise BadInput(f"{fname}: is a directory")
+        raise cli.BadInput(f"{fname}: is a directory")
     try:
         f = h5py.File(fname, "r")
     except OSError as e:
-        raise BadInput(f"{fname}: not a readable HDF5 file ({_one_line(e)})")
+        raise cli.BadInput(f"{fname}: not a readable HDF5 file ({_one_line(e)})")
     try:
         with f:
             a = {k: _value(v) for k, v in f.attrs.items()}
             if a.get("program") != "collective_perf":
-                raise BadInput(f"{fname}: not a collective_perf result (program "
-                               f"{a.get('program', 'not recorded')!r})")
+                raise cli.BadInput(f"{fname}: not a collective_perf result (program "
+                                   f"{a.get('program', 'not recorded')!r})")
             for k in ("start_time", "world_size", "status"):
                 if k not in a:
-                    raise BadInput(f"{fname}: corrupt collective_perf result: no {k} attribute")
+                    raise cli.BadInput(f"{fname}: corrupt collective_perf result: no {k} attribute")
             if a["status"] not in FINAL_STATUSES:
-                raise BadInput(f"{fname}: not a finished result (status {a['status']!r}; finished: "
-                               f"{', '.join(FINAL_STATUSES)})")
+                raise cli.BadInput(f"{fname}: not a finished result (status {a['status']!r}; finished: "
+                                   f"{', '.join(FINAL_STATUSES)})")
             start = parse_time(a["start_time"], f"{fname}: start_time")
             for k in ("samples", "results"):
                 if k not in f or not isinstance(f[k], h5py.Dataset):
-                    raise BadInput(f"{fname}: no {k} table")
+                    raise cli.BadInput(f"{fname}: no {k} table")
             sds, rds = f["samples"], f["results"]
             s, r = sds[()], rds[()]
             op_names = _names(sds, "op_names")
             if op_names is None:
-                raise BadInput(f"{fname}: corrupt samples table: no op_names attribute")
+                raise cli.BadInput(f"{fname}: corrupt samples table: no op_names attribute")
             prov = {k: _value(v) for k, v in f["provenance"].attrs.items()} if "provenance" in f else {}
             hosts = []
             if "provenance/ranks" in f:
@@ -227,37 +223,37 @@ def _read_result(fname):
             # to tell them apart, its single value is unknown.
             for k in ("comm", "dtype", "redop"):
                 if "," in fallback[k] and (s.dtype.names is None or k not in s.dtype.names):
-                    raise BadInput(f"{fname}: {k} is {fallback[k]!r} but the samples table has no {k} column")
+                    raise cli.BadInput(f"{fname}: {k} is {fallback[k]!r} but the samples table has no {k} column")
             sample_keys = {k: _decode(s, sds, k, k + "_names", fallback[k], fname, "samples")
                            for k in ("comm", "dtype", "redop")} if len(s) else {}
             result_keys = {k: _decode(r, rds, k, k + "_names", fallback[k], fname, "results")
                            for k in ("comm", "dtype", "redop")} if len(r) else {}
             r_ops = _names(rds, "op_names") or op_names
-    except BadInput:
+    except cli.BadInput:
         raise
     except (OSError, KeyError, ValueError, TypeError, IndexError, AttributeError, RuntimeError) as e:
-        raise BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {_one_line(e)})")
+        raise cli.BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {_one_line(e)})")
 
     missing = [k for k in SAMPLE_FIELDS if s.dtype.names is None or k not in s.dtype.names]
     if missing:
-        raise BadInput(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
+        raise cli.BadInput(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
     if len(s) == 0:
-        raise BadInput(f"{fname}: no measurements (empty samples table)")
+        raise cli.BadInput(f"{fname}: no measurements (empty samples table)")
     rmissing = [k for k in ("op", "in_place", "size", "busbw", "algbw") if r.dtype.names is None or k not in r.dtype.names]
     if rmissing:
-        raise BadInput(f"{fname}: corrupt results table: no field {', '.join(rmissing)}")
+        raise cli.BadInput(f"{fname}: corrupt results table: no field {', '.join(rmissing)}")
     ops = s["op"].astype(np.int64)
     bad_op = ops[(ops < 0) | (ops >= len(op_names))]
     if len(bad_op):
-        raise BadInput(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
-                       f"{len(op_names)} op_names")
+        raise cli.BadInput(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
+                           f"{len(op_names)} op_names")
     t = s["time"].astype(float)
     ok = np.isfinite(t) & (t > 0)
     if not ok.all():
-        raise BadInput(f"{fname}: {int((~ok).sum())} of {len(t)} times are not finite positive numbers "
-                       f"(first: {t[~ok][0]!r}): unusable")
+        raise cli.BadInput(f"{fname}: {int((~ok).sum())} of {len(t)} times are not finite positive numbers "
+                           f"(first: {t[~ok][0]!r}): unusable")
     if np.any(s["size"] <= 0):
-        raise BadInput(f"{fname}: corrupt samples table: a size of {int(s['size'][s['size'] <= 0][0])} bytes")
+        raise cli.BadInput(f"{fname}: corrupt samples table: a size of {int(s['size'][s['size'] <= 0][0])} bytes")
 
     # An iteration: one (case, placement, size, root, cycle, iteration) across ranks; its time is
     # the slowest rank's. A point (operation, placement, size, library, type, reduction) is the
@@ -283,7 +279,7 @@ def _read_result(fname):
     for i in range(len(r)):
         code = int(r["op"][i])
         if not 0 <= code < len(r_ops):
-            raise BadInput(f"{fname}: corrupt results table: op code {code} is not one of the {len(r_ops)} op_names")
+            raise cli.BadInput(f"{fname}: corrupt results table: op code {code} is not one of the {len(r_ops)} op_names")
         key = (r_ops[code], int(r["in_place"][i]), int(r["size"][i]), str(result_keys["comm"][i]),
                str(result_keys["dtype"][i]), str(result_keys["redop"][i]))
         bw.setdefault(key, []).append((float(r["busbw"][i]), float(r["algbw"][i])))
@@ -310,10 +306,10 @@ def result_files(path):
             subdirs.sort()
             out += [os.path.join(d, f) for f in sorted(files) if f.endswith(".h5")]
         if not out:
-            raise BadInput(f"{path}: no .h5 results in this directory or below it")
+            raise cli.BadInput(f"{path}: no .h5 results in this directory or below it")
         return out
     if not os.path.exists(path):
-        raise BadInput(f"{path}: no such file or directory")
+        raise cli.BadInput(f"{path}: no such file or directory")
     return [path]
 
 
@@ -324,14 +320,11 @@ def open_db(path, create):
     is none (after the checks of an output file)."""
     exists = os.path.exists(path)
     if exists and os.path.isdir(path):
-        raise BadInput(f"{path}: is a directory, not a history database")
+        raise cli.BadInput(f"{path}: is a directory, not a history database")
     if not exists:
         if not create:
-            raise BadInput(f"{path}: no such history database (create it with: analysis/history.py add {path} RESULT...)")
-        try:
-            cli.check_output_file(path, "DB")
-        except cli.BadInput as e:
-            raise BadInput(str(e))
+            raise cli.BadInput(f"{path}: no such history database (create it with: analysis/history.py add {path} RESULT...)")
+        cli.check_output_file(path, "DB")
     try:
         if create:
             con = sqlite3.connect(path, timeout=60, isolation_level=None)
@@ -342,16 +335,16 @@ def open_db(path, create):
         tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         if not tables:
             if not create:
-                raise BadInput(f"{path}: an empty database, not a history (add runs with: analysis/history.py add "
-                               f"{path} RESULT...)")
+                raise cli.BadInput(f"{path}: an empty database, not a history (add runs with: analysis/history.py add "
+                                   f"{path} RESULT...)")
             return con, True
         fmt = con.execute("SELECT value FROM meta WHERE key='format'").fetchone() if "meta" in tables else None
         if not fmt or fmt[0] != DB_FORMAT:
-            raise BadInput(f"{path}: an SQLite database but not a shardbench history ({DB_FORMAT!r} expected, "
-                           f"found {fmt[0] if fmt else 'no format record'!r})")
+            raise cli.BadInput(f"{path}: an SQLite database but not a shardbench history ({DB_FORMAT!r} expected, "
+                               f"found {fmt[0] if fmt else 'no format record'!r})")
         return con, False
     except sqlite3.DatabaseError as e:
-        raise BadInput(f"{path}: not a history database ({_one_line(e)})")
+        raise cli.BadInput(f"{path}: not a history database ({_one_line(e)})")
 
 
 def add(a):
@@ -366,7 +359,7 @@ def add(a):
         try:
             digest = sha256(fname)
         except OSError as e:
-            raise BadInput(f"{fname}: cannot read ({e.strerror})")
+            raise cli.BadInput(f"{fname}: cannot read ({e.strerror})")
         if digest in seen:
             continue
         seen.add(digest)
@@ -413,7 +406,7 @@ def add(a):
             except OSError:
                 pass
         if isinstance(e, sqlite3.Error):
-            raise BadInput(f"{a.db}: cannot add to the database ({_one_line(e)}): it is unchanged") from e
+            raise cli.BadInput(f"{a.db}: cannot add to the database ({_one_line(e)}): it is unchanged") from e
         raise
     total, first, last = con.execute("SELECT count(*), min(start_time), max(start_time) FROM runs").fetchone()
     con.close()
@@ -535,7 +528,7 @@ def parse_size(text):
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(t[-1:], 1)
     digits = t[:-1] if t[-1:] in "KMG" and t else t
     if not digits.isdigit() or int(digits) * mult <= 0:
-        raise BadInput(f"--size '{text}' is not a size in bytes (e.g. 65536, 64K, 1M)")
+        raise cli.BadInput(f"--size '{text}' is not a size in bytes (e.g. 65536, 64K, 1M)")
     return int(digits) * mult
 
 
@@ -551,12 +544,12 @@ def load_series(con, a):
     runs = {r[0]: dict(zip([c[0] for c in con.execute("SELECT * FROM runs LIMIT 0").description], r))
             for r in con.execute("SELECT * FROM runs")}
     if not runs:
-        raise BadInput(f"{a.db}: holds no runs (add some with: analysis/history.py add {a.db} RESULT...)")
+        raise cli.BadInput(f"{a.db}: holds no runs (add some with: analysis/history.py add {a.db} RESULT...)")
     since = parse_time(a.since, "--since").timestamp() if a.since else None
     size = parse_size(a.size) if a.size is not None else None
     ops = sorted({r[0] for r in con.execute("SELECT DISTINCT op FROM points")})
     if a.op is not None and a.op not in ops:
-        raise BadInput(f"--op '{a.op}': no runs of it in {a.db} (it holds: {', '.join(ops)})")
+        raise cli.BadInput(f"--op '{a.op}': no runs of it in {a.db} (it holds: {', '.join(ops)})")
     rows = con.execute("SELECT run, op, in_place, size, comm, dtype, redop, time_s, iterations, busbw_gbps, algbw_gbps "
                        "FROM points").fetchall()
     series = {}
@@ -577,8 +570,8 @@ def load_series(con, a):
         sizes = sorted({r[3] for r in rows if a.op is None or r[1] == a.op})
         what = " ".join(x for x in (a.op and f"of {a.op}", size and f"at {size} B",
                                      a.since and f"since {a.since}") if x)
-        raise BadInput(f"{a.db}: no runs {what or 'with a passing data check'} (sizes held"
-                       f"{' for ' + a.op if a.op else ''}: {', '.join(map(str, sizes)) or 'none'})")
+        raise cli.BadInput(f"{a.db}: no runs {what or 'with a passing data check'} (sizes held"
+                           f"{' for ' + a.op if a.op else ''}: {', '.join(map(str, sizes)) or 'none'})")
     for v in series.values():
         v.sort(key=lambda p: run_order(p["run"]))
     if a.last:  # the latest runs of each configuration
@@ -781,18 +774,15 @@ def plot(path, series, found):
 def show(a):
     for path, flag, formats in ((a.plot, "--plot", ["png"]), (a.openmetrics, "--openmetrics", None)):
         if path:
-            try:
-                cli.check_output_file(path, flag, formats=formats)
-            except cli.BadInput as e:
-                raise BadInput(str(e))
+            cli.check_output_file(path, flag, formats=formats)
     if not 0 < a.alpha < 1:
-        raise BadInput(f"--alpha {a.alpha} must be in (0, 1)")
+        raise cli.BadInput(f"--alpha {a.alpha} must be in (0, 1)")
     if a.last < 0:
-        raise BadInput(f"--last {a.last} must be 0 (all runs) or a positive number of runs")
+        raise cli.BadInput(f"--last {a.last} must be 0 (all runs) or a positive number of runs")
     if a.min_segment < 2:
-        raise BadInput(f"--min-segment {a.min_segment} must be at least 2")
+        raise cli.BadInput(f"--min-segment {a.min_segment} must be at least 2")
     if not 0 <= a.min_step < math.inf:
-        raise BadInput(f"--min-step {a.min_step} must be a finite number >= 0")
+        raise cli.BadInput(f"--min-step {a.min_step} must be a finite number >= 0")
     con, _ = open_db(a.db, create=False)
     try:
         series, runs, skipped = load_series(con, a)
@@ -906,7 +896,7 @@ def main(argv=None):
     a = ap.parse_args(argv)
     try:
         return add(a) if a.command == "add" else show(a)
-    except BadInput as e:
+    except cli.BadInput as e:
         print(f"{TOOL}: error: {e}", file=sys.stderr)
         return 2
 

@@ -114,7 +114,7 @@ def main(argv=None):
     try:
         cli.check_output_dir(a.out, "--out")  # before anything is read or drawn
         runs = plots.load_results(a.results, inputs)
-    except (plots.PlotError, cli.BadInput) as e:
+    except cli.BadInput as e:
         print(f"layouts: error: {e}", file=sys.stderr)
         return 2
     os.makedirs(a.out, exist_ok=True)

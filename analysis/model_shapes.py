@@ -10,6 +10,7 @@ to flags and names a shape in file names.
 
 Standard library only: slurm/sweep imports it from this folder (also in an installed tree).
 """
+import cli
 
 # (key in a matrix entry and in project.py's namespace, program flag, kind)
 SHAPE_KEYS = (
@@ -26,8 +27,9 @@ KEYS = tuple(k for k, _, _ in SHAPE_KEYS)
 INT_MAX = 2**31 - 1
 
 
-class ShapeError(ValueError):
-    """A model entry the vocabulary does not allow: one line naming it and what is allowed."""
+class ShapeError(cli.BadInput, ValueError):
+    """A model entry the vocabulary does not allow: one line naming it and what is allowed
+    (the tools' one-line error, cli.BadInput; a ValueError for slurm/sweep's checks)."""
 
 
 def _text(kind, v):

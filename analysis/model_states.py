@@ -57,12 +57,9 @@ written).
 """
 import csv
 import io
-import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 
 import matplotlib
 matplotlib.use("Agg")
@@ -71,6 +68,7 @@ import matplotlib.ticker  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import runner  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GIB = 2.0 ** 30
@@ -237,41 +235,26 @@ def compare(s, plan, n):
 # ---- running the plans --------------------------------------------------------------------
 
 def run_plan(bin_dir, s, model, n, limit_gib, batch, seq, checkpointing):
-    """The plan's JSON, or None when the program refuses the combination (exit 2; offload
-    entries only: their line is printed)."""
-    with tempfile.TemporaryDirectory(prefix="shardbench-states-") as tmp:
-        path = os.path.join(tmp, "plan.json")
-        cmd = [os.path.join(bin_dir, s["args"][0])] + s["args"][1:] + [
-            "--model", model, "--dtype", "bf16", "--batch", str(batch), "--seq-len", str(seq), "--plan",
-            "--world-size", str(n), "--mem-limit-gib", f"{limit_gib:g}", "--schedule-json", path]
-        if s["offload"]:  # the host's share per GPU, as a node's (not this machine's)
-            cmd += ["--host-mem-limit-gib", f"{HOST_LIMIT_GIB[0]:g}"]
-        if checkpointing:
-            cmd.append("--activation-checkpointing")
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise cli.BadInput(f"--bin '{bin_dir}': cannot run {s['args'][0]}: {e.strerror} (build it with make)")
-        if p.returncode == 2:
-            line = next((x for x in reversed(p.stderr.splitlines()) if ": error: " in x), p.stderr.strip())
-            if s["offload"]:
-                LEFT_OUT.append(f"{s['name']} left out: fsdp_perf refuses it: {line.split(': error: ', 1)[-1]}")
-                return None
-            raise cli.BadInput(f"{' '.join(s['args'])} refuses {model} at {n} GPUs: {line.split(': error: ', 1)[-1]}")
-        if p.returncode not in (0, 3) or not os.path.exists(path):
-            raise cli.BadInput(f"the plan failed (exit {p.returncode}): {' '.join(cmd)}")
-        with open(path) as f:
-            return json.load(f)
-
-
-def has_offload(bin_dir):
-    p = subprocess.run([os.path.join(bin_dir, "fsdp_perf"), "--help"], capture_output=True, text=True)
-    return "--cpu-offload" in p.stdout + p.stderr
-
-
-def presets(bin_dir):
-    p = subprocess.run([os.path.join(bin_dir, "fsdp_perf"), "--list-models"], capture_output=True, text=True)
-    return p.stdout.split()
+    """The plan's JSON (analysis/runner.py), or None when the program refuses the combination
+    (exit 2; offload entries only: their line is printed)."""
+    flags = s["args"][1:] + ["--model", model, "--dtype", "bf16", "--batch", str(batch), "--seq-len", str(seq),
+                             "--world-size", str(n), "--mem-limit-gib", f"{limit_gib:g}"]
+    if s["offload"]:  # the host's share per GPU, as a node's (not this machine's)
+        flags += ["--host-mem-limit-gib", f"{HOST_LIMIT_GIB[0]:g}"]
+    if checkpointing:
+        flags.append("--activation-checkpointing")
+    try:
+        code, plan = runner.plan(s["args"][0], flags, bin_dir)
+    except cli.BadInput as e:
+        raise cli.BadInput(f"--bin '{bin_dir}': {e}")
+    if code == 2:
+        if s["offload"]:
+            LEFT_OUT.append(f"{s['name']} left out: fsdp_perf refuses it: {plan}")
+            return None
+        raise cli.BadInput(f"{' '.join(s['args'])} refuses {model} at {n} GPUs: {plan}")
+    if code == 1:
+        raise cli.BadInput(plan)
+    return plan
 
 
 def t5_family(names):
@@ -429,7 +412,7 @@ def check_args(a):
     a.fit_gpus = positive_int(a.fit_gpus, "--fit-gpus")
     a.batch = positive_int(a.batch, "--batch")
     a.seq_len = positive_int(a.seq_len, "--seq-len")
-    known = presets(a.bin)
+    known = runner.presets(a.bin)
     if a.model not in known:
         raise cli.BadInput(f"--model '{a.model}' is not allowed (allowed: {', '.join(known)})")
     if a.fit_models is None:
@@ -495,7 +478,7 @@ def main(argv=None):
     try:
         check_args(a)
         strategies = list(STRATEGIES)
-        if has_offload(a.bin):
+        if runner.capabilities(a.bin)["cpu_offload"]:
             strategies += OFFLOAD
             notice = f"fsdp_perf has --cpu-offload: {len(OFFLOAD)} offload variants included"
         else:

@@ -40,9 +40,6 @@ COLORS = {"ddp": "tab:blue", "fsdp-full": "tab:orange", "fsdp-none": "tab:green"
           "fsdp-full-offload-params": "saddlebrown"}
 
 
-class PlotError(Exception):
-    pass
-
 
 def color(label):
     return COLORS.get(label, "tab:red" if label.startswith("fsdp-hybrid") else "tab:gray")
@@ -63,15 +60,15 @@ def load_results(paths, inputs):
     """The training results among paths; unreadable files are skipped through inputs."""
     files = expand(paths)
     if not files:
-        raise PlotError(f"no .h5 results in {', '.join(paths)}")
+        raise cli.BadInput(f"no .h5 results in {', '.join(paths)}")
     runs = inputs.read(files, load_training)
     if not runs:
-        raise PlotError(f"no readable result in {', '.join(paths)} ({len(files)} unreadable)")
+        raise cli.BadInput(f"no readable result in {', '.join(paths)} ({len(files)} unreadable)")
     # Every version the reader knows (READABLE_SCHEMA_VERSIONS) carries what the figures use,
     # so results of several versions are drawn together (old calibration runs beside new).
     training = [r for r in runs if r.meta.get("program") in ("ddp_perf", "fsdp_perf")]
     if not training:
-        raise PlotError("no training results (ddp_perf, fsdp_perf) among the files")
+        raise cli.BadInput("no training results (ddp_perf, fsdp_perf) among the files")
     return training
 
 
@@ -391,7 +388,7 @@ def main(argv=None):
     try:
         cli.check_output_dir(a.out, "--out")  # before anything is read or drawn
         _, figs = make_all(a.results, a.out, inputs)
-    except (PlotError, cli.BadInput) as e:
+    except cli.BadInput as e:
         print(f"plots: error: {e}", file=sys.stderr)
         return 2
     for name, path in figs.items():

@@ -40,12 +40,9 @@ out-of-memory record, an unreadable file) never, even with it. Every point is pr
 before any is published: exit 2 leaves --out as it was. Exit status: 0 written; 2 bad
 input (one line), nothing written.
 """
-import json
 import math
 import os
-import subprocess
 import sys
-import tempfile
 
 import h5py
 import numpy as np
@@ -53,60 +50,42 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import model_shapes  # noqa: E402
+import runner  # noqa: E402
 import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
-from projection_model import (PRECISIONS, ROOT, ProjectionError, add_calibration_arguments,  # noqa: E402
+from projection_model import (PRECISIONS, ROOT, add_calibration_arguments,  # noqa: E402
                               calibrated, host_rates, load_cluster, simulate)
 
 def plan_schedule(program_args, world, limit_gib, binary_dir, host_limit_gib=None):
-    """The program's plan and schedule JSON; host_limit_gib: its --host-mem-limit-gib (CPU
-    offload: the host memory per GPU of the cluster, [host] memory_gib)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "s.json")
-        cmd = [os.path.join(binary_dir, program_args[0])] + program_args[1:] + [
-            "--plan", "--world-size", str(world), "--mem-limit-gib", str(limit_gib), "--schedule-json", path]
-        if host_limit_gib is not None:
-            cmd += ["--host-mem-limit-gib", str(host_limit_gib)]
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True)
-        except OSError as e:
-            raise ProjectionError(f"cannot run {cmd[0]}: {e} (build it with make)")
-        if p.returncode == 2:  # a value the program refuses: its one line, without the program's path
-            line = next((x for x in reversed(p.stderr.splitlines()) if ": error: " in x), p.stderr.strip())
-            raise ProjectionError(line.split(": error: ", 1)[-1])
-        if p.returncode not in (0, 3) or not os.path.exists(path):
-            raise ProjectionError(f"plan failed ({' '.join(cmd)}): {p.stderr.strip() or p.stdout[-300:]}")
-        with open(path) as f:
-            return json.load(f)
+    """The program's plan and schedule JSON (analysis/runner.py: --plan --schedule-json at
+    --world-size world, --mem-limit-gib limit_gib); host_limit_gib: its --host-mem-limit-gib
+    (CPU offload: the host memory per GPU of the cluster, [host] memory_gib). A value the
+    program refuses is its one line (cli.BadInput)."""
+    return runner.schedule(program_args[0], list(program_args[1:]) + runner.limit_flags(world, limit_gib,
+                                                                                         host_limit_gib),
+                           binary_dir)
 
 
 def host_limit(cluster, args):
     """--host-mem-limit-gib of a point whose flags offload to the host (the description's
-    [host] memory_gib; ProjectionError, one line, when it has no [host]); None otherwise."""
+    [host] memory_gib; cli.BadInput, one line, when it has no [host]); None otherwise."""
     if "--cpu-offload" not in args:
         return None
     host_rates(cluster)  # the one-line error naming [host]
     return cluster["host"]["memory_gib"]
 
 
-def fits(sched):
-    """The plan's verdict: the GPU's memory and, under CPU offload, the host's."""
-    return bool(sched["memory"]["fits"]) and bool(sched["memory"].get("host_fits", True))
-
-
 def strategy_args(label, cluster, world):
     """The program and flags of a strategy label (analysis/strategy_labels.py)."""
-    try:
-        program, flags, _ = strategy_labels.resolve(label, cluster["gpus_per_node"], world)
-    except strategy_labels.StrategyError as e:
-        raise ProjectionError(str(e))
+    program, flags, _ = strategy_labels.resolve(label, cluster["gpus_per_node"], world)
     return [program] + flags
 
 
 def write_events(f, sched, stages):
     """The replayed step as /events (docs/trace-format.md): step 1 of rank 0 (under --pp of
-    each stage's first rank), lanes 0 compute, 1 all-gathers, 2 reductions, 3 tensor-parallel
-    collectives, 4 sends, 5 receives; and those ranks' /mesh rows; analysis/to_perfetto.py
+    each stage's first rank), each event on its lane: the schedule row's (0 compute, the
+    offload lanes), or the replay's stream of a collective or message
+    (projection_model.REPLAY_LANES); and those ranks' /mesh rows; analysis/to_perfetto.py
     draws it."""
     dtype = [("rank", "<i4"), ("step", "<i4"), ("phase", "<i4"), ("op", "<i4"), ("unit", "<i4"), ("lane", "<i4"),
              ("start", "<f8"), ("end", "<f8"), ("bytes", "<i8"), ("flops", "<f8"), ("m", "<i4"), ("n", "<i4"),
@@ -137,7 +116,7 @@ def write_result(path, sched, sim, cluster, args, label):
     """The programs' HDF5 schema (docs/trace-format.md), flagged projected: metadata, the plan
     and, when it fits, the replayed step's /events (no /steps or /memory)."""
     mem = sched["memory"]
-    fit = fits(sched)
+    fit = runner.fits(sched)
     with h5py.File(path, "w") as f:
         a = f.attrs
         a["schema_version"] = 4 if "unit_names" in sched else 3  # a schedule from before the units had names
@@ -270,30 +249,22 @@ def parse_args(argv):
 def setup(a):
     """The cluster with its calibration applied, and the GPU counts and batches."""
     if bool(a.matrix) == bool(a.model):
-        raise ProjectionError("give --model (one or more) or --matrix, not both" if a.matrix else
+        raise cli.BadInput("give --model (one or more) or --matrix, not both" if a.matrix else
                               "give --model (one or more), or --matrix RUNS.toml")
     cluster = calibrated(a)
     if a.seq_len <= 0 or (a.dec_seq_len is not None and a.dec_seq_len <= 0):
-        raise ProjectionError("--seq-len and --dec-seq-len must be positive")
+        raise cli.BadInput("--seq-len and --dec-seq-len must be positive")
     for label in a.strategies.split(","):
         try:
             strategy_labels.check(label)
-        except strategy_labels.StrategyError as e:
-            raise ProjectionError(f"--strategies: {e}")
+        except cli.BadInput as e:
+            raise cli.BadInput(f"--strategies: {e}")
     gpus, batches = cli.positive_list(a.gpus, "--gpus"), cli.positive_list(a.batch, "--batch")
     for model in a.model or []:  # the program judges the model and its shape flags before anything is printed
-        plan_schedule(["fsdp_perf"] + model_shapes.flags(shape_of(a, model)) + ["--batch", "1", "--seq-len", "1"], 1,
-                      cluster["gpu_memory_gib"], a.bin or os.path.join(ROOT, "build", "bin"))
+        plan_schedule(["fsdp_perf"] + model_shapes.flags(runner.model_entry(a, model)) + ["--batch", "1", "--seq-len",
+                                                                                        "1"], 1,
+                      cluster["gpu_memory_gib"], runner.bin_dir(a.bin))
     return cluster, gpus, batches
-
-
-def shape_of(a, model):
-    """The model entry of --model `model` with the command line's shape flags (model_shapes)."""
-    entry = {"model": model}
-    for key in model_shapes.KEYS:
-        if getattr(a, key, None) is not None:
-            entry[key] = getattr(a, key)
-    return entry
 
 
 def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False, binary_dir=None, layers=None,
@@ -303,15 +274,10 @@ def point_schedule(cluster, model, label, batch, n, seq_len, checkpointing=False
     entry = dict(model) if isinstance(model, dict) else {"model": model}
     if layers is not None:
         entry["layers"] = layers
-    args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + ["--batch", str(batch), "--seq-len",
-                                                                             str(seq_len)]
-    if dec_seq_len is not None:
-        args += ["--dec-seq-len", str(dec_seq_len)]
-    if checkpointing:
-        args.append("--activation-checkpointing")
-    args += ["--dtype", cluster["dtype"], "--reduce-dtype", reduce_dtype or cluster["dtype"]]
-    return plan_schedule(args, n, cluster["gpu_memory_gib"], binary_dir or os.path.join(ROOT, "build", "bin"),
-                         host_limit(cluster, args))
+    program, flags = runner.layout_flags(label, n, cluster["gpus_per_node"], batch, entry, seq_len, cluster["dtype"],
+                                         dec_seq_len, reduce_dtype, checkpointing=checkpointing)
+    return plan_schedule([program] + flags, n, cluster["gpu_memory_gib"], runner.bin_dir(binary_dir),
+                         host_limit(cluster, flags))
 
 
 def load_matrix(path):
@@ -324,7 +290,7 @@ def load_matrix(path):
     try:
         return sweep, sweep.load_matrix(path, {})
     except (sweep.InputError, sweep.CommandError) as e:
-        raise ProjectionError(str(e))
+        raise cli.BadInput(str(e))
 
 
 def points_to_project(a, cluster, gpus, batches):
@@ -335,31 +301,25 @@ def points_to_project(a, cluster, gpus, batches):
         sweep, cfg = load_matrix(a.matrix)
         m = cfg["matrix"]
         if m["dtype"] != cluster["dtype"]:
-            raise ProjectionError(f"{a.matrix}: [matrix] dtype {m['dtype']} is not the cluster description's "
+            raise cli.BadInput(f"{a.matrix}: [matrix] dtype {m['dtype']} is not the cluster description's "
                                   f"{cluster['dtype']} (its rates are for {cluster['dtype']})")
         return [(p.model, p.name, p.strategy, p.label, p.batch, p.gpus, [p.program] + list(p.args))
                 for p in sweep.points(cfg)]
     out = []
     for model in a.model:
-        entry = shape_of(a, model)
+        entry = runner.model_entry(a, model)
         for label in a.strategies.split(","):
+            pipeline = strategy_labels.pipeline_stages(label) > 1
+            fsdp = strategy_labels.program(label) == "fsdp_perf"
             for batch in batches:
                 for n in gpus:
                     per_rank = strategy_labels.batch_per_rank(label, batch, a.batch_per)
-                    args = strategy_args(label, cluster, n) + model_shapes.flags(entry) + [
-                        "--batch", str(per_rank), "--seq-len", str(a.seq_len)]
-                    if a.dec_seq_len is not None:
-                        args += ["--dec-seq-len", str(a.dec_seq_len)]
-                    if a.activation_checkpointing:
-                        args.append("--activation-checkpointing")
-                    args += ["--dtype", cluster["dtype"], "--reduce-dtype", a.reduce_dtype or cluster["dtype"]]
-                    if strategy_labels.pipeline_stages(label) > 1:
-                        if a.micro_batches is not None:
-                            args += ["--micro-batches", str(a.micro_batches)]
-                        if a.pp_schedule is not None:
-                            args += ["--pp-schedule", a.pp_schedule]
-                    if a.grad_accumulation is not None and strategy_labels.program(label) == "fsdp_perf":
-                        args += ["--grad-accumulation", a.grad_accumulation]
+                    program, flags = runner.layout_flags(
+                        label, n, cluster["gpus_per_node"], per_rank, entry, a.seq_len, cluster["dtype"],
+                        a.dec_seq_len, a.reduce_dtype, micro_batches=a.micro_batches if pipeline else None,
+                        pp_schedule=a.pp_schedule if pipeline else None, checkpointing=a.activation_checkpointing,
+                        grad_accumulation=a.grad_accumulation if fsdp else None)
+                    args = [program] + flags
                     # the preset, or the preset and its overrides, then the label the program prints
                     tag = model_shapes.tag(entry)
                     printed = strategy_labels.resolve(label, cluster["gpus_per_node"], n)[2]
@@ -369,17 +329,14 @@ def points_to_project(a, cluster, gpus, batches):
 
 
 def check_out(a, todo):
-    """ProjectionError unless every point can be written to --out: a folder this program
+    """cli.BadInput unless every point can be written to --out: a folder this program
     can make or fill, one result name per point, and no result there to keep (any without
     --overwrite; a measured one, or one that cannot be read, ever). Creates nothing."""
-    try:
-        cli.check_output_dir(a.out, "--out")
-    except cli.BadInput as e:
-        raise ProjectionError(str(e))
+    cli.check_output_dir(a.out, "--out")
     names = [name for _, name, *_ in todo]
     twice = sorted({x for x in names if names.count(x) > 1})
     if twice:
-        raise ProjectionError(f"two points would write the same result {twice[0]}.h5 (a value given twice, or two "
+        raise cli.BadInput(f"two points would write the same result {twice[0]}.h5 (a value given twice, or two "
                               "strategy labels of one layout): give each once")
     paths = [os.path.join(a.out, name + ".h5") for name in names]
     there = [p for p in paths if os.path.lexists(p)]
@@ -389,12 +346,12 @@ def check_out(a, todo):
     kept = [p for p in there if p not in mine]
     if kept:
         more = f" (and {len(kept) - 1} more)" if len(kept) > 1 else ""
-        raise ProjectionError(f"--out '{a.out}': {os.path.basename(kept[0])}{more} is not a projected result (a "
+        raise cli.BadInput(f"--out '{a.out}': {os.path.basename(kept[0])}{more} is not a projected result (a "
                               "measurement, a program's record, or unreadable): never replaced, even with "
                               "--overwrite; choose another --out")
     if not a.overwrite:
         more = f" (and {len(there) - 1} more of the {len(paths)} results)" if len(there) > 1 else ""
-        raise ProjectionError(f"--out '{a.out}': {os.path.basename(there[0])}{more} exists (pass --overwrite to "
+        raise cli.BadInput(f"--out '{a.out}': {os.path.basename(there[0])}{more} exists (pass --overwrite to "
                               "replace projected results, or choose another --out)")
 
 
@@ -423,13 +380,13 @@ def publish(staged, overwrite):
     for tmp, path in staged:
         if overwrite and os.path.lexists(path):
             if path not in replaceable:
-                raise ProjectionError(f"{path} is now a measured result (written while this ran): not replaced")
+                raise cli.BadInput(f"{path} is now a measured result (written while this ran): not replaced")
             os.replace(tmp, path)
             continue
         try:
             os.link(tmp, path)
         except FileExistsError:
-            raise ProjectionError(f"{path} was written by another program while this ran: not replaced")
+            raise cli.BadInput(f"{path} was written by another program while this ran: not replaced")
         os.remove(tmp)
 
 
@@ -439,7 +396,7 @@ def main(argv=None):
         cluster, gpus, batches = setup(a)
         todo = points_to_project(a, cluster, gpus, batches)
         check_out(a, todo)
-    except (ProjectionError, cli.BadInput, OSError, KeyError) as e:
+    except (cli.BadInput, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     made = []  # the folders this run created: removed again when it writes nothing
@@ -452,7 +409,7 @@ def main(argv=None):
         if not project_all(a, cluster, todo, staged):
             return 2
         publish(staged, a.overwrite)
-    except (ProjectionError, OSError) as e:
+    except (cli.BadInput, OSError) as e:
         print(f"project: error: {e}", file=sys.stderr)
         return 2
     finally:
@@ -474,14 +431,14 @@ def project_all(a, cluster, todo, staged):
     lwidth = max(13, *(len(printed) for _, _, _, printed, *_ in todo))
     print(f"{'model':<{width}} {'strategy':<{lwidth}} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
           f"{'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
-    bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
+    bin_dir = runner.bin_dir(a.bin)
     for model, name, label, printed, batch, n, args in todo:
         try:
             sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir, host_limit(cluster, args))
-            fit = fits(sched)  # a point that does not fit (GPU or host memory) is recorded, not replayed
+            fit = runner.fits(sched)  # a point that does not fit (GPU or host memory) is recorded, not replayed
             fsdp = strategy_labels.program(label) == "fsdp_perf"
             sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fit else None
-        except ProjectionError as e:
+        except cli.BadInput as e:
             print(f"project: error: {e}", file=sys.stderr)
             return False
         if sched["label"] != printed:  # the name was made before the plan ran (strategy_labels.resolve)

@@ -17,7 +17,7 @@ import h5py
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-from projection_model import ROOT, group_tiers, load_cluster, simulate  # noqa: E402
+from projection_model import REPLAY_LANES, ROOT, TRANSFER_LANES, group_tiers, load_cluster, simulate  # noqa: E402
 from project import plan_schedule, point_schedule, strategy_args  # noqa: E402
 
 A100 = os.path.join(ROOT, "runs", "clusters", "a100-80gb.toml")
@@ -188,8 +188,9 @@ def nic_sharing(binary_dir=None, layouts=(("ddp-tp2-pp4", 64), ("ddp-tp2-pp2", 3
             crosses = n // sched["pp_size"] >= c["gpus_per_node"]  # stages of whole nodes: every send leaves one
             worst = (0.0, 0.0, 0.0)
             for _, events in sim["stages"]:
-                sends = [(e[4], e[5]) for e in events if e[3] in (4, 5)]
-                dp = [(e[4], e[5]) for e in events if e[3] in (1, 2) and tiers[e[8]][1] > 1]
+                sends = [(e[4], e[5]) for e in events if e[3] in TRANSFER_LANES]
+                dp = [(e[4], e[5]) for e in events if e[3] in (REPLAY_LANES["gather"], REPLAY_LANES["reduce"]) and
+                      tiers[e[8]][1] > 1]
                 both = _overlap(sends, dp) if crosses else 0.0
                 worst = max(worst, (both, sum(b - a for a, b in _union(sends)), sum(b - a for a, b in _union(dp))))
             rows.append({"label": label, "gpus": n, "step": sim["time"], "overlap": worst[0], "sends": worst[1],
@@ -209,11 +210,12 @@ def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
     relative error's median and maximum, and whether both name the same fastest layout."""
     import random
     import advise
+    import runner
     cluster = load_cluster(A100)
     bin_dir = binary_dir or os.path.join(ROOT, "build", "bin")
     errors, agree, picks = [], 0, 0
     for model, n, gb, per_scenario in scenarios:
-        class A:  # the command line advise.common_flags reads
+        class A:  # the command line Layout.request reads
             pass
         a = A()
         a.model, a.seq_len, a.dec_seq_len = model, SEQ, None
@@ -227,9 +229,8 @@ def advisor(binary_dir=None, seed=0, scenarios=ADVISOR_SCENARIOS):
         for lay in layouts:
             if len(rows) >= per_scenario:
                 break
-            program, flags = advise.common_flags(a, cluster, n, lay)
-            code, sched = advise._one_plan([os.path.join(bin_dir, program)] + flags + ["--plan"])
-            if code != 0 or not advise.fits(sched):
+            code, sched = runner.plan(*lay.request(a, cluster, n), bin_dir)
+            if code != 0 or not runner.fits(sched):
                 continue
             est = advise.estimate(advise.digest(sched), cluster)["time"]
             full = simulate(sched, cluster)["time"]

@@ -39,9 +39,20 @@ INTER_FIELDS = {"nic_bandwidth_gbps": (NUM, True), "nics_per_node": (int, True),
 # direction), the CPU optimizer update's rate (GB/s of the bytes it touches) and host memory.
 HOST_FIELDS = {"link_bandwidth_gbps": (NUM, True), "update_bandwidth_gbps": (NUM, True), "memory_gib": (NUM, True)}
 # The trace lanes of CPU offload (docs/trace-format.md): the host's update and waits, the
-# host-to-device and device-to-host copies.
-HOST_LANE, UPLOAD_LANE, DOWNLOAD_LANE = 100, 101, 102
+# host-to-device and device-to-host copies; their numbers are shardbench_h5's (the one
+# Python home of backend.h's), and each schedule row carries its own.
+HOST_LANE = shardbench_h5.HOST_LANE
+_COPY_LANE = {name: lane for lane, name in shardbench_h5.COPY_LANES.items()}
+UPLOAD_LANE, DOWNLOAD_LANE = _COPY_LANE["host-to-device"], _COPY_LANE["device-to-host"]
 COLLECTIVE_MODELS = ("nccl", "ring")
+# The streams the replay places communication on (its trace lanes): all-gathers, the
+# reductions, tensor-parallel collectives, and a pipeline's activations and their
+# gradients, each direction's sends and receives in order on one stream. The plan's rows
+# carry the lane of every other op (0 compute and its waits, the offload lanes), which the
+# replay keeps; a collective's or message's row says only "a communication lane" (the
+# counting backend's 1), so the replay chooses its stream here.
+REPLAY_LANES = {"gather": 1, "reduce": 2, "tensor": 3, "activations": 4, "gradients": 5}
+TRANSFER_LANES = (REPLAY_LANES["activations"], REPLAY_LANES["gradients"])
 
 # NCCL's tuning model (src/graph/tuning.cc): the fixed latency of a ring collective with the
 # Simple protocol, the tree all-reduce's per-hop latencies (NVLink, network) and its bandwidth
@@ -57,8 +68,8 @@ NCCL_TREE_MAX_BUSBW = 80.0
 NCCL_RING_ALLREDUCE_PLATEAU = 1.9
 
 
-class ProjectionError(Exception):
-    pass
+# The tools' one error of one line (analysis/cli.py); the name kept for this module's callers.
+ProjectionError = cli.BadInput
 
 
 # ---------------------------------------------------------------- cluster descriptions
@@ -67,29 +78,29 @@ def _check_table(table, fields, where, path):
     for key, (typ, required) in fields.items():
         if key not in table:
             if required:
-                raise ProjectionError(f"cluster description {path}: missing field '{where}{key}'")
+                raise cli.BadInput(f"cluster description {path}: missing field '{where}{key}'")
             continue
         v = table[key]
         if not isinstance(v, typ) or isinstance(v, bool):
-            raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} has the wrong type")
+            raise cli.BadInput(f"cluster description {path}: field '{where}{key}' = {v!r} has the wrong type")
         # nan and inf pass `v <= 0` and would be projected as if measured: refused by name
         if isinstance(v, NUM) and not (math.isfinite(v) and v > 0):
             allowed = "a positive integer" if typ is int else "a finite positive number"
-            raise ProjectionError(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed "
-                                  f"(must be {allowed})")
+            raise cli.BadInput(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed "
+                               f"(must be {allowed})")
     unknown = set(table) - set(fields) - {"intra", "inter", "compute", "host"}
     if unknown:
-        raise ProjectionError(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")
+        raise cli.BadInput(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")
 
 
 def host_rates(cluster):
     """(host link bytes/s per direction, host update bytes/s) of one GPU's rank, from the
-    description's [host]; ProjectionError (one line naming the table) when it has none."""
+    description's [host]; cli.BadInput (one line naming the table) when it has none."""
     h = cluster.get("host")
     if not isinstance(h, dict):
-        raise ProjectionError(f"cluster description {cluster.get('source', cluster.get('name'))}: missing table "
-                              "[host] (host.link_bandwidth_gbps, host.update_bandwidth_gbps, host.memory_gib), "
-                              "needed to project CPU offload (docs/projection.md)")
+        raise cli.BadInput(f"cluster description {cluster.get('source', cluster.get('name'))}: missing table "
+                           "[host] (host.link_bandwidth_gbps, host.update_bandwidth_gbps, host.memory_gib), "
+                           "needed to project CPU offload (docs/projection.md)")
     return h["link_bandwidth_gbps"] * 1e9, h["update_bandwidth_gbps"] * 1e9
 
 
@@ -105,26 +116,23 @@ def has_offload(sched):
 
 def load_cluster(path, calibrate=True):
     """Reads and checks a description; builds its compute model from the runs it names."""
-    try:
-        c = cli.load_toml(path, "cluster description")
-    except cli.BadInput as e:
-        raise ProjectionError(str(e))
+    c = cli.load_toml(path, "cluster description")
     _check_table(c, CLUSTER_FIELDS, "", path)
     for tier, fields in (("compute", COMPUTE_FIELDS), ("intra", INTRA_FIELDS), ("inter", INTER_FIELDS)):
         if not isinstance(c.get(tier), dict):
-            raise ProjectionError(f"cluster description {path}: missing table [{tier}]")
+            raise cli.BadInput(f"cluster description {path}: missing table [{tier}]")
         _check_table(c[tier], fields, tier + ".", path)
     if "host" in c:  # optional: only schedules with CPU offload need it (host_rates)
         if not isinstance(c["host"], dict):
-            raise ProjectionError(f"cluster description {path}: 'host' must be a table [host]")
+            raise cli.BadInput(f"cluster description {path}: 'host' must be a table [host]")
         _check_table(c["host"], HOST_FIELDS, "host.", path)
     c["source"] = path
     if c["dtype"] not in PRECISIONS:
-        raise ProjectionError(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
+        raise cli.BadInput(f"cluster description {path}: dtype '{c['dtype']}' is not one of {', '.join(PRECISIONS)}")
     c.setdefault("collectives", "ring")
     if c["collectives"] not in COLLECTIVE_MODELS:
-        raise ProjectionError(f"cluster description {path}: collectives '{c['collectives']}' is not one of "
-                              f"{', '.join(COLLECTIVE_MODELS)}")
+        raise cli.BadInput(f"cluster description {path}: collectives '{c['collectives']}' is not one of "
+                           f"{', '.join(COLLECTIVE_MODELS)}")
     c["calibration"] = []
     cm = ComputeModel(c)
     c["compute_model"] = cm
@@ -208,17 +216,17 @@ class ComputeModel:
         try:
             with h5py.File(path, "r") as f:
                 if shardbench_h5.attr(f, "status") != "ok" or "steps" not in f or "events" not in f:
-                    raise ProjectionError(f"calibration run {path}: not a completed training result")
+                    raise cli.BadInput(f"calibration run {path}: not a completed training result")
                 s, e = f["steps"][()], f["events"][()]
                 op_names = np.array(shardbench_h5.names(f["events"]))
                 dtype, rpn = shardbench_h5.attr(f, "dtype"), shardbench_h5.attr(f, "ranks_per_node")
                 world = shardbench_h5.attr(f, "world_size")
                 label = f"{shardbench_h5.attr(f, 'program')} {shardbench_h5.attr(f, 'model')} {shardbench_h5.attr(f, 'backend')} {dtype}"
         except OSError as err:
-            raise ProjectionError(f"calibration run {path}: {err}")
+            raise cli.BadInput(f"calibration run {path}: {err}")
         if dtype != cluster["dtype"]:
-            raise ProjectionError(f"calibration run {path}: a {dtype} run cannot calibrate the {cluster['dtype']} "
-                                  "rates of this cluster description (its field 'dtype')")
+            raise cli.BadInput(f"calibration run {path}: a {dtype} run cannot calibrate the {cluster['dtype']} "
+                               "rates of this cluster description (its field 'dtype')")
         timed = s[s["warmup"] == 0]
         e = e[np.isin(e["step"], timed["step"])]
         slow = oversubscription(cluster, rpn, world)  # the measured times already suffered it
@@ -403,13 +411,13 @@ def calibrate_collectives(cluster, path):
     try:
         with h5py.File(path, "r") as f:
             if shardbench_h5.attr(f, "program") != "collective_perf":
-                raise ProjectionError(f"--calibrate-collectives {path}: not a collective_perf result")
+                raise cli.BadInput(f"--calibrate-collectives {path}: not a collective_perf result")
             n, nodes = shardbench_h5.attr(f, "world_size"), shardbench_h5.attr(f, "nodes")
             mode = shardbench_h5.attr(f, "collectives") if "collectives" in f.attrs else "blocking"  # older: blocking
             names = shardbench_h5.names(f["results"])
             r = f["results"][()]
     except OSError as err:
-        raise ProjectionError(f"--calibrate-collectives {path}: {err}")
+        raise cli.BadInput(f"--calibrate-collectives {path}: {err}")
     rows, times, ops = [], [], []
     for row in r[r["in_place"] == 0]:
         op = names[row["op"]]
@@ -420,7 +428,7 @@ def calibrate_collectives(cluster, path):
         times.append(row["time"])
         ops.append(op)
     if len(rows) < 2:
-        raise ProjectionError(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
+        raise cli.BadInput(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
 
     def fit(x, y):  # (latency µs per step, busbw GB/s)
         coef, *_ = np.linalg.lstsq(x, y, rcond=None)
@@ -465,8 +473,8 @@ def calibrated(a):
     """The description of a.cluster with the calibration flags of add_calibration_arguments applied."""
     cluster = calibrated_from(a.cluster, tuple(a.calibrate_run), tuple(a.calibrate_collectives))
     if a.require_calibration and not cluster["calibration"]:
-        raise ProjectionError("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
-                              "description with calibration_runs")
+        raise cli.BadInput("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
+                           "description with calibration_runs")
     return cluster
 
 
@@ -578,7 +586,7 @@ def simulate(sched, cluster, fsdp1_gathers=None):
         if converged:
             break
         last = sim["time"]
-        transfers = {rank: [(e[4], e[5]) for e in events if e[3] in _StageReplay.TRANSFER_LANES]
+        transfers = {rank: [(e[4], e[5]) for e in events if e[3] in TRANSFER_LANES]
                      for rank, events in sim["stages"]}
     sim["passes"], sim["converged"] = passes, converged
     return sim
@@ -620,11 +628,7 @@ class _StageReplay:
     receives of its pipeline neighbours. `advance` runs until the rank waits for a message
     whose other side is not posted yet, so that the stages can be replayed side by side."""
 
-    # The CUDA backend's streams (trace lanes): all-gathers, the reductions, tensor-parallel
-    # collectives, and a pipeline's activations and their gradients, each direction's sends
-    # and receives in order on one stream.
-    LANES = {"gather": 1, "reduce": 2, "tensor": 3, "activations": 4, "gradients": 5}
-    TRANSFER_LANES = (4, 5)
+    LANES = REPLAY_LANES  # (module level, for the tools that read the replay's timeline)
     # CPU offload: the host's update (one CPU thread's worth per GPU), and the host link's two
     # directions, each serialising its copies as a copy engine does.
     HOST_LANES = {"host": HOST_LANE, "h2d": UPLOAD_LANE, "d2h": DOWNLOAD_LANE}
@@ -794,7 +798,7 @@ class _StageReplay:
                 self.busy = [x for x in self.busy if x[1] > t]  # what ended before t slows nothing from here on
                 merged = _merged(self.busy)
                 d = _stretched(t, d, merged, [b for _, b in merged], self.slowdown)
-            self.events.append((op, phase, unit, 0, t, t + d, nbytes, flops, -1, 0, 0))
+            self.events.append((op, phase, unit, lane, t, t + d, nbytes, flops, -1, 0, 0))
             self.t += d
             self.compute += d
         elif op in ("send", "recv"):
@@ -827,7 +831,7 @@ class _StageReplay:
                 self.prelaunch(i + 1, t)
             end = self.done.get(req, t)
             if end > t:
-                self.events.append((op, phase, unit, 0, t, end, 0, 0.0, -1, 0, 0))
+                self.events.append((op, phase, unit, lane, t, end, 0, 0.0, -1, 0, 0))
                 if req in self.messages:
                     self.waited_for_stages += end - t
                 else:
@@ -862,7 +866,7 @@ def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown):
     while not all(s.finished for s in stages):
         if not any([s.advance(pipe) for s in stages]):
             blocked = [f"rank {s.rank} at op {s.i}" for s in stages if not s.finished]
-            raise ProjectionError("the pipeline's sends and receives do not pair up (" + ", ".join(blocked) + ")")
+            raise cli.BadInput("the pipeline's sends and receives do not pair up (" + ", ".join(blocked) + ")")
     # The step ends when the slowest stage does; the others idle until then (the bubble). CPU
     # offload: when its last host update or copy ends, if after the compute lane.
     time = max(s.end for s in stages)

@@ -57,18 +57,15 @@ MIN_BASELINE_RUNS = 3
 SAMPLE_FIELDS = ("op", "in_place", "size", "iteration", "time")
 
 
-class InputError(Exception):
-    pass
-
 
 def _files(path):
     if os.path.isdir(path):
         files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".h5"))
         if not files:
-            raise InputError(f"{path}: no .h5 results in this directory")
+            raise cli.BadInput(f"{path}: no .h5 results in this directory")
         return files
     if not os.path.exists(path):
-        raise InputError(f"{path}: no such file or directory")
+        raise cli.BadInput(f"{path}: no such file or directory")
     return [path]
 
 
@@ -77,40 +74,40 @@ def read_run(fname):
     try:
         f = h5py.File(fname, "r")
     except OSError as e:
-        raise InputError(f"{fname}: not a readable HDF5 file ({e})")
+        raise cli.BadInput(f"{fname}: not a readable HDF5 file ({e})")
     try:
         with f:
             if "program" not in f.attrs or shardbench_h5.attr(f, "program") != "collective_perf":
-                raise InputError(f"{fname}: not a collective_perf result")
+                raise cli.BadInput(f"{fname}: not a collective_perf result")
             this = {k: shardbench_h5.attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
             this["comm"] = shardbench_h5.attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
             if "," in this["comm"]:
-                raise InputError(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
-                                 "a baseline and a check use one")
+                raise cli.BadInput(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
+                                   "a baseline and a check use one")
             if this["status"] == "failed":
-                raise InputError(f"{fname}: its data check found wrong elements (status failed): not comparable")
+                raise cli.BadInput(f"{fname}: its data check found wrong elements (status failed): not comparable")
             if "samples" not in f:
-                raise InputError(f"{fname}: no samples table")
+                raise cli.BadInput(f"{fname}: no samples table")
             names = shardbench_h5.names(f["samples"])
             s = f["samples"][()]
-    except InputError:
+    except cli.BadInput:
         raise
     except (OSError, KeyError, ValueError, TypeError) as e:  # a damaged file fails in many places
-        raise InputError(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {e})")
+        raise cli.BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {e})")
     missing = [k for k in SAMPLE_FIELDS if s.dtype.names is None or k not in s.dtype.names]
     if missing:
-        raise InputError(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
+        raise cli.BadInput(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
     if len(s) == 0:
-        raise InputError(f"{fname}: no measurements (empty samples table)")
+        raise cli.BadInput(f"{fname}: no measurements (empty samples table)")
     bad_op = s["op"][(s["op"] < 0) | (s["op"] >= len(names))]
     if len(bad_op):
-        raise InputError(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
-                         f"{len(names)} op_names")
+        raise cli.BadInput(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
+                           f"{len(names)} op_names")
     t = s["time"].astype(float)
     if not np.all(np.isfinite(t) & (t > 0)):
         bad = t[~(np.isfinite(t) & (t > 0))]
-        raise InputError(f"{fname}: {len(bad)} of {len(t)} times are not finite positive numbers "
-                         f"(first: {bad[0]!r}): unusable")
+        raise cli.BadInput(f"{fname}: {len(bad)} of {len(t)} times are not finite positive numbers "
+                           f"(first: {bad[0]!r}): unusable")
     points = {}
     for key in sorted({(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s}):
         op, place, size = key
@@ -130,7 +127,7 @@ def load(path):
         else:
             for k in ("world_size", "dtype", "redop", "comm"):
                 if this[k] != facts[k]:
-                    raise InputError(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
+                    raise cli.BadInput(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
             facts["files"].append(fname)
         for k, v in points.items():
             runs.setdefault(k, []).append(v)
@@ -316,21 +313,21 @@ def compare(base, cur, args):
 
 def check_comparable(base, bf, cur, cf):
     if bf["world_size"] != cf["world_size"]:
-        raise InputError(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
+        raise cli.BadInput(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
     for k in ("dtype", "redop", "comm"):
         if bf.get(k) != cf.get(k):
-            raise InputError(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
+            raise cli.BadInput(f"{k} differs: baseline {bf[k]}, current {cf[k]}")
     if set(base) != set(cur):
         def names(keys):
             shown = [f"{o} {'in-place' if p else 'out-of-place'} {s} B" for o, p, s in keys[:4]]
             return ", ".join(shown) + (" ..." if len(keys) > 4 else "") or "none"
         only_b, only_c = sorted(set(base) - set(cur)), sorted(set(cur) - set(base))
-        raise InputError(f"operations or sizes differ: only in baseline: {names(only_b)}; "
-                         f"only in current: {names(only_c)}")
+        raise cli.BadInput(f"operations or sizes differ: only in baseline: {names(only_b)}; "
+                           f"only in current: {names(only_c)}")
     few = min(len(v) for v in base.values())
     if few < MIN_BASELINE_RUNS:
-        raise InputError(f"the baseline has {few} run(s) of some points; it needs at least {MIN_BASELINE_RUNS} "
-                         "runs recorded back to back, to know the run-to-run spread (SB_RECORD=1 records them)")
+        raise cli.BadInput(f"the baseline has {few} run(s) of some points; it needs at least {MIN_BASELINE_RUNS} "
+                           "runs recorded back to back, to know the run-to-run spread (SB_RECORD=1 records them)")
 
 
 def main(argv=None):
@@ -360,7 +357,7 @@ def main(argv=None):
         base, bf = load(a.baseline)
         cur, cf = load(a.current)
         check_comparable(base, bf, cur, cf)
-    except InputError as e:
+    except cli.BadInput as e:
         print(f"regress: cannot compare: {e}", file=sys.stderr)
         return 2
     rows = compare(base, cur, a)

@@ -215,7 +215,7 @@ def main(argv=None):
         runs, figs = plots.make_all([a.results], out, inputs)
         comparison, notes = plot_comparison(runs, out)
         traces, with_events = timelines(runs, out, a.timelines)
-    except (plots.PlotError, to_perfetto.InputError, cli.BadInput) as e:
+    except cli.BadInput as e:
         print(f"report: error: {e}", file=sys.stderr)
         return 2
     device = plots.device_word(runs)

@@ -30,6 +30,8 @@ Standard library only: slurm/sweep imports it from this folder (also in an insta
 """
 import re
 
+import cli
+
 ALLOWED = ("ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, "
            "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>, then -offload-params (full, hybrid, "
            "grad-op) or -offload-optimizer (any but fsdp-none)")
@@ -41,8 +43,9 @@ OFFLOADS = ("params", "optimizer")  # fsdp_perf --cpu-offload values a label nam
 OFFLOAD_RE = re.compile(r"^(.*)-offload-(" + "|".join(OFFLOADS) + r")$")
 
 
-class StrategyError(ValueError):
-    """A label outside the vocabulary: its message is one line naming it and what is allowed."""
+class StrategyError(cli.BadInput, ValueError):
+    """A label outside the vocabulary: its message is one line naming it and what is allowed
+    (the tools' one-line error, cli.BadInput; a ValueError for slurm/sweep's checks)."""
 
 
 def split_offload(label):
@@ -78,6 +81,19 @@ def check(label):
     if off == "optimizer" and base in ("ddp", "fsdp-none"):
         raise StrategyError(f"strategy {label!r}: -offload-optimizer needs a sharded fsdp strategy (not {base})")
     return label
+
+
+def offloads(label):
+    """The -offload-X suffixes `label` (without one) takes: those of OFFLOADS that check()
+    allows after it, in that order."""
+    out = []
+    for off in OFFLOADS:
+        try:
+            check(f"{label}-offload-{off}")
+        except StrategyError:
+            continue
+        out.append(off)
+    return out
 
 
 def cpu_offload(label):

@@ -44,9 +44,6 @@ def tid_of(lane):
     return lane + 2
 
 
-class InputError(Exception):
-    pass
-
 
 def parse_steps(text):
     """'A:B' (inclusive; either end may be left out) or 'N' -> (first, last); None = open."""
@@ -60,9 +57,9 @@ def parse_steps(text):
         else:
             raise ValueError
     except ValueError:
-        raise InputError(f"--steps '{text}': expected A:B, A:, :B or N (step numbers, 0 = set-up)")
+        raise cli.BadInput(f"--steps '{text}': expected A:B, A:, :B or N (step numbers, 0 = set-up)")
     if (a is not None and a < 0) or (b is not None and b < 0) or (a is not None and b is not None and a > b):
-        raise InputError(f"--steps '{text}': steps are 0 (set-up) … warm-up + timed steps, first ≤ last")
+        raise cli.BadInput(f"--steps '{text}': steps are 0 (set-up) … warm-up + timed steps, first ≤ last")
     return a, b
 
 
@@ -194,16 +191,16 @@ def convert(path, steps=(None, None)):
     try:
         run = load(path)
     except (OSError, KeyError, ValueError) as e:
-        raise InputError(f"{path}: not a readable shardbench result ({e})")
+        raise cli.BadInput(f"{path}: not a readable shardbench result ({e})")
     projected = bool(run.meta.get("projected"))
     if not len(run.events):
         what = "a projected result without the replayed step's events" if projected else \
             f"a result without events (status {run.meta.get('status')})"
-        raise InputError(f"{path}: {what}: nothing to draw")
+        raise cli.BadInput(f"{path}: {what}: nothing to draw")
     e = in_steps(run.events, steps)
     if not len(e):
         last = int(run.events["step"].max())
-        raise InputError(f"{path}: no events in --steps (this run has steps 0 … {last})")
+        raise cli.BadInput(f"{path}: no events in --steps (this run has steps 0 … {last})")
     mem = in_steps(run.memory, steps) if len(run.memory) else run.memory
     ranks = sorted(int(r) for r in e["rank"].unique())
     lanes_of = {r: sorted(int(x) for x in e.loc[e["rank"] == r, "lane"].unique()) for r in ranks}
@@ -239,7 +236,7 @@ def main(argv=None):
         with open(out + ".tmp", "w") as f:
             json.dump(trace, f, separators=(",", ":"))
         os.replace(out + ".tmp", out)
-    except (InputError, cli.BadInput) as e:
+    except cli.BadInput as e:
         print(f"to_perfetto: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

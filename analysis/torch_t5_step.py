@@ -26,17 +26,15 @@ counter-based hash, src/model/data.cpp), so on the CPU
 prints the losses that `ddp_perf --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8`
 prints on one rank (to about 1e-6).
 """
-import json
 import math
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import runner  # noqa: E402
 
 try:
     import numpy as np
@@ -115,25 +113,20 @@ def plan_flops(a):
     """(model, hardware) FLOPs of one step at these shapes, from the program's own plan (the
     one formula, src/model/spec.cpp); (None, None) with the reason printed when the program
     cannot run here."""
-    binary = os.path.join(a.bin, "ddp_perf")
     shape = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in ("d_model", "d_ff", "layers", "heads", "d_kv", "vocab")]
     shape += [f"--ffn={a.ffn}", f"--tie-embeddings={'yes' if a.tie else 'no'}"]
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "s.json")
-        cmd = [binary, "--model", a.model, *shape, f"--batch={a.batch}", f"--seq-len={a.seq_len}",
-               f"--dec-seq-len={a.dec_seq_len}", "--plan", "--world-size", "1", "--mem-limit-gib", "1e6",
-               "--schedule-json", path] + (["--activation-checkpointing"] if a.activation_checkpointing else [])
-        env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmp)  # an MPI singleton's own session folder
-        try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        except OSError as e:
-            print(f"# no FLOP count: cannot run {binary} ({e}); build it with make", flush=True)
-            return None, None
-        if p.returncode != 0 or not os.path.exists(path):
-            print(f"# no FLOP count: {' '.join(cmd)} failed: {(p.stderr or p.stdout).strip()[-300:]}", flush=True)
-            return None, None
-        with open(path) as f:
-            s = json.load(f)
+    flags = ["--model", a.model, *shape, f"--batch={a.batch}", f"--seq-len={a.seq_len}", f"--dec-seq-len={a.dec_seq_len}",
+             "--world-size", "1", "--mem-limit-gib", "1e6"] + (["--activation-checkpointing"] if a.activation_checkpointing
+                                                               else [])
+    try:
+        code, s = runner.plan("ddp_perf", flags, a.bin, own_session=True)  # an MPI singleton's own session folder
+    except cli.BadInput as e:
+        print(f"# no FLOP count: {e}", flush=True)
+        return None, None
+    if code != 0:
+        print(f"# no FLOP count: ddp_perf --plan {' '.join(flags)} failed: "
+              f"{s if isinstance(s, str) else 'does not fit'}", flush=True)
+        return None, None
     return s["model_flops_per_step"], s["hardware_flops_per_step"]
 
 
