@@ -10,7 +10,7 @@ this checkout's). Three comparisons, each with both builds on the same input:
                --plan-batch: each line's JSON equal;
   projections  (with --projections: 5 to 30 min on 2 cores) analysis/project.py --matrix on
                each runs/*.toml the projection takes, on runs/clusters/a100-80gb.toml: the
-               CSVs it writes equal;
+               results it writes equal (metadata, plan, steps, events; not the command line);
   --check      4 ranks of t5-tiny with --check for each strategy family (DDP, the five
                shardings, both offloads, --tp 2, --pp 2): the verdict line equal, and in the
                HDF5 result every step's loss, the plan and each rank's measured peak equal.
@@ -18,7 +18,6 @@ Prints one line per comparison and "same figures: N equal, M differ"; exit 0 whe
 equal, 1 when any differs, 2 on bad input. --quick skips the 200 layouts.
 """
 import argparse
-import filecmp
 import json
 import os
 import shutil
@@ -127,11 +126,27 @@ def compare_projections(bins, tmp):
         if rcs[0] == rcs[1] == 2 and errs[0] == errs[1]:
             print(f"skip  projection of runs/{matrix}: refused by both ({errs[0][0] if errs[0] else 'exit 2'})")
             continue
-        files = sorted(f for f in os.listdir(outs[0]) if f.endswith(".csv")) if os.path.isdir(outs[0]) else []
-        files_b = sorted(f for f in os.listdir(outs[1]) if f.endswith(".csv")) if os.path.isdir(outs[1]) else []
-        bad = [f for f in files if not filecmp.cmp(os.path.join(outs[0], f), os.path.join(outs[1], f), shallow=False)]
-        report(f"projection of runs/{matrix}: exit {rcs[1]}, {len(files_b)} CSV, {len(files_b) - len(bad)} equal",
-               rcs[0] == rcs[1] and files == files_b and files and not bad, (rcs, errs, files, files_b, bad))
+        names = [sorted(os.listdir(o)) if os.path.isdir(o) else [] for o in outs]
+        bad = [f for f in names[1] if f in names[0] and
+               projected_figures(os.path.join(outs[0], f)) != projected_figures(os.path.join(outs[1], f))]
+        report(f"projection of runs/{matrix}: exit {rcs[1]}, {len(names[1])} files, {len(names[1]) - len(bad)} equal",
+               rcs[0] == rcs[1] and names[0] == names[1] and names[1] and not bad,
+               (rcs, errs, len(names[0]), len(names[1]), bad[:3],
+                first_difference(projected_figures(os.path.join(outs[0], bad[0])),
+                                 projected_figures(os.path.join(outs[1], bad[0]))) if bad else None))
+
+
+def projected_figures(path):
+    """A projected result's figures: its metadata, plan, steps and events (not its provenance,
+    which names the command line), or a CSV's text."""
+    if not path.endswith(".h5"):
+        with open(path, "rb") as f:
+            return f.read()
+    import shardbench_h5
+    run = shardbench_h5.load(path)
+    table = lambda t: json.loads(t.to_json(orient="split", double_precision=15)) if len(t) else None  # noqa: E731
+    return {"meta": {k: str(v) for k, v in run.meta.items()}, "plan": {k: str(v) for k, v in run.plan.items()},
+            "steps": table(run.steps), "events": table(run.events), "peaks": table(run.peaks)}
 
 
 def run_check(b, program, flags, out):
