@@ -168,10 +168,10 @@ def figures(path):
 
 
 def compare_checks(bins, tmp):
-    for program, flags in CHECKS:
+    for n, (program, flags) in enumerate(CHECKS):
         got = []
         for i, b in enumerate(bins):
-            out = os.path.join(tmp, f"check-{len(got)}-{i}.h5")
+            out = os.path.join(tmp, f"check-{n}-{i}.h5")  # one name per configuration and build
             rc, verdict = run_check(b, program, flags, out)
             got.append((rc, verdict, figures(out) if rc == 0 and os.path.exists(out) else None))
         (rc_a, v_a, f_a), (rc_b, v_b, f_b) = got
