@@ -5,7 +5,8 @@
   - docs/usage.md's flag table lists only flags of ddp_perf or fsdp_perf;
   - every command in their code blocks that runs one of the project's programs or scripts
     (build/bin/*, analysis/*.py, slurm/sweep, scripts/*.sh) uses only flags that the
-    program's own --help lists.
+    program's own --help lists;
+  - README.md stays a front page: at most README_MAX_LINES lines (detail goes to docs/).
 
 Usage: tests/check_docs.py [--self-test]   (exit 1 on a problem, one line each)
 """
@@ -116,6 +117,17 @@ def table_problems(page):
     return out
 
 
+README_MAX_LINES = 200
+
+
+def length_problems(page, limit=README_MAX_LINES):
+    """README.md is the front page: new detail goes to docs/, not into it."""
+    if page != "README.md":
+        return []
+    n = len(open(os.path.join(ROOT, page), encoding="utf-8").read().splitlines())
+    return [f"{page}: {n} lines, more than the front page's {limit} (move detail to docs/)"] if n > limit else []
+
+
 def self_test():
     assert slug("Analysis: figures, a report, and a projection to 512 GPUs") == \
         "analysis-figures-a-report-and-a-projection-to-512-gpus"
@@ -132,7 +144,8 @@ def self_test():
     assert len(links) == 2 and "nowhere.md" in links[0] and "no-such-heading" in links[1], links
     assert [x.split(": ", 1)[1] for x in flags] == ["build/bin/fsdp_perf --no-such-flag: not in its --help",
                                                    "analysis/summarize.py --no-such-option: not in its --help"], flags
-    print("check_docs self-test: ok (a missing file, a missing heading, two unknown flags caught)")
+    assert length_problems("README.md", limit=10) and not length_problems("docs/usage.md", limit=10)
+    print("check_docs self-test: ok (a missing file, a missing heading, two unknown flags, a long README caught)")
 
 
 def main():
@@ -142,7 +155,7 @@ def main():
     problems = []
     n = 0
     for page in PAGES:
-        problems += link_problems(page) + flag_problems(page) + table_problems(page)
+        problems += link_problems(page) + flag_problems(page) + table_problems(page) + length_problems(page)
         n += sum(1 for _ in commands(page))
     for p in problems:
         print(p)
