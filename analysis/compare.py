@@ -6,7 +6,9 @@ optionally, a bar plot.
     analysis/compare.py results/demo/ddp.h5 results/demo/fsdp-*.h5 --plot comparison.png
 
 Each run is compared with the DDP run of the same model, ranks, batch and sequence length
-("vs ddp" is its step time over DDP's).
+("vs ddp" is its step time over DDP's). Projected results (analysis/project.py) compare as
+measured ones do, marked "projected" in the source column, with "-" for the loss they do not
+have; compare measured with measured and projected with projected.
 Exit status: 0; 1 some runs did not complete (status not ok); 2 no readable training
 result, or a --plot path that cannot be written; 3 (EXIT_SKIPPED) unreadable or foreign
 files were skipped, one line each.
@@ -25,7 +27,8 @@ MEASURED = ("median_step_time_s", "median_model_tflops_per_rank", "median_tokens
 def read(path):
     """A training result with what the table needs, or KeyError."""
     run = load(path)
-    return require(run, TRAINING_KEYS + (MEASURED if run.meta.get("status") == "ok" else ()))
+    measured = MEASURED if not run.meta.get("projected") else MEASURED[:-1]  # a replay has no loss
+    return require(run, TRAINING_KEYS + (measured if run.meta.get("status") == "ok" else ()))
 
 
 def main(argv=None):
@@ -56,7 +59,7 @@ def main(argv=None):
     base_of = lambda x: next((y["median_step_time_s"] for y in m if y["strategy"] == "ddp" and same(x, y)),  # noqa: E731
                              float("nan"))
     hdr = (f"{'strategy':<14} {'model':<10} {'ranks':>5} {'step ms':>9} {'vs ddp':>7} {'TFLOPS/rank':>12} "
-           f"{'tokens/s':>10} {'exposed ms':>11} {'peak MiB':>9} {'plan MiB':>9} {'loss':>9}")
+           f"{'tokens/s':>10} {'exposed ms':>11} {'peak MiB':>9} {'plan MiB':>9} {'loss':>9}  source")
     print(hdr)
     print("-" * len(hdr))
     for x in m:
@@ -64,7 +67,8 @@ def main(argv=None):
               f"{x['median_step_time_s'] / base_of(x):>7.2f} {x['median_model_tflops_per_rank']:>12.4f} "
               f"{x['median_tokens_per_s']:>10.0f} {x['median_exposed_comm_s'] * 1e3:>11.2f} "
               f"{x['max_peak_memory_bytes'] / 2**20:>9.1f} {x['plan_peak_memory_bytes'] / 2**20:>9.1f} "
-              f"{x['final_loss']:>9.5f}")
+              f"{format(x['final_loss'], '.5f') if 'final_loss' in x else '-':>9}  "
+              f"{'projected' if x.get('projected') else 'run'}")
     if a.plot:
         import matplotlib
         matplotlib.use("Agg")
@@ -73,10 +77,11 @@ def main(argv=None):
         names = [x["label"] + (f"\n{x['model']} w{x['world_size']}" if several else "") for x in m]
         fig, ax = plt.subplots(1, 2, figsize=(10, 3.8))
         # Whiskers from the fastest to the slowest timed step (slowest rank): the noise.
-        steps = [r.timed_steps.groupby("step")["time"].max() * 1e3 for r in runs]
+        steps = [r.timed_steps.groupby("step")["time"].max() * 1e3 if len(r.timed_steps) else [] for r in runs]
         med = [x["median_step_time_s"] * 1e3 for x in m]
+        spread = lambda v, s, f: abs(v - f(s)) if len(s) else 0.0  # noqa: E731  (a replay has no steps)
         ax[0].bar(names, med, color="tab:blue", capsize=5,
-                  yerr=[[v - s.min() for v, s in zip(med, steps)], [s.max() - v for v, s in zip(med, steps)]])
+                  yerr=[[spread(v, s, min) for v, s in zip(med, steps)], [spread(v, s, max) for v, s in zip(med, steps)]])
         ax[0].set_ylabel("step time (ms): median, fastest–slowest step")
         ax[1].bar(names, [x["max_peak_memory_bytes"] / 2**20 for x in m], color="tab:orange", label="measured")
         ax[1].plot(names, [x["plan_peak_memory_bytes"] / 2**20 for x in m], "kx", label="plan")

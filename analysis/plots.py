@@ -207,9 +207,12 @@ def finish_panels(fig, axes, out, name, xlabel, handles, title, devices):
     per_col = (longest * 0.55 * 7 + 40) / 72  # inches: text at 7 pt plus the handle and padding
     ncol = max(1, min(6, len(handles), int((width - 0.2) / per_col)))
     rows = (len(handles) + ncol - 1) // ncol
+    # The legend's rows get room of their own below the panels: the figure grows by their
+    # height, so a long legend (eight strategies of one panel) never squeezes the panels to a strip.
+    legend_h = 0.15 + 0.16 * rows
+    fig.set_size_inches(width, height + legend_h)
     fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=7, frameon=False)
-    bottom = min(0.45, (0.15 + 0.16 * rows) / height)  # room for the legend's rows
-    fig.tight_layout(rect=(0, bottom, 1, 1))  # tight_layout keeps the suptitle clear itself
+    fig.tight_layout(rect=(0, legend_h / (height + legend_h), 1, 1))  # tight_layout keeps the suptitle clear itself
     return save(fig, out, name)
 
 

@@ -142,21 +142,23 @@ def run_rows(runs, folder):
             os.path.relpath(r.path, folder), m["label"], model_label(m), m["world_size"], m["batch_per_rank"],
             m["enc_seq_len"], plots.device_word([r]), fmt(m.get("median_step_time_s", float("nan")) * 1e3, ".2f"),
             spread, fmt(m.get("median_model_tflops_per_rank"), ".4g"),
-            fmt((m.get("max_peak_memory_bytes") or r.plan.get("peak_total", 0)) / 2**20, ".1f"), idle_cell(m),
+            fmt((m.get("max_peak_memory_bytes") or r.plan.get("peak_total", 0)) / 2**20, ".1f"), idle_cell(m), bubble_cell(m),
             "projected" if m.get("projected") else "measured", m["status"]]) + "</tr>")
     return rows
 
 
 def idle_cell(m):
-    """The share of the step the ranks did not compute, and under --pp the pipeline bubble's
-    theory (S − 1) / (M + S − 1) beside it."""
+    """The share of the step the ranks did not compute (communication they wait for, and under
+    --pp the pipeline bubble)."""
     idle = m.get("idle_share")
-    if idle is None:
+    return "–" if idle is None else f"{idle * 100:.1f} %"
+
+
+def bubble_cell(m):
+    """A pipeline's bubble in theory, (S − 1) / (M + S − 1); '–' for a run without one."""
+    if m.get("pp_size", 1) <= 1 or m.get("pipeline_bubble_theory") is None:
         return "–"
-    text = f"{idle * 100:.1f} %"
-    if m.get("pp_size", 1) > 1:
-        text += f" (theory {m.get('pipeline_bubble_theory', float('nan')) * 100:.1f} %)"
-    return text
+    return f"{m['pipeline_bubble_theory'] * 100:.1f} %"
 
 
 def pipelines(runs):
@@ -255,7 +257,7 @@ TFLOPS are model FLOPs (3 × forward matmul FLOPs) per {esc(device)}; step times
 {pipe_html}
 <h2>Runs</h2><table><tr><th>file</th><th>strategy</th><th>model</th><th>ranks</th><th>batch</th><th>seq</th>
 <th>device</th><th>step ms (median)</th><th>step ms (fastest–slowest)</th><th>TFLOPS per rank</th><th>peak MiB</th>
-<th>idle (pipeline bubble)</th><th>source</th><th>status</th></tr>{''.join(run_rows(runs, a.results))}</table>
+<th>not computing</th><th>pipeline bubble (theory)</th><th>source</th><th>status</th></tr>{''.join(run_rows(runs, a.results))}</table>
 <h2>Provenance</h2><ul>{''.join(provenance(runs))}</ul></body></html>"""
     index = os.path.join(out, "index.html")
     with open(index, "w") as f:

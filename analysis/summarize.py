@@ -4,7 +4,10 @@ rank, peak memory, status.
 
     analysis/summarize.py results/*.h5 --csv summary.csv
 
-Out-of-memory records show their planned peak and no times. Exit status: 0; 2 no readable
+Rows are sorted by program, strategy, model, then ranks, batch and sequence length as
+numbers. The source column says where a row's figures come from: "run" (measured) or
+"projected" (analysis/project.py's replay); out-of-memory records show their planned peak
+and "-" for the times they do not have. Exit status: 0; 2 no readable
 result, or a --csv path that cannot be written; 3 (EXIT_SKIPPED) unreadable files were
 skipped, one line each, and the table holds the rest.
 """
@@ -32,7 +35,17 @@ def row(run):
         # A run the watchdog ended has no plan in its record: no peak either.
         "peak_mib": (m["max_peak_memory_bytes"] if ok else run.plan.get("peak_total", float("nan"))) / 2**20,
         "status": m["status"],
+        "source": "projected" if m.get("projected") else "run",
     }
+
+
+def cell(x, spec):
+    """A figure, or '-' where the row has none (an out-of-memory or failed record)."""
+    return "-" if x != x else format(x, spec)
+
+
+def sort_key(r):
+    return (r["program"], r["strategy"], r["model"], int(r["ranks"]), int(r["batch"]), int(r["seq"]), r["file"])
 
 
 def main(argv=None):
@@ -47,16 +60,17 @@ def main(argv=None):
         print(f"summarize: error: {e}", file=sys.stderr)
         return 2
     inputs = Inputs("summarize")
-    rows = inputs.read(a.files, lambda p: row(load(p)))
+    rows = sorted(inputs.read(a.files, lambda p: row(load(p))), key=sort_key)
     if not rows:
         print("summarize: no readable result: nothing to summarize", file=sys.stderr)
         return 2
-    hdr = f"{'program':<10} {'strategy':<14} {'model':<10} {'ranks':>5} {'batch':>5} {'seq':>5} {'step ms':>9} {'TFLOPS/rank':>12} {'peak MiB':>9}  status"
+    hdr = f"{'program':<10} {'strategy':<14} {'model':<10} {'ranks':>5} {'batch':>5} {'seq':>5} {'step ms':>9} {'TFLOPS/rank':>12} {'peak MiB':>9}  {'source':<9}  status"
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         print(f"{r['program']:<10} {r['strategy']:<14} {r['model']:<10} {r['ranks']:>5} {r['batch']:>5} {r['seq']:>5} "
-              f"{r['step_ms']:>9.2f} {r['tflops_per_rank']:>12.4f} {r['peak_mib']:>9.1f}  {r['status']}")
+              f"{cell(r['step_ms'], '.2f'):>9} {cell(r['tflops_per_rank'], '.4f'):>12} {cell(r['peak_mib'], '.1f'):>9}  "
+              f"{r['source']:<9}  {r['status']}")
     if a.csv:
         import pandas as pd
         pd.DataFrame(rows).to_csv(a.csv, index=False)

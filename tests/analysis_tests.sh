@@ -68,8 +68,32 @@ print('ok', len(want))"
 expect "--matrix of another precision than the cluster's rates is refused" 2 \
   "^project: error: .*\[matrix\] dtype fp32 is not the cluster description's bf16" -- \
   $PY $ROOT/analysis/project.py --cluster $ROOT/runs/clusters/a100-80gb.toml --matrix $tmp/matrix.toml --out $tmp/pm2
+# summarize: ranks sorted as numbers (8 before 512), each row's source named, '-' where an
+# out-of-memory record has no time.
+$PY $ROOT/analysis/summarize.py $R/projected/t5-611m-fsdp-full-g512-b8-s512.h5 \
+  $R/projected/t5-611m-fsdp-full-g8-b8-s512.h5 $R/ddp-11b.h5 $R/ddp.h5 >$tmp/sum.txt 2>&1
+check "summarize: 8 GPUs before 512 (numeric order), the projected rows marked projected" bash -c "
+  grep -E '^fsdp_perf +fsdp-full +t5-611m +8 .* projected +ok\$' $tmp/sum.txt | grep -q . &&
+  [ \$(grep -nE '^fsdp_perf +fsdp-full +t5-611m +8 ' $tmp/sum.txt | cut -d: -f1) -lt \
+    \$(grep -nE '^fsdp_perf +fsdp-full +t5-611m +512 ' $tmp/sum.txt | cut -d: -f1) ]"
+check "summarize: a measured run marked run, an out-of-memory record's times '-'" bash -c "
+  grep -qE '^ddp_perf +ddp +t5-tiny +2 .* run +ok\$' $tmp/sum.txt &&
+  grep -qE '^ddp_perf +ddp +t5-11.3b +8 +8 +512 +- +- +[0-9.]+ +run +out-of-memory\$' $tmp/sum.txt &&
+  ! grep -q nan $tmp/sum.txt"
 expect "report: figures and HTML from the folder" 0 'report: .*index.html \(4 figures' -- \
   $PY $ROOT/analysis/report.py $R --out $tmp/report
+expect "report: runs without a pipeline show no bubble ('–'), each its share not computing" 0 '^ok [0-9]+ rows$' -- \
+  $PY - $tmp/report/index.html <<'PYEOF'
+import re, sys
+html = open(sys.argv[1]).read()
+table = html[html.index("<h2>Runs</h2>"):]
+head = re.findall(r"<th>(.*?)</th>", table)
+rows = [re.findall(r"<td>(.*?)</td>", r) for r in re.findall(r"<tr>(<td>.*?)</tr>", table)]
+b, i = head.index("pipeline bubble (theory)"), head.index("not computing")
+assert rows and all(r[b] == "–" for r in rows), [r[b] for r in rows]
+assert any(r[i].endswith(" %") for r in rows), [r[i] for r in rows]
+print("ok", len(rows), "rows")
+PYEOF
 check "report: overridden shapes are labelled by their shape, never as preset*" bash -c "\
   grep -q '<td>T5 1+1 layers, d_model 32, d_ff 64, 2x8 heads, vocab 96, gated-GELU, untied head</td>' $tmp/report/index.html \
   && grep -q '<td>T5 4+4 layers, d_model 1024, d_ff 65536, 128x128 heads, vocab 32128, gated-GELU, untied head</td>' \
@@ -85,6 +109,20 @@ assert report.main(['$folder', '--out', '$tmp/cutcheck']) == 0
 cut = {name: texts for name, texts in plots.CUT.items() if texts}
 print(cut if cut else f'uncut {len(plots.CUT)}')"
 done
+# A long legend (sixteen entries under one panel, as the ZeRO matrix's eight strategies with
+# and without offload give) takes room of its own: the panel keeps its height.
+expect "plots: a long legend under one panel leaves the panel its height" 0 '^ok panel [0-9.]+ in$' -- $PY -c "
+import sys; sys.path.insert(0, '$ROOT/analysis')
+import matplotlib; matplotlib.use('Agg')
+import plots
+fig, axes = plots.small_multiples([1], width=4.2, cols=2)
+axes[0].plot([1, 2], [1, 2])
+h = [matplotlib.lines.Line2D([], [], label=f'fsdp-optimizer-state-offload-optimizer {i}') for i in range(16)]
+plots.finish_panels(fig, axes, '$tmp', 'legend16', 'x', h, 'title', ['GPU'])
+tall = axes[0].get_position().height * fig.get_figheight()
+assert tall >= 2.0, tall
+assert not plots.CUT['legend16'], plots.CUT['legend16']
+print(f'ok panel {tall:.2f} in')"
 for f in tflops_vs_model tflops_vs_gpus memory comparison timeline-ddp timeline-full; do
   check "report: $f.png is a PNG and $f.svg exists" \
     bash -c "head -c 8 $tmp/report/$f.png | od -An -c | grep -q 'P   N   G' && test -s $tmp/report/$f.svg"
@@ -199,6 +237,10 @@ expect "summarize: unreadable files skipped, the two runs tabled, exit 3" 3 'fsd
   $PY $ROOT/analysis/summarize.py $U/*.h5 --csv $tmp/u.csv
 skipped_all summarize
 check "summarize: the CSV has the two runs" test "$(wc -l <$tmp/u.csv)" -eq 3
+expect "compare: projected results compared as measured ones, marked projected, '-' for the loss" 0 \
+  '^fsdp-hybrid8 +t5-611m +512 .* - +projected$' -- \
+  $PY $ROOT/analysis/compare.py $R/projected/t5-611m-ddp-g512-b8-s512.h5 $R/projected/t5-611m-fsdp-hybrid8-g512-b8-s512.h5 \
+  --plot $tmp/cmp-projected.png
 expect "compare: unreadable files skipped, exit 3" 3 'fsdp-full +t5-tiny' -- $PY $ROOT/analysis/compare.py $U/*.h5
 skipped_all compare
 expect "plots: unreadable files skipped, the figures made, exit 3" 3 'plots: memory: ' -- \
