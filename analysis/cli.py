@@ -79,11 +79,16 @@ def _on_signal(signum, frame):
     its workers, which inherit this handler), exit 128 + the signal."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    for pid in reversed(_descendants(os.getpid())):
+    for pid in reversed(_descendants(os.getpid())):  # the deepest first: none is orphaned while it runs
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             pass
+    try:  # reap this process's own (their children, already ended, are init's to reap)
+        while os.waitpid(-1, 0)[0]:
+            pass
+    except ChildProcessError:
+        pass
     for path in list(_PENDING):
         try:
             os.remove(path)
