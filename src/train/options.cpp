@@ -43,6 +43,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--model", model, "model preset: " + names)->capture_default_str();
   bool list_models = false;
   app.add_flag("--list-models", list_models, "print the model presets, one per line, and exit");
+  bool describe = false;  // answered before MPI starts (src/programs/describe.h); here for --help
+  app.add_flag("--describe", describe, "alone: print one JSON line of what the program offers the analysis tools "
+               "(analysis/runner.py: plan batch, shardings, CPU offload and its rule, optimizers) and exit");
   NumericFlags num(app);
   auto* o_dm = num.integer("--d-model", d_model, 1, kIntMax, "override d_model");
   auto* o_ff = num.integer("--d-ff", d_ff, 1, kIntMax, "override d_ff");
