@@ -45,7 +45,7 @@ import runner  # noqa: E402
 from advise_estimate import digest, estimate  # noqa: E402
 from advise_layouts import BASES, MAX_GPUS, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
 from advise_outputs import calibration_line, draw, emit_matrix, explain, print_table, write_csv  # noqa: E402
-from projection_model import ROOT, add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
+from projection_model import add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
 
 
 # ---------------------------------------------------------------- command line
@@ -165,6 +165,7 @@ def main(argv=None):
 
 class NoLayout(Exception):
     """No layout of the question fits: one line saying why (exit EXIT_NO_LAYOUT)."""
+
 
 def model_blocks(a, cluster, bin_dir):
     """2 x layers of the model (its plan's shape)."""
