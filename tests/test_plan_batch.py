@@ -8,7 +8,8 @@ JSON), its exit codes equal the single runs' (0, 2, 3), a refused line's error i
 single run's message; --plan-batch-ops none equals all without the per-op rows, also where
 it plans a 1F1B pipeline of many micro-batches from three plans of fewer (and says so);
 "totals" sums the ops (GEMM shapes and elementwise sizes too); comments, blank lines and
-stdin; bad input is one line and exit 2.
+stdin; bad input is one line and exit 2. --describe (both programs): one JSON line, its
+offload rule the one fsdp_perf refuses by (every --sharding x --cpu-offload planned).
 Run from anywhere (needs build/bin and scripts/mpi-env.sh's environment for MPI as root).
   BIN=/other/build/bin python3 tests/test_plan_batch.py
 """
