@@ -25,21 +25,27 @@ A layout is named LABEL[:mbM:SCHEDULE][:ckpt]: the strategy label as the program
 and slurm/sweep reads it (analysis/strategy_labels.py: fsdp-full-tp2-pp4-offload-optimizer),
 the micro-batches and pipeline schedule of a -ppS label, and activation checkpointing.
 
-Exit status: 0 done; 2 bad input (one line), nothing written.
+Exit status: 0 done; 2 bad input (one line), nothing written; 3 no layout of the question fits
+(or the program refuses every one: one line saying how many of each), nothing written; 130
+interrupted (SIGINT), 143 terminated (SIGTERM), the plan processes and workers ended with it.
+The outputs (--out's files, --emit-matrix's) are published together at the end, or none: an
+existing one is replaced only with --overwrite.
 """
 import concurrent.futures
 import os
 import sys
 import time
 
+EXIT_NO_LAYOUT = 3  # as the programs' exit 3: the question does not fit
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import model_shapes  # noqa: E402
 import runner  # noqa: E402
 from advise_estimate import digest, estimate  # noqa: E402
-from advise_layouts import BASES, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
+from advise_layouts import BASES, MAX_GPUS, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
 from advise_outputs import calibration_line, draw, emit_matrix, explain, print_table, write_csv  # noqa: E402
-from projection_model import ROOT, add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
+from projection_model import add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
 
 
 # ---------------------------------------------------------------- command line
@@ -52,7 +58,8 @@ def parse_args(argv):
     for key, flag, _ in model_shapes.SHAPE_KEYS:
         if key != "layers":
             ap.add_argument(flag, dest=key, default=None, help=f"as the programs' {flag} (default: the preset's)")
-    ap.add_argument("--gpus", type=int, required=True, help="GPUs (world size)")
+    ap.add_argument("--gpus", type=int, required=True, help=f"GPUs (world size, 1 to {MAX_GPUS} as the programs' "
+                    "--world-size)")
     ap.add_argument("--global-batch", type=int, required=True,
                     help="sequences per step over all GPUs (each layout: global batch / data-parallel ranks per rank)")
     ap.add_argument("--seq-len", type=int, default=512, help="encoder tokens per sequence (default: %(default)s)")
@@ -66,8 +73,8 @@ def parse_args(argv):
                     "where the program serves them and the description has [host])")
     ap.add_argument("--replay", type=int, default=10, help="replay the top N in full (default: %(default)s)")
     ap.add_argument("--top", type=int, default=20, help="rows of the printed table (default: %(default)s)")
-    ap.add_argument("--jobs", type=int, default=2, help="plan processes at once without --plan-batch (default: "
-                    "%(default)s)")
+    ap.add_argument("--jobs", type=int, default=2, help="plan processes at once without --plan-batch, and full "
+                    "replays at once: 1 to this machine's CPUs (default: %(default)s)")
     ap.add_argument("--explain", metavar="LAYOUT", default=None,
                     help="print where one layout's step goes (LABEL[:mbM:SCHEDULE][:ckpt]) instead of ranking "
                          "(default: rank every layout)")
@@ -80,7 +87,8 @@ def parse_args(argv):
                     "checkout)")
     ap.add_argument("--out", default=None, help="folder for advise.png/.svg and advise.csv (required unless "
                     "--explain; default: none)")
-    ap.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    ap.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, replace an existing "
+                    "--emit-matrix file")
     return ap.parse_args(argv)
 
 
@@ -88,10 +96,15 @@ def check_args(a):
     for name in ("gpus", "global_batch", "seq_len"):
         if getattr(a, name) <= 0:
             raise cli.BadInput(f"--{name.replace('_', '-')} must be positive")
+    if a.gpus > MAX_GPUS:
+        raise cli.BadInput(f"--gpus {a.gpus} is not allowed (allowed: 1 to {MAX_GPUS}, the programs' --world-size)")
     if a.dec_seq_len is not None and a.dec_seq_len <= 0:
         raise cli.BadInput("--dec-seq-len must be positive")
-    if a.replay < 0 or a.top <= 0 or a.jobs <= 0:
-        raise cli.BadInput("--replay must be >= 0, --top and --jobs positive")
+    if a.replay < 0 or a.top <= 0:
+        raise cli.BadInput("--replay must be >= 0, --top positive")
+    cpus = os.cpu_count() or 1
+    if not 1 <= a.jobs <= cpus:  # each job is a process (and a program's): more than the CPUs only queue
+        raise cli.BadInput(f"--jobs {a.jobs} is not allowed (allowed: 1 to {cpus}, this machine's CPUs)")
     bases = a.strategies.split(",")
     for b in bases:
         if b not in BASES:
@@ -108,7 +121,24 @@ def check_args(a):
             raise cli.BadInput(f"--out '{a.out}' is not empty (pass --overwrite, or choose another --out)")
     if a.emit_matrix:
         cli.check_output_file(a.emit_matrix, "--emit-matrix", ("toml",))
+        cli.refuse_existing(a.emit_matrix, "--emit-matrix", a.overwrite)
     return bases
+
+
+def check_question(a, cluster, rule):
+    """The checks that need the description (and the programs' offload rule), before any
+    plan: --explain's layout (its name, and [host] for an offload one), --emit-matrix's
+    whole nodes. The Layout to explain, or None."""
+    if a.emit_matrix and a.gpus % cluster["gpus_per_node"]:
+        raise cli.BadInput(f"--emit-matrix: --gpus {a.gpus} is not a multiple of the description's gpus_per_node "
+                           f"{cluster['gpus_per_node']} (slurm/sweep runs whole nodes)")
+    if a.explain is None:
+        return None
+    lay = parse_name(a.explain, a.gpus, a.global_batch, rule)
+    if lay.offload != "none" and not isinstance(cluster.get("host"), dict):
+        raise cli.BadInput(f"--explain '{a.explain}': CPU offload needs the description's [host] table (host memory "
+                           f"and rates), which {a.cluster} has not")
+    return lay
 
 
 def main(argv=None):
@@ -116,18 +146,26 @@ def main(argv=None):
     try:
         bases = check_args(a)
         cluster = calibrated(a)
-        bin_dir = a.bin or os.path.join(ROOT, "build", "bin")
+        bin_dir = a.bin or runner.bin_dir()
         use_batch = runner.capabilities(bin_dir)["plan_batch"]
         offload = not a.no_offload and isinstance(cluster.get("host"), dict)
-        if a.explain:
-            return explain(a, cluster, bin_dir, parse_name(a.explain, a.gpus, a.global_batch))
+        lay = check_question(a, cluster, runner.offload_rule(bin_dir))
+        if lay is not None:
+            return explain(a, cluster, bin_dir, lay)
         return rank(a, cluster, bin_dir, use_batch, bases, offload)
     except cli.BadInput as e:
         print(f"advise: error: {e}", file=sys.stderr)
         return 2
+    except NoLayout as e:
+        print(f"advise: {e}", file=sys.stderr)
+        return EXIT_NO_LAYOUT
 
 
 # ---------------------------------------------------------------- ranking
+
+class NoLayout(Exception):
+    """No layout of the question fits: one line saying why (exit EXIT_NO_LAYOUT)."""
+
 
 def model_blocks(a, cluster, bin_dir):
     """2 x layers of the model (its plan's shape)."""
@@ -160,7 +198,8 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     blocks = model_blocks(a, cluster, bin_dir)
     tp_res = probe_tp_simple(a, cluster, bin_dir, a.gpus)
     layouts, excluded = enumerate_layouts(a.gpus, a.global_batch, blocks, cluster["gpus_per_node"],
-                                          lambda tp: tp_res[tp], bases, offload, tps=a.tp, pps=a.pp)
+                                          lambda tp: tp_res[tp], bases, offload, tps=a.tp, pps=a.pp,
+                                          offload_rule=runner.offload_rule(bin_dir))
     print(f"advise: {a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch} x "
           f"{a.seq_len}{'+' + str(a.dec_seq_len) if a.dec_seq_len else ''} tokens: {len(layouts)} layouts "
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
@@ -180,6 +219,10 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
         est = estimate(d, cluster)
         ranked.append((lay, d, est))
     ranked.sort(key=lambda x: x[2]["time"])
+    if not ranked:  # nothing to rank, draw or emit: say why, write nothing
+        raise NoLayout(f"no layout fits: of {len(layouts)} layouts planned, {len(oom)} do not fit (device or host "
+                       f"memory) and {len(refused)} are refused by the program; {len(excluded)} tensor x pipeline "
+                       "degrees excluded before any plan (nothing written)")
     t_est = time.time() - t0
     # the full replay of the top layouts
     top = ranked[:a.replay]
@@ -213,18 +256,24 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     n = len(layouts)
     print(f"time: {n} layouts planned and estimated in {t_est:.1f} s ({n / t_est:.0f} layouts/s; plans {t_plan:.1f} s), "
           f"top {len(top)} replayed in full, {t_all:.1f} s in all")
-    os.makedirs(a.out, exist_ok=True)
-    write_csv(os.path.join(a.out, "advise.csv"), ranked, oom, replayed)
-    png = draw(ranked, replayed, os.path.join(a.out, "advise"), f"{a.model} on {a.gpus} GPUs of {cluster['name']}, "
-               f"global batch {a.global_batch}")
-    print(f"advise: wrote {png} (+ .svg), {os.path.join(a.out, 'advise.csv')}")
-    if a.emit_matrix:
-        paths = emit_matrix(a, cluster, [lay for lay, _, _ in top])
-        if len(paths) > 1:
-            print(f"advise: the top layouts differ in a setting one matrix holds once (micro-batches, schedule, "
-                  f"checkpointing, batch): {len(paths)} matrices")
-        for path in paths:
-            print(f"advise: wrote {path} (slurm/sweep {path} --dry-run)")
+    # every output written under a temporary name, then published together (cli.Outputs)
+    csv_path, png = os.path.join(a.out, "advise.csv"), os.path.join(a.out, "advise.png")
+    with cli.Outputs(a.overwrite) as out:
+        out.makedirs(a.out)
+        write_csv(out.temp(csv_path), ranked, oom, replayed)
+        draw(ranked, replayed, out.temp(png), out.temp(os.path.join(a.out, "advise.svg")),
+             f"{a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch}")
+        matrices = emit_matrix(a, cluster, [lay for lay, _, _ in top]) if a.emit_matrix else []
+        for path, text in matrices:
+            with out.open(path) as f:
+                f.write(text)
+        out.publish()
+    print(f"advise: wrote {png} (+ .svg), {csv_path}")
+    if len(matrices) > 1:
+        print(f"advise: the top layouts differ in a setting one matrix holds once (micro-batches, schedule, "
+              f"checkpointing, batch): {len(matrices)} matrices")
+    for path, _ in matrices:
+        print(f"advise: wrote {path} (slurm/sweep {path} --dry-run)")
     return 0
 
 
@@ -251,9 +300,9 @@ def replay_all(cluster_args, requests, bin_dir, use_batch, jobs):
     work = [(cluster_args, r, bin_dir, use_batch) for r in requests]
     if jobs <= 1 or len(work) < 2:
         return [_replay_job(w) for w in work]
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(work))) as pool:  # no idle workers
         return list(pool.map(_replay_job, work))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(__file__, main))

@@ -16,6 +16,7 @@ import strategy_labels
 BASES = ("ddp", "fsdp-optimizer-state", "fsdp-full", "fsdp-hybrid", "fsdp-grad-op", "fsdp-none")
 SCHEDULES = ("1f1b", "gpipe")
 MAX_MICRO_BATCHES = 1024  # the programs' --micro-batches range
+MAX_GPUS = 1 << 24  # the programs' --world-size range
 NAME_RE = re.compile(r"^(?P<label>[a-z0-9-]+?)(?::mb(?P<mb>[1-9][0-9]*):(?P<sched>gpipe|1f1b))?(?P<ckpt>:ckpt)?$")
 
 
@@ -54,7 +55,16 @@ class Layout:
 
 
 def divisors(n):
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, in O(sqrt n) steps."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d != n // d:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def micro_batch_choices(pp, per_rank):
@@ -64,9 +74,10 @@ def micro_batch_choices(pp, per_rank):
 
 
 def enumerate_layouts(world, global_batch, blocks, gpus_per_node, tp_ok=lambda tp: True, bases=BASES,
-                      offload=True, checkpointing=(False, True), tps=None, pps=None):
+                      offload=True, checkpointing=(False, True), tps=None, pps=None, offload_rule=None):
     """(layouts, excluded): every layout of `world` GPUs by the rules of docs/projection.md
-    ("The layout advisor"), and [(what, why)] for the tensor x pipeline degrees excluded
+    ("The layout advisor"), the offloads those `offload_rule` serves (runner.offload_rule of
+    the programs that plan them; default: this checkout's), and [(what, why)] for the tensor x pipeline degrees excluded
     before any plan runs (a degree the program refuses: tp_ok False; a global batch that does
     not divide over the data-parallel ranks; no micro-batch count dividing it)."""
     layouts, excluded = [], []
@@ -97,8 +108,9 @@ def enumerate_layouts(world, global_batch, blocks, gpus_per_node, tp_ok=lambda t
                 groups = [f"fsdp-hybrid{g}" for g in divisors(dp) if 1 < g < dp] if base == "fsdp-hybrid" else [base]
                 for b in groups:
                     labels.append(b + suffix)
-                    if offload:  # the offloads fsdp_perf serves with this strategy (strategy_labels.check)
-                        labels += [f"{b}{suffix}-offload-{off}" for off in strategy_labels.offloads(b + suffix)]
+                    if offload:  # the offloads fsdp_perf serves with this strategy (its --describe)
+                        labels += [f"{b}{suffix}-offload-{off}"
+                                   for off in strategy_labels.offloads(b + suffix, offload_rule)]
             for label in labels:
                 for ckpt in checkpointing:
                     if pp == 1:
@@ -110,15 +122,16 @@ def enumerate_layouts(world, global_batch, blocks, gpus_per_node, tp_ok=lambda t
     return layouts, excluded
 
 
-def parse_name(name, world, global_batch):
-    """The Layout of a name LABEL[:mbM:SCHEDULE][:ckpt] (--explain)."""
+def parse_name(name, world, global_batch, offload_rule=None):
+    """The Layout of a name LABEL[:mbM:SCHEDULE][:ckpt] (--explain), its offload held to
+    `offload_rule` (strategy_labels.check)."""
     m = NAME_RE.match(name)
     if not m:
         raise cli.BadInput(f"--explain '{name}': not a layout name (LABEL[:mbM:gpipe|1f1b][:ckpt], e.g. "
                            "fsdp-full-tp2-pp4:mb16:1f1b:ckpt)")
     label = m.group("label")
     try:
-        _, tp, pp = strategy_labels.split_layout(strategy_labels.check(label))
+        _, tp, pp = strategy_labels.split_layout(strategy_labels.check(label, offload_rule))
     except cli.BadInput as e:
         raise cli.BadInput(f"--explain: {e}")
     if world % (tp * pp):

@@ -66,7 +66,7 @@ def pareto(points):
     return front
 
 
-def draw(ranked, replayed, stem, title):
+def draw(ranked, replayed, png, svg, title):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -92,19 +92,17 @@ def draw(ranked, replayed, stem, title):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(stem + ".png", dpi=120)
-    fig.savefig(stem + ".svg")
+    fig.savefig(png, dpi=120)
+    fig.savefig(svg)
     plt.close(fig)
-    return stem + ".png"
+    return png
 
 
 def emit_matrix(a, cluster, layouts):
-    """Run matrices of `layouts` for slurm/sweep: one per setting a matrix holds once
-    (micro-batches and schedule of its -ppS labels, checkpointing, batch per rank)."""
+    """[(path, text)]: run matrices of `layouts` for slurm/sweep, one per setting a matrix
+    holds once (micro-batches and schedule of its -ppS labels, checkpointing, batch per
+    rank); --gpus a multiple of gpus_per_node (advise.check_question, before the work)."""
     gpn = cluster["gpus_per_node"]
-    if a.gpus % gpn:
-        raise cli.BadInput(f"--emit-matrix: --gpus {a.gpus} is not a multiple of the description's gpus_per_node {gpn} "
-                          "(slurm/sweep runs whole nodes)")
     groups = {}
     for lay in layouts:
         key = (lay.mb if lay.pp > 1 else 0, lay.schedule if lay.pp > 1 else "", lay.ckpt, lay.batch)
@@ -168,9 +166,7 @@ activation_checkpointing = {'true' if ckpt else 'false'}
 dtype = "{cluster['dtype']}"
 extra_args = {extra}
 """
-        with open(path, "w") as f:
-            f.write(text)
-        paths.append(path)
+        paths.append((path, text))
     return paths
 
 

@@ -19,13 +19,186 @@ BadInput is the tools' one error of one line: each raises it and prints it as
 """
 import argparse
 import os
+import signal
+import sys
+
+# Exit codes every tool shares (docs/usage.md): 2 bad input, 130 interrupted (SIGINT, Ctrl-C),
+# 143 terminated (SIGTERM): 128 + the signal's number, as a shell reports a process it ended.
+EXIT_INPUT = 2
+EXIT_SIGNAL = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+def tool_name(file):
+    """The name a tool's lines start with: advise for analysis/advise.py."""
+    return os.path.splitext(os.path.basename(file))[0]
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's parser whose usage errors are one line, "<tool>: error: <message>", exit 2,
+    as the tools' own (argparse prints the whole usage first: a dozen lines for advise)."""
+
+    def error(self, message):
+        self.exit(EXIT_INPUT, f"{tool_name(self.prog)}: error: {message} (see {self.prog} --help)\n")
 
 
 def parser(doc, file):
     """An ArgumentParser for the script `file` whose module docstring is `doc`."""
     head, _, rest = doc.strip().partition("\n\n")
-    return argparse.ArgumentParser(prog="analysis/" + os.path.basename(file), description=head,
-                                   epilog=rest or None, formatter_class=argparse.RawDescriptionHelpFormatter)
+    return OneLineParser(prog="analysis/" + os.path.basename(file), description=head,
+                         epilog=rest or None, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ---- one way to start, stop and end: run() wraps every tool's main ------------------------------
+
+_MAIN_PID = [None]
+_PENDING = set()  # temporary files being written (atomic_write): removed when a signal ends the tool
+
+
+def _descendants(pid):
+    """Every process below `pid` (Linux /proc), deepest last."""
+    out = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for t in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{t}/children") as f:
+                kids = [int(x) for x in f.read().split()]
+        except OSError:
+            continue
+        for k in kids:
+            out.append(k)
+            out += _descendants(k)
+    return out
+
+
+def _on_signal(signum, frame):
+    """SIGINT or SIGTERM: end every process this one started (pool workers, the programs they
+    run), remove the temporary files being written, one line from the tool itself (not from
+    its workers, which inherit this handler), exit 128 + the signal."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for pid in reversed(_descendants(os.getpid())):  # the deepest first: none is orphaned while it runs
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    try:  # reap this process's own (their children, already ended, are init's to reap)
+        while os.waitpid(-1, 0)[0]:
+            pass
+    except ChildProcessError:
+        pass
+    for path in list(_PENDING):
+        try:
+            os.remove(path)
+        except OSError:
+            pass
+    if os.getpid() == _MAIN_PID[0]:
+        what = "interrupted" if signum == signal.SIGINT else "terminated"
+        try:
+            sys.stderr.write(f"{_MAIN_PID[1]}: {what} ({signal.Signals(signum).name}): stopped, with the "
+                             "processes it started\n")
+            sys.stderr.flush()
+        except OSError:
+            pass
+    os._exit(EXIT_SIGNAL[signum])
+
+
+def run(file, main, argv=None):
+    """Runs a tool's main(argv) (the tool at path `file`) and returns its exit status: SIGINT
+    and SIGTERM end it and everything it started (exit 130, 143; one line, no traceback), a
+    BadInput that escapes main is its one line and exit 2."""
+    _MAIN_PID[:] = [os.getpid(), tool_name(file)]
+    for sig in EXIT_SIGNAL:
+        signal.signal(sig, _on_signal)
+    try:
+        return main(argv) if argv is not None else main()
+    except BadInput as e:
+        print(f"{tool_name(file)}: error: {e}", file=sys.stderr)
+        return EXIT_INPUT
+
+
+# ---- results written whole or not at all ---------------------------------------------------------
+
+class Outputs:
+    """The files one run of a tool writes, published all together or not at all (project.py's
+    way): each is written under a temporary name beside its own (temp(), open()), and
+    publish() gives every one its name at the end: without `overwrite` only a name still
+    free (os.link fails on one another run took meanwhile: BadInput, and what this run had
+    published is taken back), with it by os.replace. Leaving the `with` block removes what
+    was not published; an OSError there (a full disk) becomes BadInput naming the file and the
+    errno's text. Signals (run()) remove the temporary files too."""
+
+    def __init__(self, overwrite=False):
+        self.overwrite, self.staged, self.made = overwrite, [], []
+
+    def __enter__(self):
+        return self
+
+    def makedirs(self, folder):
+        """Creates `folder` (and its missing parents), removed again if nothing is published."""
+        missing, f = [], os.path.abspath(folder)
+        while not os.path.isdir(f):
+            missing.append(f)
+            f = os.path.dirname(f)
+        os.makedirs(folder, exist_ok=True)
+        self.made += missing  # innermost first
+
+    def temp(self, path):
+        """A temporary file beside `path` (the same extension: savefig picks the format by
+        it), published as `path`."""
+        import tempfile
+        folder, base = os.path.split(path)
+        self.current = path
+        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{base}.", suffix=".part" + os.path.splitext(base)[1])
+        os.close(fd)
+        _PENDING.add(tmp)
+        self.staged.append((tmp, path))
+        return tmp
+
+    def open(self, path, mode="w", **kw):
+        return open(self.temp(path), mode, **kw)
+
+    def publish(self):
+        done = []
+        try:
+            for tmp, path in self.staged:
+                self.current = path
+                if self.overwrite:
+                    os.replace(tmp, path)
+                else:
+                    try:
+                        os.link(tmp, path)
+                    except FileExistsError:
+                        raise BadInput(f"{path} was written by another run while this one ran: not replaced "
+                                       "(nothing of this run kept)")
+                    done.append(path)
+        except BaseException:
+            for path in done:
+                os.remove(path)
+            raise
+        self.made = []
+
+    def __exit__(self, kind, value, tb):
+        for tmp, _ in self.staged:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            _PENDING.discard(tmp)
+        for d in self.made:  # only if still empty
+            if os.path.isdir(d) and not os.listdir(d):
+                os.rmdir(d)
+        if kind is not None and issubclass(kind, OSError):
+            path = getattr(self, "current", None) or value.filename
+            raise BadInput(f"cannot write '{path}': {value.strerror or value}") from None
+        return False
+
+
+def refuse_existing(path, flag, overwrite):
+    """BadInput when `path` exists and `overwrite` is not given (the tools replace a result
+    only when asked, as project.py)."""
+    if os.path.lexists(path) and not overwrite:
+        raise BadInput(f"{flag} '{path}' exists (pass --overwrite to replace it)")
 
 
 # ---- bad input: one line naming the value and what is allowed, never a traceback ----------------

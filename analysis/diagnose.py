@@ -463,7 +463,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(cli.run(__file__, main))
     except Exception as e:  # noqa: BLE001: exit 1 means "suspects"; anything unforeseen is unusable input
         print(f"diagnose: cannot diagnose: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

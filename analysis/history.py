@@ -903,7 +903,7 @@ def main(argv=None):
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(cli.run(__file__, main))
     except Exception as e:  # noqa: BLE001: exit 1 means "change point"; anything unforeseen is unusable input
         print(f"{TOOL}: error: {type(e).__name__}: {_one_line(e)}", file=sys.stderr)
         sys.exit(2)

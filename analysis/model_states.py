@@ -41,10 +41,10 @@ sizes (Ψ_pad: every unit padded to a multiple of N) except the last, which is b
                     most two all-gathers in flight); 0 for the others
 A difference beyond them stops the script (exit 1, one line); nothing is written then.
 
-CPU offload: when fsdp_perf --help lists --cpu-offload, each entry of OFFLOAD below is one
-more strategy (its offloaded terms leave the GPU's formula and, where the plan's JSON has
-host memory, are checked on the host); otherwise one line says so and no offload row is
-made.
+CPU offload: when fsdp_perf --describe lists --cpu-offload values, each entry of OFFLOAD below
+that its offload rule serves is one more strategy (its offloaded terms leave the GPU's
+formula and, where the plan's JSON has host memory, are checked on the host); otherwise one
+line says so and no offload row is made.
 
 Usage: analysis/model_states.py --out DIR [--overwrite] [--bin build/bin] [--model t5-11.3b]
          [--gpus 8,16,...,512] [--gpu-memory-gib 80] [--fit-gpus 8] [--fit-models LIST]
@@ -84,27 +84,27 @@ class Mismatch(Exception):
 
 
 # ---- strategies: one entry each (offload variants are entries too) -------------------------
-# stage: the ZeRO stage whose formula applies (DDP: 0); args: the program and its flags;
+# level: the ZeRO level whose formula applies (DDP: 0; DeepSpeed calls it a stage, --zero-stage); args: the program and its flags;
 # offload: the formula terms that leave the GPU ("p16" 16-bit parameters, "g16" 16-bit
 # gradients, "opt" fp32 master and Adam, K bytes).
 STRATEGIES = [
-    dict(name="ddp", stage=0, args=["ddp_perf"], offload=()),
-    dict(name="fsdp-none", stage=0, args=["fsdp_perf", "--zero-stage", "0"], offload=()),
-    dict(name="fsdp-optimizer-state", stage=1, args=["fsdp_perf", "--zero-stage", "1"], offload=()),
-    dict(name="fsdp-grad-op", stage=2, args=["fsdp_perf", "--zero-stage", "2"], offload=()),
-    dict(name="fsdp-full", stage=3, args=["fsdp_perf", "--zero-stage", "3"], offload=()),
+    dict(name="ddp", level=0, args=["ddp_perf"], offload=()),
+    dict(name="fsdp-none", level=0, args=["fsdp_perf", "--zero-stage", "0"], offload=()),
+    dict(name="fsdp-optimizer-state", level=1, args=["fsdp_perf", "--zero-stage", "1"], offload=()),
+    dict(name="fsdp-grad-op", level=2, args=["fsdp_perf", "--zero-stage", "2"], offload=()),
+    dict(name="fsdp-full", level=3, args=["fsdp_perf", "--zero-stage", "3"], offload=()),
 ]
 # Added when fsdp_perf has --cpu-offload: DeepSpeed's offload_optimizer (fp32 master and Adam
-# on the host) for stages 1-3, and offload_param (PyTorch FSDP's CPUOffload: the shards of
-# parameters and gradients too, the update on the host) for stage 3.
+# on the host) for levels 1-3, and offload_param (PyTorch FSDP's CPUOffload: the shards of
+# parameters and gradients too, the update on the host) for level 3.
 OFFLOAD = [
-    dict(name="fsdp-optimizer-state+offload-optimizer", stage=1,
+    dict(name="fsdp-optimizer-state+offload-optimizer", level=1,
          args=["fsdp_perf", "--zero-stage", "1", "--cpu-offload", "optimizer"], offload=("opt",)),
-    dict(name="fsdp-grad-op+offload-optimizer", stage=2,
+    dict(name="fsdp-grad-op+offload-optimizer", level=2,
          args=["fsdp_perf", "--zero-stage", "2", "--cpu-offload", "optimizer"], offload=("opt",)),
-    dict(name="fsdp-full+offload-optimizer", stage=3,
+    dict(name="fsdp-full+offload-optimizer", level=3,
          args=["fsdp_perf", "--zero-stage", "3", "--cpu-offload", "optimizer"], offload=("opt",)),
-    dict(name="fsdp-full+offload-params", stage=3,
+    dict(name="fsdp-full+offload-params", level=3,
          args=["fsdp_perf", "--zero-stage", "3", "--cpu-offload", "params"], offload=("p16", "g16", "opt")),
 ]
 COLORS = {0: "tab:blue", 1: "tab:brown", 2: "tab:purple", 3: "tab:orange"}
@@ -112,11 +112,11 @@ STYLE = {"ddp": ("tab:blue", "o"), "fsdp-none": ("tab:green", "s"), "fsdp-optimi
          "fsdp-grad-op": ("tab:purple", "D"), "fsdp-full": ("tab:orange", "v")}
 
 
-def formula_terms(stage, psi, n):
+def formula_terms(level, psi, n):
     """The ZeRO paper's model states per GPU by term (bytes): 2Ψ 16-bit parameters, 2Ψ
-    16-bit gradients, KΨ optimizer state; stage 1 shards the last, 2 the last two, 3 all."""
-    return {"p16": 2 * psi / (n if stage >= 3 else 1), "g16": 2 * psi / (n if stage >= 2 else 1),
-            "opt": K * psi / (n if stage >= 1 else 1)}
+    16-bit gradients, KΨ optimizer state; level 1 shards the last, 2 the last two, 3 all."""
+    return {"p16": 2 * psi / (n if level >= 3 else 1), "g16": 2 * psi / (n if level >= 2 else 1),
+            "opt": K * psi / (n if level >= 1 else 1)}
 
 
 def unit_sizes(plan, n):
@@ -135,18 +135,18 @@ def exact_terms(s, psi, psi_pad, n):
     """The plan's model states by formula term, from the code (src/strategy/ddp.cpp,
     fsdp.cpp) without the in-flight buffers, and the named extras each holds: {term: (bytes,
     {extra: bytes})}. Bytes of the shard buffers: every unit padded to a multiple of N."""
-    stage = s["stage"]
-    f = formula_terms(stage, psi, n)
-    fp = formula_terms(stage, psi_pad, n)
+    level = s["level"]
+    f = formula_terms(level, psi, n)
+    fp = formula_terms(level, psi_pad, n)
     extra = {t: {} for t in f}
-    if stage > 0:  # replicas (DDP, stage 0: a shard group of one) hold 4Ψ master + 2Ψ bf16 copy, 2Ψ
+    if level > 0:  # replicas (DDP, level 0: a shard group of one) hold 4Ψ master + 2Ψ bf16 copy, 2Ψ
         # gradients, 8Ψ Adam, unpadded; ZeRO-1's whole bf16 buffers and every shard are padded
         for t in f:
-            if stage == 3 and t == "p16" and n > 1 and "opt" not in s["offload"]:
+            if level == 3 and t == "p16" and n > 1 and "opt" not in s["offload"]:
                 extra[t]["no-16bit-shard"] = -f[t]  # no bf16 shard at all: the fp32 shard is cast into the gather buffer
             elif fp[t] != f[t]:
                 extra[t]["padding"] = fp[t] - f[t]
-        if stage == 1:
+        if level == 1:
             extra["g16"]["reduced-shard"] = 2 * psi_pad / n
     return {t: (f[t] + sum(extra[t].values()), extra[t]) for t in f}
 
@@ -158,21 +158,21 @@ def offload_extras(s, psi_pad, n):
     offload the reduced gradient shard stays on the GPU, downloaded from there
     ("offload-gradient-shard")."""
     extras = {}
-    if "opt" in s["offload"] and s["stage"] == 2 and n > 1:
+    if "opt" in s["offload"] and s["level"] == 2 and n > 1:
         extras["offload-16bit-shard"] = 2 * psi_pad / n
     if "g16" in s["offload"]:
         extras["offload-gradient-shard"] = 2 * psi_pad / n
     return extras
 
 
-def in_flight_bounds(stage, n, root, emb, block):
+def in_flight_bounds(level, n, root, emb, block):
     """The allowed range of the in-flight buffers (bytes of bf16: 2 per element). On one GPU
-    nothing is gathered: ZeRO-2 and -3 hold a bf16 copy of the parameters as stage 0 does."""
+    nothing is gathered: ZeRO-2 and -3 hold a bf16 copy of the parameters as level 0 does."""
     if n == 1:
         return 0.0, 0.0
-    if stage == 2:
+    if level == 2:
         return 0.0, 2.0 * (root + block)
-    if stage == 3:
+    if level == 3:
         return 2.0 * (emb + block), 2.0 * (2 * root + 4 * block)
     return 0.0, 0.0
 
@@ -199,7 +199,7 @@ def compare(s, plan, n):
     mem = plan["memory"]
     states = float(sum(mem[c] for c in STATE_CATEGORIES))
     terms = exact_terms(s, psi, psi_pad, n)
-    f = formula_terms(s["stage"], psi, n)
+    f = formula_terms(s["level"], psi, n)
     on_gpu = [t for t in f if t not in s["offload"]]
     formula = sum(f[t] for t in on_gpu)
     extras = {}
@@ -209,13 +209,13 @@ def compare(s, plan, n):
     extras.update(offload_extras(s, psi_pad, n))
     # whole bytes: the formula's and the extras' fractions of a byte (Ψ/N) cancel
     in_flight = float(round(states - formula - sum(extras.values())))
-    lo, hi = in_flight_bounds(s["stage"], n, root, emb, block)
+    lo, hi = in_flight_bounds(s["level"], n, root, emb, block)
     where = f"{s['name']} at {n} GPUs ({plan['model']})"
     if not lo <= in_flight <= hi:
         raise Mismatch(f"{where}: model states {states:.0f} B, the ZeRO formula {formula:.0f} B + named extras "
                        f"{sum(extras.values()):.0f} B leave {in_flight:.0f} B, outside the in-flight bounds "
                        f"[{lo:.0f}, {hi:.0f}] B")
-    row = dict(strategy=s["name"], zero_stage=s["stage"], offload="+".join(s["offload"]) or "-", gpus=n,
+    row = dict(strategy=s["name"], zero_level=s["level"], offload="+".join(s["offload"]) or "-", gpus=n,
                params=psi, params_padded=psi_pad, **{c: mem[c] for c in STATE_CATEGORIES},
                model_states=states, formula=formula, padding=extras.get("padding", 0.0),
                reduced_shard=extras.get("reduced-shard", 0.0), no_16bit_shard=extras.get("no-16bit-shard", 0.0),
@@ -233,6 +233,24 @@ def compare(s, plan, n):
 
 
 # ---- running the plans --------------------------------------------------------------------
+
+LEVEL_SHARDING = {0: "none", 1: "optimizer-state", 2: "grad-op", 3: "full"}  # fsdp_perf --zero-stage N
+
+
+def offload_variants(rule):
+    """The entries of OFFLOAD that `rule` (runner.offload_rule: {--cpu-offload value: the
+    --sharding values it serves}) serves; each other one goes to LEFT_OUT. None (a build that
+    cannot say): all of them, the program's plan refusing what it does not serve."""
+    served = []
+    for s in OFFLOAD:
+        off, sharding = s["args"][s["args"].index("--cpu-offload") + 1], LEVEL_SHARDING[s["level"]]
+        if rule is None or sharding in rule.get(off, ()):
+            served.append(s)
+        else:
+            LEFT_OUT.append(f"{s['name']} left out: fsdp_perf --describe: --cpu-offload {off} does not serve "
+                            f"--sharding {sharding}")
+    return served
+
 
 def run_plan(bin_dir, s, model, n, limit_gib, batch, seq, checkpointing):
     """The plan's JSON (analysis/runner.py), or None when the program refuses the combination
@@ -304,7 +322,7 @@ def draw(rows, model, limit_gib, path):
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     for name in names:
         g = sorted((r for r in rows if r["strategy"] == name), key=lambda r: r["gpus"])
-        color, marker = STYLE.get(name, (COLORS[g[0]["zero_stage"]], "x"))
+        color, marker = STYLE.get(name, (COLORS[g[0]["zero_level"]], "x"))
         ls = ":" if g[0]["offload"] != "-" else "-"
         x = [r["gpus"] for r in g]
         big = dict(ms=9, mfc="none", lw=3, alpha=0.6) if name == "ddp" else dict(ms=4)  # under fsdp-none's line
@@ -312,9 +330,9 @@ def draw(rows, model, limit_gib, path):
         dx.plot(x, [(r["model_states"] - r["formula"]) / r["params"] for r in g], color=color, marker=marker,
                 ls=ls, label=name, **big)
     done = set()
-    for name in names:  # the formulas, dashed: one per stage (DDP and stage 0 share theirs)
+    for name in names:  # the formulas, dashed: one per level (DDP and level 0 share theirs)
         g = sorted((r for r in rows if r["strategy"] == name), key=lambda r: r["gpus"])
-        key = (g[0]["zero_stage"], g[0]["offload"])
+        key = (g[0]["zero_level"], g[0]["offload"])
         if key in done:
             continue
         done.add(key)
@@ -478,11 +496,12 @@ def main(argv=None):
     try:
         check_args(a)
         strategies = list(STRATEGIES)
-        if runner.capabilities(a.bin)["cpu_offload"]:
-            strategies += OFFLOAD
-            notice = f"fsdp_perf has --cpu-offload: {len(OFFLOAD)} offload variants included"
+        if len(runner.capabilities(a.bin)["cpu_offload"]) > 1:  # more than "none"
+            served = offload_variants(runner.offload_rule(a.bin))
+            strategies += served
+            notice = f"fsdp_perf has --cpu-offload: {len(served)} offload variants included"
         else:
-            notice = "offload is not in this build (fsdp_perf --help lists no --cpu-offload): no offload rows"
+            notice = "offload is not in this build (fsdp_perf --describe lists no --cpu-offload): no offload rows"
         rows = []
         for s in strategies:
             for n in a.gpus:
@@ -502,16 +521,22 @@ def main(argv=None):
              "activation checkpointing; B/p: bytes per parameter of the model)\n" + text_table(rows) + "\n"
              + fit_table(fits, a.fit_gpus, a.gpu_memory_gib, a.batch, a.seq_len)
              + "".join(f"{x}\n" for x in dict.fromkeys(LEFT_OUT)))
-    os.makedirs(a.out, exist_ok=True)
-    write_csv(os.path.join(a.out, "model_states.csv"), rows)
-    write_csv(os.path.join(a.out, "largest_fit.csv"), fits)
-    with open(os.path.join(a.out, "model_states.txt"), "w") as f:
-        f.write(table)
-    draw(rows, a.model, a.gpu_memory_gib, os.path.join(a.out, "model_states.png"))
+    try:  # all four files or none (cli.Outputs)
+        with cli.Outputs(a.overwrite) as out:
+            out.makedirs(a.out)
+            write_csv(out.temp(os.path.join(a.out, "model_states.csv")), rows)
+            write_csv(out.temp(os.path.join(a.out, "largest_fit.csv")), fits)
+            with out.open(os.path.join(a.out, "model_states.txt")) as f:
+                f.write(table)
+            draw(rows, a.model, a.gpu_memory_gib, out.temp(os.path.join(a.out, "model_states.png")))
+            out.publish()
+    except cli.BadInput as e:
+        print(f"model_states: error: {e}", file=sys.stderr)
+        return 2
     print(table, end="")
     print(f"model_states: wrote model_states.csv, model_states.txt, largest_fit.csv, model_states.png in {a.out}/")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(__file__, main))

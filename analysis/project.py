@@ -256,7 +256,7 @@ def setup(a):
         raise cli.BadInput("--seq-len and --dec-seq-len must be positive")
     for label in a.strategies.split(","):
         try:
-            strategy_labels.check(label)
+            strategy_labels.check(label, runner.offload_rule(a.bin))
         except cli.BadInput as e:
             raise cli.BadInput(f"--strategies: {e}")
     gpus, batches = cli.positive_list(a.gpus, "--gpus"), cli.positive_list(a.batch, "--batch")
@@ -465,4 +465,4 @@ def project_all(a, cluster, todo, staged):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(__file__, main))

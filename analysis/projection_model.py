@@ -63,6 +63,11 @@ NCCL_TREE_HOP_US = {"intra": 28.0, "inter": 50.0}
 # The replay's fixed point (simulate): a pass that moves the step time by less than this
 # (relative) ends it; a figure that moves less matters to no comparison the projection makes.
 REPLAY_TOLERANCE = 1e-4
+# Upper bounds of the fields the programs take as flags (--mem-limit-gib, --host-mem-limit-gib
+# up to 2^20 GiB; --world-size up to 2^24): a value past them is refused here by its name, not
+# blamed later on the flag (src/train/options.cpp).
+FIELD_MAX = {"gpu_memory_gib": (2 ** 20, "fsdp_perf --mem-limit-gib"), "gpus_per_node": (2 ** 24, "--world-size"),
+             "host.memory_gib": (2 ** 20, "fsdp_perf --host-mem-limit-gib")}
 REPLAY_MAX_PASSES = 50
 NCCL_TREE_MAX_BUSBW = 80.0
 NCCL_RING_ALLREDUCE_PLATEAU = 1.9
@@ -88,6 +93,10 @@ def _check_table(table, fields, where, path):
             allowed = "a positive integer" if typ is int else "a finite positive number"
             raise cli.BadInput(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed "
                                f"(must be {allowed})")
+        if where + key in FIELD_MAX and v > FIELD_MAX[where + key][0]:
+            top, flag = FIELD_MAX[where + key]
+            raise cli.BadInput(f"cluster description {path}: field '{where}{key}' = {v!r} is not allowed (must be "
+                               f"from 0 to {top}, as the programs' {flag})")
     unknown = set(table) - set(fields) - {"intra", "inter", "compute", "host"}
     if unknown:
         raise cli.BadInput(f"cluster description {path}: unknown field(s) {sorted(where + u for u in unknown)}")

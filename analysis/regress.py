@@ -376,8 +376,8 @@ def main(argv=None):
         print(f"regress: {INCONCLUSIVE_ADVICE}")
     try:
         write_report(a, rows, summary, stats, bf, cf)
-    except OSError as e:
-        print(f"regress: cannot write the report in {a.report_dir}: {e}", file=sys.stderr)
+    except cli.BadInput as e:
+        print(f"regress: error: {e}", file=sys.stderr)
         return 2
     print(f"regress: wrote {os.path.join(a.report_dir, 'report.md')} and report.png")
     return code
@@ -392,8 +392,14 @@ def write_report(a, rows, summary, stats, bf, cf):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    os.makedirs(a.report_dir, exist_ok=True)
-    with open(os.path.join(a.report_dir, "report.md"), "w") as f:
+    with cli.Outputs(overwrite=True) as out:  # the report replaces the last one, whole: both files or neither
+        out.makedirs(a.report_dir)
+        write_report_files(out, a, rows, summary, stats, bf, cf, plt)
+        out.publish()
+
+
+def write_report_files(out, a, rows, summary, stats, bf, cf, plt):
+    with out.open(os.path.join(a.report_dir, "report.md")) as f:
         f.write(f"# Interconnect regression report\n\n**{summary}** — {stats}; {bf['world_size']} ranks, "
                 f"{bf['dtype']}, {bf['redop']}.\n\n"
                 f"- baseline: {', '.join(bf['files'])}\n- current: {', '.join(cf['files'])}\n\n"
@@ -430,12 +436,13 @@ def write_report(a, rows, summary, stats, bf, cf):
         ax.set_title(op)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(os.path.join(a.report_dir, "report.png"), dpi=100)
+    fig.savefig(out.temp(os.path.join(a.report_dir, "report.png")), dpi=100)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(cli.run(__file__, main))
     except Exception as e:  # noqa: BLE001: 1 means "regression", 3 "inconclusive"; the unforeseen is unusable input
         print(f"regress: cannot compare: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(2)

@@ -267,4 +267,4 @@ TFLOPS are model FLOPs (3 × forward matmul FLOPs) per {esc(device)}; step times
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli.run(__file__, main))

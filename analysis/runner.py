@@ -1,6 +1,6 @@
 """The one place the analysis tools start a program (ddp_perf, fsdp_perf): its plan and
 schedule (--plan --schedule-json), many plans streamed through one process (--plan-batch),
-the flags of a layout, what a build offers (its --help, read here and nowhere else), its
+the flags of a layout, what a build offers (its --describe line, read here and nowhere else), its
 presets (--list-models) and the plan's memory verdict. analysis/advise.py, project.py,
 model_states.py, projection_checks.py, torch_t5_step.py and hf_t5_step.py run their plans
 through this module; none starts a program itself.
@@ -24,7 +24,10 @@ import model_shapes
 import strategy_labels
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.join(ROOT, "build", "bin")
+# An installed tree (`make install` writes its prefix there) runs the installed programs, as slurm/sweep.
+_PREFIX_FILE = os.path.join(ROOT, "prefix")
+BIN = (os.path.join(open(_PREFIX_FILE).read().strip(), "bin") if os.path.isfile(_PREFIX_FILE)
+       else os.path.join(ROOT, "build", "bin"))
 PROGRAMS = ("ddp_perf", "fsdp_perf")
 
 
@@ -43,19 +46,34 @@ _CAPABILITIES = {}
 
 
 def capabilities(folder=None):
-    """What the programs of `folder` offer, from fsdp_perf --help (read once per folder):
-    {"plan_batch": --plan-batch (one process plans many layouts), "cpu_offload":
-    --cpu-offload}."""
+    """What the programs of `folder` offer: fsdp_perf --describe's one JSON line (read once
+    per folder): "plan_batch" (one process plans many layouts), "cpu_offload" (its values,
+    none among them), "optimizers", "shardings" and "offload_rule" ({--cpu-offload value:
+    the --sharding values it serves}, the table the program refuses by). A build without
+    --describe predates --plan-batch and offload: neither."""
     folder = bin_dir(folder)
     if folder not in _CAPABILITIES:
         path = os.path.join(folder, "fsdp_perf")
         try:
-            p = subprocess.run([path, "--help"], capture_output=True, text=True)
+            p = subprocess.run([path, "--describe"], capture_output=True, text=True)
         except OSError as e:
             raise _start_error(path, e)
-        text = p.stdout + p.stderr
-        _CAPABILITIES[folder] = {"plan_batch": "--plan-batch" in text, "cpu_offload": "--cpu-offload" in text}
+        if p.returncode == 0:
+            try:
+                got = json.loads(p.stdout)
+            except ValueError:
+                raise cli.BadInput(f"{path} --describe: not one JSON line: {p.stdout.strip()[:200]!r}")
+        else:  # a build from before --describe: plans one by one, its offload rule unknown (its --plan refuses)
+            got = {"plan_batch": False, "cpu_offload": [], "offload_rule": None}
+        _CAPABILITIES[folder] = got
     return _CAPABILITIES[folder]
+
+
+def offload_rule(folder=None):
+    """{--cpu-offload value: the fsdp_perf --sharding values it serves} of `folder`'s build
+    (capabilities'), the one rule strategy_labels checks labels by; None where the build
+    cannot say (before --describe)."""
+    return capabilities(folder).get("offload_rule")
 
 
 def presets(folder=None):
@@ -196,7 +214,7 @@ def plans(requests, folder=None, reduce=None, full=True, jobs=2, use_batch=None)
     job = functools.partial(_reduced, reduce)
     if full or jobs <= 1 or len(requests) < 4:
         return [job(p, f, folder) for p, f in requests]
-    with concurrent.futures.ProcessPoolExecutor(jobs) as pool:
+    with concurrent.futures.ProcessPoolExecutor(min(jobs, len(requests))) as pool:  # no idle workers
         return list(pool.map(job, [p for p, _ in requests], [f for _, f in requests], [folder] * len(requests),
                              chunksize=4))
 

@@ -302,4 +302,5 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import cli  # this folder: sys.path[0] of a script
+    sys.exit(cli.run(__file__, main))

@@ -67,29 +67,56 @@ def split_layout(label):
 
 
 
-def check(label):
-    """label, or StrategyError when it is not one of the programs' strategy labels."""
+def sharding(base):
+    """fsdp_perf's --sharding of a data-parallel label (split_layout's first part); None for ddp."""
+    if base == "ddp":
+        return None
+    if HYBRID_RE.match(base):
+        return "hybrid"
+    return "optimizer-state" if OPTIMIZER_STATE_RE.match(base) else base[len("fsdp-"):]
+
+
+_PROGRAMS_RULE = []  # the default rule, read once
+
+
+def programs_offload_rule():
+    """The offload rule of this checkout's programs (runner.offload_rule: fsdp_perf --describe,
+    the table fsdp_perf refuses by), or None where they cannot say (not built, or built before
+    --describe): then a label's offload is left to the program's own refusal."""
+    if not _PROGRAMS_RULE:
+        import runner  # here, not above: runner imports this module
+        try:
+            _PROGRAMS_RULE.append(runner.offload_rule())
+        except cli.BadInput:
+            _PROGRAMS_RULE.append(None)
+    return _PROGRAMS_RULE[0]
+
+
+def check(label, offload_rule=None):
+    """label, or StrategyError when it is not one of the programs' strategy labels. Its
+    -offload-X is held to `offload_rule` ({--cpu-offload value: the --sharding values it
+    serves}, runner.offload_rule of the programs that will run it; default: this checkout's,
+    programs_offload_rule)."""
     base, _, _ = split_layout(label)
     known = isinstance(base, str) and (base == "ddp" or HYBRID_RE.match(base) or OPTIMIZER_STATE_RE.match(base) or
                                        (base.startswith("fsdp-") and base[len("fsdp-"):] in SHARDINGS))
     if not known:
         raise StrategyError(f"unknown strategy {label!r} (allowed: {ALLOWED})")
     off = split_offload(label)[1]
-    # the combinations fsdp_perf serves (its --cpu-offload check, src/train/options.cpp)
-    if off == "params" and not (base in ("fsdp-full", "fsdp-grad-op") or HYBRID_RE.match(base)):
-        raise StrategyError(f"strategy {label!r}: -offload-params needs fsdp-full, fsdp-hybrid or fsdp-grad-op")
-    if off == "optimizer" and base in ("ddp", "fsdp-none"):
-        raise StrategyError(f"strategy {label!r}: -offload-optimizer needs a sharded fsdp strategy (not {base})")
+    rule = offload_rule if offload_rule is not None else programs_offload_rule() if off != "none" else None
+    if off != "none" and rule is not None and sharding(base) not in rule.get(off, ()):
+        allowed = ", ".join("fsdp-" + s for s in rule.get(off, ())) or "none: fsdp_perf has no --cpu-offload " + off
+        raise StrategyError(f"strategy {label!r}: -offload-{off} needs one of {allowed} (fsdp_perf --describe)")
     return label
 
 
-def offloads(label):
+def offloads(label, offload_rule=None):
     """The -offload-X suffixes `label` (without one) takes: those of OFFLOADS that check()
-    allows after it, in that order."""
+    allows after it under `offload_rule`, in that order."""
     out = []
     for off in OFFLOADS:
         try:
-            check(f"{label}-offload-{off}")
+            check(f"{label}-offload-{off}", offload_rule)
         except StrategyError:
             continue
         out.append(off)

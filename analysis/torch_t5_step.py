@@ -379,4 +379,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(cli.run(__file__, main, sys.argv[1:]))

@@ -419,7 +419,7 @@ for r in rows:
     assert states == g("model_states"), r
     if r["offload"] != "-":
         continue
-    stage = int(r["zero_stage"])
+    stage = int(r["zero_level"])
     assert abs(g("formula") - formula[stage](n) * psi) <= 1, (r["strategy"], n, g("formula"))
     bpp = (states - g("formula")) / psi  # bytes per parameter beyond the formula: the named extras
     named = (g("padding") + g("reduced_shard") + g("no_16bit_shard")) / psi

@@ -114,7 +114,11 @@ class Runs(unittest.TestCase):
         lays = [advise.parse_name(x, 16, 128) for x in names]
         with tempfile.TemporaryDirectory() as out:
             A.emit_matrix = os.path.join(out, "m.toml")
-            paths = advise.emit_matrix(A, load_cluster(A100), lays)
+            paths = []
+            for path, text in advise.emit_matrix(A, load_cluster(A100), lays):
+                with open(path, "w") as f:
+                    f.write(text)
+                paths.append(path)
             self.assertEqual([os.path.basename(x) for x in paths], ["m.toml", "m-2.toml", "m-3.toml"])
             seen = []
             for path in paths:
@@ -162,7 +166,7 @@ class Runs(unittest.TestCase):
 
     def test_batch_mode_against_single_plans(self):
         """--plan-batch (the programs' batch mode) against one --plan per layout (the same
-        programs behind a wrapper whose --help hides --plan-batch): the same layouts, verdicts
+        programs behind a wrapper whose --describe line hides --plan-batch): the same layouts, verdicts
         and peaks, the estimate from the totals within 10 % of the one from every op."""
         import csv
         rows = {}
@@ -175,7 +179,7 @@ class Runs(unittest.TestCase):
                 with open(path, "w") as f:
                     f.write(f"#!{PY}\nimport subprocess, sys\n"
                             f"p = subprocess.run([{os.path.join(real, prog)!r}] + sys.argv[1:], capture_output=True, text=True)\n"
-                            "out = p.stdout if '--help' not in sys.argv else p.stdout.replace('--plan-batch', '--plan-b')\n"
+                            "out = p.stdout if '--describe' not in sys.argv else p.stdout.replace('\"plan_batch\":true', '\"plan_batch\":false')\n"
                             "sys.stdout.write(out); sys.stderr.write(p.stderr); sys.exit(p.returncode)\n")
                 os.chmod(path, 0o755)
             args = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
@@ -234,6 +238,178 @@ class Runs(unittest.TestCase):
                 self.assertIn(msg, p.stderr)
                 self.assertTrue(p.stderr.startswith("advise: error: "), p.stderr)
             self.assertFalse(os.path.exists(out + "/new"))
+
+
+TINY = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies", "ddp,fsdp-full",
+        "--tp", "1", "--pp", "1", "--no-offload", "--replay", "1"]
+
+
+def cluster_file(folder, name, edit):
+    """A copy of the A100 description with `edit` (text -> text) applied."""
+    with open(A100) as f:
+        text = edit(f.read())
+    path = os.path.join(folder, name)
+    with open(path, "w") as f:
+        f.write(text)
+    return path
+
+
+class Faults(unittest.TestCase):
+    """Issue 41: bad input, faults and interruption end the tool in one line, with a documented
+    exit, nothing half written, no process left behind."""
+
+    def one_line(self, p, code, msg):
+        self.assertEqual(p.returncode, code, (p.stdout[-500:], p.stderr))
+        self.assertEqual(len(p.stderr.strip().splitlines()), 1, p.stderr)
+        self.assertIn(msg, p.stderr)
+        self.assertNotIn("Traceback", p.stderr)
+
+    def test_jobs_bounded_by_cpus(self):  # kind 6
+        with tempfile.TemporaryDirectory() as tmp:
+            p = run(*TINY, "--jobs", "10000", "--out", os.path.join(tmp, "o"))
+            self.one_line(p, 2, f"--jobs 10000 is not allowed (allowed: 1 to {os.cpu_count()}")
+            self.assertFalse(os.path.exists(os.path.join(tmp, "o")))
+
+    def interrupted(self, sig, code):  # kind 7
+        import signal
+        import time
+        with tempfile.TemporaryDirectory() as tmp:
+            p = subprocess.Popen([PY, ADVISE, "--cluster", A100, "--model", "t5-11.3b", "--gpus", "512",
+                                  "--global-batch", "4096", "--seq-len", "512", "--strategies", "fsdp-full,fsdp-hybrid",
+                                  "--tp", "1", "--pp", "1", "--no-offload", "--replay", "18", "--jobs", "2", "--out",
+                                  os.path.join(tmp, "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 cwd=REPO, start_new_session=True)
+            for line in p.stdout:  # the ranking has begun: plan processes and, later, replay workers run
+                if "layouts (" in line:
+                    break
+            time.sleep(3)
+            p.send_signal(sig)
+            try:
+                err = p.communicate(timeout=30)[1]
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                self.fail(f"{signal.Signals(sig).name}: still running 30 s later")
+            time.sleep(1)
+            left = "\n".join(x for x in subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(p.pid)],
+                                                          capture_output=True, text=True).stdout.splitlines()
+                             if x.split()[1][0] != "Z")  # what of the tool's session still runs (a worker, a plan;
+            # an ended one not yet reaped by init, Z, is not running)
+            if left:
+                subprocess.run(["pkill", "-KILL", "-s", str(p.pid)])
+            self.assertEqual(p.returncode, code, err)
+            self.assertEqual(len(err.strip().splitlines()), 1, err)
+            self.assertNotIn("Traceback", err)
+            self.assertEqual(left, "", "processes of the tool left running")
+            self.assertFalse(os.path.exists(os.path.join(tmp, "o")))
+
+    def test_sigterm(self):
+        import signal
+        self.interrupted(signal.SIGTERM, 143)
+
+    def test_sigint(self):
+        import signal
+        self.interrupted(signal.SIGINT, 130)
+
+    def test_gpus_bounded(self):  # kind 8
+        p = subprocess.run([PY, ADVISE, "--cluster", A100, "--model", "t5-tiny", "--gpus", "1000000000000",
+                            "--global-batch", "16", "--explain", "ddp"], capture_output=True, text=True, cwd=REPO,
+                           timeout=60)
+        self.one_line(p, 2, "--gpus 1000000000000 is not allowed (allowed: 1 to 16777216")
+        self.assertEqual(advise.divisors(10 ** 12)[:4], [1, 2, 4, 5])
+        self.assertEqual(len(advise.divisors(10 ** 12)), 169)
+
+    def test_no_valid_layout(self):  # kind 9
+        with tempfile.TemporaryDirectory() as tmp:
+            p = run("--model", "t5-11.3b", "--gpus", "1", "--global-batch", "8", "--strategies", "ddp", "--no-offload",
+                    "--out", os.path.join(tmp, "o"))
+            self.one_line(p, 3, "no layout fits")
+            self.assertFalse(os.path.exists(os.path.join(tmp, "o")))
+
+    def test_emit_matrix_checked_first(self):  # kind 10
+        with tempfile.TemporaryDirectory() as tmp:
+            p = run(*TINY[:2], "--gpus", "4", *TINY[4:], "--out", os.path.join(tmp, "o"), "--emit-matrix",
+                    os.path.join(tmp, "m.toml"))
+            self.one_line(p, 2, "--emit-matrix: --gpus 4 is not a multiple of the description's gpus_per_node 8")
+            self.assertEqual(p.stdout, "")  # refused before any plan
+            self.assertFalse(os.path.exists(os.path.join(tmp, "o")))
+
+    def test_no_silent_replacement(self):  # kind 11
+        sys.path.insert(0, os.path.join(REPO, "analysis"))
+        import cli
+        with tempfile.TemporaryDirectory() as tmp:
+            m = os.path.join(tmp, "m.toml")
+            with open(m, "w") as f:
+                f.write("# mine\n")
+            p = run(*TINY, "--out", os.path.join(tmp, "o"), "--emit-matrix", m)
+            self.one_line(p, 2, f"--emit-matrix '{m}' exists (pass --overwrite")
+            with open(m) as f:
+                self.assertEqual(f.read(), "# mine\n")
+            # two runs on one name: the one that publishes second is refused, the first's file kept whole
+            taken = os.path.join(tmp, "r.csv")
+            with self.assertRaises(cli.BadInput) as e:
+                with cli.Outputs() as out:
+                    with out.open(taken) as f:
+                        f.write("second\n")
+                    with open(taken, "w") as f:  # the other run, meanwhile
+                        f.write("first\n")
+                    out.publish()
+            self.assertIn("written by another run", str(e.exception))
+            with open(taken) as f:
+                self.assertEqual(f.read(), "first\n")
+            self.assertEqual(sorted(os.listdir(tmp)), ["m.toml", "r.csv"])
+
+    def test_explain_bad_input_first(self):  # kind 12
+        with tempfile.TemporaryDirectory() as tmp:
+            nohost = cluster_file(tmp, "nohost.toml", lambda t: t[:t.index("[host]")])
+            p = subprocess.run([PY, ADVISE, "--cluster", nohost, *TINY[:6], "--explain", "fsdp-full-offload-params"],
+                               capture_output=True, text=True, cwd=REPO)
+            self.one_line(p, 2, "CPU offload needs the description's [host] table")
+            p = run(*TINY, "--explain", "")
+            self.one_line(p, 2, "--explain '': not a layout name")
+            self.assertEqual(p.stdout, "")
+
+    def test_usage_errors_one_line(self):  # kind 13
+        p = run("--model", "t5-tiny", "--gpus", "x")
+        self.one_line(p, 2, "advise: error: argument --gpus: invalid int value: 'x'")
+        p = subprocess.run([PY, os.path.join(REPO, "analysis", "regress.py"), "--alpha"], capture_output=True,
+                           text=True)
+        self.one_line(p, 2, "regress: error: ")
+
+    @unittest.skipUnless(os.geteuid() == 0, "mounts a tiny tmpfs (root)")
+    def test_full_disk(self):  # kind 14
+        with tempfile.TemporaryDirectory() as tmp:
+            disk = os.path.join(tmp, "disk")
+            os.mkdir(disk)
+            if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", disk]).returncode:
+                self.skipTest("cannot mount a tmpfs")
+            try:
+                with open(os.path.join(disk, "filler"), "wb") as f:  # leave a few KiB: the checks' probes pass
+                    f.write(b"x" * 52 * 1024)
+                p = run(*TINY, "--out", os.path.join(disk, "o"))
+                self.one_line(p, 2, "No space left on device")
+                self.assertIn(os.path.join(disk, "o"), p.stderr)
+                ms = subprocess.run([PY, os.path.join(REPO, "analysis", "model_states.py"), "--model", "t5-tiny",
+                                     "--gpus", "8", "--fit-models", "t5-tiny", "--out", os.path.join(disk, "ms")],
+                                    capture_output=True, text=True)
+                self.one_line(ms, 2, "No space left on device")
+                rg = subprocess.run([PY, os.path.join(REPO, "analysis", "regress.py"),
+                                     os.path.join(REPO, "tests", "data", "regress"),
+                                     os.path.join(REPO, "tests", "data", "regress", "run00.h5"), "--report-dir",
+                                     os.path.join(disk, "rep")], capture_output=True, text=True)
+                self.one_line(rg, 2, "No space left on device")
+                self.assertEqual(os.listdir(disk), ["filler"])  # no partial file, no empty folder
+            finally:
+                subprocess.run(["umount", disk])
+
+    def test_description_values_bounded(self):  # kind 15
+        with tempfile.TemporaryDirectory() as tmp:
+            for key, edit in (("host.memory_gib", lambda t: t.replace("\nmemory_gib = 128.0", "\nmemory_gib = 1e300")),
+                              ("gpu_memory_gib", lambda t: t.replace("gpu_memory_gib = 80 ", "gpu_memory_gib = 1e300 "))):
+                path = cluster_file(tmp, key + ".toml", edit)
+                p = subprocess.run([PY, ADVISE, "--cluster", path, *TINY, "--out", os.path.join(tmp, "o")],
+                                   capture_output=True, text=True, cwd=REPO)
+                self.one_line(p, 2, f"{path}: field '{key}' = 1e+300 is not allowed (must be")
+                self.assertIn("1048576", p.stderr)
 
 
 if __name__ == "__main__":

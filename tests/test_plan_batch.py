@@ -8,7 +8,8 @@ JSON), its exit codes equal the single runs' (0, 2, 3), a refused line's error i
 single run's message; --plan-batch-ops none equals all without the per-op rows, also where
 it plans a 1F1B pipeline of many micro-batches from three plans of fewer (and says so);
 "totals" sums the ops (GEMM shapes and elementwise sizes too); comments, blank lines and
-stdin; bad input is one line and exit 2.
+stdin; bad input is one line and exit 2. --describe (both programs): one JSON line, its
+offload rule the one fsdp_perf refuses by (every --sharding x --cpu-offload planned).
 Run from anywhere (needs build/bin and scripts/mpi-env.sh's environment for MPI as root).
   BIN=/other/build/bin python3 tests/test_plan_batch.py
 """
@@ -220,8 +221,51 @@ def main():
           [(d["line"], d["exit"]) for d in rows] == [(l, e) for l, e, _ in want] and
           all(p is None or d["error"].startswith(p) for d, (_, _, p) in zip(rows, want)) and
           not os.path.exists("x.h5") and not os.path.exists("x.json"), r.stdout[:2000])
+    describe_checks()
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+def describe_checks():
+    """--describe: one JSON line of what the program offers the tools (analysis/runner.py),
+    its offload rule what fsdp_perf refuses by: every --sharding x --cpu-offload it lists
+    planned (a tiny model, --plan-batch), exit 2 exactly where the rule says no."""
+    info = {}
+    for program in ("fsdp_perf", "ddp_perf"):
+        r = run([os.path.join(BIN, program), "--describe"])
+        lines = r.stdout.splitlines()
+        try:
+            info[program] = json.loads(lines[0]) if len(lines) == 1 else None
+        except ValueError:
+            info[program] = None
+        check(f"{program} --describe: exit 0, one valid JSON line naming the program",
+              r.returncode == 0 and not r.stderr and info[program] is not None and
+              info[program].get("program") == program and info[program].get("plan_batch") is True and
+              {"version", "optimizers", "shardings", "cpu_offload", "offload_rule"} <= set(info[program]), r.stdout)
+        r = run([os.path.join(BIN, program), "--describe", "--plan"])
+        check(f"{program} --describe with another flag: one line, exit 2", r.returncode == 2 and not r.stdout and
+              len(r.stderr.splitlines()) == 1, r.stderr)
+    d = info["fsdp_perf"] or {}
+    rule, shardings, offloads = d.get("offload_rule", {}), d.get("shardings", []), d.get("cpu_offload", [])
+    check("fsdp_perf --describe: a rule for each --cpu-offload value, in its --sharding values",
+          set(rule) == set(offloads) and {"none", "params", "optimizer"} <= set(offloads) and
+          all(set(v) <= set(shardings) for v in rule.values()) and set(rule["none"]) == set(shardings), d)
+    pairs = [(s, o) for o in offloads for s in shardings]
+    tiny = "--model t5-tiny --batch 2 --seq-len 8 --world-size 4"
+    stdin = "".join(f"{tiny} --sharding {s}{' --shard-size 2' if s == 'hybrid' else ''} --cpu-offload {o}\n"
+                    for s, o in pairs)
+    r = run([os.path.join(BIN, "fsdp_perf"), "--plan-batch", "-", "--plan-batch-ops", "none"], stdin=stdin)
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    got = {(s, o): row["exit"] for (s, o), row in zip(pairs, rows)}
+    want = {(s, o): 0 if s in rule.get(o, ()) else 2 for s, o in pairs}
+    check(f"fsdp_perf: the {len(pairs)} --sharding x --cpu-offload plans refused exactly where --describe's rule "
+          "says no", len(rows) == len(pairs) and got == want and
+          all("--cpu-offload" in row["error"] for row in rows if row["exit"] == 2),
+          {k: (got.get(k), v) for k, v in want.items() if got.get(k) != v} or r.stderr)
+    dd = info["ddp_perf"] or {}
+    r = run([os.path.join(BIN, "ddp_perf"), *tiny.split(), "--plan", "--cpu-offload", "params"])
+    check("ddp_perf --describe: no offload, and ddp_perf refuses --cpu-offload",
+          dd.get("cpu_offload") == [] and dd.get("offload_rule") == {} and r.returncode == 2, (dd, r.stderr))
 
 
 if __name__ == "__main__":

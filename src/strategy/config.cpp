@@ -85,6 +85,15 @@ CpuOffload parse_cpu_offload(const std::string& s) {
   throw UsageError("--cpu-offload '" + s + "' is not allowed (allowed: none, params, optimizer)");
 }
 
+bool cpu_offload_allows(CpuOffload o, Sharding s) {
+  switch (o) {
+    case CpuOffload::None: return true;
+    case CpuOffload::Params: return s == Sharding::Full || s == Sharding::Hybrid || s == Sharding::GradOp;
+    case CpuOffload::Optimizer: return s != Sharding::None;
+  }
+  return false;
+}
+
 std::string StrategyConfig::label() const {
   const std::string tensor = (tp > 1 ? "-tp" + std::to_string(tp) : "") + (pp > 1 ? "-pp" + std::to_string(pp) : "");
   if (kind == StrategyKind::DDP) return "ddp" + tensor;

@@ -43,6 +43,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   app.add_option("--model", model, "model preset: " + names)->capture_default_str();
   bool list_models = false;
   app.add_flag("--list-models", list_models, "print the model presets, one per line, and exit");
+  bool describe = false;  // answered before MPI starts (src/programs/describe.h); here for --help
+  app.add_flag("--describe", describe, "alone: print one JSON line of what the program offers the analysis tools "
+               "(analysis/runner.py: plan batch, shardings, CPU offload and its rule, optimizers) and exit");
   NumericFlags num(app);
   auto* o_dm = num.integer("--d-model", d_model, 1, kIntMax, "override d_model");
   auto* o_ff = num.integer("--d-ff", d_ff, 1, kIntMax, "override d_ff");
@@ -305,12 +308,13 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     if (zero1) cfg.strategy.shard_size = int(shard);
     cfg.strategy.cpu_offload = parse_cpu_offload(cpu_offload);
     const Sharding sh = cfg.strategy.sharding;
-    if (cfg.strategy.cpu_offload == CpuOffload::Params && (sh == Sharding::None || zero1))
-      throw UsageError(std::string("--cpu-offload params is not allowed with --sharding ") + sharding_name(sh) +
-                       " (allowed: full, hybrid, grad-op: the parameters must be sharded to live on the host)");
-    if (cfg.strategy.cpu_offload == CpuOffload::Optimizer && sh == Sharding::None)
-      throw UsageError("--cpu-offload optimizer is not allowed with --sharding none (allowed: optimizer-state, grad-op, "
-                       "full, hybrid: the optimizer state must be sharded, as ZeRO-Offload's)");
+    if (!cpu_offload_allows(cfg.strategy.cpu_offload, sh))  // the rule --describe prints
+      throw UsageError(std::string("--cpu-offload ") + cpu_offload_name(cfg.strategy.cpu_offload) +
+                       " is not allowed with --sharding " + sharding_name(sh) +
+                       (cfg.strategy.cpu_offload == CpuOffload::Params
+                            ? " (allowed: full, hybrid, grad-op: the parameters must be sharded to live on the host)"
+                            : " (allowed: optimizer-state, grad-op, full, hybrid: the optimizer state must be sharded, "
+                              "as ZeRO-Offload's)"));
     if (cfg.strategy.sharding == Sharding::Hybrid) cfg.strategy.shard_size = int(shard);  // 0: one node's (train.cpp)
   }
   return true;

@@ -46,6 +46,10 @@ const char* grad_accumulation_name(GradAccumulation g);
 GradAccumulation parse_grad_accumulation(const std::string& s);  // throws UsageError
 const char* cpu_offload_name(CpuOffload o);  // none, params, optimizer
 CpuOffload parse_cpu_offload(const std::string& s);  // throws UsageError
+// The one home of which shardings each --cpu-offload value serves (the options refuse the
+// others; --describe prints the table for the analysis tools): params needs sharded
+// parameters (full, hybrid, grad-op), optimizer a sharded optimizer state (any but none).
+bool cpu_offload_allows(CpuOffload o, Sharding s);
 
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
