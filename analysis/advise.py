@@ -246,9 +246,10 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
         for lay, d in oom:
             worst.setdefault(lay.label.split("-tp")[0].split("-pp")[0].split("-offload")[0], []).append(lay)
         print("  do not fit, by strategy: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(worst.items())))
-    if any(lay.unverified for lay, _, _ in ranked[:a.top]):
-        print("  * tensor or pipeline parallelism: compiled and tested on the CPU backend, not yet run on the CUDA "
-              "backend (README, docs/gpu.md)")
+    unrun = list(dict.fromkeys(part for lay, _, _ in ranked[:a.top] for part in lay.unrun))
+    if unrun:
+        print(f"  * {', '.join(unrun)}: compiled and tested on the CPU backend, not yet run on the CUDA backend across "
+              "GPUs (the GPU ledger, docs/gpu.md)")
     if top:
         winner_est = top[0][0].name
         winner_full = min(replayed, key=lambda n: replayed[n]["time"])

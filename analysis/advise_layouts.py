@@ -48,10 +48,18 @@ class Layout:
         return program, flags + runner.limit_flags(world, cluster["gpu_memory_gib"], host)
 
     @property
+    def unrun(self):
+        """What of this layout has not yet run on the CUDA backend across GPUs, as the GPU
+        ledger (docs/gpu.md, "Not yet run on a GPU") lists it: tensor and pipeline parallelism
+        and CPU offload over NCCL, and ZeRO-1, whose checks ran on one GPU only. Empty: every
+        code path of the layout has run on a GPU."""
+        return [part for part, unrun in (("tensor parallelism", self.tp > 1), ("pipeline parallelism", self.pp > 1),
+                                         ("CPU offload", self.offload != "none"),
+                                         ("ZeRO-1", self.label.startswith("fsdp-optimizer-state"))) if unrun]
+
+    @property
     def unverified(self):
-        """Tensor and pipeline parallelism on the CUDA backend are compiled and tested on the
-        CPU but have not run on a GPU yet (README, docs/gpu.md)."""
-        return self.tp > 1 or self.pp > 1
+        return bool(self.unrun)
 
 
 def divisors(n):

@@ -77,6 +77,18 @@ class Enumeration(unittest.TestCase):
             self.assertEqual(advise.parse_name(lay.name, 4, 16).name, lay.name)
 
 
+    def test_unrun_marker_follows_the_gpu_ledger(self):
+        # docs/gpu.md's "Not yet run on a GPU": tensor and pipeline parallelism and CPU offload
+        # over NCCL, ZeRO-1 across GPUs; DDP and FSDP full/hybrid/grad-op have run.
+        want = {"ddp": [], "fsdp-full": [], "fsdp-hybrid2": [], "fsdp-grad-op": [],
+                "fsdp-optimizer-state": ["ZeRO-1"], "fsdp-full-offload-params": ["CPU offload"],
+                "fsdp-grad-op-offload-optimizer": ["CPU offload"],
+                "fsdp-full-tp2-pp2:mb4:1f1b": ["tensor parallelism", "pipeline parallelism"]}
+        for name, parts in want.items():
+            lay = advise.parse_name(name, 8, 16)
+            self.assertEqual(lay.unrun, parts, name)
+            self.assertEqual(lay.unverified, bool(parts), name)
+
 class Runs(unittest.TestCase):
     def test_ddp_does_not_fit_11b_on_8(self):
         with tempfile.TemporaryDirectory() as out:
