@@ -80,6 +80,7 @@ class FSDP final : public TrainingSchedule {
   bool reduce_every_micro() const { return cfg_.reduces_every_micro_batch(); }
   bool keep_after_forward(int u) const { return !is_block(units_[u].kind) || cfg_.sharding == Sharding::GradOp; }
   const ShardInfo& shard(int u) const { return residence_->shard(u); }
+  // Per unit: its reduced gradient is summed over pipeline stages afterwards (not final yet).
   std::vector<bool> stage_sums() const {
     std::vector<bool> summed(units_.size());
     for (size_t u = 0; u < units_.size(); ++u) summed[u] = summed_across_stages(int(u));

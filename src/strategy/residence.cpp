@@ -243,8 +243,10 @@ class ShardedOptimizer final : public Residence {
 };
 
 // CPU offload (strategy/offload.h): master shards, state and gradient copies on the host,
-// the update on the CPU. A unit's reduced gradient shard is downloaded as soon as its
-// reduction is done where that is final, else before the update.
+// the update on the CPU. The reduced gradient shard stays on the device too (the loss
+// scale's check, the pipeline's embedding sum and --check read it there); it is downloaded
+// as soon as its reduction is done, unless a later add (sharded accumulation) or sum (the
+// embedding over stages) still changes it: then before the update.
 class Offloaded : public Residence {
  public:
   void reduced(int u, Request done) override {
