@@ -55,13 +55,9 @@ def digest(sched):
                     s["send"][0] += n
                     s["send"][1] += b
         h = st.get("host")
-        if offload and h:  # CPU offload's host lanes, apart from the compute lane's copies and update
+        if offload and h:  # CPU offload's host lanes ("ops" counts the device's lanes alone)
             s["h2d"], s["d2h"] = float(h["h2d_bytes"]), float(h["d2h_bytes"])
             s["host_update"] = float(h["update_bytes"])
-            s["copy"][0] -= int(h["copy_count"])
-            s["copy"][1] -= s["h2d"] + s["d2h"]
-            s["optimizer"][0] -= int(h["update_count"])
-            s["optimizer"][1] -= s["host_update"]
         d["stages"].append(s)
     return d
 

@@ -16,7 +16,7 @@
 #include "attention_expect.h"
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/half.h"
-#include "shardbench/core/pointer_map.h"
+#include "../src/backend/pointer_map.h"
 
 using namespace sb;
 

@@ -8,6 +8,7 @@
 #include "shardbench/core/check.h"
 #include "shardbench/core/fault.h"
 #include "shardbench/backend/comm_staging.h"
+#include "pointer_map.h"
 
 namespace sb {
 
@@ -235,6 +236,13 @@ Request Backend::reduce_scatter(CBuf send, Buf recv, int64_t count, Comm& comm) 
   return collective({Collective::ReduceScatter, send.ptr, recv.ptr, count, recv.dtype, gradient_op(), 0}, comm);
 }
 
+struct Backend::Allocations : PointerMap<Allocation> {};
+
+Backend::Backend() = default;
+Backend::~Backend() = default;
+Backend::Ledger::Ledger() : allocations(std::make_unique<Allocations>()) {}
+Backend::Ledger::~Ledger() = default;
+
 int64_t Backend::Ledger::total() const { return std::accumulate(current.begin(), current.end(), int64_t{0}); }
 
 void Backend::reset_peaks() {
@@ -251,18 +259,18 @@ void Backend::untrack_host(void* p) { untrack(host_, p); }
 
 std::vector<void*> Backend::tracked() const {
   std::vector<void*> v;
-  device_.allocations.for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
+  device_.allocations->for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
   return v;
 }
 
 std::vector<void*> Backend::tracked_host() const {
   std::vector<void*> v;
-  host_.allocations.for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
+  host_.allocations->for_each([&](const void* p, const Allocation&) { v.push_back(const_cast<void*>(p)); });
   return v;
 }
 
 void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
-  const bool fresh = l.allocations.insert(p, Allocation{bytes, cat});
+  const bool fresh = l.allocations->insert(p, Allocation{bytes, cat});
   SB_ASSERT(fresh, "an address allocated twice");
   const int c = int(cat);
   l.current[c] += int64_t(bytes);
@@ -273,7 +281,7 @@ void Backend::track(Ledger& l, void* p, size_t bytes, MemCategory cat) {
 
 void Backend::untrack(Ledger& l, void* p) {
   Allocation a;
-  const bool ours = l.allocations.take(p, &a);  // one look-up
+  const bool ours = l.allocations->take(p, &a);  // one look-up
   SB_ASSERT(ours, &l == &host_ ? "release_host of a pointer the backend did not allocate"
                                : "release of a pointer the backend did not allocate");
   const int c = int(a.cat);
@@ -288,10 +296,8 @@ void Backend::notify(const Ledger& l) {
   else recorder_->on_memory(now(), l.current);
 }
 
-void Backend::record(const OpEvent& e, int times) {
-  if (!recorder_ || times < 1) return;
-  if (times == 1) recorder_->on_op(e);
-  else recorder_->on_ops(e, times);
+void Backend::record(const OpEvent& e) {
+  if (recorder_) recorder_->on_op(e);
 }
 
 void Backend::record(OpKind kind, int lane, double start, double end, int64_t bytes, double flops,

@@ -73,10 +73,6 @@ class CountingBackend final : public Backend {
                     float, Buf, int, int64_t, int batch) override {
     count_gemm(ta, tb, M, N, K, batch);
   }
-  void gemm_batched_each(int count, int64_t, int64_t, int64_t, bool ta, bool tb, int M, int N, int K, float, CBuf,
-                         int, int64_t, CBuf, int, int64_t, float, Buf, int, int64_t, int batch) override {
-    count_gemm(ta, tb, M, N, K, batch, count);
-  }
   // Elementwise kernels and copies are recorded with the bytes the CUDA backend records for
   // them, so the projection can cost them by bytes at a measured bandwidth.
   void embedding_forward(Buf out, CBuf, const int*, int n, int d) override { touched(2, out, int64_t(n) * d); }
@@ -164,10 +160,10 @@ class CountingBackend final : public Backend {
   double flops_ = 0.0;
 
  private:
-  void count_gemm(bool ta, bool tb, int M, int N, int K, int batch, int times = 1) {
+  void count_gemm(bool ta, bool tb, int M, int N, int K, int batch) {
     const double flops = 2.0 * M * N * K * batch;
-    for (int i = 0; i < times; ++i) flops_ += flops;  // one at a time: the sum as the calls one by one give it
-    record({OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, int(ta) | int(tb) << 1}}, times);
+    flops_ += flops;
+    record({OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, int(ta) | int(tb) << 1}});
   }
 
   void count_attention(const AttentionShape& s, bool backward) {

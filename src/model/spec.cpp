@@ -227,18 +227,12 @@ struct UnitBuilder {
 };
 }  // namespace
 
-std::shared_ptr<const std::vector<UnitSpec>> shared_model_units(const ModelSpec& s, TensorPartition tp) {
-  struct Entry {
-    ModelSpec spec;
-    TensorPartition tp;
-    std::shared_ptr<const std::vector<UnitSpec>> units;
-  };
-  static std::vector<Entry> recent;  // the last few, newest last
-  for (const Entry& e : recent)
+std::shared_ptr<const std::vector<UnitSpec>> UnitCache::units(const ModelSpec& s, TensorPartition tp) {
+  for (const Entry& e : recent_)
     if (e.spec == s && e.tp.size == tp.size && e.tp.rank == tp.rank) return e.units;
-  if (recent.size() == 8) recent.erase(recent.begin());
-  recent.push_back({s, tp, std::make_shared<const std::vector<UnitSpec>>(model_units(s, tp))});
-  return recent.back().units;
+  if (recent_.size() == 8) recent_.erase(recent_.begin());
+  recent_.push_back({s, tp, std::make_shared<const std::vector<UnitSpec>>(model_units(s, tp))});
+  return recent_.back().units;
 }
 
 std::vector<UnitSpec> model_units(const ModelSpec& s, TensorPartition tp) {

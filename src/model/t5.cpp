@@ -70,10 +70,16 @@ TensorRef tensor_ref(const std::vector<UnitSpec>& units, int u, const std::strin
   SB_FATAL("unit " + units[size_t(u)].name + " has no tensor " + name);
 }
 
+// The model's units: the planner's, where it keeps them, else built for this model alone.
+static std::shared_ptr<const std::vector<UnitSpec>> step_units(const T5StepConfig& c) {
+  const TensorPartition tp{c.tp.size, c.tp.rank};
+  return c.units ? c.units->units(c.spec, tp) : std::make_shared<const std::vector<UnitSpec>>(model_units(c.spec, tp));
+}
+
 Context::Context(Backend& be, const T5StepConfig& c)
     : b(be), dtype(c.dtype), spec(c.spec), shape(c.shape), checkpointing(c.checkpointing), grad_scale(c.grad_scale),
       attention(c.attention), tp(c.tp), part(c.part),
-      shared_units((validate(c.spec), shared_model_units(c.spec, {c.tp.size, c.tp.rank}))), units(*shared_units) {
+      shared_units((validate(c.spec), step_units(c))), units(*shared_units) {
   const ModelSpec& s = spec;
   const StepShape& x = shape;
   SB_ASSERT(tp.size == 1 || (tp.comm && tp.comm->size() == tp.size), "a tensor-parallel group needs its communicator");

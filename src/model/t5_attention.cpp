@@ -113,12 +113,14 @@ void Attention::forward(const Micro& mb, CBuf W, const AttentionTensors& t, Attn
   } else {
     const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk;
     // per sequence bi: scores_bh [tq, tk] = q_bh k_bh^T, heads at column offset dkv
-    b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, a.q, inner, dkv, a.k, inner, dkv, 0.f,
-                        a.probs, tk, int64_t(tq) * tk, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(false, true, tq, tk, dkv, 1.f, a.q + bi * sq, inner, dkv, a.k + bi * sk, inner, dkv, 0.f,
+                     a.probs + bi * ss, tk, int64_t(tq) * tk, H);
     b.softmax_forward(a.probs, bias_stack >= 0 ? CBuf(mb.bias[bias_stack]) : CBuf(), causal, B, H, tq, tk);
     // per sequence: ctx_bh [tq, dkv] = P_bh v_bh
-    b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, a.probs, tk, int64_t(tq) * tk, a.v, inner,
-                        dkv, 0.f, a.ctx, inner, dkv, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(false, false, tq, dkv, tk, 1.f, a.probs + bi * ss, tk, int64_t(tq) * tk, a.v + bi * sk, inner,
+                     dkv, 0.f, a.ctx + bi * sq, inner, dkv, H);
   }
   c_.add_row_parallel(out, int64_t(B) * tq * d, t.output_sum, [&](Buf dst, float beta) {  // out += ctx Wo^T
     b.gemm(false, true, B * tq, d, inner, 1.f, a.ctx, inner, wo, inner, beta, dst, d);
@@ -154,16 +156,20 @@ void Attention::backward(const Micro& mb, CBuf W, Buf G, const AttentionTensors&
     const int64_t sp = int64_t(tq) * tk;
     // per sequence (each call writes its own outputs, so the order of the calls is free):
     // dP_bh [tq, tk] = dctx_bh v_bh^T, dv_bh [tk, dkv] = P_bh^T dctx_bh
-    b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, dctx, inner, dkv, a.v, inner, dkv, 0.f, ds,
-                        tk, sp, H);
-    b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, a.probs, tk, sp, dctx, inner, dkv, 0.f, dv,
-                        inner, dkv, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(false, true, tq, tk, dkv, 1.f, dctx + bi * sq, inner, dkv, a.v + bi * sk, inner, dkv, 0.f,
+                     ds + bi * ss, tk, sp, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(true, false, tk, dkv, tq, 1.f, a.probs + bi * ss, tk, sp, dctx + bi * sq, inner, dkv, 0.f,
+                     dv + bi * sk, inner, dkv, H);
     b.softmax_backward(ds, a.probs, with_bias ? dbias_[bias_stack] : Buf(), B, H, tq, tk);  // ds = dS
     // dq_bh [tq, dkv] = dS_bh k_bh, dk_bh [tk, dkv] = dS_bh^T q_bh
-    b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, ds, tk, sp, a.k, inner, dkv, 0.f, dq, inner,
-                        dkv, H);
-    b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, ds, tk, sp, a.q, inner, dkv, 0.f, dk, inner,
-                        dkv, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(false, false, tq, dkv, tk, 1.f, ds + bi * ss, tk, sp, a.k + bi * sk, inner, dkv, 0.f,
+                     dq + bi * sq, inner, dkv, H);
+    for (int bi = 0; bi < B; ++bi)
+      b.gemm_batched(true, false, tk, dkv, tq, 1.f, ds + bi * ss, tk, sp, a.q + bi * sq, inner, dkv, 0.f,
+                     dk + bi * sk, inner, dkv, H);
   }
   b.gemm(true, false, inner, d, B * tq, 1.f, dq, inner, a.xn, d, 1.f, gq, d);  // dWq += dq^T xn
   c_.ready(t.q);

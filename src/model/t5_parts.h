@@ -145,7 +145,7 @@ struct Context {
   PipelinePart part;  // [part.first, part.last) of pieces, part.micro_batches
   T5Step::GradReadyHook grad_ready;
   T5Step::GroupSumHook* sum_hook = nullptr;  // --check's lockstep only
-  std::shared_ptr<const std::vector<UnitSpec>> shared_units;  // the model's, built once (shared_model_units)
+  std::shared_ptr<const std::vector<UnitSpec>> shared_units;  // the model's (T5StepConfig::units, else its own)
   const std::vector<UnitSpec>& units;
   std::vector<Piece> pieces;
   // This rank's part under tensor parallelism: H heads, ff of d_ff, V vocabulary rows from

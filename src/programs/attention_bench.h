@@ -95,21 +95,27 @@ inline void forward_backward(Backend& b, const Tensors& x) {
   }
   const int B = s.batch, H = s.heads, tq = s.tq, tk = s.tk, dkv = s.d_kv, inner = int(s.ld());
   const int64_t sq = int64_t(tq) * inner, sk = int64_t(tk) * inner, ss = int64_t(H) * tq * tk, sp = int64_t(tq) * tk;
-  // The step's calls (T5Step's unfused attention), per sequence through gemm_batched_each.
-  b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, x.q, inner, dkv, x.k, inner, dkv, 0.f, x.probs,
-                      tk, sp, H);  // scores_bh = q_bh k_bh^T
+  // The step's calls (T5Step's unfused attention): per sequence, its heads one batched GEMM.
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(false, true, tq, tk, dkv, 1.f, x.q + bi * sq, inner, dkv, x.k + bi * sk, inner, dkv, 0.f,
+                   x.probs + bi * ss, tk, sp, H);  // scores_bh = q_bh k_bh^T
   b.softmax_forward(x.probs, x.bias, s.causal, B, H, tq, tk);
-  b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, x.probs, tk, sp, x.v, inner, dkv, 0.f, x.ctx,
-                      inner, dkv, H);  // ctx_bh = P_bh v_bh
-  b.gemm_batched_each(B, sq, sk, ss, false, true, tq, tk, dkv, 1.f, x.dout, inner, dkv, x.v, inner, dkv, 0.f, x.ds,
-                      tk, sp, H);  // dP = dctx v^T
-  b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, x.probs, tk, sp, x.dout, inner, dkv, 0.f, x.dv,
-                      inner, dkv, H);  // dv = P^T dctx
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(false, false, tq, dkv, tk, 1.f, x.probs + bi * ss, tk, sp, x.v + bi * sk, inner, dkv, 0.f,
+                   x.ctx + bi * sq, inner, dkv, H);  // ctx_bh = P_bh v_bh
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(false, true, tq, tk, dkv, 1.f, x.dout + bi * sq, inner, dkv, x.v + bi * sk, inner, dkv, 0.f,
+                   x.ds + bi * ss, tk, sp, H);  // dP = dctx v^T
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(true, false, tk, dkv, tq, 1.f, x.probs + bi * ss, tk, sp, x.dout + bi * sq, inner, dkv, 0.f,
+                   x.dv + bi * sk, inner, dkv, H);  // dv = P^T dctx
   b.softmax_backward(x.ds, x.probs, x.dbias, B, H, tq, tk);
-  b.gemm_batched_each(B, ss, sk, sq, false, false, tq, dkv, tk, 1.f, x.ds, tk, sp, x.k, inner, dkv, 0.f, x.dq, inner,
-                      dkv, H);  // dq = dS k
-  b.gemm_batched_each(B, ss, sq, sk, true, false, tk, dkv, tq, 1.f, x.ds, tk, sp, x.q, inner, dkv, 0.f, x.dk, inner,
-                      dkv, H);  // dk = dS^T q
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(false, false, tq, dkv, tk, 1.f, x.ds + bi * ss, tk, sp, x.k + bi * sk, inner, dkv, 0.f,
+                   x.dq + bi * sq, inner, dkv, H);  // dq = dS k
+  for (int bi = 0; bi < B; ++bi)
+    b.gemm_batched(true, false, tk, dkv, tq, 1.f, x.ds + bi * ss, tk, sp, x.q + bi * sq, inner, dkv, 0.f,
+                   x.dk + bi * sk, inner, dkv, H);  // dk = dS^T q
 }
 
 }  // namespace attention_bench

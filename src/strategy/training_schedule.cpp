@@ -41,6 +41,7 @@ T5StepConfig step_config(const StrategyConfig& c, const ModelSpec& spec, const S
   s.attention = c.attention;
   s.tp = tensor_group(mesh);
   s.part = part;
+  s.units = c.unit_cache;
   return s;
 }
 // Sequences m·B/M .. (m+1)·B/M − 1 of a rank's tokens.

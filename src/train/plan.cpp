@@ -20,20 +20,33 @@
 namespace sb {
 namespace {
 
-// Remembers the per-category bytes at the moment the total was highest, and the schedule.
+// What PlanTotals::add reads of an op: two ops alike in these add alike.
+bool sums_alike(const OpEvent& a, const OpEvent& b) {
+  return a.kind == b.kind && a.lane == b.lane && a.axis == b.axis && a.ranks == b.ranks && a.bytes == b.bytes &&
+         a.flops == b.flops && std::equal(a.gemm, a.gemm + 4, b.gemm);
+}
+
+// Remembers the per-category bytes at the moment the total was highest, the step's totals
+// and its schedule. The plan's fast path: a run of ops alike in a row (unfused attention's
+// per-sequence GEMMs, B of each) is added to the totals once, with its length.
 class PeakRecorder : public Recorder {
  public:
   void on_op(const OpEvent& e) override {
-    if (!recording) return;
-    totals.add(e);
+    if (!recording_) return;
     if (keep_ops) schedule.push_back(e);
+    if (run_ && sums_alike(e, last_)) {
+      ++run_;
+      return;
+    }
+    flush();
+    last_ = e, run_ = 1;
   }
-  void on_ops(const OpEvent& e, int times) override {
-    if (!recording) return;
-    totals.add(e, times);
-    if (keep_ops) schedule.insert(schedule.end(), size_t(times), e);
+  void start() { recording_ = true; }
+  void stop() {  // the totals complete
+    flush();
+    recording_ = false;
   }
-  bool recording = false, keep_ops = true;
+  bool keep_ops = true;
   PlanTotals totals;
   std::vector<OpEvent> schedule;
   void on_memory(double, const MemBytes& cur) override {
@@ -49,6 +62,13 @@ class PeakRecorder : public Recorder {
   MemBytes at_peak{}, host_at_peak{};
 
  private:
+  void flush() {
+    if (run_) totals.add(last_, run_);
+    run_ = 0;
+  }
+  bool recording_ = false;
+  OpEvent last_{};  // the run not yet in the totals: run_ ops alike
+  int run_ = 0;
   int64_t peak_ = -1, host_peak_ = -1;
 };
 
@@ -57,16 +77,19 @@ class PeakRecorder : public Recorder {
 // Integers throughout: a GEMM's FLOPs (2 m n k batch) are one, and a step's sum can pass
 // 2^53, where a double would round.
 void PlanTotals::add(const OpEvent& e, int times) {
-  const int k = int(e.kind), a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
-  count[k][a] += times;
-  bytes[k][a] += e.bytes * times;
-  if (a) sent[k][a] += bytes_sent(e) * times;
-  if (e.kind == OpKind::Gemm) gemm_flops += int64_t(e.flops) * times;
-  if (e.kind == OpKind::Copy && (e.lane == kCopyH2DLane || e.lane == kCopyD2HLane))
-    copies += times, (e.lane == kCopyH2DLane ? h2d : d2h) += e.bytes * times;
-  if (e.kind == OpKind::Optimizer && e.lane == kHostLane) updates += times, update += e.bytes * times;
-  if (e.lane >= kHostLane) return;  // the shapes: of the device's compute
+  if (is_offload_lane(e.lane)) {  // the host offload's group; the host's waits for its inputs are no op of its own
+    OpSums* s = e.kind == OpKind::Copy ? (e.lane == kCopyH2DLane ? &h2d : &d2h)
+                : e.kind == OpKind::Optimizer ? &update : nullptr;
+    if (s) s->count += times, s->bytes += e.bytes * times;
+    return;
+  }
+  const int a = e.axis >= 0 && e.axis < kAxes ? e.axis + 1 : 0;
+  OpSums& s = ops[int(e.kind)][a];
+  s.count += times;
+  s.bytes += e.bytes * times;
+  if (a) s.sent += bytes_sent(e) * times;
   if (e.kind == OpKind::Gemm) {
+    gemm_flops += int64_t(e.flops) * times;
     auto& [n, flops] = gemm_shapes[{e.gemm[0], e.gemm[1], e.gemm[2], e.gemm[3]}];
     n += times;
     flops += int64_t(e.flops) * times;
@@ -94,9 +117,9 @@ StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t 
     for (size_t u = 0; u < model.units().size(); ++u)
       if (model.holds_unit(int(u))) p.units.push_back(int(u)), p.params += model.units()[u].numel;
     const double before = counted_gemm_flops(*backend);
-    rec.recording = true;
+    rec.start();
     strategy->step(1, Tokens{});  // the counting backend needs no tokens: nothing grows with the shapes
-    rec.recording = false;
+    rec.stop();
     p.counted_flops = counted_gemm_flops(*backend) - before;
     p.totals = std::move(rec.totals);
     p.schedule = std::move(rec.schedule);
@@ -159,15 +182,12 @@ bool each_figure(const std::array<StagePlan*, n>& p, F f) {
   }
   figure([](StagePlan& s) -> int64_t& { return s.peak_total; });
   figure([](StagePlan& s) -> int64_t& { return s.host_peak_total; });
-  for (int k = 0; k < PlanTotals::kKinds; ++k)
-    for (int a = 0; a < PlanTotals::kSlots; ++a) {
-      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.count[k][a]; });
-      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.bytes[k][a]; });
-      figure([k, a](StagePlan& s) -> int64_t& { return s.totals.sent[k][a]; });
-    }
-  for (int64_t PlanTotals::*m : {&PlanTotals::h2d, &PlanTotals::d2h, &PlanTotals::update, &PlanTotals::copies,
-                                 &PlanTotals::updates, &PlanTotals::gemm_flops})
-    figure([m](StagePlan& s) -> int64_t& { return s.totals.*m; });
+  std::array<std::vector<int64_t*>, n> sums;  // the totals' sums, each plan's in PlanTotals::each_sum's order
+  for (size_t i = 0; i < n; ++i) p[i]->totals.each_sum([&](int64_t& x) { sums[i].push_back(&x); });
+  for (size_t j = 0; j < sums[0].size(); ++j) {
+    for (size_t i = 0; i < n; ++i) v[i] = sums[i][j];
+    f(v);
+  }
   auto same_keys = [](const auto& x, const auto& y) {
     return x.size() == y.size() && std::equal(x.begin(), x.end(), y.begin(),
                                               [](const auto& l, const auto& r) { return l.first == r.first; });
@@ -414,21 +434,21 @@ void append_real(std::string& out, double v, const char* separator) {
   }
 }
 
-// "totals": per stage (one without --pp), the ops of one step summed by kind and mesh axis
-// (count, bytes; sent_bytes where the op has an axis: collectives, sends, receives), the
-// GEMM FLOPs, the compute lane's distinct GEMM shapes ([m, n, k, batch, count, FLOPs]) and
-// elementwise sizes ([bytes, count]), so an estimate need not read the ops; under CPU
-// offload "host": the bytes and counts of the ops on the offload lanes (uploads, downloads,
-// the CPU update). One line.
+// "totals": per stage (one without --pp), the device lanes' ops of one step summed by kind
+// and mesh axis (count, bytes; sent_bytes where the op has an axis: collectives, sends,
+// receives), the GEMM FLOPs, the compute lane's distinct GEMM shapes ([m, n, k, batch,
+// count, FLOPs]) and elementwise sizes ([bytes, count]), so an estimate need not read the
+// ops; under CPU offload "host": the bytes and counts of the ops on the offload lanes
+// (uploads, downloads, the CPU update), which "ops" leaves out. One line.
 void append_totals(std::string& f, const MemoryPlan& p) {
   appendf(f, "  \"totals\": [");
   for (size_t s = 0; s < p.stages.size(); ++s) {
     const PlanTotals& t = p.stages[s].totals;
     appendf(f, "%s{\"gemm_flops\": %lld, ", s ? ", " : "", (long long)t.gemm_flops);
-    if (t.copies || t.updates)  // what of the ops below runs on the offload lanes (101, 102, 100)
+    if (t.h2d.count || t.d2h.count || t.update.count)  // the offload lanes (101, 102, 100)
       appendf(f, "\"host\": {\"h2d_bytes\": %lld, \"d2h_bytes\": %lld, \"update_bytes\": %lld, \"copy_count\": %lld, "
-              "\"update_count\": %lld}, ", (long long)t.h2d, (long long)t.d2h, (long long)t.update, (long long)t.copies,
-              (long long)t.updates);
+              "\"update_count\": %lld}, ", (long long)t.h2d.bytes, (long long)t.d2h.bytes, (long long)t.update.bytes,
+              (long long)(t.h2d.count + t.d2h.count), (long long)t.update.count);
     appendf(f, "\"gemm_shapes\": [");
     bool first = true;
     for (const auto& [shape, v] : t.gemm_shapes) {
@@ -447,12 +467,13 @@ void append_totals(std::string& f, const MemoryPlan& p) {
     for (int k = 0; k < PlanTotals::kKinds; ++k) {
       bool first_axis = true;
       for (int a = 0; a < PlanTotals::kSlots; ++a) {
-        if (!t.count[k][a]) continue;
+        const OpSums& o = t.ops[k][a];
+        if (!o.count) continue;
         if (first_axis) appendf(f, "%s\"%s\": {", first_kind ? "" : ", ", op_kind_name(OpKind(k)));
         appendf(f, "%s\"%s\": {\"count\": %lld, \"bytes\": %lld", first_axis ? "" : ", ",
-                a ? axis_name(Axis(a - 1)) : "none", (long long)t.count[k][a], (long long)t.bytes[k][a]);
+                a ? axis_name(Axis(a - 1)) : "none", (long long)o.count, (long long)o.bytes);
         first_kind = first_axis = false;
-        if (a) appendf(f, ", \"sent_bytes\": %lld", (long long)t.sent[k][a]);
+        if (a) appendf(f, ", \"sent_bytes\": %lld", (long long)o.sent);
         appendf(f, "}");
       }
       if (!first_axis) appendf(f, "}");

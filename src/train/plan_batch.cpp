@@ -92,6 +92,7 @@ int run_plan_batch(const RunConfig& cmd, StrategyKind kind, int rank) {
   std::setvbuf(stdout, buffer, _IOFBF, sizeof buffer);
   std::istringstream lines(text);
   std::string line, out;
+  UnitCache units;  // the models' units, built once per model and partition for every line's plans
   for (int number = 1; std::getline(lines, line); ++number) {
     std::istringstream split(line);
     std::vector<std::string> words;
@@ -110,6 +111,7 @@ int run_plan_batch(const RunConfig& cmd, StrategyKind kind, int rank) {
       RunConfig cfg;
       parse_options(int(args.size()), argv.data(), kind, cfg);  // no --help: refused above
       if (cfg.plan_world == 0) throw UsageError("a --plan-batch line must give --world-size (the world to plan for)");
+      cfg.strategy.unit_cache = &units;
       const ParallelLayout layout = layout_for(cfg.strategy, cfg.plan_world, 0);
       MemoryPlan plan = plan_memory(cfg, layout, cmd.plan_batch_ops);
       set_plan_limits(plan, cfg, default_limit, default_host_limit);

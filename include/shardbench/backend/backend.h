@@ -20,7 +20,6 @@
 #include <string>
 #include <vector>
 
-#include "shardbench/core/pointer_map.h"
 
 namespace sb {
 
@@ -117,10 +116,6 @@ class Recorder {
  public:
   virtual ~Recorder() = default;
   virtual void on_op(const OpEvent& e) = 0;
-  // `times` identical operations in a row (the counting backend's gemm_batched_each).
-  virtual void on_ops(const OpEvent& e, int times) {
-    for (int i = 0; i < times; ++i) on_op(e);
-  }
   virtual void on_memory(double t, const MemBytes& current) = 0;
   virtual void on_host_memory(double t, const MemBytes& current) {}
 };
@@ -357,7 +352,8 @@ int64_t optimizer_bytes_touched(const OptimizerConfig& cfg, int64_t n, DType gra
 
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
   virtual std::string name() const = 0;
   virtual std::string device_name() const = 0;
   // The library its collectives run on, as the run records it: "mpi" (CPU), "nccl", or
@@ -446,18 +442,6 @@ class Backend {
   virtual void gemm_batched(bool trans_a, bool trans_b, int M, int N, int K, float alpha, CBuf A,
                             int lda, int64_t stride_a, CBuf B, int ldb, int64_t stride_b, float beta,
                             Buf C, int ldc, int64_t stride_c, int batch) = 0;
-  // `count` such calls in a row, the i-th with A, B and C advanced by i x step_a, step_b,
-  // step_c elements: unfused attention's loop over a micro-batch's sequences (a sequence's
-  // heads sit at column offsets, so no single stride spans sequences and heads). The loop
-  // itself here; the counting backend records the calls without issuing each one.
-  virtual void gemm_batched_each(int count, int64_t step_a, int64_t step_b, int64_t step_c, bool trans_a,
-                                 bool trans_b, int M, int N, int K, float alpha, CBuf A, int lda, int64_t stride_a,
-                                 CBuf B, int ldb, int64_t stride_b, float beta, Buf C, int ldc, int64_t stride_c,
-                                 int batch) {
-    for (int i = 0; i < count; ++i)
-      gemm_batched(trans_a, trans_b, M, N, K, alpha, A + i * step_a, lda, stride_a, B + i * step_b, ldb, stride_b,
-                   beta, C + i * step_c, ldc, stride_c, batch);
-  }
   // out[i,:] = table[ids[i],:]                      out [n,d], table [V,d]
   // An id of -1 (a token another tensor-parallel rank's rows hold) gives a zero row.
   virtual void embedding_forward(Buf out, CBuf table, const int* ids, int n, int d) = 0;
@@ -597,10 +581,10 @@ class Backend {
   Phase phase() const { return phase_; }
   int unit() const { return unit_; }
   // Named ranges for a profiler's timeline (NVTX on CUDA, so Nsight Systems reads like the
-  // trace); nothing elsewhere. Pushes and pops nest.
-  // Whether range_push names reach a profiler (CUDA: NVTX); else ScopedContext builds no name.
-  virtual bool names_ranges() const { return false; }
-  virtual void range_push(const char* name) {}
+  // trace), one per ScopedContext: the backend names it from the phase and unit ("forward
+  // unit 3") where a profiler reads it, so the plan's thousands of scopes build no string.
+  // Nothing elsewhere. Pushes and pops nest.
+  virtual void range_push(Phase phase, int unit) {}
   virtual void range_pop() {}
 
  protected:
@@ -622,17 +606,22 @@ class Backend {
   bool blocking_when_waited_ = true;
   ComputeOptions options_;
 
-  // An event built by the backend (phase and unit as given), `times` identical ones in a row.
-  void record(const OpEvent& e, int times = 1);
+  // An event built by the backend (phase and unit as given).
+  void record(const OpEvent& e);
 
  private:
   struct Allocation {
     size_t bytes;
     MemCategory cat;
   };
+  // The ledger's map from address to allocation (src/backend/backend.cpp: an open-addressing
+  // map, the backend's own), behind a pointer so no caller compiles it.
+  struct Allocations;
   // One memory ledger: the device's (alloc) or the host's (alloc_host).
   struct Ledger {
-    PointerMap<Allocation> allocations;
+    Ledger();
+    ~Ledger();
+    std::unique_ptr<Allocations> allocations;
     MemBytes current{}, peak{};
     int64_t peak_total = 0;
     int64_t total() const;
@@ -655,12 +644,7 @@ class ScopedContext {
  public:
   ScopedContext(Backend& b, Phase p, int unit) : b_(b), phase_(b.phase()), unit_(b.unit()) {
     b.set_context(p, unit);
-    char name[64] = "";
-    if (b.names_ranges()) {  // a string per scope only where a profiler reads it (the plan runs thousands)
-      if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(p), unit);
-      else std::snprintf(name, sizeof name, "%s", phase_name(p));
-    }
-    b.range_push(name);
+    b.range_push(p, unit);
   }
   ~ScopedContext() {
     b_.range_pop();

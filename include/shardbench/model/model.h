@@ -107,9 +107,21 @@ struct UnitSpec {
 // The units as rank `tp.rank` of a tensor-parallel group of `tp.size` holds them (the whole
 // model by default). Unit and tensor order do not depend on the partition.
 std::vector<UnitSpec> model_units(const ModelSpec& spec, TensorPartition tp = {});
-// The same, shared: built once per model and partition of the last few asked (a memory plan
-// builds a model per pipeline stage, thousands of times in a --plan-batch). Not thread-safe.
-std::shared_ptr<const std::vector<UnitSpec>> shared_model_units(const ModelSpec& spec, TensorPartition tp = {});
+// The units of the last few models and partitions asked, each built once: a memory plan
+// builds a model per pipeline stage, thousands of times in a --plan-batch, whose planner
+// owns one (T5StepConfig::units). One thread at a time, as any object.
+class UnitCache {
+ public:
+  std::shared_ptr<const std::vector<UnitSpec>> units(const ModelSpec& spec, TensorPartition tp);
+
+ private:
+  struct Entry {
+    ModelSpec spec;
+    TensorPartition tp;
+    std::shared_ptr<const std::vector<UnitSpec>> units;
+  };
+  std::vector<Entry> recent_;  // the last few, newest last
+};
 
 // THE parameter count: sum of every unit's numel (agrees with Hugging Face's T5).
 int64_t param_count(const ModelSpec& spec);

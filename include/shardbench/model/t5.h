@@ -113,6 +113,7 @@ struct T5StepConfig {
   AttentionImpl attention = AttentionImpl::Unfused;
   TensorGroup tp;     // a group of one: the whole model
   PipelinePart part;  // every piece
+  UnitCache* units = nullptr;  // where the model's units come from (--plan-batch's); null: built here
 };
 
 class T5Step {

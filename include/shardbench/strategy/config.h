@@ -87,6 +87,7 @@ struct StrategyConfig {
   int loss_scale_growth_interval = 2000;
   uint64_t seed = 0;
   OptimizerConfig optimizer;  // --optimizer, --lr, --weight-decay, --momentum
+  UnitCache* unit_cache = nullptr;  // the models' units, where a planner keeps them (T5StepConfig::units)
 
   std::string label() const;
   // FSDP with --grad-accumulation sharded over several micro-batches: each micro-batch's

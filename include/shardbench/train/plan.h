@@ -14,19 +14,35 @@
 
 namespace sb {
 
+// Ops of one kind and place summed: how many, their bytes, and the bytes this rank sent in
+// them (ops with a mesh axis: collectives, sends, receives).
+struct OpSums {
+  int64_t count = 0, bytes = 0, sent = 0;
+};
+
 // One stage's step summed as its ops are issued (the schedule JSON's "totals"), so a plan
-// asked without its ops keeps no schedule: by kind and mesh axis (slot 0: none) the count,
-// bytes and bytes sent; the offload lanes' copies and host update; the compute lane's
-// distinct GEMM shapes (m, n, k, batch: count, FLOPs) and elementwise sizes (bytes: count),
-// a few dozen each, so an estimate can cost each shape as the replay does.
+// asked without its ops keeps no schedule: the device's lanes (compute and communication) by
+// kind and mesh axis (slot 0: none); the host offload's lanes in a group of their own (the
+// uploads, the downloads, the CPU update); the GEMM FLOPs; and the compute lane's distinct
+// GEMM shapes (m, n, k, batch: count, FLOPs) and elementwise sizes (bytes: count), a few
+// dozen each, so an estimate can cost each shape as the replay does.
 struct PlanTotals {
   static constexpr int kKinds = int(OpKind::kCount), kSlots = kAxes + 1;
-  int64_t count[kKinds][kSlots] = {}, bytes[kKinds][kSlots] = {}, sent[kKinds][kSlots] = {};
-  int64_t h2d = 0, d2h = 0, update = 0, copies = 0, updates = 0;
+  OpSums ops[kKinds][kSlots] = {};  // the device's lanes
+  OpSums h2d, d2h, update;          // the host offload's lanes: kCopyH2DLane, kCopyD2HLane, kHostLane
   int64_t gemm_flops = 0;
   std::map<std::array<int32_t, 4>, std::pair<int64_t, int64_t>> gemm_shapes;
   std::map<int64_t, int64_t> elementwise_sizes;
   void add(const OpEvent& e, int times = 1);
+  // Every sum above but the maps', in one order: f(int64_t&) on each. The one list of the
+  // figures, so whatever iterates them (the extension from three plans, plan.cpp) misses none.
+  template <typename F>
+  void each_sum(F f) {
+    for (auto& kind : ops)
+      for (OpSums& s : kind) f(s.count), f(s.bytes), f(s.sent);
+    for (OpSums* s : {&h2d, &d2h, &update}) f(s->count), f(s->bytes), f(s->sent);
+    f(gemm_flops);
+  }
 };
 
 // One pipeline stage's plan (the whole step without --pp).

@@ -812,8 +812,12 @@ class CudaBackend final : public Backend, private StagingDevice {
   }
 
   // ---- collectives ----
-  bool names_ranges() const override { return true; }
-  void range_push(const char* name) override { nvtxRangePushA(name); }
+  void range_push(Phase phase, int unit) override {  // "forward unit 3", as the trace names the scope
+    char name[64];
+    if (unit >= 0) std::snprintf(name, sizeof name, "%s unit %d", phase_name(phase), unit);
+    else std::snprintf(name, sizeof name, "%s", phase_name(phase));
+    nvtxRangePushA(name);
+  }
   void range_pop() override { nvtxRangePop(); }
 
   std::unique_ptr<Comm> make_comm(MPI_Comm c) override {

@@ -1,4 +1,5 @@
-// A map from non-null pointers to small values, for the backends' allocation ledgers: asked
+// A map from non-null pointers to small values, for the backends' allocation ledgers (private
+// to the backend: backend.cpp's Backend::Allocations; tests/test_backend.cpp checks it): asked
 // on every alloc and release, hundreds of thousands of times in one memory plan, where
 // std::unordered_map's node per entry and prime-modulo buckets took a fifth of the plan's
 // time. Open addressing: a power-of-two table at most half full, Fibonacci hashing, linear
