@@ -45,6 +45,7 @@ ParallelLayout parallel_layout(const StrategyConfig& c, int world) {
 Setup Setup::make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world) {
   Setup s{strategy, model, shape, {}, {}};
   s.split = pipeline_split(strategy, model, shape);
+  check_tensor_parallel(model, strategy.tp);
   s.layout = parallel_layout(strategy, world);
   return s;
 }

@@ -1,8 +1,7 @@
 // One setup: what a strategy runs on, made and validated once. The strategy's configuration,
 // the model, the step's shape, the parallel layout over the world and the pipeline's split of
 // the model, checked together by Setup::make (the pipeline's stages against the model's
-// blocks, the layout against the world; --tp against the model is parse_options', with the
-// model's own sizes) and then
+// blocks, --tp against the model, the layout against the world) and then
 // handed whole to make_strategy, the plan, TrainingSchedule and --check. (torchtitan builds
 // ParallelDims once and validates it once.)
 #pragma once
@@ -22,9 +21,9 @@ struct Setup {
   PipelineSplit split;    // the pieces each pipeline stage runs (every stage shares it)
 
   // Checks, in this order (root causes first), each a UsageError naming the flag: the
-  // pipeline's own limits (a stage per block at most, --pp-split), then the layout's sizes
-  // against `world` (hybrid needs its --shard-size settled first: node_shard_size). Seen
-  // from rank 0.
+  // pipeline's own limits (a stage per block at most, --pp-split), --tp against the model's
+  // heads, d_ff and vocab, then the layout's sizes against `world` (hybrid needs its
+  // --shard-size settled first: node_shard_size). Seen from rank 0.
   static Setup make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world);
   // The same setup seen from `rank` (its layout's coordinates; nothing is checked again).
   Setup at_rank(int rank) const;
