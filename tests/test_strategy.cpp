@@ -45,8 +45,9 @@ Schedule run_schedule(StrategyConfig cfg, int world, const ModelSpec& spec = mod
   Schedule s;
   auto b = make_counting_backend();
   const StepShape shape{2, 16, 12};
-  Mesh mesh = Mesh::planned(layout_for(cfg, world, 0));
-  auto strategy = make_strategy(cfg, spec, *b, mesh, shape, pipeline_split(cfg, spec, shape));
+  const Setup setup = Setup::make(cfg, spec, shape, world);
+  Mesh mesh = Mesh::planned(setup.layout);
+  auto strategy = make_strategy(setup, *b, mesh);
   b->set_recorder(&s.rec);
   strategy->step(1, make_tokens(1, 1, 0, shape, spec.vocab));
   b->set_recorder(nullptr);
@@ -478,6 +479,10 @@ StrategyConfig hybrid(int tp = 1, int pp = 1) {
   c.tp = tp, c.pp = pp;
   return c;
 }
+// The layout Setup::make gives `c` on `world` ranks (of a model any layout here fits).
+ParallelLayout layout_of(const StrategyConfig& c, int world) {
+  return Setup::make(c, model_preset("t5-small"), StepShape{2, 16, 12}, world).layout;
+}
 std::string usage_error(const std::function<void()>& f) {
   try {
     f();
@@ -521,7 +526,7 @@ TEST(Nodes, HybridShardsOverOneNodesDataParallelRanks) {
   // The groups it gives stay inside a node, and nothing is flagged.
   StrategyConfig c = hybrid();
   c.shard_size = node_shard_size(c, four_by_two);
-  const ParallelLayout l = layout_for(c, 8, 0);
+  const ParallelLayout l = layout_of(c, 8);
   for (int r = 0; r < 8; ++r) EXPECT_EQ(four_by_two.spans(l.at_rank(r).group(Axis::Shard)), "") << r;
   EXPECT_EQ(placement_warning(l, four_by_two, c), "");
 }
@@ -541,20 +546,20 @@ TEST(Nodes, HybridWithoutASizeRefusesNodesThatCannotHoldItsGroups) {
   EXPECT_NE(refused(hybrid(1, 3), hosts_of({"a", "a", "a", "b", "b", "b"})).find("pipeline stages"),
             std::string::npos);
   // A plan has no nodes.
-  EXPECT_NE(usage_error([] { layout_for(hybrid(), 8, 0); }).find("needs --shard-size G"), std::string::npos);
+  EXPECT_NE(usage_error([] { layout_of(hybrid(), 8); }).find("needs --shard-size G"), std::string::npos);
 }
 
 TEST(Nodes, PlacementWarningNamesAGroupThatCrossesNodes) {
   const NodeMap round_robin = hosts_of({"n1", "n2", "n1", "n2"});
   StrategyConfig c = hybrid();
   c.shard_size = 2;
-  EXPECT_EQ(placement_warning(layout_for(c, 4, 0), round_robin, c),
+  EXPECT_EQ(placement_warning(layout_of(c, 4), round_robin, c),
             "a hybrid shard group crosses nodes: ranks 0,1 on n1 and n2 (its all-gathers leave the node)");
   c.shard_size = 4;  // larger than a node: crossing is the point
-  EXPECT_EQ(placement_warning(layout_for(c, 4, 0), round_robin, c), "");
+  EXPECT_EQ(placement_warning(layout_of(c, 4), round_robin, c), "");
   StrategyConfig t = fsdp(Sharding::Full);
   t.tp = 2;
-  EXPECT_NE(placement_warning(layout_for(t, 4, 0), round_robin, t).find("a tensor-parallel group crosses nodes"),
+  EXPECT_NE(placement_warning(layout_of(t, 4), round_robin, t).find("a tensor-parallel group crosses nodes"),
             std::string::npos);
-  EXPECT_EQ(placement_warning(layout_for(t, 4, 0), hosts_of({"n1", "n1", "n2", "n2"}), t), "");
+  EXPECT_EQ(placement_warning(layout_of(t, 4), hosts_of({"n1", "n1", "n2", "n2"}), t), "");
 }

@@ -353,7 +353,7 @@ TEST(Plan, HostMemoryIsASecondBlockWithItsOwnLimit) {
   sb::RunConfig cfg;
   ASSERT_TRUE(sb::parse_options(6, const_cast<char**>(argv), sb::StrategyKind::FSDP, cfg));
   EXPECT_EQ(cfg.host_mem_limit_gib, 2.0);
-  sb::MemoryPlan plan = sb::plan_memory(cfg, sb::layout_for(cfg.strategy, 4, 0));
+  sb::MemoryPlan plan = sb::plan_memory(sb::Setup::make(cfg.strategy, cfg.model, cfg.shape, 4));
   plan.limit = plan.peak_total;
   plan.host_limit = int64_t(2) << 30;
   EXPECT_EQ(plan.host_peak_total, 0);  // no strategy offloads yet: nothing on the host

@@ -1,5 +1,5 @@
-// A strategy's configuration: the names of its choices, its label, its layout and the
-// pipeline's split.
+// A strategy's configuration: the names of its choices, its label, hybrid's node-sized shard
+// group and the placement warning.
 #include "shardbench/strategy/config.h"
 
 #include <algorithm>
@@ -105,22 +105,6 @@ std::string StrategyConfig::label() const {
   return l + tensor + offload;
 }
 
-ParallelLayout layout_for(const StrategyConfig& c, int world, int rank) {
-  // The shard group: every data-parallel rank (full, grad-op, optimizer-state), --shard-size
-  // (hybrid; optimizer-state where given), or one.
-  // make() checks --tp and --pp before the shard size, so a quotient of bad sizes is never used.
-  const int64_t inner = int64_t(c.tp) * c.pp;
-  int shard = 1;
-  const bool whole_dp = c.sharding == Sharding::Full || c.sharding == Sharding::GradOp ||
-                        (c.sharding == Sharding::OptimizerState && c.shard_size == 0);
-  if (c.kind == StrategyKind::FSDP && whole_dp) shard = inner >= 1 ? int(world / inner) : 1;
-  if (c.kind == StrategyKind::FSDP && !whole_dp && c.shard_size > 0) shard = c.shard_size;
-  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid && c.shard_size <= 0)
-    throw UsageError("--sharding hybrid needs --shard-size G where there are no nodes to take it from (a plan of "
-                     "--world-size ranks); a run takes one node's data-parallel ranks");
-  return ParallelLayout::make(world, rank, shard, c.tp, c.pp);
-}
-
 int node_shard_size(const StrategyConfig& c, const NodeMap& nodes) {
   const int world = int(nodes.node_of.size()), per_node = nodes.max_ranks_per_node();
   const std::string give = "; give --shard-size G";
@@ -134,7 +118,7 @@ int node_shard_size(const StrategyConfig& c, const NodeMap& nodes) {
                      nodes.hosts[size_t(nodes.node_of[r - 1])] + ": place them by slot, e.g. mpirun --map-by slot, "
                      "srun --distribution=block)" + give);
   }
-  if (c.tp < 1 || c.pp < 1 || world % (c.tp * c.pp) != 0) return 1;  // layout_for names the bad flag
+  if (c.tp < 1 || c.pp < 1 || world % (c.tp * c.pp) != 0) return 1;  // Setup::make names the bad flag
   const int stage = world / c.pp;
   const int block = std::min(per_node, stage);  // one node's ranks of one stage
   if (stage % block != 0 || per_node % block != 0)
@@ -159,16 +143,6 @@ std::string placement_warning(const ParallelLayout& layout, const NodeMap& nodes
         return "a hybrid shard group crosses nodes: " + s + " (its all-gathers leave the node)";
   }
   return "";
-}
-
-PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape) {
-  const int L = int(spec.layers);
-  if (c.pp == 1) return PipelineSplit{{0, 2 * L + 3}};
-  std::vector<double> cost;
-  for (int l = 0; l < L; ++l) cost.push_back(forward_flops_encoder_block(spec, shape, c.tp));
-  for (int l = 0; l < L; ++l) cost.push_back(forward_flops_decoder_block(spec, shape, c.tp));
-  cost.back() += forward_flops_head(spec, shape, c.tp);
-  return split_pipeline(cost, L, c.pp, c.first_decoder_stage);
 }
 
 }  // namespace sb

@@ -32,9 +32,8 @@ struct Bucket {
 
 class DDP final : public TrainingSchedule {
  public:
-  DDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape,
-      const PipelineSplit& split)
-      : TrainingSchedule(cfg, spec, b, mesh, shape, split), offset_(units_.size()), bucket_of_(units_.size()) {
+  DDP(const Setup& setup, Backend& b, Mesh& mesh)
+      : TrainingSchedule(setup, b, mesh), offset_(units_.size()), bucket_of_(units_.size()) {
     for (size_t u = 0; u < units_.size(); ++u) {
       offset_[u] = total_;
       total_ += units_[u].numel;
@@ -174,9 +173,8 @@ class DDP final : public TrainingSchedule {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_ddp(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
-                                   Mesh& mesh, const StepShape& shape, const PipelineSplit& split) {
-  return std::make_unique<DDP>(cfg, spec, b, mesh, shape, split);
+std::unique_ptr<Strategy> make_ddp(const Setup& setup, Backend& b, Mesh& mesh) {
+  return std::make_unique<DDP>(setup, b, mesh);
 }
 
 }  // namespace sb

@@ -55,9 +55,8 @@ constexpr int kMaxAllGathersInFlight = 2;  // PyTorch limit_all_gathers
 
 class FSDP final : public TrainingSchedule {
  public:
-  FSDP(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh, const StepShape& shape,
-       const PipelineSplit& split)
-      : TrainingSchedule(cfg, spec, b, mesh, shape, split),
+  FSDP(const Setup& setup, Backend& b, Mesh& mesh)
+      : TrainingSchedule(setup, b, mesh),
         residence_(Residence::make(cfg_, b_, mesh_, units_, stage_sums())),
         gathered_(units_.size()),
         gather_req_(units_.size(), kNoRequest),
@@ -291,9 +290,8 @@ class FSDP final : public TrainingSchedule {
 
 }  // namespace
 
-std::unique_ptr<Strategy> make_fsdp(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
-                                    Mesh& mesh, const StepShape& shape, const PipelineSplit& split) {
-  return std::make_unique<FSDP>(cfg, spec, b, mesh, shape, split);
+std::unique_ptr<Strategy> make_fsdp(const Setup& setup, Backend& b, Mesh& mesh) {
+  return std::make_unique<FSDP>(setup, b, mesh);
 }
 
 }  // namespace sb

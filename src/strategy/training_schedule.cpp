@@ -55,20 +55,19 @@ Tokens micro_tokens(const Tokens& t, int micro, int micro_batches) {
 }
 }  // namespace
 
-TrainingSchedule::TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b,
-                                   Mesh& mesh, const StepShape& shape, const PipelineSplit& split)
-    : cfg_(cfg),
+TrainingSchedule::TrainingSchedule(const Setup& setup, Backend& b, Mesh& mesh)
+    : cfg_(setup.strategy),
       b_(b),
       mesh_(mesh),
-      part_(part_of(cfg, split, mesh)),
-      model_(b, step_config(cfg, spec, shape, mesh, part_)),
+      part_(part_of(setup.strategy, setup.split, mesh)),
+      model_(b, step_config(setup.strategy, setup.model, setup.shape, mesh, part_)),
       units_(model_.units()),
       unit_pieces_(units_.size()),
-      pipeline_(b, mesh, model_, split, cfg.micro_batches),
+      pipeline_(b, mesh, model_, setup.split, setup.strategy.micro_batches),
       params_of_([this](int u) { return params_for(u); }),
       grads_of_([this](int u) { return grads_for(u); }),
-      base_grad_scale_(grad_scale(shape, mesh.layout.dp())),
-      scale_(cfg.loss_scale) {
+      base_grad_scale_(grad_scale(setup.shape, mesh.layout.dp())),
+      scale_(setup.strategy.loss_scale) {
   for (size_t u = 0; u < units_.size(); ++u)
     if (!model_.holds_unit(int(u))) units_[u] = UnitSpec{units_[u].kind, units_[u].layer, units_[u].name, {}, 0};
   for (int pos = forward_begin(); pos < forward_end(); ++pos)
@@ -169,16 +168,12 @@ bool TrainingSchedule::gradients_finite() {
   return finite == 1;
 }
 
-std::unique_ptr<Strategy> make_ddp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,
-                                   const StepShape&, const PipelineSplit&);
-std::unique_ptr<Strategy> make_fsdp(const StrategyConfig&, const ModelSpec&, Backend&, Mesh&,
-                                    const StepShape&, const PipelineSplit&);
+std::unique_ptr<Strategy> make_ddp(const Setup&, Backend&, Mesh&);
+std::unique_ptr<Strategy> make_fsdp(const Setup&, Backend&, Mesh&);
 
-std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
-                                        Backend& backend, Mesh& mesh, const StepShape& shape,
-                                        const PipelineSplit& split) {
-  if (cfg.kind == StrategyKind::DDP) return make_ddp(cfg, spec, backend, mesh, shape, split);
-  return make_fsdp(cfg, spec, backend, mesh, shape, split);
+std::unique_ptr<Strategy> make_strategy(const Setup& setup, Backend& backend, Mesh& mesh) {
+  if (setup.strategy.kind == StrategyKind::DDP) return make_ddp(setup, backend, mesh);
+  return make_fsdp(setup, backend, mesh);
 }
 
 }  // namespace sb

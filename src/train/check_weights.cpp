@@ -101,8 +101,8 @@ struct StepCheck::Reference {
   std::unique_ptr<Comm> tp_comm;
 
   // One micro-batch at a time (the run's micro-batch shape), `parts` embedding gradients.
-  void make(RefModel& r, const RunConfig& cfg, DType dtype, float grad_scale, TensorGroup tp, int parts) {
-    r.ReferenceModel::make(cfg, *b, dtype, grad_scale, tp);  // the run's attention path
+  void make(RefModel& r, const Setup& setup, DType dtype, float grad_scale, TensorGroup tp, int parts) {
+    r.ReferenceModel::make(setup, *b, dtype, grad_scale, tp);  // the run's attention path
     const int64_t numel = r.step->units()[size_t(r.step->pieces()[0].unit)].numel;
     for (int i = 0; i < parts && parts > 1; ++i) r.embedding_parts.push_back(b->alloc_buf(numel, dtype, MemCategory::Gradients));
   }
@@ -162,27 +162,27 @@ std::vector<float> reduced_on_host(Backend& b, CBuf grad, int64_t numel, DType R
 
 }  // namespace
 
-StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
-    : cfg_(cfg), run_(run), layout_(mesh.layout), rank_(mesh.layout.rank), world_(mesh.layout.world) {
-  const DType P = cfg.strategy.param_dtype, R = cfg.strategy.reduce_dtype;
+StepCheck::StepCheck(const RunConfig& cfg, const Setup& setup, Strategy& run, const Mesh& mesh)
+    : cfg_(cfg), setup_(setup), run_(run), layout_(mesh.layout), rank_(mesh.layout.rank), world_(mesh.layout.world) {
+  const DType P = setup.strategy.param_dtype, R = setup.strategy.reduce_dtype;
   const int n = layout_.dp();  // the gradients summed: one per data-parallel rank
   const double u = unit_roundoff(R);
   gamma_ = (n - 1) * u / (1 - (n - 1) * u);
   eta_ = (n - 1) * half_smallest_subnormal(R);
   u_ = u;
   eta1_ = half_smallest_subnormal(R);
-  full_units_ = model_units(cfg.model);
+  full_units_ = model_units(setup.model);
   // Pipeline: the pieces that use the embedding, by the holding stage that runs them (each
   // such stage reduces its own part of the embedding's gradient; the parts are then summed).
   const auto& pieces = run.model().pieces();
   embedding_ = pieces[0].unit;
-  const std::vector<int> holders = stages_holding(pieces, cfg.split, embedding_);
+  const std::vector<int> holders = stages_holding(pieces, setup.split, embedding_);
   embedding_parts_ = int(holders.size());
   embedding_part_.assign(pieces.size(), -1);
   for (size_t pi = 0; pi < pieces.size(); ++pi)
     if (pieces_use_unit(pieces, int(pi), int(pi) + 1, embedding_))
-      embedding_part_[pi] = int(std::find(holders.begin(), holders.end(), cfg.split.stage_of(int(pi))) - holders.begin());
-  for (int t = 0; t < layout_.tp; ++t) tp_units_.push_back(model_units(cfg.model, {layout_.tp, t}));
+      embedding_part_[pi] = int(std::find(holders.begin(), holders.end(), setup.split.stage_of(int(pi))) - holders.begin());
+  for (int t = 0; t < layout_.tp; ++t) tp_units_.push_back(model_units(setup.model, {layout_.tp, t}));
   tp_mpi_ = mesh.mpi(Axis::Tensor);
   pp_mpi_ = mesh.mpi(Axis::Pipeline);
   weights_ = gather_weights();
@@ -193,7 +193,7 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
   Reference& r = *ref_;
   r.b = make_backend(cfg.backend, cfg.comm);  // the run's library: NCCL refuses ranks sharing a GPU
   r.b->set_compute_options(cfg.compute);       // and the run's kernels
-  const float scale = float(1.0 / (double(n) * cfg.shape.batch * cfg.shape.dec_len)) * cfg.strategy.loss_scale;
+  const float scale = float(1.0 / (double(n) * setup.shape.batch * setup.shape.dec_len)) * setup.strategy.loss_scale;
   int64_t largest = 1;
   for (const UnitSpec& unit : full_units_) largest = std::max(largest, unit.numel);
   r.reduce_buf = r.b->alloc_buf(largest, R, MemCategory::Workspace);
@@ -203,23 +203,23 @@ StepCheck::StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh)
     r.tp_comm = r.b->make_comm(r.tp_mpi);
     r.tp_comm->set_axis(Axis::Tensor);
     const TensorGroup group{layout_.tp, layout_.tp_rank(), r.tp_comm.get()};
-    r.make(r.tp, cfg, P, scale, group, embedding_parts_);
-    lockstep_ = std::make_unique<TpLockstep>(cfg, tp_mpi_);  // and the tensor-parallel model itself
+    r.make(r.tp, setup, P, scale, group, embedding_parts_);
+    lockstep_ = std::make_unique<TpLockstep>(setup, tp_mpi_);  // and the tensor-parallel model itself
   }
   if (rank_ != 0) return;
   // Without tensor parallelism the full model is the reference (the run's dtype).
-  if (!tensor_parallel) r.make(r.full, cfg, P, scale, {}, embedding_parts_);
+  if (!tensor_parallel) r.make(r.full, setup, P, scale, {}, embedding_parts_);
   for (const UnitSpec& unit : full_units_) {
     r.p.push_back(r.b->alloc_floats(unit.numel, MemCategory::Parameters));
     // The run's regions are its units (DDP) or their shards, which adamw-8bit pads to whole
     // blocks (FSDP): either way the unit's blocks, so the reference updates each unit as one region.
-    const int64_t bytes = optimizer_state_bytes(cfg.strategy.optimizer, unit.numel);
+    const int64_t bytes = optimizer_state_bytes(setup.strategy.optimizer, unit.numel);
     r.state.push_back(static_cast<char*>(r.b->alloc(size_t(std::max<int64_t>(bytes, 8)), MemCategory::OptimizerState)));
-    r.b->optimizer_init_state(cfg.strategy.optimizer, r.state.back(), unit.numel);
+    r.b->optimizer_init_state(setup.strategy.optimizer, r.state.back(), unit.numel);
   }
   // 1. The initial weights.
   for (size_t k = 0; k < full_units_.size(); ++k) {
-    init_unit_params(*r.b, full_units_[k], cfg.strategy.seed, r.f32, 0, full_units_[k].numel);
+    init_unit_params(*r.b, full_units_[k], setup.strategy.seed, r.f32, 0, full_units_[k].numel);
     std::vector<float> init(full_units_[k].numel);
     r.b->download(init.data(), r.f32, init.size() * 4);
     if (init != weights_[k])
@@ -325,10 +325,10 @@ void StepCheck::after_step(int step, bool skipped) {
 // the group also runs each data-parallel rank's step in the lockstep (tp_lockstep.h).
 StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   Reference& r = *ref_;
-  const DType R = cfg_.strategy.reduce_dtype;
+  const DType R = setup_.strategy.reduce_dtype;
   const size_t U = full_units_.size();
   const int T = layout_.tp;
-  const float scale = float(1.0 / (double(layout_.dp()) * cfg_.shape.batch * cfg_.shape.dec_len)) * scale_;
+  const float scale = float(1.0 / (double(layout_.dp()) * setup_.shape.batch * setup_.shape.dec_len)) * scale_;
   // Unit k's gradient of `m` summed over its tensor-parallel ranks' parts (rank 0; -R: as
   // the run reduces it), added into sum (and |.| into abs).
   auto accumulate = [&](RefModel& m, DType round_to, std::vector<std::vector<double>>& sum,
@@ -376,10 +376,10 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
   sums.sum.resize(U), sums.abs_sum.resize(U);
   for (int dp_rank = 0; dp_rank < layout_.dp(); ++dp_rank) {
     const Tokens tokens =
-        make_tokens(cfg_.strategy.seed, step, int64_t(dp_rank) * cfg_.shape.batch, cfg_.shape, cfg_.model.vocab);
+        make_tokens(setup_.strategy.seed, step, int64_t(dp_rank) * setup_.shape.batch, setup_.shape, setup_.model.vocab);
     for (RefModel* m : models) {
-      const int M = cfg_.strategy.micro_batches;
-      if (cfg_.strategy.reduces_every_micro_batch()) {
+      const int M = setup_.strategy.micro_batches;
+      if (setup_.strategy.reduces_every_micro_batch()) {
         // Sharded accumulation reduces each micro-batch's gradient: one term per micro-batch.
         for (int mb = 0; mb < M; ++mb) {
           forward_backward(*r.b, *m, tokens, M, embedding_part_, mb);
@@ -404,7 +404,7 @@ StepCheck::MicroBatchSums StepCheck::reference_gradients(int step) {
 
 void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>& grads, const MicroBatchSums& ref,
                                 bool skipped) {
-  const DType R = cfg_.strategy.reduce_dtype;
+  const DType R = setup_.strategy.reduce_dtype;
   const auto& units = full_units_;
   const int n = layout_.dp();
   // The loss scaler's verdict: overflow is certain when a micro-batch gradient is not finite
@@ -429,7 +429,7 @@ void StepCheck::check_gradients(int step, const std::vector<std::vector<float>>&
     // parallelism one per rank and stage holding it (each stage reduces its part); with
     // sharded accumulation, each of those per micro-batch.
     const int terms = n * (int(k) == embedding_ ? embedding_parts_ : 1) *
-                      (cfg_.strategy.reduces_every_micro_batch() ? cfg_.strategy.micro_batches : 1);
+                      (setup_.strategy.reduces_every_micro_batch() ? setup_.strategy.micro_batches : 1);
     const double gamma = (terms - 1) * u_ / (1 - (terms - 1) * u_), eta = (terms - 1) * eta1_;
     for (size_t i = 0; i < grads[k].size(); ++i) {
       // (+ the double sum's own rounding, terms·2^-53·Σ|g|, for rigour)
@@ -458,7 +458,7 @@ void StepCheck::check_update(int step, const std::vector<std::vector<float>>& gr
                              const std::vector<std::vector<float>>& next, bool skipped) {
   Reference& r = *ref_;
   const auto& units = full_units_;
-  OptimizerConfig opt = cfg_.strategy.optimizer;
+  OptimizerConfig opt = setup_.strategy.optimizer;
   opt.grad_unscale = 1.f / scale_;
   std::vector<float> expect;
   for (size_t k = 0; k < units.size(); ++k) {
@@ -502,7 +502,7 @@ bool StepCheck::finish(double& worst_ratio) {
         "within %.3g x their rounding bound (allowed %.3g; %lld of %lld gradients are below their bound, where "
         "Adam's sign is set by rounding), %s updates within %.3g, replicas identical -> %s\n",
         steps_, layout_.dp(), worst_ratio_, cfg_.check_tolerance, (long long)undetermined_, (long long)checked_,
-        optimizer_name(cfg_.strategy.optimizer.kind), max_update_diff_, ok ? "PASS" : "FAIL");
+        optimizer_name(setup_.strategy.optimizer.kind), max_update_diff_, ok ? "PASS" : "FAIL");
     if (lockstep_)
       std::printf("check: tensor parallelism: the split reference on ranks 0-%d; against the full model in "
                   "lockstep (fp32, every product and sum rounded once): %lld sums over the group (%lld elements) "

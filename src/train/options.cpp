@@ -223,12 +223,13 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.pp = int(pp);
   if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
   cfg.strategy.first_decoder_stage = pp_split ? int(pp_split) : -1;
-  // Root causes first: the pipeline's own limits (a stage per block at most, --pp-split),
-  // then every size (the micro-batch count as typed: --micro-batches, or its default --pp),
-  // then what follows from them.
-  cfg.split = pipeline_split(cfg.strategy, cfg.model, cfg.shape);
-  validate(cfg.model, cfg.shape, micro_batches ? micro_batches : pp, micro_batches ? "--micro-batches" : "--pp");
-  check_tensor_parallel(cfg.model, int(tp));
+  // Every size (the micro-batch count as typed: --micro-batches, or its default --pp). A
+  // --pp beyond the blocks is the root cause there: Setup::make refuses it as the pipeline's
+  // own limit, so it is not counted here as micro-batches. The pipeline, --tp against the
+  // model and the layout against the world are Setup::make's.
+  const bool pp_beyond_blocks = pp > 2 * cfg.model.layers;
+  validate(cfg.model, cfg.shape, micro_batches ? micro_batches : pp_beyond_blocks ? 1 : pp,
+           micro_batches ? "--micro-batches" : "--pp");
   if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
   if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")

@@ -101,16 +101,17 @@ void PlanTotals::add(const OpEvent& e, int times) {
 namespace {
 
 // ops_hint: the schedule's expected length (the previous stage's), reserved up front.
-StagePlan plan_stage(const RunConfig& cfg, const ParallelLayout& layout, size_t ops_hint, bool with_ops) {
+// `setup`: seen from the stage's first rank.
+StagePlan plan_stage(const Setup& setup, size_t ops_hint, bool with_ops) {
   StagePlan p;
   auto backend = make_counting_backend();
   PeakRecorder rec;
   rec.keep_ops = with_ops;
   if (with_ops) rec.schedule.reserve(ops_hint);
   backend->set_recorder(&rec);
-  Mesh mesh = Mesh::planned(layout);
+  Mesh mesh = Mesh::planned(setup.layout);
   {
-    auto strategy = make_strategy(cfg.strategy, cfg.model, *backend, mesh, cfg.shape, cfg.split);
+    auto strategy = make_strategy(setup, *backend, mesh);
     const T5Step& model = strategy->model();
     p.first_piece = model.part().first;
     p.last_piece = model.part().last;
@@ -154,11 +155,12 @@ void pick_worst_stages(MemoryPlan& plan) {
   plan.counted_flops = plan.stages[0].counted_flops;
 }
 
-MemoryPlan plan_directly(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops) {
+MemoryPlan plan_directly(const Setup& setup, bool with_ops) {
   MemoryPlan plan;
-  plan.layout = layout.at_rank(0);
+  plan.layout = setup.layout.at_rank(0);
+  plan.split = setup.split;
   for (int s = 0; s < plan.layout.pp; ++s)  // the first rank of each stage: the others hold the same
-    plan.stages.push_back(plan_stage(cfg, plan.layout.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
+    plan.stages.push_back(plan_stage(setup.at_rank(plan.layout.rank_at({s, 0, 0, 0})),
                                      s ? plan.stages.back().schedule.size() + 64 : 0, with_ops));
   pick_worst_stages(plan);
   return plan;
@@ -230,17 +232,17 @@ bool each_figure(const std::array<StagePlan*, n>& p, F f) {
 //   grow from plan to plan, on every stage; else the plan is made directly.
 // tests/test_plan_batch.py compares both with the direct plan. Empty when it does not apply
 // (no pipeline, or three plans would cost more than the direct one).
-std::optional<MemoryPlan> plan_by_micro_batch_line(const RunConfig& cfg, const ParallelLayout& layout) {
-  const bool gpipe = cfg.strategy.pp_schedule == PipeSchedule::GPipe;
-  const int S = layout.pp, M = cfg.strategy.micro_batches, m0 = gpipe ? 4 : S + 2;
+std::optional<MemoryPlan> plan_by_micro_batch_line(const Setup& setup) {
+  const bool gpipe = setup.strategy.pp_schedule == PipeSchedule::GPipe;
+  const int S = setup.layout.pp, M = setup.strategy.micro_batches, m0 = gpipe ? 4 : S + 2;
   if (S < 2 || M <= 3 * m0 + 3) return std::nullopt;
-  const int64_t size = cfg.shape.batch / M;  // sequences per micro-batch (the batch divides: parse_options)
+  const int64_t size = setup.shape.batch / M;  // sequences per micro-batch (the batch divides: parse_options)
   std::array<MemoryPlan, 3> at;
   for (int i = 0; i < 3; ++i) {
-    RunConfig c = cfg;  // the same split of the stages: cfg.split is kept
-    c.strategy.micro_batches = m0 + i;
-    c.shape.batch = size * (m0 + i);
-    at[size_t(i)] = plan_directly(c, layout, false);
+    Setup s = setup;  // the same split of the stages: setup.split is kept
+    s.strategy.micro_batches = m0 + i;
+    s.shape.batch = size * (m0 + i);
+    at[size_t(i)] = plan_directly(s, false);
   }
   MemoryPlan plan = std::move(at[0]);
   constexpr size_t kAct = size_t(MemCategory::Activations);
@@ -265,10 +267,10 @@ std::optional<MemoryPlan> plan_by_micro_batch_line(const RunConfig& cfg, const P
 }
 }  // namespace
 
-MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops) {
+MemoryPlan plan_memory(const Setup& setup, bool with_ops) {
   if (!with_ops)
-    if (std::optional<MemoryPlan> plan = plan_by_micro_batch_line(cfg, layout)) return std::move(*plan);
-  return plan_directly(cfg, layout, with_ops);
+    if (std::optional<MemoryPlan> plan = plan_by_micro_batch_line(setup)) return std::move(*plan);
+  return plan_directly(setup, with_ops);
 }
 
 void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit) {
@@ -374,7 +376,7 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
       o << line;
     }
     // Each stage holds what its pieces use; only the embedding may be on several (tied copies).
-    const std::vector<int> holders = stages_holding(pieces, cfg.split, pieces[0].unit);
+    const std::vector<int> holders = stages_holding(pieces, plan.split, pieces[0].unit);
     std::string stages;
     for (int s : holders) stages += (stages.empty() ? "" : ", ") + std::to_string(s);
     const int64_t embedding = model_units(cfg.model, {plan.layout.tp, 0})[size_t(pieces[0].unit)].numel;
@@ -386,7 +388,7 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
     const UnitSpec head = model_units(cfg.model, {plan.layout.tp, 0})[size_t(pieces.back().unit)];
     std::string tensors;
     for (const TensorSpec& t : head.tensors) tensors += (tensors.empty() ? "" : ", ") + t.name;
-    const int head_stage = stages_holding(pieces, cfg.split, pieces.back().unit).front();
+    const int head_stage = stages_holding(pieces, plan.split, pieces.back().unit).front();
     std::snprintf(line, sizeof line, "  the head (%s: %s parameters) on stage %d alone%s\n", tensors.c_str(),
                   with_commas(head.numel).c_str(), head_stage,
                   cfg.model.tie_embeddings ? ", its LM head the embedding" : "");

@@ -3,23 +3,23 @@
 
 namespace sb {
 
-std::unique_ptr<T5Step> make_reference_step(const RunConfig& cfg, Backend& b, DType dtype, float grad_scale,
+std::unique_ptr<T5Step> make_reference_step(const Setup& setup, Backend& b, DType dtype, float grad_scale,
                                             TensorGroup tp) {
   T5StepConfig c;
-  c.spec = cfg.model;
+  c.spec = setup.model;
   c.dtype = dtype;
-  c.shape = StepShape{cfg.shape.batch / cfg.strategy.micro_batches, cfg.shape.enc_len, cfg.shape.dec_len};
-  c.checkpointing = cfg.strategy.checkpointing;
+  c.shape = StepShape{setup.shape.batch / setup.strategy.micro_batches, setup.shape.enc_len, setup.shape.dec_len};
+  c.checkpointing = setup.strategy.checkpointing;
   c.grad_scale = grad_scale;
-  c.attention = cfg.strategy.attention;  // the run's attention path
+  c.attention = setup.strategy.attention;  // the run's attention path
   c.tp = tp;
   // Every piece, the table's gradient folded where the run's stages start.
-  c.part.stage_starts.assign(cfg.split.first.begin(), cfg.split.first.end() - 1);
+  c.part.stage_starts.assign(setup.split.first.begin(), setup.split.first.end() - 1);
   return std::make_unique<T5Step>(b, c);
 }
 
-void ReferenceModel::make(const RunConfig& cfg, Backend& b, DType dtype, float grad_scale, TensorGroup tp) {
-  step = make_reference_step(cfg, b, dtype, grad_scale, tp);
+void ReferenceModel::make(const Setup& setup, Backend& b, DType dtype, float grad_scale, TensorGroup tp) {
+  step = make_reference_step(setup, b, dtype, grad_scale, tp);
   for (const UnitSpec& u : step->units()) {
     params.push_back(b.alloc_buf(u.numel, dtype, MemCategory::Parameters));
     grads.push_back(b.alloc_buf(u.numel, dtype, MemCategory::Gradients));

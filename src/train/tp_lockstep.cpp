@@ -227,7 +227,7 @@ std::string named(const Piece& p) {
 
 struct TpLockstep::Impl {
   using Model = ReferenceModel;
-  const RunConfig& cfg;
+  const Setup& setup;
   MPI_Comm mpi = MPI_COMM_NULL;       // the hook's reductions, the records, the gradients
   MPI_Comm comm_mpi = MPI_COMM_NULL;  // the tensor-parallel model's own all-reduces
   int T = 1, rank = 0;
@@ -240,16 +240,16 @@ struct TpLockstep::Impl {
   double worst = 0;
   long long sums = 0, sum_elements = 0, gradient_elements = 0;
 
-  explicit Impl(const RunConfig& c) : cfg(c) {}
+  explicit Impl(const Setup& s) : setup(s) {}
 
-  void make(Model& m, TensorGroup g) { m.make(cfg, *b, DType::F32, 1.f, g); }
+  void make(Model& m, TensorGroup g) { m.make(setup, *b, DType::F32, 1.f, g); }
   void release(Model& m) { m.release(*b); }
 
   // A data-parallel rank's step: each micro-batch's forward then backward, the gradients
   // accumulated in order. Returns the loss summed over the micro-batches.
   double run(Model& m, const Tokens& tokens) {
     const auto& pieces = m.step->pieces();
-    const int S = int(pieces.size()), M = cfg.strategy.micro_batches;
+    const int S = int(pieces.size()), M = setup.strategy.micro_batches;
     for (size_t k = 0; k < m.grads.size(); ++k) b->fill(m.grads[k], 0.f, m.step->units()[k].numel);
     double loss = 0;
     for (int mb = 0; mb < M; ++mb) {
@@ -310,7 +310,7 @@ struct TpLockstep::Impl {
   }
 };
 
-TpLockstep::TpLockstep(const RunConfig& cfg, MPI_Comm group) : impl_(std::make_unique<Impl>(cfg)) {
+TpLockstep::TpLockstep(const Setup& setup, MPI_Comm group) : impl_(std::make_unique<Impl>(setup)) {
   Impl& m = *impl_;
   MPI_CHECK(MPI_Comm_dup(group, &m.mpi));
   MPI_CHECK(MPI_Comm_dup(group, &m.comm_mpi));
@@ -322,8 +322,8 @@ TpLockstep::TpLockstep(const RunConfig& cfg, MPI_Comm group) : impl_(std::make_u
   m.b->set_compute_options(exact);
   m.comm = m.b->make_comm(m.comm_mpi);
   m.comm->set_axis(Axis::Tensor);
-  m.full_units = model_units(cfg.model);
-  for (int t = 0; t < m.T; ++t) m.parts.push_back(model_units(cfg.model, {m.T, t}));
+  m.full_units = model_units(setup.model);
+  for (int t = 0; t < m.T; ++t) m.parts.push_back(model_units(setup.model, {m.T, t}));
   m.make(m.tp, TensorGroup{m.T, m.rank, m.comm.get()});
   if (m.rank == 0) m.make(m.full, TensorGroup{});
 }

@@ -129,13 +129,9 @@ double replay_gemms(Backend& b, const std::vector<OpEvent>& events, DType dtype)
 // One run of ddp_perf or fsdp_perf; each part of the protocol is one method.
 class TrainingRun {
  public:
-  TrainingRun(const RunConfig& cfg, int rank, int world)
-      : cfg_(cfg),
-        rank_(rank),
-        world_(world),
-        out_{rank},
-        // --world-size plans for a world this job is not: the layout is then rank 0's view.
-        layout_(layout_for(cfg.strategy, cfg.plan_world ? cfg.plan_world : world, cfg.plan_world ? 0 : rank)) {}
+  // `setup`: seen from this rank (rank 0's view where --world-size plans for another world).
+  TrainingRun(const RunConfig& cfg, const Setup& setup, int rank, int world)
+      : cfg_(cfg), rank_(rank), world_(world), out_{rank}, setup_(setup) {}
 
   int run() {
     start_ = wall_clock_rank0();
@@ -206,7 +202,7 @@ class TrainingRun {
 
   MemoryPlan make_plan() const {
     const int64_t device_free = backend_ ? backend_->memory_capacity() : -1;
-    MemoryPlan plan = plan_memory(cfg_, layout_);
+    MemoryPlan plan = plan_memory(setup_);
     const int64_t device_default = default_memory_limit(device_free);  // collective: every rank calls it
     set_plan_limits(plan, cfg_, device_default, default_host_memory_limit());
     return plan;
@@ -240,10 +236,10 @@ class TrainingRun {
     MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD));
     recorder_ = std::make_unique<TraceRecorder>(backend_->now());
     backend_->set_recorder(recorder_.get());
-    StrategyConfig strategy = cfg_.strategy;  // the CPU update of offload shares the node's cores with its ranks
-    strategy.host_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, node_map().local_ranks()));
-    strategy_ = make_strategy(strategy, cfg_.model, *backend_, mesh_, cfg_.shape, cfg_.split);
-    if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, *strategy_, mesh_);
+    Setup setup = setup_;  // the CPU update of offload shares the node's cores with its ranks
+    setup.strategy.host_threads = std::max(1, int(std::thread::hardware_concurrency()) / std::max(1, node_map().local_ranks()));
+    strategy_ = make_strategy(setup, *backend_, mesh_);
+    if (cfg_.check) check_ = std::make_unique<StepCheck>(cfg_, setup_, *strategy_, mesh_);
   }
 
   // Warm-up and timed steps: each between barriers, its figures reduced across ranks, one
@@ -386,7 +382,8 @@ class TrainingRun {
   const RunConfig& cfg_;
   const int rank_, world_;
   const Out out_;
-  const ParallelLayout layout_;  // built once: the plan, the mesh and the result attributes
+  const Setup setup_;  // made once: the plan, the mesh, the strategy and the result attributes
+  const ParallelLayout& layout_ = setup_.layout;
   double start_ = 0;
   std::string path_;             // the result file; "" when --plan writes none
   // A record of a failed run: its root attributes and provenance (before the watchdog,
@@ -413,11 +410,13 @@ int run_program(int argc, char** argv, StrategyKind kind) {
     RunConfig cfg;
     if (!parse_options(argc, argv, kind, cfg)) return int(kExitOk);
     if (!cfg.plan_batch.empty()) return run_plan_batch(cfg, kind, rank);
-    // Hybrid without --shard-size: one node's data-parallel ranks (a plan has no nodes: layout_for refuses it).
+    // Hybrid without --shard-size: one node's data-parallel ranks (a plan has no nodes: Setup::make refuses it).
     if (cfg.strategy.kind == StrategyKind::FSDP && cfg.strategy.sharding == Sharding::Hybrid &&
         cfg.strategy.shard_size == 0 && cfg.plan_world == 0)
       cfg.strategy.shard_size = node_shard_size(cfg.strategy, node_map());
-    return TrainingRun(cfg, rank, world).run();
+    // --world-size plans for a world this job is not: the setup is then rank 0's view.
+    const Setup setup = Setup::make(cfg.strategy, cfg.model, cfg.shape, cfg.plan_world ? cfg.plan_world : world);
+    return TrainingRun(cfg, cfg.plan_world ? setup : setup.at_rank(rank), rank, world).run();
   });
 }
 

@@ -714,8 +714,9 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOverMpiMatchCpu) {
       std::vector<std::vector<float>> weights[2];
       Backend* backends[2] = {&cpu(), gpu_mpi.get()};
       for (int i = 0; i < 2; ++i) {
-        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
+        const sb::Setup setup = sb::Setup::make(cfg, spec, shape, 1);
+        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, setup.layout);
+        auto strategy = make_strategy(setup, *backends[i], mesh);
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(T5Model::kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
       }
@@ -946,8 +947,9 @@ TEST_F(CudaVsCpu, DdpAndFsdpStepsOnOneRankMatchCpu) {
     double losses[2] = {0, 0};
     Backend* backends[2] = {&cpu(), &gpu()};
     for (int i = 0; i < 2; ++i) {
-      Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-      auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
+      const sb::Setup setup = sb::Setup::make(cfg, spec, shape, 1);
+      Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, setup.layout);
+      auto strategy = make_strategy(setup, *backends[i], mesh);
       for (int s = 1; s <= 3; ++s) losses[i] = strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
       for (size_t u = 0; u < strategy->model().units().size(); ++u) weights[i].push_back(strategy->gather_unit(int(u)));
     }
@@ -997,8 +999,9 @@ TEST_F(CudaVsCpu, LowPrecisionDdpAndFsdpStepsOnOneRankMatchCpu) {
       std::vector<std::vector<float>> weights[2];
       Backend* backends[2] = {&cpu(), &gpu()};
       for (int i = 0; i < 2; ++i) {
-        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
+        const sb::Setup setup = sb::Setup::make(cfg, spec, shape, 1);
+        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, setup.layout);
+        auto strategy = make_strategy(setup, *backends[i], mesh);
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
         for (size_t u = 0; u < strategy->model().units().size(); ++u)
           weights[i].push_back(strategy->gather_unit(int(u)));
@@ -1300,8 +1303,9 @@ TEST_F(CudaVsCpu, OptInPathsTrainAsTheCpu) {
         backends[i]->set_compute_options(i == 0 ? ComputeOptions{} : o);
         Collect rec;
         backends[i]->set_recorder(&rec);
-        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, ParallelLayout::make(1, 0, 1));
-        auto strategy = make_strategy(cfg, spec, *backends[i], mesh, shape, pipeline_split(cfg, spec, shape));
+        const sb::Setup setup = sb::Setup::make(cfg, spec, shape, 1);
+        Mesh mesh = Mesh::from_world(*backends[i], MPI_COMM_SELF, setup.layout);
+        auto strategy = make_strategy(setup, *backends[i], mesh);
         for (int s = 1; s <= 3; ++s) strategy->step(s, make_tokens(kSeed, s, 0, shape, spec.vocab));
         backends[i]->synchronize();
         ops[i] = rec.ops.size();

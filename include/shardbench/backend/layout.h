@@ -1,5 +1,5 @@
 // The parallel layout: world = pipeline stages × data-parallel replicas × shard group ×
-// tensor-parallel group, built once per run (layout_for in strategy/config.h) and handed to the
+// tensor-parallel group, built once per run (Setup::make in strategy/setup.h) and handed to the
 // plan, the mesh, the model and the result. ParallelLayout::make is the one place the sizes
 // are checked, and rank_at() the one place the rank order is defined: the tensor axis is
 // innermost (consecutive ranks, inside a node first), then the shard axis, the replicate

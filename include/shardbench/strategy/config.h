@@ -1,7 +1,7 @@
 // The configuration of a strategy, in one place: the names of its choices and their
-// parsers, StrategyConfig and its label, the layout it runs on and the pipeline's split of
-// the model. Every program reads its flags into a StrategyConfig, and everything below
-// (the layout, the split, the strategy) is derived from it once.
+// parsers, StrategyConfig and its label. Every program reads its flags into a
+// StrategyConfig; the layout and the pipeline's split are derived from it once, with the
+// model and the step's shape, by Setup::make (strategy/setup.h).
 #pragma once
 #include <string>
 
@@ -98,14 +98,6 @@ struct StrategyConfig {
   }  // "ddp", "fsdp-full", "fsdp-hybrid2", ...
 };
 
-// The layout a configuration runs on `world` ranks, seen from `rank`: --pp pipeline stages
-// of consecutive groups of ranks, in each tensor-parallel groups of --tp consecutive ranks,
-// and over the world / (pp × tp) data-parallel ranks shard groups of all of them (full,
-// grad-op, optimizer-state), of one rank (DDP, none) or of --shard-size (hybrid, and
-// optimizer-state where given). The sizes are checked by
-// ParallelLayout::make (UsageError naming the flag); hybrid needs its size settled first.
-ParallelLayout layout_for(const StrategyConfig& c, int world, int rank);
-
 // Hybrid's shard group without --shard-size: the data-parallel ranks of one node, so the
 // parameter all-gathers and gradient reduce-scatters stay on a node's own links and only the
 // replicas' all-reduce crosses nodes (PyTorch's HYBRID_SHARD; the FSDP paper's hybrid). A
@@ -119,10 +111,5 @@ int node_shard_size(const StrategyConfig& c, const NodeMap& nodes);
 // when nothing does; else one line naming the first such group (the run says it and keeps it
 // with the result).
 std::string placement_warning(const ParallelLayout& layout, const NodeMap& nodes, const StrategyConfig& c);
-
-// The pieces each pipeline stage runs: split_pipeline over the blocks' forward FLOPs (the
-// head's counted with the last decoder block), for a configuration and shape. Computed once
-// per configuration and handed to the strategy (every stage of a plan shares it).
-PipelineSplit pipeline_split(const StrategyConfig& c, const ModelSpec& spec, const StepShape& shape);
 
 }  // namespace sb

@@ -11,6 +11,7 @@
 #include "shardbench/model/model.h"
 #include "shardbench/model/t5.h"
 #include "shardbench/strategy/config.h"
+#include "shardbench/strategy/setup.h"
 
 namespace sb {
 
@@ -44,10 +45,8 @@ inline std::vector<float> host_as_f32(const std::vector<char>& raw, DType t, int
   return out;
 }
 
-// `split`: pipeline_split(cfg, spec, shape), computed once per configuration (a plan makes a
-// strategy for each pipeline stage of the same split).
-std::unique_ptr<Strategy> make_strategy(const StrategyConfig& cfg, const ModelSpec& spec,
-                                        Backend& backend, Mesh& mesh, const StepShape& shape,
-                                        const PipelineSplit& split);
+// DDP or FSDP on `mesh` (made from setup.layout), as `setup` says: made once per
+// configuration (a plan makes a strategy for each pipeline stage of the same setup).
+std::unique_ptr<Strategy> make_strategy(const Setup& setup, Backend& backend, Mesh& mesh);
 
 }  // namespace sb

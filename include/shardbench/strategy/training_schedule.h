@@ -29,9 +29,8 @@ namespace sb {
 // reductions (Pipeline's embedding group).
 class TrainingSchedule : public Strategy {
  public:
-  // `split`: the configuration's pipeline_split (config.h), computed once by the caller.
-  TrainingSchedule(const StrategyConfig& cfg, const ModelSpec& spec, Backend& b, Mesh& mesh,
-                   const StepShape& shape, const PipelineSplit& split);
+  // `setup`: made once by the caller (Setup::make); its strategy, model, shape and split.
+  TrainingSchedule(const Setup& setup, Backend& b, Mesh& mesh);
   double step(int step, const Tokens& tokens) override;
   const T5Step& model() const override { return model_; }
   float loss_scale() const override { return scale_; }

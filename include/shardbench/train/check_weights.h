@@ -17,7 +17,7 @@ class TpLockstep;
 
 class StepCheck {
  public:
-  StepCheck(const RunConfig& cfg, Strategy& run, const Mesh& mesh);
+  StepCheck(const RunConfig& cfg, const Setup& setup, Strategy& run, const Mesh& mesh);
   ~StepCheck();
   void before_step(int step);
   void after_step(int step, bool skipped);
@@ -39,7 +39,8 @@ class StepCheck {
   void check_update(int step, const std::vector<std::vector<float>>& grads,
                     const std::vector<std::vector<float>>& next, bool skipped);
   void fail(int step, const std::string& what);
-  const RunConfig& cfg_;
+  const RunConfig& cfg_;  // the run's flags: --check-tolerance, the backend
+  const Setup& setup_;    // the run's strategy, model, shape and split
   Strategy& run_;
   ParallelLayout layout_;
   int rank_, world_, steps_ = 0;

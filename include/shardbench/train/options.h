@@ -31,8 +31,7 @@ struct RunConfig {
   double timeout_s = 600;      // --timeout-s: the watchdog (0: off)
   double check_tolerance = 1;  // --check: allowed error as a multiple of its rounding bound
   ComputeOptions compute;      // --attention-kernel, --fused-epilogues, --cuda-graphs (opt-in paths)
-  StrategyConfig strategy;
-  PipelineSplit split;  // pipeline_split(strategy, model, shape): made once, by parse_options
+  StrategyConfig strategy;  // as the flags give it; the layout and split: Setup::make
 };
 
 // Parses argv for `kind`. Returns false when --help was printed. Throws UsageError.

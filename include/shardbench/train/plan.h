@@ -10,6 +10,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/backend/layout.h"
+#include "shardbench/strategy/setup.h"
 #include "shardbench/train/options.h"
 
 namespace sb {
@@ -63,6 +64,7 @@ struct StagePlan {
 
 struct MemoryPlan {
   ParallelLayout layout;        // the world and shard group planned for (rank 0's view)
+  PipelineSplit split;          // the stages' pieces planned for (the setup's)
   std::vector<StagePlan> stages;  // one per pipeline stage
   // The stage with the highest peak (every rank's limit is the same):
   MemBytes peak{};
@@ -87,7 +89,7 @@ struct MemoryPlan {
 // with_ops false: the stages' schedules are left empty (their totals are kept), and a
 // pipeline of many micro-batches (1F1B; GPipe where its peak allows) is planned from three
 // plans of fewer (plan.cpp says how).
-MemoryPlan plan_memory(const RunConfig& cfg, const ParallelLayout& layout, bool with_ops = true);
+MemoryPlan plan_memory(const Setup& setup, bool with_ops = true);
 // The limits the plan is judged against: --mem-limit-gib and --host-mem-limit-gib, or the
 // defaults given (the device's free memory, else the host's share; the host's share).
 void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit);

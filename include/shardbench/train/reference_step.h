@@ -6,7 +6,7 @@
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/model/t5.h"
-#include "shardbench/train/options.h"
+#include "shardbench/strategy/setup.h"
 
 namespace sb {
 
@@ -15,7 +15,7 @@ namespace sb {
 // `grad_scale`, in the tensor-parallel group `tp` (the full model by default). It runs every
 // piece, but folds the position-bias table's gradient where the run's pipeline stages
 // start, so its sums are the run's.
-std::unique_ptr<T5Step> make_reference_step(const RunConfig& cfg, Backend& b, DType dtype, float grad_scale,
+std::unique_ptr<T5Step> make_reference_step(const Setup& setup, Backend& b, DType dtype, float grad_scale,
                                             TensorGroup tp = {});
 
 // A reference step with every unit held whole: a parameter and a gradient buffer per unit
@@ -23,7 +23,7 @@ std::unique_ptr<T5Step> make_reference_step(const RunConfig& cfg, Backend& b, DT
 struct ReferenceModel {
   std::unique_ptr<T5Step> step;
   std::vector<Buf> params, grads;
-  void make(const RunConfig& cfg, Backend& b, DType dtype, float grad_scale, TensorGroup tp = {});
+  void make(const Setup& setup, Backend& b, DType dtype, float grad_scale, TensorGroup tp = {});
   void release(Backend& b);  // the step, then the buffers
 };
 

@@ -33,7 +33,7 @@
 #include <vector>
 
 #include "shardbench/model/t5.h"
-#include "shardbench/train/options.h"
+#include "shardbench/strategy/setup.h"
 
 namespace sb {
 
@@ -42,7 +42,7 @@ class TpLockstep {
   // Collective over `group`, the first tensor-parallel group (its rank 0, world rank 0,
   // also runs the full model); the lockstep duplicates it. The models take the run's model,
   // micro-batch shape, attention path and activation checkpointing.
-  TpLockstep(const RunConfig& cfg, MPI_Comm group);
+  TpLockstep(const Setup& setup, MPI_Comm group);
   ~TpLockstep();
   TpLockstep(const TpLockstep&) = delete;
   TpLockstep& operator=(const TpLockstep&) = delete;
