@@ -44,7 +44,8 @@ import model_shapes  # noqa: E402
 import runner  # noqa: E402
 from advise_estimate import digest, estimate  # noqa: E402
 from advise_layouts import BASES, MAX_GPUS, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
-from advise_outputs import calibration_line, draw, emit_matrix, explain, print_table, write_csv  # noqa: E402
+from advise_outputs import (calibration_line, draw, emit_matrix, explain, print_table, recommend, run_command,  # noqa: E402
+                            write_csv)
 from projection_model import add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
 
 
@@ -79,14 +80,17 @@ def parse_args(argv):
                     help="print where one layout's step goes (LABEL[:mbM:SCHEDULE][:ckpt]) instead of ranking "
                          "(default: rank every layout)")
     ap.add_argument("--emit-matrix", metavar="FILE.toml", default=None,
-                    help="write a run matrix of the top --replay layouts for slurm/sweep (one file per setting of "
-                         "micro-batches, schedule, checkpointing and batch a matrix holds once: FILE-2.toml ...) "
-                         "(default: none)")
+                    help="write a run matrix for slurm/sweep of the recommended layout, or with --emit-top N of "
+                         "the top N replayed (one file per setting of micro-batches, schedule, checkpointing and "
+                         "batch a matrix holds once: FILE-2.toml ...) (default: none)")
+    ap.add_argument("--emit-top", type=int, default=1, metavar="N",
+                    help="--emit-matrix: the top N layouts of the full replay, fastest first (default: 1, the "
+                         "recommended one)")
     add_calibration_arguments(ap)
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this "
                     "checkout)")
-    ap.add_argument("--out", default=None, help="folder for advise.png/.svg and advise.csv (required unless "
-                    "--explain; default: none)")
+    ap.add_argument("--out", default=None, help="folder for advise.png/.svg and advise.csv (default: none: the "
+                    "ranking, the recommendation and the command to run it are printed only)")
     ap.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, replace an existing "
                     "--emit-matrix file")
     return ap.parse_args(argv)
@@ -100,6 +104,8 @@ def check_args(a):
         raise cli.BadInput(f"--gpus {a.gpus} is not allowed (allowed: 1 to {MAX_GPUS}, the programs' --world-size)")
     if a.dec_seq_len is not None and a.dec_seq_len <= 0:
         raise cli.BadInput("--dec-seq-len must be positive")
+    if a.emit_top < 1 or a.emit_top > max(1, a.replay):
+        raise cli.BadInput(f"--emit-top {a.emit_top} is not allowed (an integer from 1 to --replay {a.replay})")
     if a.replay < 0 or a.top <= 0:
         raise cli.BadInput("--replay must be >= 0, --top positive")
     cpus = os.cpu_count() or 1
@@ -113,9 +119,7 @@ def check_args(a):
         v = getattr(a, flag)
         if v is not None:
             setattr(a, flag, cli.positive_list(v, f"--{flag}"))
-    if a.explain is None:
-        if not a.out:
-            raise cli.BadInput("give --out DIR (the figure and the table), or --explain LAYOUT")
+    if a.explain is None and a.out:
         cli.check_output_dir(a.out, "--out")
         if os.path.isdir(a.out) and os.listdir(a.out) and not a.overwrite:
             raise cli.BadInput(f"--out '{a.out}' is not empty (pass --overwrite, or choose another --out)")
@@ -254,27 +258,38 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
         winner_est = top[0][0].name
         winner_full = min(replayed, key=lambda n: replayed[n]["time"])
         print(f"\nfastest by the estimate: {winner_est}; by the full replay of the top {len(top)}: {winner_full}")
+    pick, lines = recommend(a, cluster, ranked, replayed)
+    print("\n" + "\n".join(lines))
     n = len(layouts)
     print(f"time: {n} layouts planned and estimated in {t_est:.1f} s ({n / t_est:.0f} layouts/s; plans {t_plan:.1f} s), "
           f"top {len(top)} replayed in full, {t_all:.1f} s in all")
     # every output written under a temporary name, then published together (cli.Outputs)
-    csv_path, png = os.path.join(a.out, "advise.csv"), os.path.join(a.out, "advise.png")
-    with cli.Outputs(a.overwrite) as out:
-        out.makedirs(a.out)
-        write_csv(out.temp(csv_path), ranked, oom, replayed)
-        draw(ranked, replayed, out.temp(png), out.temp(os.path.join(a.out, "advise.svg")),
-             f"{a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch}")
-        matrices = emit_matrix(a, cluster, [lay for lay, _, _ in top]) if a.emit_matrix else []
-        for path, text in matrices:
-            with out.open(path) as f:
-                f.write(text)
-        out.publish()
-    print(f"advise: wrote {png} (+ .svg), {csv_path}")
+    matrices = []
+    if a.out or a.emit_matrix:
+        with cli.Outputs(a.overwrite) as out:
+            if a.out:
+                csv_path, png = os.path.join(a.out, "advise.csv"), os.path.join(a.out, "advise.png")
+                out.makedirs(a.out)
+                write_csv(out.temp(csv_path), ranked, oom, replayed)
+                draw(ranked, replayed, out.temp(png), out.temp(os.path.join(a.out, "advise.svg")),
+                     f"{a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch}")
+            emitted = [pick] + [lay for lay, _, _ in sorted(top, key=lambda x: replayed[x[0].name]["time"])
+                                if lay is not pick][:a.emit_top - 1]
+            matrices = emit_matrix(a, cluster, emitted) if a.emit_matrix else []
+            for path, text in matrices:
+                with out.open(path) as f:
+                    f.write(text)
+            out.publish()
+        if a.out:
+            print(f"advise: wrote {png} (+ .svg), {csv_path}")
     if len(matrices) > 1:
         print(f"advise: the top layouts differ in a setting one matrix holds once (micro-batches, schedule, "
               f"checkpointing, batch): {len(matrices)} matrices")
     for path, _ in matrices:
-        print(f"advise: wrote {path} (slurm/sweep {path} --dry-run)")
+        print(f"advise: wrote {path}")
+    print(f"next: {run_command(a, cluster, pick)}")
+    for path, _ in matrices:
+        print(f"      slurm/sweep {path} --dry-run    # then without --dry-run: the top layouts as Slurm jobs")
     return 0
 
 

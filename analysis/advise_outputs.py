@@ -36,6 +36,56 @@ def print_table(ranked, replayed, top):
           "the estimate's; *: not yet run on the CUDA backend)")
 
 
+def run_command(a, cluster, lay):
+    """The command that runs layout `lay` on the question's GPUs under Slurm: one rank per GPU,
+    the program's flags as the plan had them (the world is the job's)."""
+    program, flags = lay.request(a, cluster, a.gpus)
+    i = flags.index("--world-size")
+    flags = flags[:i] + flags[i + 2:]
+    gpn = cluster["gpus_per_node"]
+    nodes = max(1, -(-a.gpus // gpn))
+    return (f"srun -N {nodes} --ntasks-per-node {min(gpn, a.gpus)} --gpus-per-node {min(gpn, a.gpus)} "
+            f"build/bin/{program} {' '.join(flags)} --backend cuda")
+
+
+def recommend(a, cluster, ranked, replayed):
+    """(the recommended layout, its lines): the fastest of the replayed layouts by the full
+    replay (the estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM
+    words, its memory against the limits, and the fastest layout whose code paths have all run
+    on a GPU (the GPU ledger) with the gap to it."""
+    import strategy_labels
+    timed = {lay.name: (replayed[lay.name]["time"], "replay") if lay.name in replayed else (est["time"], "estimate")
+             for lay, _, est in ranked}
+    if replayed:
+        lay, d, est = min((x for x in ranked if x[0].name in replayed), key=lambda x: replayed[x[0].name]["time"])
+        how = f"the fastest of the top {len(replayed)} by the full replay"
+    else:
+        lay, d, est = ranked[0]
+        how = "the fastest by the estimate (--replay 0: nothing replayed)"
+    t, _ = timed[lay.name]
+    tf, tok = figures(d, t)
+    m = d["memory"]
+    lines = [f"recommended: {lay.name}{' *' if lay.unverified else ''} ({how})",
+             f"  in other words: {strategy_labels.words(lay.label)}, data parallel {lay.dp}"
+             + (f", {lay.mb} micro-batches ({lay.schedule})" if lay.pp > 1 else "")
+             + (", activation checkpointing" if lay.ckpt else ""),
+             f"  step {t * 1e3:.1f} ms, {tf:.1f} TFLOPS per GPU, {tok:.0f} tokens/s; memory per GPU "
+             f"{m['peak_total'] / 2**30:.2f} of {cluster['gpu_memory_gib']:g} GiB (the plan)"
+             + (f", host {m['host_peak_total'] / 2**30:.2f} of {cluster['host']['memory_gib']:g} GiB"
+                if lay.offload != "none" and "host_peak_total" in m else "")]
+    if lay.unverified:
+        ran = next(((x, y) for x, y, _ in ranked if not x.unverified), None)
+        if ran is None:
+            lines.append("  every layout that fits uses a part not yet run on a GPU (*): none to fall back on")
+        else:
+            r, (rt, rhow) = ran[0], timed[ran[0].name]
+            same = rhow == timed[lay.name][1]
+            gap = (rt / t - 1) * 100 if same else (rt / est["time"] - 1) * 100
+            lines.append(f"  * {', '.join(lay.unrun)} not yet run on a GPU; the fastest layout that has: {r.name}, "
+                         f"{gap:+.1f} % step time (by the {rhow if same else 'estimate'})")
+    return lay, lines
+
+
 def write_csv(path, ranked, oom, replayed):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)

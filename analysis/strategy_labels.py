@@ -67,6 +67,40 @@ def split_layout(label):
 
 
 
+def words(label):
+    """The layout of `label` in the words of DeepSpeed ZeRO, PyTorch and Megatron-LM, for a
+    reader who knows those and not these labels: "ZeRO-3 (PyTorch FSDP FULL_SHARD), tensor
+    parallel 2 (Megatron-LM)"."""
+    rest, offload = split_offload(label)
+    base, tp, pp = split_layout(rest)
+    hybrid, zero1 = HYBRID_RE.match(base), OPTIMIZER_STATE_RE.match(base)
+    if base == "ddp":
+        out = "DDP (PyTorch DistributedDataParallel; ZeRO-0)"
+    elif base == "fsdp-full":
+        out = "ZeRO-3 (PyTorch FSDP FULL_SHARD)"
+    elif hybrid:
+        out = (f"ZeRO-3 within groups of {hybrid.group(1)}" if hybrid.group(1) else "ZeRO-3 within each node") + \
+              ", replicated across them (PyTorch FSDP HYBRID_SHARD)"
+    elif base == "fsdp-grad-op":
+        out = "ZeRO-2 (PyTorch FSDP SHARD_GRAD_OP)"
+    elif base == "fsdp-none":
+        out = "no sharding (PyTorch FSDP NO_SHARD; ZeRO-0)"
+    elif base == "fsdp-optimizer-state" or zero1:
+        group = f" in groups of {zero1.group(1)}" if zero1 else ""
+        out = f"ZeRO-1{group} (DeepSpeed stage 1, Megatron-LM's distributed optimizer)"
+    else:
+        out = base
+    if tp > 1:
+        out += f", tensor parallel {tp} (Megatron-LM)"
+    if pp > 1:
+        out += f", pipeline of {pp} stages"
+    if offload == "params":
+        out += ", parameters, gradients and optimizer on the host (ZeRO-Offload; PyTorch CPUOffload(offload_params=True))"
+    elif offload == "optimizer":
+        out += ", optimizer state and its update on the host (ZeRO-Offload's offload_optimizer)"
+    return out
+
+
 def sharding(base):
     """fsdp_perf's --sharding of a data-parallel label (split_layout's first part); None for ddp."""
     if base == "ddp":

@@ -89,6 +89,7 @@ class Enumeration(unittest.TestCase):
             self.assertEqual(lay.unrun, parts, name)
             self.assertEqual(lay.unverified, bool(parts), name)
 
+
 class Runs(unittest.TestCase):
     def test_ddp_does_not_fit_11b_on_8(self):
         with tempfile.TemporaryDirectory() as out:
@@ -223,12 +224,48 @@ class Runs(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         self.assertIn("DOES NOT FIT", p.stdout)
 
+    def test_answers_in_the_terminal(self):
+        # Without --out: the ranking, one recommended block in ZeRO / PyTorch words, the command
+        # to run it and nothing written (the working folder stays empty).
+        with tempfile.TemporaryDirectory() as here:
+            p = subprocess.run([sys.executable, os.path.join(REPO, "analysis", "advise.py"), "--cluster",
+                                os.path.join(REPO, "runs", "clusters", "a100-80gb.toml"), "--model", "t5-tiny",
+                                "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
+                                "ddp,fsdp-full,fsdp-optimizer-state", "--no-offload", "--tp", "1", "--pp", "1",
+                                "--replay", "2"], capture_output=True, text=True, cwd=here)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(os.listdir(here), [])
+        lines = p.stdout.splitlines()
+        rec = next(i for i, x in enumerate(lines) if x.startswith("recommended: "))
+        pick = lines[rec].split()[1]
+        self.assertIn("(the fastest of the top 2 by the full replay)", lines[rec])
+        words = {"ddp": "DDP (PyTorch DistributedDataParallel", "fsdp-full": "ZeRO-3 (PyTorch FSDP FULL_SHARD)",
+                 "fsdp-optimizer-state": "ZeRO-1"}
+        self.assertIn(words[pick.split(":")[0]], lines[rec + 1])
+        self.assertRegex(lines[rec + 2], r"memory per GPU [0-9.]+ of 80 GiB \(the plan\)")
+        self.assertRegex(lines[-1], r"^next: srun -N 1 --ntasks-per-node 8 --gpus-per-node 8 build/bin/(ddp|fsdp)_perf "
+                                    r".*--batch 2 .*--backend cuda$")
+        self.assertNotIn("--world-size", lines[-1])
+        if pick.startswith("fsdp-optimizer-state"):  # ZeRO-1 has not run across GPUs: the fallback is named
+            self.assertRegex(lines[rec + 3], r"^  \* ZeRO-1 not yet run on a GPU; the fastest layout that has: ")
+        # --emit-matrix: one matrix of the recommended layout by default (--emit-top N: the top N)
+        with tempfile.TemporaryDirectory() as here:
+            m = os.path.join(here, "pick.toml")
+            p = run("--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies",
+                    "ddp,fsdp-full,fsdp-optimizer-state", "--no-offload", "--tp", "1", "--pp", "1", "--replay", "2",
+                    "--emit-matrix", m)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(sorted(os.listdir(here)), ["pick.toml"])
+            with open(m) as f:
+                text = f.read()
+            self.assertIn(f'strategies = ["{pick.split(":")[0]}"]', text)
+            self.assertIn(f"      slurm/sweep {m} --dry-run", p.stdout)
+
     def test_bad_input(self):
         with tempfile.TemporaryDirectory() as out:
             open(os.path.join(out, "x"), "w").close()
             for args, msg in (
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--out", out], "is not empty"),
-                    (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16"], "give --out DIR"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "ddp-pp2"],
                      "names its micro-batches"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--explain", "ddp"],
