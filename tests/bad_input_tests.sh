@@ -70,7 +70,10 @@ else printf '%s' "$wrong" >"$tmp/out"; bad "every shape flag at 2147483647 (alon
 
 # --- 3. an empty value is refused for every flag that takes one, of every program ---
 # The flags are read from each program's --help; a flag given twice takes its last value.
-value_flags() { "$@" --help | sed -nE 's/^ +(-[A-Za-z],)?(--[a-z_-]+) TEXT.*/\2/p'; }
+value_flags() { "$@" --help | sed -nE 's/^ +(-[A-Za-z],)?(--[a-z_-]+) (TEXT|INT|FLOAT).*/\2/p'; }
+check "--help shows what a numeric flag takes (INT, FLOAT), not TEXT" bash -c \
+  "$BIN/fsdp_perf --help | grep -qE '^ +--steps INT' && $BIN/fsdp_perf --help | grep -qE '^ +--mem-limit-gib FLOAT' \
+   && ! $BIN/fsdp_perf --help | grep -qE '^ +--(steps|mem-limit-gib) TEXT'"
 empty_values() {  # NAME PREFIX-ARGS... -- PROGRAM: every value flag of PROGRAM given ''
   local name=$1 wrong="" f rc
   shift

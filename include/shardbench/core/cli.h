@@ -126,7 +126,7 @@ class NumericFlags {
   template <class T>
   CLI::Option* integer(const std::string& names, T& target, int64_t lo, int64_t hi, const std::string& help) {
     static_assert(std::is_integral<T>::value, "integer flags only");
-    Flag& f = add(names, std::to_string(target), help + " (" + integer_range(lo, hi) + ")");
+    Flag& f = add(names, "INT", std::to_string(target), help + " (" + integer_range(lo, hi) + ")");
     f.apply = [&target, lo, hi](const std::string& flag, const std::string& text) {
       target = T(parse_integer(flag, text, lo, hi));
     };
@@ -137,7 +137,7 @@ class NumericFlags {
                     const std::string& help) {
     char text[32];
     std::snprintf(text, sizeof text, "%g", target);
-    Flag& f = add(names, text, help + " (" + real_range(lo, hi, lo_open) + ")");
+    Flag& f = add(names, "FLOAT", text, help + " (" + real_range(lo, hi, lo_open) + ")");
     f.apply = [&target, lo, hi, lo_open](const std::string& flag, const std::string& text) {
       target = parse_real(flag, text, lo, hi, lo_open);
     };
@@ -156,11 +156,13 @@ class NumericFlags {
     CLI::Option* option = nullptr;
     std::function<void(const std::string&, const std::string&)> apply;
   };
-  Flag& add(const std::string& names, const std::string& shown_default, const std::string& help) {
+  // Read as text (so a bad value is refused by apply() in the programs' words), shown in
+  // --help as the number it takes (INT, FLOAT), not CLI11's TEXT.
+  Flag& add(const std::string& names, const char* type, const std::string& shown_default, const std::string& help) {
     flags_.emplace_back();
     Flag& f = flags_.back();
     f.name = names.substr(0, names.find(','));
-    f.option = app_.add_option(names, f.text, help)->default_str(shown_default);
+    f.option = app_.add_option(names, f.text, help)->default_str(shown_default)->type_name(type);
     return f;
   }
   CLI::App& app_;
