@@ -304,7 +304,7 @@ def cluster_file(folder, name, edit):
 
 
 class Faults(unittest.TestCase):
-    """Issue 41: bad input, faults and interruption end the tool in one line, with a documented
+    """Bad input, faults and interruption end the tool in one line, with a documented
     exit, nothing half written, no process left behind."""
 
     def one_line(self, p, code, msg):
