@@ -16,7 +16,7 @@ namespace sb {
 
 enum class StrategyKind { DDP, FSDP };
 // ZeRO levels (DeepSpeed calls them stages, its flag --zero-stage): None 0, OptimizerState 1, GradOp 2, Full 3;
-// Hybrid is Full inside groups of --shard-size (docs/strategies.md maps every name).
+// Hybrid is Full inside groups of --shard-size (docs/usage.md, "Strategies", maps every name).
 enum class Sharding { Full, Hybrid, None, GradOp, OptimizerState };
 enum class Prefetch { None, BackwardPre, BackwardPost };
 // How FSDP accumulates a unit's gradient over a step's micro-batches (--grad-accumulation):
