@@ -12,6 +12,7 @@ import cli
 import model_shapes
 import runner
 import shardbench_h5
+import strategy_labels
 from advise_estimate import digest, estimate, figures
 from projection_model import ROOT, collective_time, group_tiers, simulate
 
@@ -53,7 +54,6 @@ def recommend(a, cluster, ranked, replayed):
     replay (the estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM
     words, its memory against the limits, and the fastest layout whose code paths have all run
     on a GPU (the GPU ledger) with the gap to it."""
-    import strategy_labels
     timed = {lay.name: (replayed[lay.name]["time"], "replay") if lay.name in replayed else (est["time"], "estimate")
              for lay, _, est in ranked}
     if replayed:
