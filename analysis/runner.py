@@ -2,8 +2,14 @@
 schedule (--plan --schedule-json), many plans streamed through one process (--plan-batch),
 the flags of a layout, what a build offers (its --describe line, read here and nowhere else), its
 presets (--list-models) and the plan's memory verdict. analysis/advise.py, project.py,
-model_states.py, projection_checks.py, torch_t5_step.py and hf_t5_step.py run their plans
-through this module; none starts a program itself.
+model_states.py, projection_checks.py, torch_t5_step.py, hf_t5_step.py and slurm/sweep run their
+plans through this module; none starts a program itself. Standard library only (slurm/sweep
+imports it).
+
+Where a caller starts many plans at once (slurm/sweep), `env` adds variables to the
+programs' environment and own_session gives each process an MPI singleton session folder of
+its own (OMPI_MCA_orte_tmpdir_base): isolated singletons all name the same one, and the first
+to finish deletes it under the others' feet.
 
 A plan's answer is (exit, result): exit 0 fits, 3 does not fit (GPU or host memory), with
 result the schedule (a dict, the program's JSON); 2 refused, with result the program's one
@@ -38,6 +44,20 @@ def bin_dir(path=None):
 
 def _start_error(path, e):
     return cli.BadInput(f"cannot run {path}: {e.strerror or e} (build it with make)")
+
+
+def _environment(env=None, session=None):
+    """The programs' environment: this one with `env` added and, given a `session` folder, the
+    MPI singleton's session folder there; None (inherit) when neither is given."""
+    if not env and not session:
+        return None
+    return {**os.environ, **(env or {}), **({"OMPI_MCA_orte_tmpdir_base": session} if session else {})}
+
+
+def _last_lines(text, n=3):
+    """The last n non-empty lines of a program's output, on one line (the first are banners)."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    return " | ".join(lines[-n:]) or "no output"
 
 
 # ---------------------------------------------------------------- what a build offers
@@ -76,13 +96,18 @@ def offload_rule(folder=None):
     return capabilities(folder).get("offload_rule")
 
 
-def presets(folder=None):
-    """The model presets the programs know (fsdp_perf --list-models)."""
-    path = os.path.join(bin_dir(folder), "fsdp_perf")
-    try:
-        p = subprocess.run([path, "--list-models"], capture_output=True, text=True)
-    except OSError as e:
-        raise _start_error(path, e)
+def presets(folder=None, program="fsdp_perf", env=None, own_session=False):
+    """The model presets `program` knows (its --list-models), in its order; cli.BadInput, one
+    line, when it lists none."""
+    path = os.path.join(bin_dir(folder), program)
+    with tempfile.TemporaryDirectory(prefix="shardbench-plan-") as tmp:
+        try:
+            p = subprocess.run([path, "--list-models"], capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                               env=_environment(env, tmp if own_session else None))
+        except OSError as e:
+            raise _start_error(path, e)
+    if p.returncode != 0 or not p.stdout.split():
+        raise cli.BadInput(f"{path} --list-models exited {p.returncode}: {_last_lines(p.stderr or p.stdout)}")
     return p.stdout.split()
 
 
@@ -145,24 +170,29 @@ def fits(plan):
 
 # ---------------------------------------------------------------- one plan
 
-def plan(program, flags, folder=None, own_session=False):
+def plan(program, flags, folder=None, own_session=False, env=None, record=None, schedule=True):
     """(exit, schedule or line) of one `program FLAGS --plan --schedule-json` process;
-    own_session: the MPI singleton's session folder in the plan's own temporary folder
-    (OMPI_MCA_orte_tmpdir_base), not the machine's."""
+    own_session: the MPI singleton's session folder in the plan's own temporary folder, not
+    the machine's; env: variables added to its environment; record: --out RECORD (the
+    program records an out-of-memory verdict there); schedule False: no --schedule-json (the
+    verdict alone, result None; a record's command line then is the plan's own)."""
     path = os.path.join(bin_dir(folder), program)
     with tempfile.TemporaryDirectory(prefix="shardbench-plan-") as tmp:
         out = os.path.join(tmp, "s.json")
-        cmd = [path] + list(flags) + ["--plan", "--schedule-json", out]
-        env = dict(os.environ, OMPI_MCA_orte_tmpdir_base=tmp) if own_session else None
+        cmd = ([path] + list(flags) + ["--plan"] + (["--schedule-json", out] if schedule else []) +
+               (["--out", str(record)] if record else []))
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                               env=_environment(env, tmp if own_session else None))
         except OSError as e:
             raise _start_error(path, e)
         if p.returncode == 2:  # a value the program refuses: its one line, without the program's path
             line = next((x for x in reversed(p.stderr.splitlines()) if ": error: " in x), p.stderr.strip())
             return 2, line.split(": error: ", 1)[-1]
-        if p.returncode not in (0, 3) or not os.path.exists(out):
+        if p.returncode not in (0, 3) or (schedule and not os.path.exists(out)):
             return 1, f"plan failed (exit {p.returncode}: {' '.join(cmd)}): {(p.stderr.strip() or p.stdout)[-300:]}"
+        if not schedule:
+            return p.returncode, None
         with open(out) as f:
             return p.returncode, json.load(f)
 
@@ -219,17 +249,23 @@ def plans(requests, folder=None, reduce=None, full=True, jobs=2, use_batch=None)
                              chunksize=4))
 
 
-def plan_batch(program, lines, folder=None, reduce=None, full=True):
+def plan_batch(program, lines, folder=None, reduce=None, full=True, env=None, own_session=False):
     """[(exit, result)] of `program --plan-batch -` over `lines` (each a list of flags): every
     op of each schedule with `full`, the totals alone without (--plan-batch-ops). Each
     answer is read, and reduced by `reduce`, as the program writes it, while it plans the
-    next."""
+    next. env, own_session: as plan()'s."""
     if not lines:
         return []
+    with tempfile.TemporaryDirectory(prefix="shardbench-plan-") as tmp:
+        return _plan_batch(program, lines, folder, reduce, full, _environment(env, tmp if own_session else None))
+
+
+def _plan_batch(program, lines, folder, reduce, full, env):
     path = os.path.join(bin_dir(folder), program)
     cmd = [path, "--plan-batch", "-", "--plan-batch-ops", "all" if full else "none"]
     try:
-        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=env)
     except OSError as e:
         raise _start_error(path, e)
     err = []

@@ -115,9 +115,10 @@ def finished_result(path):
     (made once, then copied). The sweep only asks that a file reads whole with a final status."""
     if not _FINISHED:
         src = Path(tempfile.mkdtemp(prefix="test_sweep.rec.")) / "oom.h5"
-        r = sweep.run_isolated([str(BIN / "ddp_perf"), "--model", "t5-611m", "--batch", "2", "--seq-len", "32",
-                                "--plan", "--world-size", "4", "--mem-limit-gib", "1", "--out", str(src)])
-        assert r.returncode == 3 and src.exists(), r.stdout + r.stderr
+        code, line = sweep.runner.plan("ddp_perf", ["--model", "t5-611m", "--batch", "2", "--seq-len", "32",
+                                                    "--world-size", "4", "--mem-limit-gib", "1"], str(BIN),
+                                       own_session=True, env=sweep.PLAN_ENV, record=src, schedule=False)
+        assert code == 3 and src.exists(), line
         _FINISHED.append(src)
     shutil.copy(_FINISHED[0], path)
     return path
@@ -357,9 +358,7 @@ class Validation(SweepCase):
 
 
 def list_models(program, bin_dir=BIN):
-    r = sweep.run_isolated([str(bin_dir / program), "--list-models"])
-    assert r.returncode == 0, r.stderr
-    return r.stdout.split()
+    return sweep.runner.presets(str(bin_dir), program, env=sweep.PLAN_ENV, own_session=True)  # BadInput unless exit 0
 
 
 class Models(SweepCase):

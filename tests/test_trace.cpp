@@ -353,19 +353,20 @@ TEST(Plan, HostMemoryIsASecondBlockWithItsOwnLimit) {
   sb::RunConfig cfg;
   ASSERT_TRUE(sb::parse_options(6, const_cast<char**>(argv), sb::StrategyKind::FSDP, cfg));
   EXPECT_EQ(cfg.host_mem_limit_gib, 2.0);
-  sb::MemoryPlan plan = sb::plan_memory(sb::Setup::make(cfg.strategy, cfg.model, cfg.shape, 4));
+  const sb::Setup setup = sb::Setup::make(cfg.strategy, cfg.model, cfg.shape, 4);
+  sb::MemoryPlan plan = sb::plan_memory(setup);
   plan.limit = plan.peak_total;
   plan.host_limit = int64_t(2) << 30;
   EXPECT_EQ(plan.host_peak_total, 0);  // no strategy offloads yet: nothing on the host
   EXPECT_TRUE(plan.fits());
-  EXPECT_NE(sb::format_plan(cfg, plan).find("host memory (CPU offload), per rank: none; limit 2.00 GiB"),
-            std::string::npos) << sb::format_plan(cfg, plan);
+  EXPECT_NE(sb::format_plan(cfg, setup, plan).find("host memory (CPU offload), per rank: none; limit 2.00 GiB"),
+            std::string::npos) << sb::format_plan(cfg, setup, plan);
   plan.host_peak_total = plan.host_limit + 1;  // as an offloading strategy's plan would be
   plan.host_peak[int(sb::MemCategory::OptimizerState)] = plan.host_peak_total;
   EXPECT_TRUE(plan.device_fits());
   EXPECT_FALSE(plan.host_fits());
   EXPECT_FALSE(plan.fits());
-  const std::string text = sb::format_plan(cfg, plan);
+  const std::string text = sb::format_plan(cfg, setup, plan);
   EXPECT_NE(text.find("host limit"), std::string::npos) << text;
   EXPECT_NE(text.find("DOES NOT FIT: short by 1 B"), std::string::npos) << text;
   plan.host_peak_total = 0;

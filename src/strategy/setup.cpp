@@ -1,6 +1,7 @@
 // The setup a strategy runs on: its layout and pipeline split, made and checked once.
 #include "shardbench/strategy/setup.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "shardbench/core/check.h"
@@ -42,11 +43,22 @@ ParallelLayout parallel_layout(const StrategyConfig& c, int world) {
 
 }  // namespace
 
-Setup Setup::make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world) {
+int default_micro_batches(int pp, int64_t batch) {
+  int64_t m = std::min<int64_t>(pp, batch);
+  while (batch % m != 0) --m;
+  return int(m);
+}
+
+Setup Setup::make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world,
+                  const NodeMap* nodes) {
   Setup s{strategy, model, shape, {}, {}};
-  s.split = pipeline_split(strategy, model, shape);
-  check_tensor_parallel(model, strategy.tp);
-  s.layout = parallel_layout(strategy, world);
+  StrategyConfig& c = s.strategy;  // resolved here; checked and derived from below
+  if (c.micro_batches == 0) c.micro_batches = default_micro_batches(c.pp, shape.batch);
+  if (c.kind == StrategyKind::FSDP && c.sharding == Sharding::Hybrid && c.shard_size == 0 && nodes)
+    c.shard_size = node_shard_size(c, *nodes);
+  s.split = pipeline_split(c, model, shape);
+  check_tensor_parallel(model, c.tp);
+  s.layout = parallel_layout(c, world);
   return s;
 }
 

@@ -250,13 +250,10 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.plan_world = int(world);
   cfg.strategy.kind = kind;
   cfg.strategy.pp_schedule = parse_pipe_schedule(pp_schedule);
-  // Default: one micro-batch per stage (--pp), or the largest count up to it that divides
-  // --batch (the default --batch 2 with --pp 4: 2), so a pipeline runs without the flag.
-  int64_t default_micro_batches = std::min<int64_t>(pp, batch);
-  while (batch % default_micro_batches != 0) --default_micro_batches;
-  cfg.strategy.micro_batches = int(micro_batches ? micro_batches : default_micro_batches);
-  if (batch % cfg.strategy.micro_batches != 0)
-    throw UsageError("--micro-batches " + std::to_string(cfg.strategy.micro_batches) + " is not allowed with --batch " +
+  // As typed; 0 (no --micro-batches): Setup::make takes default_micro_batches, which divides --batch.
+  cfg.strategy.micro_batches = int(micro_batches);
+  if (micro_batches && batch % micro_batches != 0)
+    throw UsageError("--micro-batches " + std::to_string(micro_batches) + " is not allowed with --batch " +
                      std::to_string(batch) + " (must divide it)");
   cfg.strategy.seed = seed;
   cfg.strategy.optimizer.kind = parse_optimizer(optimizer, "--optimizer");

@@ -278,7 +278,7 @@ void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_lim
   plan.host_limit = cfg.host_mem_limit_gib > 0 ? int64_t(cfg.host_mem_limit_gib * 1024 * 1024 * 1024) : default_host_limit;
 }
 
-std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
+std::string format_plan(const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan) {
   const double psi = double(plan.stages[size_t(plan.worst_stage)].params);  // what a rank of that stage holds
   const int n = plan.layout.shard;  // ZeRO's data-parallel degree for the sharded states
   // Model states per parameter: 4 bytes of fp32 master parameters and the optimizer's state
@@ -286,7 +286,7 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
   // 256), sharded n ways; gradients in the reduce dtype (sharded), and under DDP in the param
   // dtype plus a reduce-dtype copy when they differ; without sharding a param-dtype copy
   // of the parameters when that is not fp32.
-  const StrategyConfig& sc = cfg.strategy;
+  const StrategyConfig& sc = setup.strategy;
   const double pb = dtype_size(sc.param_dtype), rb = dtype_size(sc.reduce_dtype);
   // ZeRO-1 (optimizer-state): the whole parameters and gradients in the param dtype, the
   // master shard apart only when that is not fp32, and the reduced gradient shard.
@@ -356,7 +356,7 @@ std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan) {
     o << line;
   }
   const double model = model_flops_per_step(cfg.model, cfg.shape, plan.layout.tp, plan.layout.pp);
-  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, plan.layout.tp, plan.layout.pp);
+  const double hw = hardware_flops_per_step(cfg.model, cfg.shape, setup.strategy.checkpointing, plan.layout.tp, plan.layout.pp);
   double issued = 0;  // the stages' average, as the model's figures (one stage without --pp)
   for (const StagePlan& st : plan.stages) issued += st.counted_flops / double(plan.stages.size());
   std::snprintf(line, sizeof line,
@@ -485,11 +485,11 @@ void append_totals(std::string& f, const MemoryPlan& p) {
   appendf(f, "],\n");
 }
 
-void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan& p, bool with_ops) {
+void append_schedule_json(std::string& f, const RunConfig& cfg, const Setup& setup, const MemoryPlan& p, bool with_ops) {
   const ModelSpec& m = cfg.model;
   appendf(f, "{\n  \"schema\": \"shardbench-schedule-2\",\n");
   appendf(f, "  \"program\": \"%s\", \"label\": \"%s\", \"model\": \"%s\",\n", cfg.program.c_str(),
-               cfg.strategy.label().c_str(), m.name.c_str());
+               setup.strategy.label().c_str(), m.name.c_str());
   appendf(f, "  \"d_model\": %lld, \"d_ff\": %lld, \"layers\": %lld, \"heads\": %lld, \"d_kv\": %lld, "
                "\"vocab\": %lld, \"ffn\": \"%s\", \"tie_embeddings\": %d,\n",
                (long long)m.d_model, (long long)m.d_ff, (long long)m.layers, (long long)m.heads, (long long)m.d_kv,
@@ -497,8 +497,8 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
   appendf(f, "  \"world_size\": %d, \"shard_size\": %d, \"batch_per_rank\": %lld, \"enc_seq_len\": %lld, "
                "\"dec_seq_len\": %lld, \"activation_checkpointing\": %d, \"grad_accumulation\": \"%s\",\n",
                p.layout.world, p.layout.shard, (long long)cfg.shape.batch, (long long)cfg.shape.enc_len,
-               (long long)cfg.shape.dec_len, int(cfg.strategy.checkpointing),
-               cfg.strategy.reduces_every_micro_batch() ? "sharded" : "unsharded");
+               (long long)cfg.shape.dec_len, int(setup.strategy.checkpointing),
+               setup.strategy.reduces_every_micro_batch() ? "sharded" : "unsharded");
   // The mesh as rank 0 sees it: each axis's size and the ranks of rank 0's group along it
   // (the rank order is the programs' own), so readers need not re-derive groups.
   appendf(f, "  \"tp_size\": %d, \"dp_size\": %d, \"pp_size\": %d, \"replicas\": %d,\n  \"axes\": {",
@@ -511,11 +511,11 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
   }
   appendf(f, "},\n");
   appendf(f, "  \"dtype\": \"%s\", \"reduce_dtype\": \"%s\", \"optimizer\": \"%s\", \"cpu_offload\": \"%s\",\n",
-               precision_name(cfg.strategy.param_dtype), precision_name(cfg.strategy.reduce_dtype),
-               optimizer_name(cfg.strategy.optimizer.kind), cpu_offload_name(cfg.strategy.cpu_offload));
+               precision_name(setup.strategy.param_dtype), precision_name(setup.strategy.reduce_dtype),
+               optimizer_name(setup.strategy.optimizer.kind), cpu_offload_name(setup.strategy.cpu_offload));
   appendf(f, "  \"param_count\": %lld, \"model_flops_per_step\": %.17g, \"hardware_flops_per_step\": %.17g,\n",
                (long long)param_count(m), model_flops_per_step(m, cfg.shape, p.layout.tp, p.layout.pp),
-               hardware_flops_per_step(m, cfg.shape, cfg.strategy.checkpointing, p.layout.tp, p.layout.pp));
+               hardware_flops_per_step(m, cfg.shape, setup.strategy.checkpointing, p.layout.tp, p.layout.pp));
   // The units (the ops' "unit" codes): names and parameters (a tensor-parallel rank's part).
   const std::vector<UnitSpec> units = model_units(m, {p.layout.tp, 0});
   appendf(f, "  \"unit_names\": [");
@@ -574,8 +574,8 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
   }
   if (p.stages.size() > 1) {
     appendf(f, ",\n  \"micro_batches\": %d, \"pp_schedule\": \"%s\", \"pipeline_bubble_theory\": %.17g,\n",
-            cfg.strategy.micro_batches, pipe_schedule_name(cfg.strategy.pp_schedule),
-            pipeline_bubble(int(p.stages.size()), cfg.strategy.micro_batches));
+            setup.strategy.micro_batches, pipe_schedule_name(setup.strategy.pp_schedule),
+            pipeline_bubble(int(p.stages.size()), setup.strategy.micro_batches));
     if (!p.line_micro_batches.empty())  // planned from fewer micro-batches (plan_by_micro_batch_line)
       appendf(f, "  \"planned_from_micro_batches\": [%d, %d, %d],\n", p.line_micro_batches[0], p.line_micro_batches[1],
               p.line_micro_batches[2]);
@@ -602,14 +602,14 @@ void append_schedule_json(std::string& f, const RunConfig& cfg, const MemoryPlan
 
 }  // namespace
 
-std::string schedule_json(const RunConfig& cfg, const MemoryPlan& plan, bool with_ops) {
+std::string schedule_json(const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan, bool with_ops) {
   std::string out;
-  append_schedule_json(out, cfg, plan, with_ops);
+  append_schedule_json(out, cfg, setup, plan, with_ops);
   return out;
 }
 
-void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan) {
-  const std::string text = schedule_json(cfg, plan, true);
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan) {
+  const std::string text = schedule_json(cfg, setup, plan, true);
   FILE* f = std::fopen(path.c_str(), "w");
   if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
   const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();

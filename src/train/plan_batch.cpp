@@ -111,11 +111,12 @@ int run_plan_batch(const RunConfig& cmd, StrategyKind kind, int rank) {
       RunConfig cfg;
       parse_options(int(args.size()), argv.data(), kind, cfg);  // no --help: refused above
       if (cfg.plan_world == 0) throw UsageError("a --plan-batch line must give --world-size (the world to plan for)");
-      cfg.strategy.unit_cache = &units;
-      MemoryPlan plan = plan_memory(Setup::make(cfg.strategy, cfg.model, cfg.shape, cfg.plan_world), cmd.plan_batch_ops);
+      Setup setup = Setup::make(cfg.strategy, cfg.model, cfg.shape, cfg.plan_world);
+      setup.strategy.unit_cache = &units;
+      MemoryPlan plan = plan_memory(setup, cmd.plan_batch_ops);
       set_plan_limits(plan, cfg, default_limit, default_host_limit);
       out += plan.fits() ? ", \"exit\": 0, \"schedule\": " : ", \"exit\": 3, \"schedule\": ";
-      append_one_line(out, schedule_json(cfg, plan, cmd.plan_batch_ops));
+      append_one_line(out, schedule_json(cfg, setup, plan, cmd.plan_batch_ops));
       out += "}\n";
     } catch (const UsageError& e) {
       out = "{\"line\": " + std::to_string(number) + ", \"exit\": 2, \"error\": " + json_string(e.what()) + "}\n";

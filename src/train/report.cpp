@@ -19,12 +19,13 @@ std::string loss_scale_text(const StrategyConfig& s) {
 
 }  // namespace
 
-void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layout) {
+void print_config(const Out& out, const RunConfig& c, const Setup& setup) {
+  const ParallelLayout& layout = setup.layout;
   const ModelSpec& m = c.model;
   const int world = layout.world;
   std::vector<std::pair<std::string, std::string>> rows = {
       {"program", c.program},
-      {"strategy", c.strategy.label()},
+      {"strategy", setup.strategy.label()},
       {"model", m.name},
       {"parameters", with_commas(param_count(m))},
       {"d_model / d_ff / d_kv", std::to_string(m.d_model) + " / " + std::to_string(m.d_ff) + " / " + std::to_string(m.d_kv)},
@@ -37,15 +38,15 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
       {"seq len enc / dec", std::to_string(c.shape.enc_len) + " / " + std::to_string(c.shape.dec_len)},
       {"steps (+ warm-up)", std::to_string(c.steps) + " (+" + std::to_string(c.warmup) + ")"},
       {"backend / dtype / reduce", c.backend + (c.backend == "cuda" ? std::string("+") + comm_library_name(c.comm) : "") +
-                                       " / " + precision_name(c.strategy.param_dtype) + " / " +
-                                       precision_name(c.strategy.reduce_dtype)},
-      {"loss scale", loss_scale_text(c.strategy)},
-      {"activation checkpointing", c.strategy.checkpointing ? "on" : "off"},
-      {"attention", attention_impl_name(c.strategy.attention)},
+                                       " / " + precision_name(setup.strategy.param_dtype) + " / " +
+                                       precision_name(setup.strategy.reduce_dtype)},
+      {"loss scale", loss_scale_text(setup.strategy)},
+      {"activation checkpointing", setup.strategy.checkpointing ? "on" : "off"},
+      {"attention", attention_impl_name(setup.strategy.attention)},
       {"attention kernel", attention_kernel_name(c.compute.attention_kernel)},
       {"fused epilogues", c.compute.fused_epilogues ? "on" : "off"},
       {"CUDA graphs", c.compute.graphs ? "on" : "off"},
-      {"seed", std::to_string(c.strategy.seed)},
+      {"seed", std::to_string(setup.strategy.seed)},
   };
   if (layout.tp > 1 || layout.pp > 1) {  // after the world's row: the ranks a model copy spans
     rows.insert(rows.begin() + 8, {"pipeline / tensor / data par.", std::to_string(layout.pp) + " / " +
@@ -54,24 +55,24 @@ void print_config(const Out& out, const RunConfig& c, const ParallelLayout& layo
     if (layout.tp > 1) rows[3].second += " (" + with_commas(param_count_per_rank(m, layout.tp)) + " per rank)";
   }
   if (layout.pp > 1)
-    rows.insert(rows.begin() + 9, {"micro-batches / schedule", std::to_string(c.strategy.micro_batches) + " / " +
-                                                                   pipe_schedule_name(c.strategy.pp_schedule)});
-  if (c.strategy.kind == StrategyKind::DDP) {
-    rows.push_back({"bucket cap", std::to_string(c.strategy.bucket_mb) + " MiB (first 1 MiB)"});
+    rows.insert(rows.begin() + 9, {"micro-batches / schedule", std::to_string(setup.strategy.micro_batches) + " / " +
+                                                                   pipe_schedule_name(setup.strategy.pp_schedule)});
+  if (setup.strategy.kind == StrategyKind::DDP) {
+    rows.push_back({"bucket cap", std::to_string(setup.strategy.bucket_mb) + " MiB (first 1 MiB)"});
   } else {
-    rows.push_back({"backward prefetch", prefetch_name(c.strategy.prefetch)});
-    rows.push_back({"forward prefetch", c.strategy.forward_prefetch ? "on" : "off"});
-    rows.push_back({"FSDP version", std::to_string(c.strategy.fsdp_version)});
-    if (c.strategy.micro_batches > 1)
-      rows.push_back({"gradient accumulation", grad_accumulation_name(c.strategy.grad_accumulation)});
-    rows.push_back({"CPU offload", cpu_offload_name(c.strategy.cpu_offload)});
+    rows.push_back({"backward prefetch", prefetch_name(setup.strategy.prefetch)});
+    rows.push_back({"forward prefetch", setup.strategy.forward_prefetch ? "on" : "off"});
+    rows.push_back({"FSDP version", std::to_string(setup.strategy.fsdp_version)});
+    if (setup.strategy.micro_batches > 1)
+      rows.push_back({"gradient accumulation", grad_accumulation_name(setup.strategy.grad_accumulation)});
+    rows.push_back({"CPU offload", cpu_offload_name(setup.strategy.cpu_offload)});
   }
   out("+--------------------------------+----------------------------------+\n");
   for (const auto& [k, v] : rows) out("| %-30s | %-32s |\n", k.c_str(), v.c_str());
   out("+--------------------------------+----------------------------------+\n");
 }
 
-void print_summary(const Out& out, const RunConfig& cfg, int world, const Summary& s) {
+void print_summary(const Out& out, const RunConfig& cfg, const Setup& setup, int world, const Summary& s) {
   const double t = s.step_time;
   out("summary over %d timed steps (medians; times: slowest rank; breakdown: mean over ranks)\n", s.steps);
   out("  step time            %.2f ms\n", t * 1e3);
@@ -102,7 +103,7 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
   out("RESULT program=%s strategy=%s model=%s world=%d batch=%lld seq=%lld dec_seq=%lld step_ms=%.3f "
       "tflops_per_rank=%.5f tokens_per_s=%.1f exposed_ms=%.3f overhead_pct=%.3f peak_bytes=%lld "
       "plan_bytes=%lld loss=%.6f\n",
-      cfg.program.c_str(), cfg.strategy.label().c_str(), cfg.model.name.c_str(), world,
+      cfg.program.c_str(), setup.strategy.label().c_str(), cfg.model.name.c_str(), world,
       (long long)cfg.shape.batch, (long long)cfg.shape.enc_len, (long long)cfg.shape.dec_len, t * 1e3,
       s.model_flops / t / 1e12, s.tokens / t, s.exposed * 1e3, 100 * s.overhead / t, (long long)s.peak,
       (long long)s.plan_peak, s.final_loss);
@@ -111,7 +112,7 @@ void print_summary(const Out& out, const RunConfig& cfg, int world, const Summar
   if (s.first_nonfinite)
     out("error: the loss is not finite from step %d on: the run is recorded as failed (%s gradients overflow "
         "under --loss-scale %g? lower it)\n",
-        s.first_nonfinite, precision_name(cfg.strategy.param_dtype), double(cfg.strategy.loss_scale));
+        s.first_nonfinite, precision_name(setup.strategy.param_dtype), double(setup.strategy.loss_scale));
 }
 
 std::vector<Attr> summary_attrs(const Summary& s) {
@@ -145,34 +146,34 @@ std::vector<Attr> summary_attrs(const Summary& s) {
   };
 }
 
-std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, const char* status, double start,
-                            double end) {
+std::vector<Attr> run_attrs(const RunConfig& c, const Setup& setup, const char* status, double start, double end) {
+  const ParallelLayout& layout = setup.layout;
   const ModelSpec& m = c.model;
   const int world = layout.world;
   const NodeMap& nodes = node_map();
   return {
       Attr::str("program", c.program),
-      Attr::str("strategy", c.strategy.kind == StrategyKind::DDP ? "ddp" : "fsdp"),
-      Attr::str("label", c.strategy.label()),
-      Attr::str("sharding", c.strategy.kind == StrategyKind::DDP ? "replicate" : sharding_name(c.strategy.sharding)),
+      Attr::str("strategy", setup.strategy.kind == StrategyKind::DDP ? "ddp" : "fsdp"),
+      Attr::str("label", setup.strategy.label()),
+      Attr::str("sharding", setup.strategy.kind == StrategyKind::DDP ? "replicate" : sharding_name(setup.strategy.sharding)),
       Attr::integer("shard_size", layout.shard),
       Attr::integer("replicas", layout.replicate),
       Attr::integer("tp_size", layout.tp),
       Attr::integer("pp_size", layout.pp),
-      Attr::integer("micro_batches", c.strategy.micro_batches),
-      Attr::str("pp_schedule", pipe_schedule_name(c.strategy.pp_schedule)),
+      Attr::integer("micro_batches", setup.strategy.micro_batches),
+      Attr::str("pp_schedule", pipe_schedule_name(setup.strategy.pp_schedule)),
       Attr::integer("dp_size", layout.dp()),
-      Attr::str("prefetch", c.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(c.strategy.prefetch)),
-      Attr::integer("forward_prefetch", c.strategy.forward_prefetch),
-      Attr::integer("fsdp_version", c.strategy.kind == StrategyKind::DDP ? 0 : c.strategy.fsdp_version),
-      Attr::str("grad_accumulation", c.strategy.kind == StrategyKind::DDP ? "unsharded"
-                                                                         : grad_accumulation_name(c.strategy.grad_accumulation)),
-      Attr::integer("activation_checkpointing", c.strategy.checkpointing),
-      Attr::str("attention", attention_impl_name(c.strategy.attention)),
+      Attr::str("prefetch", setup.strategy.kind == StrategyKind::DDP ? "n/a" : prefetch_name(setup.strategy.prefetch)),
+      Attr::integer("forward_prefetch", setup.strategy.forward_prefetch),
+      Attr::integer("fsdp_version", setup.strategy.kind == StrategyKind::DDP ? 0 : setup.strategy.fsdp_version),
+      Attr::str("grad_accumulation", setup.strategy.kind == StrategyKind::DDP ? "unsharded"
+                                                                         : grad_accumulation_name(setup.strategy.grad_accumulation)),
+      Attr::integer("activation_checkpointing", setup.strategy.checkpointing),
+      Attr::str("attention", attention_impl_name(setup.strategy.attention)),
       Attr::str("attention_kernel", attention_kernel_name(c.compute.attention_kernel)),
       Attr::integer("fused_epilogues", c.compute.fused_epilogues),
       Attr::integer("cuda_graphs", c.compute.graphs),
-      Attr::num("bucket_mb", c.strategy.kind == StrategyKind::DDP ? c.strategy.bucket_mb : 0.0),
+      Attr::num("bucket_mb", setup.strategy.kind == StrategyKind::DDP ? setup.strategy.bucket_mb : 0.0),
       Attr::str("model", m.name),
       Attr::integer("d_model", m.d_model),
       Attr::integer("d_ff", m.d_ff),
@@ -193,31 +194,31 @@ std::vector<Attr> run_attrs(const RunConfig& c, const ParallelLayout& layout, co
       Attr::integer("global_batch", c.shape.batch * layout.dp()),
       Attr::integer("enc_seq_len", c.shape.enc_len),
       Attr::integer("dec_seq_len", c.shape.dec_len),
-      Attr::str("dtype", precision_name(c.strategy.param_dtype)),
-      Attr::str("reduce_dtype", precision_name(c.strategy.reduce_dtype)),
-      Attr::num("loss_scale", c.strategy.loss_scale),
-      Attr::str("loss_scale_mode", c.strategy.dynamic_loss_scale ? "dynamic" : "static"),
-      Attr::integer("loss_scale_growth_interval", c.strategy.loss_scale_growth_interval),
+      Attr::str("dtype", precision_name(setup.strategy.param_dtype)),
+      Attr::str("reduce_dtype", precision_name(setup.strategy.reduce_dtype)),
+      Attr::num("loss_scale", setup.strategy.loss_scale),
+      Attr::str("loss_scale_mode", setup.strategy.dynamic_loss_scale ? "dynamic" : "static"),
+      Attr::integer("loss_scale_growth_interval", setup.strategy.loss_scale_growth_interval),
       Attr::str("backend", c.backend),
       Attr::str("comm", c.backend == "cuda" ? comm_library_name(c.comm) : "mpi"),
       Attr::integer("steps", c.steps),
       Attr::integer("warmup", c.warmup),
-      Attr::integer("seed", int64_t(c.strategy.seed)),
-      Attr::str("optimizer", optimizer_name(c.strategy.optimizer.kind)),
-      Attr::str("cpu_offload", c.strategy.kind == StrategyKind::DDP ? "none" : cpu_offload_name(c.strategy.cpu_offload)),
-      Attr::num("lr", c.strategy.optimizer.lr),
-      Attr::num("weight_decay", c.strategy.optimizer.weight_decay),
-      Attr::num("momentum", c.strategy.optimizer.kind == OptimizerKind::Sgd ? c.strategy.optimizer.momentum : 0.0),
+      Attr::integer("seed", int64_t(setup.strategy.seed)),
+      Attr::str("optimizer", optimizer_name(setup.strategy.optimizer.kind)),
+      Attr::str("cpu_offload", setup.strategy.kind == StrategyKind::DDP ? "none" : cpu_offload_name(setup.strategy.cpu_offload)),
+      Attr::num("lr", setup.strategy.optimizer.lr),
+      Attr::num("weight_decay", setup.strategy.optimizer.weight_decay),
+      Attr::num("momentum", setup.strategy.optimizer.kind == OptimizerKind::Sgd ? setup.strategy.optimizer.momentum : 0.0),
       // One rank's share (1/tp of a data-parallel rank's under tensor parallelism).
       Attr::num("model_flops_per_step", model_flops_per_step(m, c.shape, layout.tp, layout.pp)),
-      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, c.strategy.checkpointing, layout.tp, layout.pp)),
+      Attr::num("hardware_flops_per_step", hardware_flops_per_step(m, c.shape, setup.strategy.checkpointing, layout.tp, layout.pp)),
       Attr::str("status", status),
       Attr::str("start_time", iso_time(start)),
       Attr::str("end_time", iso_time(end)),
   };
 }
 
-std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
+std::vector<Attr> plan_attrs(const RunConfig& cfg, const Setup& setup, const MemoryPlan& p) {
   std::vector<Attr> a = {Attr::integer("world_size", p.layout.world), Attr::integer("shard_size", p.layout.shard),
                          Attr::integer("tp_size", p.layout.tp),
                          Attr::integer("peak_total", p.peak_total), Attr::integer("limit", p.limit),
@@ -253,7 +254,7 @@ std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& p) {
   a.push_back(Attr::str("stage_host_peak_total", host_peaks));
   a.push_back(Attr::str("stage_counted_gemm_flops", flops));
   a.push_back(Attr::str("stage_params", params));
-  a.push_back(Attr::str("text", format_plan(cfg, p)));
+  a.push_back(Attr::str("text", format_plan(cfg, setup, p)));
   return a;
 }
 

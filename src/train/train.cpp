@@ -140,7 +140,7 @@ class TrainingRun {
     // starts: its thread may not call MPI while the other ranks hang.
     if (!path_.empty()) {
       provenance_ = trace_.provenance = collect_provenance(cfg_.argv);
-      failed_attrs_ = run_attrs(cfg_, layout_, "failed", start_, start_);
+      failed_attrs_ = run_attrs(cfg_, setup_, "failed", start_, start_);
     }
     // A stopped or stuck rank ends the job after --timeout-s; rank 0 records the run as failed.
     watchdog_ = std::make_unique<Watchdog>(cfg_.timeout_s, rank_,
@@ -150,23 +150,23 @@ class TrainingRun {
     if (!cfg_.plan_only) backend_ = make_backend(cfg_.backend, cfg_.comm);
     if (backend_) backend_->set_compute_options(cfg_.compute);
     const MemoryPlan plan = make_plan();
-    print_config(out_, cfg_, layout_);
+    print_config(out_, cfg_, setup_);
     if (backend_ && cfg_.backend == "cuda") out_("collectives: %s\n", backend_->comm_name().c_str());
-    if (cfg_.plan_only && !cfg_.schedule_json.empty() && rank_ == 0) write_schedule_json(cfg_.schedule_json, cfg_, plan);
+    if (cfg_.plan_only && !cfg_.schedule_json.empty() && rank_ == 0) write_schedule_json(cfg_.schedule_json, cfg_, setup_, plan);
     if (cfg_.plan_only && (plan.fits() || path_.empty())) {
-      out_("%s", format_plan(cfg_, plan).c_str());
+      out_("%s", format_plan(cfg_, setup_, plan).c_str());
       return plan.fits() ? kExitOk : kExitOutOfMemory;
     }
     trace_.host = hostname();
     trace_.layout = layout_;
-    trace_.plan = plan_attrs(cfg_, plan);
+    trace_.plan = plan_attrs(cfg_, setup_, plan);
     for (const UnitSpec& u : model_units(cfg_.model)) trace_.unit_names.push_back(u.name);
     if (!plan.fits()) return record_out_of_memory(plan);
 
     set_up();
     train_steps();
     const Summary summary = summarize(plan);
-    print_summary(out_, cfg_, world_, summary);
+    print_summary(out_, cfg_, setup_, world_, summary);
     std::vector<Attr> summary_attributes = summary_attrs(summary);
     bool ok = summary.first_nonfinite == 0;
     if (cfg_.check) ok = finish_check(summary_attributes) && ok;
@@ -178,7 +178,7 @@ class TrainingRun {
   // (so a sweep can skip the point without allocating the ranks).
   std::string result_path() const {
     const bool writes = !cfg_.plan_only || !cfg_.out_path.empty();
-    const std::string stem = cfg_.program + "-" + cfg_.strategy.label() + "-" + cfg_.model.name + "-w" +
+    const std::string stem = cfg_.program + "-" + setup_.strategy.label() + "-" + cfg_.model.name + "-w" +
                              std::to_string(layout_.world);
     return writes ? resolve_output(cfg_.out_path, cfg_.overwrite, stem, rank_) : "";
   }
@@ -211,7 +211,7 @@ class TrainingRun {
   // Either side short (device memory against --mem-limit-gib, host memory against
   // --host-mem-limit-gib): the plan printed, the run recorded, exit 3.
   int record_out_of_memory(const MemoryPlan& plan) {
-    out_("%s", format_plan(cfg_, plan).c_str());
+    out_("%s", format_plan(cfg_, setup_, plan).c_str());
     if (!plan.device_fits())
       out_("status: out-of-memory: the plan needs %s per rank, the limit is %s (--mem-limit-gib); "
            "nothing was allocated\n",
@@ -221,7 +221,7 @@ class TrainingRun {
            "(--host-mem-limit-gib); nothing was allocated\n",
            human_bytes(double(plan.host_peak_total)).c_str(), human_bytes(double(plan.host_limit)).c_str());
     trace_.device = backend_ ? backend_->device_name() + " (not allocated)" : "not allocated";
-    trace_.run = run_attrs(cfg_, layout_, "out-of-memory", start_, wall_clock_rank0());
+    trace_.run = run_attrs(cfg_, setup_, "out-of-memory", start_, wall_clock_rank0());
     trace_.run.push_back(Attr::integer("planned_only", cfg_.plan_only));
     write_trace(path_, trace_, MPI_COMM_WORLD, cfg_.overwrite);
     out_("wrote %s (status out-of-memory)\n", path_.c_str());
@@ -248,7 +248,7 @@ class TrainingRun {
     const RunConfig& cfg = cfg_;
     const int tp = layout_.tp, dp = layout_.dp();
     const double model_flops = model_flops_per_step(cfg.model, cfg.shape, tp, layout_.pp);  // this rank's share
-    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, cfg.strategy.checkpointing, tp, layout_.pp);
+    const double hw_flops = hardware_flops_per_step(cfg.model, cfg.shape, setup_.strategy.checkpointing, tp, layout_.pp);
     const double global_tokens = double(cfg.shape.batch) * dp * cfg.shape.dec_len;
     const double tokens_per_step = double(cfg.shape.batch) * dp * (cfg.shape.enc_len + cfg.shape.dec_len);
     Backend& backend = *backend_;
@@ -256,7 +256,7 @@ class TrainingRun {
          "exposed ms", "peak mem");
     for (int s = 1; s <= cfg.warmup + cfg.steps; ++s) {
       // The data-parallel rank's slice of the global batch (a tensor-parallel group shares it).
-      const Tokens tokens = make_tokens(cfg.strategy.seed, s, int64_t(layout_.dp_rank()) * cfg.shape.batch,
+      const Tokens tokens = make_tokens(setup_.strategy.seed, s, int64_t(layout_.dp_rank()) * cfg.shape.batch,
                                         cfg.shape, cfg.model.vocab);
       if (check_) check_->before_step(s);
       watchdog_->progress(s, "barrier before the step");
@@ -310,7 +310,7 @@ class TrainingRun {
     s.steps = cfg_.steps;
     s.step_time = med(&GlobalStep::time);
     s.model_flops = model_flops_per_step(cfg_.model, cfg_.shape, layout_.tp, layout_.pp);
-    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, cfg_.strategy.checkpointing, layout_.tp, layout_.pp);
+    s.hardware_flops = hardware_flops_per_step(cfg_.model, cfg_.shape, setup_.strategy.checkpointing, layout_.tp, layout_.pp);
     s.tokens = double(cfg_.shape.batch) * layout_.dp() * (cfg_.shape.enc_len + cfg_.shape.dec_len);
     s.compute = med(&GlobalStep::compute);
     s.gemm = med(&GlobalStep::gemm);
@@ -328,7 +328,7 @@ class TrainingRun {
     s.rss_growth = rss_bytes("VmHWM:") - rss_start_;
     backend_->set_recorder(nullptr);
     const double raw_rate =
-        replay_gemms(*backend_, recorder_->step_events(cfg_.warmup + cfg_.steps), cfg_.strategy.param_dtype);
+        replay_gemms(*backend_, recorder_->step_events(cfg_.warmup + cfg_.steps), setup_.strategy.param_dtype);
     // Each rank compares its own in-step GEMM rate with its own replay; the worst rank counts.
     s.gemm_vs_replay = median(my_gemm_flops_) / median(my_gemm_time_) / raw_rate;
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.gemm_vs_replay, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD));
@@ -337,7 +337,7 @@ class TrainingRun {
     MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &s.rss_growth, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD));
     s.cores = int(std::thread::hardware_concurrency());
     s.ranks_on_node = node_map().local_ranks();
-    s.placement = placement_warning(layout_, node_map(), cfg_.strategy);
+    s.placement = placement_warning(layout_, node_map(), setup_.strategy);
     s.plan_peak = plan.peak_total;
     s.plan_host_peak = plan.host_peak_total;
     s.final_loss = timed_.back().loss;
@@ -348,7 +348,7 @@ class TrainingRun {
     for (const GlobalStep& g : timed_) idle.push_back(1 - g.compute / g.time);
     s.idle_share = median(idle);
     s.pp = layout_.pp;
-    s.bubble_theory = pipeline_bubble(layout_.pp, cfg_.strategy.micro_batches);
+    s.bubble_theory = pipeline_bubble(layout_.pp, setup_.strategy.micro_batches);
     return s;
   }
 
@@ -363,7 +363,7 @@ class TrainingRun {
 
   int write_result(std::vector<Attr> summary, bool ok, int first_nonfinite) {
     if (cfg_.check) summary.push_back(Attr::str("check_result", ok ? "pass" : "fail"));
-    trace_.run = run_attrs(cfg_, layout_, ok ? "ok" : "failed", start_, wall_clock_rank0());
+    trace_.run = run_attrs(cfg_, setup_, ok ? "ok" : "failed", start_, wall_clock_rank0());
     trace_.run.insert(trace_.run.end(), summary.begin(), summary.end());
     trace_.events = &recorder_->events();
     trace_.memory = &recorder_->memory();
@@ -410,12 +410,10 @@ int run_program(int argc, char** argv, StrategyKind kind) {
     RunConfig cfg;
     if (!parse_options(argc, argv, kind, cfg)) return int(kExitOk);
     if (!cfg.plan_batch.empty()) return run_plan_batch(cfg, kind, rank);
-    // Hybrid without --shard-size: one node's data-parallel ranks (a plan has no nodes: Setup::make refuses it).
-    if (cfg.strategy.kind == StrategyKind::FSDP && cfg.strategy.sharding == Sharding::Hybrid &&
-        cfg.strategy.shard_size == 0 && cfg.plan_world == 0)
-      cfg.strategy.shard_size = node_shard_size(cfg.strategy, node_map());
-    // --world-size plans for a world this job is not: the setup is then rank 0's view.
-    const Setup setup = Setup::make(cfg.strategy, cfg.model, cfg.shape, cfg.plan_world ? cfg.plan_world : world);
+    // --world-size plans for a world this job is not: the setup is then rank 0's view, with no
+    // nodes to take hybrid's shard group from (Setup::make refuses hybrid without --shard-size).
+    const Setup setup = cfg.plan_world ? Setup::make(cfg.strategy, cfg.model, cfg.shape, cfg.plan_world)
+                                       : Setup::make(cfg.strategy, cfg.model, cfg.shape, world, &node_map());
     return TrainingRun(cfg, cfg.plan_world ? setup : setup.at_rank(rank), rank, world).run();
   });
 }

@@ -54,10 +54,10 @@ bool cpu_offload_allows(CpuOffload o, Sharding s);
 struct StrategyConfig {
   StrategyKind kind = StrategyKind::FSDP;
   Sharding sharding = Sharding::Full;
-  int shard_size = 0;          // hybrid (0: one node's, node_shard_size), optimizer-state (0: the data-parallel ranks)
+  int shard_size = 0;          // hybrid (0: one node's, resolved by Setup::make), optimizer-state (0: the data-parallel ranks)
   int tp = 1;                  // tensor-parallel group size (--tp): Megatron-LM inside each layer
   int pp = 1;                  // pipeline stages (--pp)
-  int micro_batches = 1;       // micro-batches per step of a data-parallel rank (--micro-batches)
+  int micro_batches = 1;       // per step of a data-parallel rank (--micro-batches; 0: the default, Setup::make's)
   PipeSchedule pp_schedule = PipeSchedule::OneFOneB;  // --pp-schedule
   int first_decoder_stage = -1;  // --pp-split: where the decoder starts, -1 balanced by FLOPs
   double bucket_mb = 25.0;     // DDP bucket cap (the first bucket is 1 MiB, as PyTorch's)

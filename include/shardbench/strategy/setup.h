@@ -14,19 +14,29 @@
 namespace sb {
 
 struct Setup {
+  // As the flags give it, with what they leave open resolved (the flags' own config keeps
+  // what was typed): micro_batches 0 becomes the default count (default_micro_batches), a
+  // hybrid shard_size 0 one node's data-parallel ranks (node_shard_size over `nodes`).
   StrategyConfig strategy;
   ModelSpec model;
   StepShape shape;        // per data-parallel rank
   ParallelLayout layout;  // over the world, seen from layout.rank (0 from make)
   PipelineSplit split;    // the pieces each pipeline stage runs (every stage shares it)
 
-  // Checks, in this order (root causes first), each a UsageError naming the flag: the
+  // Resolves the open values, then checks, in this order (root causes first), each a
+  // UsageError naming the flag: hybrid's shard group from `nodes` (node_shard_size), the
   // pipeline's own limits (a stage per block at most, --pp-split), --tp against the model's
-  // heads, d_ff and vocab, then the layout's sizes against `world` (hybrid needs its
-  // --shard-size settled first: node_shard_size). Seen from rank 0.
-  static Setup make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world);
+  // heads, d_ff and vocab, then the layout's sizes against `world` (a hybrid shard_size 0
+  // without `nodes`, a plan of --world-size ranks, is refused). Seen from rank 0.
+  static Setup make(const StrategyConfig& strategy, const ModelSpec& model, const StepShape& shape, int world,
+                    const NodeMap* nodes = nullptr);
   // The same setup seen from `rank` (its layout's coordinates; nothing is checked again).
   Setup at_rank(int rank) const;
 };
+
+// Micro-batches per step without --micro-batches: one per stage (--pp), or the largest count
+// below it that divides the batch (the default --batch 2 with --pp 4: 2), so a pipeline runs
+// without the flag.
+int default_micro_batches(int pp, int64_t batch);
 
 }  // namespace sb

@@ -95,10 +95,11 @@ MemoryPlan plan_memory(const Setup& setup, bool with_ops = true);
 void set_plan_limits(MemoryPlan& plan, const RunConfig& cfg, int64_t default_limit, int64_t default_host_limit);
 // The plan and the step's schedule as JSON (analysis/project.py replays it): the object
 // --schedule-json writes and --plan-batch prints, one home for both. Without ops, the
-// per-operation rows ("ops", and each pipeline stage's "ops") are left out.
-std::string schedule_json(const RunConfig& cfg, const MemoryPlan& plan, bool with_ops = true);
-void write_schedule_json(const std::string& path, const RunConfig& cfg, const MemoryPlan& plan);
+// per-operation rows ("ops", and each pipeline stage's "ops") are left out. The strategy is
+// the setup's (resolved), the rest of the run `cfg`'s.
+std::string schedule_json(const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan, bool with_ops = true);
+void write_schedule_json(const std::string& path, const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan);
 // The plan as a table (rank 0 prints it).
-std::string format_plan(const RunConfig& cfg, const MemoryPlan& plan);
+std::string format_plan(const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan);
 
 }  // namespace sb

@@ -24,7 +24,8 @@ struct Out {
   }
 };
 
-void print_config(const Out& out, const RunConfig& cfg, const ParallelLayout& layout);
+// The strategy, model and step as they run: the setup's (what the flags left open resolved).
+void print_config(const Out& out, const RunConfig& cfg, const Setup& setup);
 
 // The figures of the timed steps (medians; times: slowest rank; breakdown: mean over ranks).
 struct Summary {
@@ -50,12 +51,11 @@ struct Summary {
   bool oversubscribed() const { return ranks_on_node > cores; }
 };
 // The summary block and the RESULT line.
-void print_summary(const Out& out, const RunConfig& cfg, int world, const Summary& s);
+void print_summary(const Out& out, const RunConfig& cfg, const Setup& setup, int world, const Summary& s);
 std::vector<Attr> summary_attrs(const Summary& s);
 
 // Root attributes: what ran.
-std::vector<Attr> run_attrs(const RunConfig& cfg, const ParallelLayout& layout, const char* status, double start,
-                            double end);
-std::vector<Attr> plan_attrs(const RunConfig& cfg, const MemoryPlan& plan);
+std::vector<Attr> run_attrs(const RunConfig& cfg, const Setup& setup, const char* status, double start, double end);
+std::vector<Attr> plan_attrs(const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan);
 
 }  // namespace sb
