@@ -590,6 +590,61 @@ TEST(CountingBackend, CopiesAndHostComputeInTheSchedule) {
   b->set_recorder(nullptr);
 }
 
+// count_runs: a run of alike GEMMs in a row reaches the recorder as one op with its length,
+// ended by a GEMM of another shape, another context or any other event; the same ops, in
+// the same order, as without runs, and the same FLOPs.
+TEST(CountingBackend, RunsOfAlikeGemmsAsOneOpWithTheirCount) {
+  struct Seen {
+    std::vector<OpEvent> ops;
+    double flops;
+  };
+  const auto play = [](bool runs) {
+    auto b = make_counting_backend();
+    Collect rec;
+    b->set_recorder(&rec);
+    count_runs(*b, runs);
+    const Buf x = b->alloc_buf(1 << 10, DType::BF16, MemCategory::Workspace);
+    const auto gemm = [&](int m) { b->gemm_batched(false, true, m, 4, 8, 1.f, x, 8, 32, x, 8, 32, 0.f, x, 4, 16, 3); };
+    {
+      ScopedContext fwd(*b, Phase::Forward, 2);
+      for (int i = 0; i < 5; ++i) gemm(2);
+      gemm(3);  // another shape
+      gemm(3);
+    }
+    ScopedContext bwd(*b, Phase::Backward, 2);
+    gemm(3);  // another phase
+    b->scale(x, 2.f, 16);
+    gemm(3);
+    gemm(3);
+    b->release(x.ptr);  // a memory change ends the run too
+    gemm(3);
+    count_runs(*b, false);  // hands on the run held
+    b->set_recorder(nullptr);
+    return Seen{rec.ops, counted_gemm_flops(*b)};
+  };
+  const Seen each = play(false), runs = play(true);
+  ASSERT_EQ(each.ops.size(), 12u);
+  for (const OpEvent& e : each.ops) EXPECT_EQ(e.times, 1);
+  std::vector<int> times;
+  std::vector<OpEvent> expanded;
+  for (const OpEvent& e : runs.ops) {
+    times.push_back(e.times);
+    for (int i = 0; i < e.times; ++i) expanded.push_back(e);
+  }
+  EXPECT_EQ(times, (std::vector<int>{5, 2, 1, 1, 2, 1}));
+  ASSERT_EQ(expanded.size(), each.ops.size());
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    EXPECT_EQ(expanded[i].kind, each.ops[i].kind) << i;
+    EXPECT_EQ(expanded[i].phase, each.ops[i].phase) << i;
+    EXPECT_EQ(expanded[i].unit, each.ops[i].unit) << i;
+    EXPECT_EQ(expanded[i].flops, each.ops[i].flops) << i;
+    EXPECT_EQ(expanded[i].bytes, each.ops[i].bytes) << i;
+    EXPECT_TRUE(std::equal(expanded[i].gemm, expanded[i].gemm + 5, each.ops[i].gemm)) << i;
+  }
+  EXPECT_EQ(runs.flops, each.flops);
+  EXPECT_EQ(each.flops, 2.0 * 4 * 8 * 3 * (5 * 2 + 6 * 3));
+}
+
 // The ledgers' map against std::unordered_map through random inserts and removals: keys
 // that collide on purpose (strides of a power of two), chains that wrap around the table,
 // growth, removals from the middle of chains.

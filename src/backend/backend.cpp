@@ -68,11 +68,6 @@ const char* dtype_name(DType t) {
   return int(t) >= 0 && t < DType::kCount ? names[int(t)] : "?";
 }
 
-int dtype_size(DType t) {
-  static const int sizes[] = {4, 8, 4, 8, 1, 2, 2};
-  return int(t) >= 0 && t < DType::kCount ? sizes[int(t)] : 0;
-}
-
 const char* reduce_op_name(ReduceOp o) {
   static const char* names[] = {"sum", "prod", "min", "max", "avg"};
   return int(o) >= 0 && o < ReduceOp::kCount ? names[int(o)] : "?";

@@ -4,6 +4,7 @@
 // what the code path allocates, for any model and world size, without the memory.
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "shardbench/backend/backend.h"
 #include "shardbench/core/check.h"
@@ -27,6 +28,7 @@ class CountingBackend final : public Backend {
   std::string device_name() const override { return "none"; }
 
   void* alloc(size_t bytes, MemCategory cat) override {
+    hand_on_run();  // the memory changes after the ops before them
     // Distinct, aligned, never dereferenced.
     const uintptr_t p = next_;
     next_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
@@ -34,17 +36,20 @@ class CountingBackend final : public Backend {
     return reinterpret_cast<void*>(p);
   }
   void release(void* p) override {
+    hand_on_run();
     if (p) untrack(p);
   }
   void release_after(void* p, Request) override { release(p); }
   // Host memory: accounted in the host ledger, from the same address space (never dereferenced).
   void* alloc_host(size_t bytes, MemCategory cat) override {
+    hand_on_run();
     const uintptr_t p = next_;
     next_ += (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
     track_host(reinterpret_cast<void*>(p), bytes, cat);
     return reinterpret_cast<void*>(p);
   }
   void release_host(void* p) override {
+    hand_on_run();
     if (p) untrack_host(p);
   }
   // Copies are recorded at issue like collectives (start = end = issue index), on their
@@ -157,13 +162,52 @@ class CountingBackend final : public Backend {
   void synchronize() override {}
   double now() const override { return 0.0; }
 
-  double flops_ = 0.0;
+  double counted_flops() const { return with_run(flops_); }
+  void count_runs(bool on) {
+    if (!on) hand_on_run();
+    runs_ = on;
+  }
 
  private:
+  // Every other op this backend records hands on the run held first, so the recorder sees
+  // the ops in their order.
+  template <class... Args>
+  void record(Args&&... args) {
+    hand_on_run();
+    Backend::record(std::forward<Args>(args)...);
+  }
+
+  // With runs on, a GEMM alike the run held (shape, phase and unit: unfused attention's
+  // per-sequence calls) only lengthens it: the hot path compares seven ints, no more.
   void count_gemm(bool ta, bool tb, int M, int N, int K, int batch) {
+    const int trans = int(ta) | int(tb) << 1;
+    if (held_ && run_.gemm[0] == M && run_.gemm[1] == N && run_.gemm[2] == K && run_.gemm[3] == batch &&
+        run_.gemm[4] == trans && run_.phase == phase() && run_.unit == unit()) {
+      ++held_;
+      return;
+    }
+    hand_on_run();
     const double flops = 2.0 * M * N * K * batch;
+    const OpEvent e{OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, trans}};
+    if (runs_ && recorder_) {
+      run_ = e, held_ = 1;
+      return;
+    }
     flops_ += flops;
-    record({OpKind::Gemm, phase(), unit(), 0, 0.0, 0.0, 0, flops, {M, N, K, batch, int(ta) | int(tb) << 1}});
+    Backend::record(e);
+  }
+  void hand_on_run() {
+    if (!held_) return;
+    flops_ = with_run(flops_);
+    run_.times = held_;
+    held_ = 0;
+    Backend::record(run_);
+  }
+  // flops plus the run's FLOPs added one by one, as each call adds them without runs: the
+  // same double (past 2^53 a product would round differently).
+  double with_run(double flops) const {
+    for (int i = 0; i < held_; ++i) flops += run_.flops;
+    return flops;
   }
 
   void count_attention(const AttentionShape& s, bool backward) {
@@ -175,8 +219,12 @@ class CountingBackend final : public Backend {
     record(OpKind::Elementwise, 0, 0.0, 0.0, passes * dtype_size(x.dtype) * n, 0.0);
   }
 
+  double flops_ = 0.0;  // the GEMMs' FLOPs but the run's held
   uintptr_t next_ = 4096;
   Request next_request_ = 0;
+  bool runs_ = false;  // count_runs
+  OpEvent run_{};  // the run held: held_ GEMMs alike this one, none when 0
+  int held_ = 0;
 };
 
 }  // namespace
@@ -190,7 +238,13 @@ std::unique_ptr<Backend> make_counting_backend() { return std::make_unique<Count
 double counted_gemm_flops(const Backend& b) {
   const auto* c = dynamic_cast<const CountingBackend*>(&b);
   SB_ASSERT(c, "counted_gemm_flops needs the counting backend");
-  return c->flops_;
+  return c->counted_flops();
+}
+
+void count_runs(Backend& b, bool on) {
+  auto* c = dynamic_cast<CountingBackend*>(&b);
+  SB_ASSERT(c, "count_runs needs the counting backend");
+  c->count_runs(on);
 }
 
 }  // namespace sb

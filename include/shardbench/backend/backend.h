@@ -25,7 +25,11 @@ namespace sb {
 
 enum class DType : int { F32, F64, I32, I64, U8, BF16, F16, kCount };
 const char* dtype_name(DType t);    // nccl-tests names: float, double, int32, int64, uint8, bfloat16, half
-int dtype_size(DType t);
+// Bytes an element takes. Inline: a view's `+ n` calls it, per sequence in attention's loops.
+inline int dtype_size(DType t) {
+  static constexpr int sizes[] = {4, 8, 4, 8, 1, 2, 2};
+  return int(t) >= 0 && t < DType::kCount ? sizes[int(t)] : 0;
+}
 // Training precisions (--dtype, --reduce-dtype): "fp32", "bf16", "fp16".
 const char* precision_name(DType t);
 DType parse_precision(const std::string& s, const std::string& flag);  // throws UsageError
@@ -98,6 +102,7 @@ struct OpEvent {
   int64_t after = -1;    // collectives, copies: the request it is stream-ordered after (counting backend)
   int32_t axis = -1;     // collectives: the mesh axis of the communicator (Axis), -1 for none
   int32_t peer = -1;     // send, receive: the other rank, in the communicator's numbering
+  int32_t times = 1;     // this op, `times` alike in a row (the counting backend's runs: count_runs)
 };
 
 // Trace lanes beside the compute lane (0) and the communication lanes (1.., assigned by each
@@ -668,5 +673,10 @@ std::unique_ptr<Backend> make_counting_backend();
 // backend's collectives take it (the plan of a world this job is not).
 std::unique_ptr<Comm> make_planned_comm(int size, int rank);
 double counted_gemm_flops(const Backend& counting);
+// On: the counting backend hands its recorder a run of alike GEMMs in a row (unfused
+// attention's per-sequence calls, B of them) as one op with OpEvent::times = the run's
+// length, when the next other event comes; for a recorder that reads `times` (the plan's).
+// Off (the default): one op per call. Turning it off hands on the run held.
+void count_runs(Backend& counting, bool on);
 
 }  // namespace sb
