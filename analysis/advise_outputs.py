@@ -37,6 +37,14 @@ def print_table(ranked, replayed, top):
           "the estimate's; *: not yet run on the CUDA backend)")
 
 
+def print_replay(k, n, lay, d, est, sim):
+    """One replayed layout as its replay ends (k of n): the replay's step beside the estimate's."""
+    tf, tok = figures(d, sim["time"])
+    print(f"  replay {k}/{n} {lay.name + (' *' if lay.unverified else ''):<46} {sim['time'] * 1e3:>9.1f} ms "
+          f"(est {est['time'] * 1e3:.1f}, {(est['time'] / sim['time'] - 1) * 100:+.1f} %) {tf:>6.1f} TFLOPS/GPU "
+          f"{tok:>8.0f} tokens/s" + (f", bubble {sim['idle_share'] * 100:.1f} %" if lay.pp > 1 else ""), flush=True)
+
+
 def run_command(a, cluster, lay):
     """The command that runs layout `lay` on the question's GPUs under Slurm: one rank per GPU,
     the program's flags as the plan had them (the world is the job's)."""
@@ -49,19 +57,26 @@ def run_command(a, cluster, lay):
             f"build/bin/{program} {' '.join(flags)} --backend cuda")
 
 
-def recommend(a, cluster, ranked, replayed):
-    """(the recommended layout, its lines): the fastest of the replayed layouts by the full
-    replay (the estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM
-    words, its memory against the limits, and the fastest layout whose code paths have all run
-    on a GPU (the GPU ledger) with the gap to it."""
+def recommend(a, cluster, ranked, replayed, capped=()):
+    """(the recommended layout, its lines): the fastest of the top layouts, the replayed ones by
+    the full replay and those `capped` (above the replay's bound) by the estimate (the
+    estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM words, its
+    memory against the limits, and the fastest layout whose code paths have all run on a GPU
+    (the GPU ledger) with the gap to it."""
     timed = {lay.name: (replayed[lay.name]["time"], "replay") if lay.name in replayed else (est["time"], "estimate")
              for lay, _, est in ranked}
+    names = {x.name for x in capped}
     if replayed:
-        lay, d, est = min((x for x in ranked if x[0].name in replayed), key=lambda x: replayed[x[0].name]["time"])
+        lay, d, est = min((x for x in ranked if x[0].name in replayed or x[0].name in names),
+                          key=lambda x: timed[x[0].name][0])
         how = f"the fastest of the top {len(replayed)} by the full replay"
+        if capped:
+            how = (f"the fastest of the top {len(replayed) + len(capped)}: {len(replayed)} by the full replay, "
+                   f"{len(capped)} above the replay's bound by the estimate")
     else:
         lay, d, est = ranked[0]
-        how = "the fastest by the estimate (--replay 0: nothing replayed)"
+        how = ("the fastest by the estimate (the top layouts' pipelines are above the replay's bound)" if capped else
+               "the fastest by the estimate (--replay 0: nothing replayed)")
     t, _ = timed[lay.name]
     tf, tok = figures(d, t)
     m = d["memory"]
