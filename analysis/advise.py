@@ -296,7 +296,7 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     print("\n" + "\n".join(lines))
     n = len(layouts)
     print(f"time: {n} layouts planned and estimated in {t_est:.1f} s ({n / t_est:.0f} layouts/s; plans {t_plan:.1f} s), "
-          f"top {len(top)} replayed in full{f' ({len(capped)} above the bound not)' if capped else ''}, "
+          f"top {len(top)} replayed in full{f' ({len(capped)} above the bound: not replayed)' if capped else ''}, "
           f"{t_all:.1f} s in all")
     # every output written under a temporary name, then published together (cli.Outputs)
     matrices = []

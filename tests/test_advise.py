@@ -289,6 +289,80 @@ class Runs(unittest.TestCase):
             self.assertFalse(os.path.exists(out + "/new"))
 
 
+class LongWork(unittest.TestCase):
+    """A question with long pipelines answers in bounded time and says where it stands: the
+    replay's cost linear in a pipeline's ops, a bound on which layouts are replayed (said),
+    the ranking printed before the replay, and early, the data-parallel degrees the global
+    batch excludes with the nearest batches that open them."""
+
+    def tiny(self, *extra):
+        return run("--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--seq-len", "32", "--strategies",
+                   "ddp,fsdp-full", "--no-offload", "--pp", "1,2", *extra)
+
+    def test_replay_linear_in_ops(self):
+        # the union of the intervals that slow compute is rebuilt per launch, not per compute op
+        # (per op, 64 micro-batches of 2 stages rebuilt it 13,026 times: ops x transfers)
+        import projection_model as pm
+        import runner
+        cl = pm.calibrated_from(A100)
+
+        class A:
+            model, gpus, global_batch, seq_len, dec_seq_len = "t5-tiny", 2, 64, 32, None
+        for key in advise.model_shapes.KEYS:
+            setattr(A, key, None)
+        lay = advise.parse_name("fsdp-full-pp2:mb64:1f1b", 2, 64)
+        sched = runner.schedule(*lay.request(A, cl, 2), os.path.join(REPO, "build", "bin"))
+        calls, merged = [], pm._merged
+        pm._merged = lambda x: calls.append(1) or merged(x)
+        try:
+            sim = pm.simulate(sched, cl)
+        finally:
+            pm._merged = merged
+        ops = [op for s in sched["stages"] for op in pm.schedule_ops(sched, s["ops"])]
+        launches = sum(1 for op in ops if op[0] in pm.COLLECTIVES)
+        self.assertGreater(len(ops), 10000)
+        self.assertLessEqual(len(calls), sim["passes"] * (launches + len(sched["stages"])))
+
+    def test_batch_openings(self):
+        # 64 GPUs, t5-11.3b (48 blocks): 500 = 4 x 125 shuts dp 64, 32, 16, 8; 448 and 512 open them
+        self.assertEqual(advise.batch_openings(64, 500, 48, 8), ([64, 32, 16, 8], 448, 512))
+        self.assertEqual(advise.batch_openings(64, 512, 48, 8), ([], None, None))
+        self.assertEqual(advise.batch_openings(64, 12, 48, 8), ([64, 32, 16, 8], None, 64))
+
+    def test_ranking_before_replay_and_batch_said_first(self):
+        p = self.tiny("--replay", "2")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.splitlines()
+        said = next(i for i, x in enumerate(lines) if "does not divide over 8 data-parallel ranks" in x)
+        self.assertIn("global batch 8 (32 layouts) or 16 (48 layouts) opens every one", lines[said])
+        first_row = next(i for i, x in enumerate(lines) if x.startswith("  1 "))
+        replay = next(i for i, x in enumerate(lines) if x.startswith("full replay of the top 2"))
+        self.assertLess(said, first_row)
+        self.assertLess(first_row, replay)
+        self.assertRegex(lines[replay + 1], r"^  replay 1/2 \S+ .* ms \(est ")
+        self.assertRegex(lines[replay + 2], r"^  replay 2/2 ")
+
+    def test_replay_bound_said(self):
+        # above the bound (here 2 micro-batches x stages) a pipeline is ranked by the estimate alone
+        import contextlib
+        import io
+        bound = advise.REPLAY_MAX_MB_STAGES
+        advise.REPLAY_MAX_MB_STAGES = 2
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                code = advise.main(["--cluster", A100, "--model", "t5-tiny", "--gpus", "8", "--global-batch", "12",
+                                    "--seq-len", "32", "--strategies", "ddp", "--no-offload", "--tp", "1",
+                                    "--pp", "2", "--replay", "2"])
+        finally:
+            advise.REPLAY_MAX_MB_STAGES = bound
+        text = out.getvalue()
+        self.assertEqual(code, 0, text)
+        self.assertIn("not replayed (2 of the top 2: micro-batches x stages above 2, ranked by the estimate alone)", text)
+        self.assertIn("(the fastest by the estimate (the top layouts' pipelines are above the replay's bound))", text)
+        self.assertNotIn("  replay 1/", text)
+
+
 TINY = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies", "ddp,fsdp-full",
         "--tp", "1", "--pp", "1", "--no-offload", "--replay", "1"]
 
