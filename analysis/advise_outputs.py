@@ -102,21 +102,25 @@ def recommend(a, cluster, ranked, replayed, capped=()):
 
 
 def write_csv(path, ranked, oom, replayed):
+    """Every layout, one row each. source says where model_tflops_per_gpu and tokens_per_s come
+    from: "replay" (the full replay) or "estimate" (the fast estimate); empty for a layout
+    that does not fit (its plan's peak alone)."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["layout", "label", "tp", "pp", "dp", "micro_batches", "pp_schedule", "activation_checkpointing",
                     "cpu_offload", "fits", "est_step_s", "replay_step_s", "model_tflops_per_gpu", "tokens_per_s",
-                    "peak_gib", "exposed_dp_s", "exposed_tp_s", "exposed_pp_s"])
+                    "source", "peak_gib", "exposed_dp_s", "exposed_tp_s", "exposed_pp_s"])
         for lay, d, est in ranked:
             sim = replayed.get(lay.name)
             tf, tok = figures(d, sim["time"] if sim else est["time"])
             w.writerow([lay.name, lay.label, lay.tp, lay.pp, lay.dp, lay.mb, lay.schedule if lay.pp > 1 else "",
                         int(lay.ckpt), lay.offload, 1, f"{est['time']:.6g}", f"{sim['time']:.6g}" if sim else "",
-                        f"{tf:.4g}", f"{tok:.6g}", f"{d['memory']['peak_total'] / 2**30:.4f}",
+                        f"{tf:.4g}", f"{tok:.6g}", "replay" if sim else "estimate",
+                        f"{d['memory']['peak_total'] / 2**30:.4f}",
                         f"{est['exposed']['dp']:.4g}", f"{est['exposed']['tp']:.4g}", f"{est['exposed']['pp']:.4g}"])
         for lay, d in oom:
             w.writerow([lay.name, lay.label, lay.tp, lay.pp, lay.dp, lay.mb, lay.schedule if lay.pp > 1 else "",
-                        int(lay.ckpt), lay.offload, 0, "", "", "", "", f"{d['memory']['peak_total'] / 2**30:.4f}",
+                        int(lay.ckpt), lay.offload, 0, "", "", "", "", "", f"{d['memory']['peak_total'] / 2**30:.4f}",
                         "", "", ""])
 
 

@@ -166,6 +166,9 @@ class Runs(unittest.TestCase):
         self.assertLess(float(hybrid["replay_step_s"]), float(full["replay_step_s"]))
         self.assertAlmostEqual(float(hybrid["model_tflops_per_gpu"]), 108.8, delta=0.15)
         self.assertAlmostEqual(float(full["model_tflops_per_gpu"]), 108.4, delta=0.15)
+        # every fitting row says whose figures it carries: the 9 replayed (--replay 18 of 9 fitting) the replay's
+        self.assertEqual({r["source"] for r in rows.values() if r["fits"] == "1"}, {"replay"})
+        self.assertEqual({r["source"] for r in rows.values() if r["fits"] == "0"}, {""})
 
     def test_tiny_ranked_with_exclusions(self):
         with tempfile.TemporaryDirectory() as out:
@@ -212,6 +215,9 @@ class Runs(unittest.TestCase):
             self.assertEqual(b["peak_gib"], r["peak_gib"])
             if r["fits"] == "1":
                 self.assertLess(abs(float(b["est_step_s"]) / float(r["est_step_s"]) - 1), 0.10, name)
+                # the source column: the one replayed layout's figures are the replay's, the others the estimate's
+                self.assertEqual(r["source"], "replay" if r["replay_step_s"] else "estimate", name)
+        self.assertEqual(sum(r["source"] == "replay" for r in rows["slow"].values()), 1)
 
     def test_explain(self):
         p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain",
