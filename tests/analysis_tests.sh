@@ -386,6 +386,10 @@ refused "regress: points of one side only, named in-place or out-of-place" \
   $PY $ROOT/analysis/regress.py $ROOT/tests/data/regress $BP/regress/out-of-place.h5 --report-dir $BP/rep
 cp "$tmp/out" $BP/regress.out
 check "... never 'in-of-place'" bash -c "! grep -q 'in-of-place' $BP/regress.out"
+# docs/usage.md's regress sample (no --report-dir) names the folder regress writes by default
+check "usage.md's regress sample: the default report folder" bash -c "grep -qx \"regress: wrote \$(COLUMNS=200 $PY \
+  $ROOT/analysis/regress.py --help | grep -o 'default: regress-report' | cut -d' ' -f2)/report.md and report.png .*\" \
+  $ROOT/docs/usage.md"
 
 # --- the memory picture from the plan alone (analysis/model_states.py): a small case end to
 # end; the per-parameter bytes against the ZeRO formulas, recomputed here from the CSV; a
