@@ -149,8 +149,11 @@ def draw(ranked, replayed, png, svg, title):
         front = pareto(pts)
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-o", color="#c0392b", ms=4,
                 label="Pareto front (throughput vs memory)")
-        for i in front[-4:]:
-            ax.annotate(ranked[i][0].name, pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
+        # the fastest end of the front numbered, the names in the legend: long names beside
+        # points close together overlapped one another
+        for k, i in enumerate(front[-4:][::-1], 1):
+            ax.annotate(str(k), pts[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.plot([], [], " ", label=f"{k}: {ranked[i][0].name}")
         top = [i for i, (lay, _, _) in enumerate(ranked) if lay.name in replayed]
         ax.scatter([pts[i][0] for i in top], [figures(ranked[i][1], replayed[ranked[i][0].name]["time"])[1]
                                               for i in top], s=30, facecolors="none", edgecolors="black",

@@ -219,6 +219,32 @@ class Runs(unittest.TestCase):
                 self.assertEqual(r["source"], "replay" if r["replay_step_s"] else "estimate", name)
         self.assertEqual(sum(r["source"] == "replay" for r in rows["slow"].values()), 1)
 
+    def test_figure_labels_numbered(self):
+        """advise.png names the fastest end of the Pareto front by number at the point and by
+        name in the legend (names beside close points overlapped)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        from matplotlib.axes import Axes
+        layouts, _ = advise.enumerate_layouts(8, 16, 4, 8, tiny_tp, offload=False)
+        lays = [x for x in layouts if x.pp == 1][:5]
+        ranked = []
+        for k, lay in enumerate(lays):  # a front of 5: more memory, more tokens/s
+            d = {"memory": {"peak_total": (k + 1) * 2**30}, "batch_per_rank": 2, "dp_size": 4, "enc_seq_len": 32,
+                 "dec_seq_len": 32, "model_flops_per_step": 1e12}
+            ranked.append((lay, d, {"time": 1.0 / (k + 1)}))
+        notes, legend = [], []
+        annotate, leg = Axes.annotate, Axes.legend
+        Axes.annotate = lambda ax, text, *x, **k: notes.append(text) or annotate(ax, text, *x, **k)
+        Axes.legend = lambda ax, *x, **k: legend.extend(ax.get_legend_handles_labels()[1]) or leg(ax, *x, **k)
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                advise.draw(ranked, {}, os.path.join(out, "a.png"), os.path.join(out, "a.svg"), "t")
+        finally:
+            Axes.annotate, Axes.legend = annotate, leg
+        self.assertEqual(notes, ["1", "2", "3", "4"])
+        self.assertEqual([x for x in legend if x[0].isdigit() and x[1] == ":"],
+                         [f"{k}: {ranked[i][0].name}" for k, i in ((1, 4), (2, 3), (3, 2), (4, 1))])
+
     def test_explain(self):
         p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain",
                 "fsdp-full-tp2-pp2:mb4:1f1b:ckpt")
