@@ -37,15 +37,20 @@ import sys
 import time
 
 EXIT_NO_LAYOUT = 3  # as the programs' exit 3: the question does not fit
+# A pipeline's full replay costs in proportion to its ops, micro-batches x stages x units: 16
+# stages of 125 micro-batches (t5-11.3b) take ~15 s of a core where 4 x 32 take ~2. Layouts
+# above this bound are ranked by the estimate alone, and the advisor says which.
+REPLAY_MAX_MB_STAGES = 512
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import model_shapes  # noqa: E402
 import runner  # noqa: E402
 from advise_estimate import digest, estimate  # noqa: E402
-from advise_layouts import BASES, MAX_GPUS, Layout, divisors, enumerate_layouts, parse_name  # noqa: E402,F401
-from advise_outputs import (calibration_line, draw, emit_matrix, explain, print_table, recommend, run_command,  # noqa: E402
-                            write_csv)
+from advise_layouts import (BASES, MAX_GPUS, Layout, batch_openings, divisors, enumerate_layouts,  # noqa: E402,F401
+                            parse_name)
+from advise_outputs import (calibration_line, draw, emit_matrix, explain, print_replay, print_table, recommend,  # noqa: E402
+                            run_command, write_csv)
 from projection_model import add_calibration_arguments, calibrated, calibrated_from, simulate  # noqa: E402
 
 
@@ -197,17 +202,37 @@ def plan_all(a, cluster, bin_dir, use_batch, layouts):
     return runner.plans(reqs, bin_dir, reduce=digest, full=False, jobs=a.jobs, use_batch=use_batch)
 
 
+def say_batch(a, cluster, blocks, tp_ok, n_layouts, bases, offload, rule):
+    """One line, before any plan: the data-parallel degrees the global batch excludes and the
+    nearest global batches that open them, with their layouts' counts."""
+    gpn = cluster["gpus_per_node"]
+    shut, below, above = batch_openings(a.gpus, a.global_batch, blocks, gpn, tp_ok, a.tp, a.pp)
+    if not shut:
+        return
+    opens = []
+    for b in (below, above):
+        if b:
+            n = len(enumerate_layouts(a.gpus, b, blocks, gpn, tp_ok, bases, offload, tps=a.tp, pps=a.pp,
+                                      offload_rule=rule)[0])
+            opens.append(f"{b} ({n} layouts)")
+    print(f"advise: global batch {a.global_batch} does not divide over {', '.join(map(str, shut))} data-parallel "
+          f"ranks: those layouts are excluded ({n_layouts} left); global batch {' or '.join(opens)} opens every "
+          "one", flush=True)
+
+
 def rank(a, cluster, bin_dir, use_batch, bases, offload):
     t0 = time.time()
     blocks = model_blocks(a, cluster, bin_dir)
     tp_res = probe_tp_simple(a, cluster, bin_dir, a.gpus)
+    rule = runner.offload_rule(bin_dir)
     layouts, excluded = enumerate_layouts(a.gpus, a.global_batch, blocks, cluster["gpus_per_node"],
                                           lambda tp: tp_res[tp], bases, offload, tps=a.tp, pps=a.pp,
-                                          offload_rule=runner.offload_rule(bin_dir))
+                                          offload_rule=rule)
     print(f"advise: {a.model} on {a.gpus} GPUs of {cluster['name']}, global batch {a.global_batch} x "
           f"{a.seq_len}{'+' + str(a.dec_seq_len) if a.dec_seq_len else ''} tokens: {len(layouts)} layouts "
           f"({'--plan-batch' if use_batch else 'one --plan per layout'})")
-    print(calibration_line(cluster, a))
+    say_batch(a, cluster, blocks, lambda tp: tp_res[tp], len(layouts), bases, offload, rule)
+    print(calibration_line(cluster, a), flush=True)
     results = plan_all(a, cluster, bin_dir, use_batch, layouts)
     t_plan = time.time() - t0
     ranked, oom, refused = [], [], []
@@ -228,14 +253,23 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
                        f"memory) and {len(refused)} are refused by the program; {len(excluded)} tensor x pipeline "
                        "degrees excluded before any plan (nothing written)")
     t_est = time.time() - t0
-    # the full replay of the top layouts
-    top = ranked[:a.replay]
-    replayed = dict(zip([lay.name for lay, _, _ in top],
-                        replay_all((a.cluster, tuple(a.calibrate_run), tuple(a.calibrate_collectives)),
-                                   [lay.request(a, cluster, a.gpus) for lay, _, _ in top], bin_dir,
-                                   use_batch, a.jobs)))
+    print(f"advise: {len(layouts)} layouts planned and estimated in {t_est:.1f} s: {len(ranked)} fit", flush=True)
+    print_table(ranked, {}, a.top)  # the ranking by the estimate, before the replay
+    # the full replay of the top layouts, each printed as it ends; a pipeline above the bound is not replayed
+    top = [x for x in ranked[:a.replay] if x[0].mb * x[0].pp <= REPLAY_MAX_MB_STAGES]
+    capped = [x[0] for x in ranked[:a.replay] if x[0].mb * x[0].pp > REPLAY_MAX_MB_STAGES]
+    if capped:
+        print(f"\nnot replayed ({len(capped)} of the top {min(a.replay, len(ranked))}: micro-batches x stages above "
+              f"{REPLAY_MAX_MB_STAGES}, ranked by the estimate alone): {', '.join(x.name for x in capped)}")
+    if top:
+        print(f"\nfull replay of the top {len(top)} (as each ends):")
+    replayed = {}
+    for (lay, d, est), sim in zip(top, replay_all((a.cluster, tuple(a.calibrate_run), tuple(a.calibrate_collectives)),
+                                                  [lay.request(a, cluster, a.gpus) for lay, _, _ in top], bin_dir,
+                                                  use_batch, a.jobs)):
+        replayed[lay.name] = sim
+        print_replay(len(replayed), len(top), lay, d, est, sim)
     t_all = time.time() - t0
-    print_table(ranked, replayed, a.top)
     print(f"\nexcluded: {len(oom)} layouts do not fit (the plan: device or host memory), {len(refused)} refused by "
           f"the program, {len(excluded)} tensor x pipeline degrees before any plan:")
     for what, why in excluded:
@@ -254,15 +288,16 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
     if unrun:
         print(f"  * {', '.join(unrun)}: compiled and tested on the CPU backend, not yet run on the CUDA backend across "
               "GPUs (the GPU ledger, docs/gpu.md)")
-    if top:
-        winner_est = top[0][0].name
+    if replayed:
+        winner_est = ranked[0][0].name
         winner_full = min(replayed, key=lambda n: replayed[n]["time"])
         print(f"\nfastest by the estimate: {winner_est}; by the full replay of the top {len(top)}: {winner_full}")
-    pick, lines = recommend(a, cluster, ranked, replayed)
+    pick, lines = recommend(a, cluster, ranked, replayed, capped)
     print("\n" + "\n".join(lines))
     n = len(layouts)
     print(f"time: {n} layouts planned and estimated in {t_est:.1f} s ({n / t_est:.0f} layouts/s; plans {t_plan:.1f} s), "
-          f"top {len(top)} replayed in full, {t_all:.1f} s in all")
+          f"top {len(top)} replayed in full{f' ({len(capped)} above the bound: not replayed)' if capped else ''}, "
+          f"{t_all:.1f} s in all")
     # every output written under a temporary name, then published together (cli.Outputs)
     matrices = []
     if a.out or a.emit_matrix:
@@ -312,12 +347,14 @@ def _replay_job(job):
 
 def replay_all(cluster_args, requests, bin_dir, use_batch, jobs):
     """The full replays of the top layouts, `jobs` at once (each re-plans its layout with
-    every op: the ranking kept only digests); cluster_args: calibrated_from's."""
+    every op: the ranking kept only digests), yielded in order as they end; cluster_args:
+    calibrated_from's."""
     work = [(cluster_args, r, bin_dir, use_batch) for r in requests]
     if jobs <= 1 or len(work) < 2:
-        return [_replay_job(w) for w in work]
+        yield from map(_replay_job, work)
+        return
     with concurrent.futures.ProcessPoolExecutor(min(jobs, len(work))) as pool:  # no idle workers
-        return list(pool.map(_replay_job, work))
+        yield from pool.map(_replay_job, work)  # in order, each as soon as it and those before it end
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ slurm/sweep reads it (analysis/strategy_labels.py, the one home of which offload
 strategy takes), the micro-batches and pipeline schedule of a -ppS label, and activation
 checkpointing.
 """
+import math
 import re
 
 import cli
@@ -128,6 +129,21 @@ def enumerate_layouts(world, global_batch, blocks, gpus_per_node, tp_ok=lambda t
                         for sched in SCHEDULES:
                             layouts.append(Layout(label, tp, pp, dp, mb, sched, ckpt, per_rank))
     return layouts, excluded
+
+
+def batch_openings(world, global_batch, blocks, gpus_per_node, tp_ok=lambda tp: True, tps=None, pps=None):
+    """(excluded, below, above): the data-parallel degrees the global batch does not divide
+    (of the tensor x pipeline degrees enumerate_layouts considers), and the nearest global
+    batches below and above that every one of them divides (below: None where there is none);
+    ([], None, None) where it excludes none."""
+    dps = {world // (tp * pp) for tp in divisors(world) if tp <= gpus_per_node and (not tps or tp in tps)
+           and tp_ok(tp) is True for pp in divisors(world // tp) if pp <= blocks and (not pps or pp in pps)}
+    excluded = sorted((dp for dp in dps if global_batch % dp), reverse=True)
+    if not excluded:
+        return [], None, None
+    step = math.lcm(*excluded)
+    below = global_batch // step * step
+    return excluded, below or None, below + step
 
 
 def parse_name(name, world, global_batch, offload_rule=None):

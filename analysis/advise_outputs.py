@@ -37,6 +37,14 @@ def print_table(ranked, replayed, top):
           "the estimate's; *: not yet run on the CUDA backend)")
 
 
+def print_replay(k, n, lay, d, est, sim):
+    """One replayed layout as its replay ends (k of n): the replay's step beside the estimate's."""
+    tf, tok = figures(d, sim["time"])
+    print(f"  replay {k}/{n} {lay.name + (' *' if lay.unverified else ''):<46} {sim['time'] * 1e3:>9.1f} ms "
+          f"(est {est['time'] * 1e3:.1f}, {(est['time'] / sim['time'] - 1) * 100:+.1f} %) {tf:>6.1f} TFLOPS/GPU "
+          f"{tok:>8.0f} tokens/s" + (f", bubble {sim['idle_share'] * 100:.1f} %" if lay.pp > 1 else ""), flush=True)
+
+
 def run_command(a, cluster, lay):
     """The command that runs layout `lay` on the question's GPUs under Slurm: one rank per GPU,
     the program's flags as the plan had them (the world is the job's)."""
@@ -49,19 +57,26 @@ def run_command(a, cluster, lay):
             f"build/bin/{program} {' '.join(flags)} --backend cuda")
 
 
-def recommend(a, cluster, ranked, replayed):
-    """(the recommended layout, its lines): the fastest of the replayed layouts by the full
-    replay (the estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM
-    words, its memory against the limits, and the fastest layout whose code paths have all run
-    on a GPU (the GPU ledger) with the gap to it."""
+def recommend(a, cluster, ranked, replayed, capped=()):
+    """(the recommended layout, its lines): the fastest of the top layouts, the replayed ones by
+    the full replay and those `capped` (above the replay's bound) by the estimate (the
+    estimate's first where none was replayed), in ZeRO / PyTorch / Megatron-LM words, its
+    memory against the limits, and the fastest layout whose code paths have all run on a GPU
+    (the GPU ledger) with the gap to it."""
     timed = {lay.name: (replayed[lay.name]["time"], "replay") if lay.name in replayed else (est["time"], "estimate")
              for lay, _, est in ranked}
+    names = {x.name for x in capped}
     if replayed:
-        lay, d, est = min((x for x in ranked if x[0].name in replayed), key=lambda x: replayed[x[0].name]["time"])
+        lay, d, est = min((x for x in ranked if x[0].name in replayed or x[0].name in names),
+                          key=lambda x: timed[x[0].name][0])
         how = f"the fastest of the top {len(replayed)} by the full replay"
+        if capped:
+            how = (f"the fastest of the top {len(replayed) + len(capped)}: {len(replayed)} by the full replay, "
+                   f"{len(capped)} above the replay's bound by the estimate")
     else:
         lay, d, est = ranked[0]
-        how = "the fastest by the estimate (--replay 0: nothing replayed)"
+        how = ("the fastest by the estimate (the top layouts' pipelines are above the replay's bound)" if capped else
+               "the fastest by the estimate (--replay 0: nothing replayed)")
     t, _ = timed[lay.name]
     tf, tok = figures(d, t)
     m = d["memory"]
@@ -87,21 +102,25 @@ def recommend(a, cluster, ranked, replayed):
 
 
 def write_csv(path, ranked, oom, replayed):
+    """Every layout, one row each. source says where model_tflops_per_gpu and tokens_per_s come
+    from: "replay" (the full replay) or "estimate" (the fast estimate); empty for a layout
+    that does not fit (its plan's peak alone)."""
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["layout", "label", "tp", "pp", "dp", "micro_batches", "pp_schedule", "activation_checkpointing",
                     "cpu_offload", "fits", "est_step_s", "replay_step_s", "model_tflops_per_gpu", "tokens_per_s",
-                    "peak_gib", "exposed_dp_s", "exposed_tp_s", "exposed_pp_s"])
+                    "source", "peak_gib", "exposed_dp_s", "exposed_tp_s", "exposed_pp_s"])
         for lay, d, est in ranked:
             sim = replayed.get(lay.name)
             tf, tok = figures(d, sim["time"] if sim else est["time"])
             w.writerow([lay.name, lay.label, lay.tp, lay.pp, lay.dp, lay.mb, lay.schedule if lay.pp > 1 else "",
                         int(lay.ckpt), lay.offload, 1, f"{est['time']:.6g}", f"{sim['time']:.6g}" if sim else "",
-                        f"{tf:.4g}", f"{tok:.6g}", f"{d['memory']['peak_total'] / 2**30:.4f}",
+                        f"{tf:.4g}", f"{tok:.6g}", "replay" if sim else "estimate",
+                        f"{d['memory']['peak_total'] / 2**30:.4f}",
                         f"{est['exposed']['dp']:.4g}", f"{est['exposed']['tp']:.4g}", f"{est['exposed']['pp']:.4g}"])
         for lay, d in oom:
             w.writerow([lay.name, lay.label, lay.tp, lay.pp, lay.dp, lay.mb, lay.schedule if lay.pp > 1 else "",
-                        int(lay.ckpt), lay.offload, 0, "", "", "", "", f"{d['memory']['peak_total'] / 2**30:.4f}",
+                        int(lay.ckpt), lay.offload, 0, "", "", "", "", "", f"{d['memory']['peak_total'] / 2**30:.4f}",
                         "", "", ""])
 
 
@@ -130,8 +149,11 @@ def draw(ranked, replayed, png, svg, title):
         front = pareto(pts)
         ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-o", color="#c0392b", ms=4,
                 label="Pareto front (throughput vs memory)")
-        for i in front[-4:]:
-            ax.annotate(ranked[i][0].name, pts[i], fontsize=6, xytext=(3, 3), textcoords="offset points")
+        # the fastest end of the front numbered, the names in the legend: long names beside
+        # points close together overlapped one another
+        for k, i in enumerate(front[-4:][::-1], 1):
+            ax.annotate(str(k), pts[i], fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.plot([], [], " ", label=f"{k}: {ranked[i][0].name}")
         top = [i for i, (lay, _, _) in enumerate(ranked) if lay.name in replayed]
         ax.scatter([pts[i][0] for i in top], [figures(ranked[i][1], replayed[ranked[i][0].name]["time"])[1]
                                               for i in top], s=30, facecolors="none", edgecolors="black",

@@ -447,6 +447,14 @@ def check_args(a):
         raise cli.BadInput(f"--out '{a.out}' is not empty (pass --overwrite to replace its files)")
 
 
+def progress(line):
+    """One finished row, as it finishes, on a terminal only (stderr, as advise's and project's
+    rows come while they run): the script takes minutes and prints its table at the end; a
+    pipe or a log gets the table alone."""
+    if sys.stderr.isatty():
+        print(f"model_states: {line}", file=sys.stderr, flush=True)
+
+
 def largest_fits(a, strategies):
     """Per strategy and checkpointing: the largest --fit-models preset whose plan fits, and the
     next larger one, which does not. The first strategy's plans (without checkpointing) give
@@ -479,6 +487,8 @@ def largest_fits(a, strategies):
                             largest_peak=best[1]["memory"]["peak_total"] if best else 0,
                             next=nxt[0] if nxt else "", next_params=nxt[1]["param_count"] if nxt else 0,
                             next_peak=nxt[1]["memory"]["peak_total"] if nxt else 0))
+            progress(f"largest fit on {a.fit_gpus} GPUs, {s['name']}{' with checkpointing' if ck else ''}: "
+                     f"{best[0] if best else 'none'}")
     return out
 
 
@@ -509,6 +519,8 @@ def main(argv=None):
                 if plan is None:
                     break
                 rows.append(compare(s, plan, n))
+                progress(f"{len(rows)}/{len(strategies) * len(a.gpus)} {s['name']} at {n} GPUs: model states "
+                         f"{rows[-1]['model_states'] / GIB:.2f} GiB per GPU (ZeRO formula {rows[-1]['formula'] / GIB:.2f})")
         fits = largest_fits(a, [s for s in strategies if any(r["strategy"] == s["name"] for r in rows)])
     except cli.BadInput as e:
         print(f"model_states: error: {e}", file=sys.stderr)

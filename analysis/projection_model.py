@@ -652,8 +652,15 @@ class _StageReplay:
         self.fsdp1_gathers, self.slowdown = fsdp1_gathers, slowdown
         # The intervals that slow compute: this pass's collectives as they launch, and the
         # pipeline transfers of the previous pass (simulate); those ending before the
-        # compute lane's time are dropped as it advances.
+        # compute lane's time are dropped as it advances. Their union (merged) is rebuilt only
+        # after a launch, not at every compute op: a union taken at an earlier time differs only
+        # before the compute lane's time, which _stretched never reads, so the figures are the
+        # same while a pipeline's replay stays linear in its ops (rebuilding it per op cost
+        # ops x transfers: minutes a pass for 16 stages of 125 micro-batches).
         self.busy = sorted(transfers)
+        self.merged, self.merged_ends = None, []  # None: rebuild before the next compute op
+        self.busy_end = max((b for _, b in self.busy), default=-math.inf)
+        self.busy_cut, self.launched = -math.inf, bool(self.busy)  # when busy was last cut; launched since
         self.t = self.compute = self.comm = self.exposed = self.waited_for_stages = 0.0
         self.forward = sched["phase_names"].index("forward")
         self.lanes, self.wire, self.done = {name: 0.0 for name in self.LANES}, {}, {}
@@ -752,6 +759,7 @@ class _StageReplay:
         self.comm += d
         if self.slowdown:
             bisect.insort(self.busy, (end - d, end))
+            self.merged, self.launched, self.busy_end = None, True, max(self.busy_end, end)
         self.events.append((tag[0], tag[1], tag[2], self.LANES[lane], end - d, end, nbytes, 0.0, axis, n, sent))
 
     def prelaunch(self, i, t):
@@ -803,10 +811,13 @@ class _StageReplay:
             if self.fsdp1_gathers and op == "copy" and i + 1 < len(self.ops) and self.ops[i + 1][0] == "all-gather":
                 self.pending_cast = d  # the shard's cast runs on the gather stream
                 return
-            if self.busy:
-                self.busy = [x for x in self.busy if x[1] > t]  # what ended before t slows nothing from here on
-                merged = _merged(self.busy)
-                d = _stretched(t, d, merged, [b for _, b in merged], self.slowdown)
+            if self.launched or self.busy_end > self.busy_cut:  # an interval may still slow it
+                if self.merged is None:
+                    self.busy = [x for x in self.busy if x[1] > t]  # what ended before t slows nothing from here on
+                    self.merged = _merged(self.busy)
+                    self.merged_ends = [b for _, b in self.merged]
+                d = _stretched(t, d, self.merged, self.merged_ends, self.slowdown)
+                self.busy_cut, self.launched = t, False
             self.events.append((op, phase, unit, lane, t, t + d, nbytes, flops, -1, 0, 0))
             self.t += d
             self.compute += d
@@ -858,6 +869,7 @@ def _stage_lists(sched, cluster):
     # CPU offload: copies over the host link, the update at the host's rate ([host], per GPU)
     link, update = host_rates(cluster) if has_offload(sched) else (None, None)
 
+    @functools.lru_cache(maxsize=None)  # a pipeline repeats each op once per micro-batch
     def cost(op, nbytes, flops, shape, lane):
         if lane in (UPLOAD_LANE, DOWNLOAD_LANE):
             return nbytes / link

@@ -386,6 +386,10 @@ refused "regress: points of one side only, named in-place or out-of-place" \
   $PY $ROOT/analysis/regress.py $ROOT/tests/data/regress $BP/regress/out-of-place.h5 --report-dir $BP/rep
 cp "$tmp/out" $BP/regress.out
 check "... never 'in-of-place'" bash -c "! grep -q 'in-of-place' $BP/regress.out"
+# docs/usage.md's regress sample (no --report-dir) names the folder regress writes by default
+check "usage.md's regress sample: the default report folder" bash -c "grep -qx \"regress: wrote \$(COLUMNS=200 $PY \
+  $ROOT/analysis/regress.py --help | grep -o 'default: regress-report' | cut -d' ' -f2)/report.md and report.png .*\" \
+  $ROOT/docs/usage.md"
 
 # --- the memory picture from the plan alone (analysis/model_states.py): a small case end to
 # end; the per-parameter bytes against the ZeRO formulas, recomputed here from the CSV; a
@@ -437,6 +441,28 @@ fits = [f for f in fits if f["strategy"] in base]
 assert len(fits) == 2 * len(base) and all(f["largest"] == "t5-small" for f in fits), fits
 print("ok", len(rows), "rows")
 PYEOF
+# on a terminal each row is said as it finishes (stderr); a pipe gets the table alone (above: 2>&1)
+expect "model_states: on a terminal, each row as it finishes" 0 '^ok progress$' -- \
+  $PY - $ROOT/analysis "${MS[@]}" --gpus 3 --fit-models t5-tiny --out $tmp/ms-tty <<'PYEOF'
+import io, sys
+sys.path.insert(0, sys.argv[1])
+import model_states
+class Tty(io.StringIO):
+    def isatty(self):
+        return True
+err, out = Tty(), io.StringIO()
+sys.stderr, real = err, sys.stdout
+sys.stdout = out
+code = model_states.main(sys.argv[2:])
+sys.stdout, sys.stderr = real, sys.__stderr__
+said = err.getvalue().splitlines()
+assert code == 0, err.getvalue()
+assert said[0].startswith("model_states: 1/") and " ddp at 3 GPUs: model states " in said[0], said
+assert any("largest fit on 8 GPUs, fsdp-full with checkpointing: t5-tiny" in x for x in said), said
+assert "model_states: 1/" not in out.getvalue(), "progress is stderr's"
+print("ok progress")
+PYEOF
+grep -q 'model_states: [0-9]*/' $tmp/ms.stdout && bad "... not in a pipe" || ok "... not in a pipe"
 refused "model_states: a wrong formula (K = 8) stops it: exit 1, one line" \
   '^model_states: mismatch: ddp at 3 GPUs \(t5-small\): model states .* outside the in-flight bounds \[0, 0\] B$' -- \
   bash -c "$PY -c \"import sys; sys.path.insert(0, '$ROOT/analysis'); import model_states as m; m.K = 8

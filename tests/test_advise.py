@@ -166,6 +166,9 @@ class Runs(unittest.TestCase):
         self.assertLess(float(hybrid["replay_step_s"]), float(full["replay_step_s"]))
         self.assertAlmostEqual(float(hybrid["model_tflops_per_gpu"]), 108.8, delta=0.15)
         self.assertAlmostEqual(float(full["model_tflops_per_gpu"]), 108.4, delta=0.15)
+        # every fitting row says whose figures it carries: the 9 replayed (--replay 18 of 9 fitting) the replay's
+        self.assertEqual({r["source"] for r in rows.values() if r["fits"] == "1"}, {"replay"})
+        self.assertEqual({r["source"] for r in rows.values() if r["fits"] == "0"}, {""})
 
     def test_tiny_ranked_with_exclusions(self):
         with tempfile.TemporaryDirectory() as out:
@@ -212,6 +215,35 @@ class Runs(unittest.TestCase):
             self.assertEqual(b["peak_gib"], r["peak_gib"])
             if r["fits"] == "1":
                 self.assertLess(abs(float(b["est_step_s"]) / float(r["est_step_s"]) - 1), 0.10, name)
+                # the source column: the one replayed layout's figures are the replay's, the others the estimate's
+                self.assertEqual(r["source"], "replay" if r["replay_step_s"] else "estimate", name)
+        self.assertEqual(sum(r["source"] == "replay" for r in rows["slow"].values()), 1)
+
+    def test_figure_labels_numbered(self):
+        """advise.png names the fastest end of the Pareto front by number at the point and by
+        name in the legend (names beside close points overlapped)."""
+        import matplotlib
+        matplotlib.use("Agg")
+        from matplotlib.axes import Axes
+        layouts, _ = advise.enumerate_layouts(8, 16, 4, 8, tiny_tp, offload=False)
+        lays = [x for x in layouts if x.pp == 1][:5]
+        ranked = []
+        for k, lay in enumerate(lays):  # a front of 5: more memory, more tokens/s
+            d = {"memory": {"peak_total": (k + 1) * 2**30}, "batch_per_rank": 2, "dp_size": 4, "enc_seq_len": 32,
+                 "dec_seq_len": 32, "model_flops_per_step": 1e12}
+            ranked.append((lay, d, {"time": 1.0 / (k + 1)}))
+        notes, legend = [], []
+        annotate, leg = Axes.annotate, Axes.legend
+        Axes.annotate = lambda ax, text, *x, **k: notes.append(text) or annotate(ax, text, *x, **k)
+        Axes.legend = lambda ax, *x, **k: legend.extend(ax.get_legend_handles_labels()[1]) or leg(ax, *x, **k)
+        try:
+            with tempfile.TemporaryDirectory() as out:
+                advise.draw(ranked, {}, os.path.join(out, "a.png"), os.path.join(out, "a.svg"), "t")
+        finally:
+            Axes.annotate, Axes.legend = annotate, leg
+        self.assertEqual(notes, ["1", "2", "3", "4"])
+        self.assertEqual([x for x in legend if x[0].isdigit() and x[1] == ":"],
+                         [f"{k}: {ranked[i][0].name}" for k, i in ((1, 4), (2, 3), (3, 2), (4, 1))])
 
     def test_explain(self):
         p = run("--model", "t5-11.3b", "--gpus", "8", "--global-batch", "64", "--seq-len", "512", "--explain",
@@ -287,6 +319,80 @@ class Runs(unittest.TestCase):
                 self.assertIn(msg, p.stderr)
                 self.assertTrue(p.stderr.startswith("advise: error: "), p.stderr)
             self.assertFalse(os.path.exists(out + "/new"))
+
+
+class LongWork(unittest.TestCase):
+    """A question with long pipelines answers in bounded time and says where it stands: the
+    replay's cost linear in a pipeline's ops, a bound on which layouts are replayed (said),
+    the ranking printed before the replay, and early, the data-parallel degrees the global
+    batch excludes with the nearest batches that open them."""
+
+    def tiny(self, *extra):
+        return run("--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--seq-len", "32", "--strategies",
+                   "ddp,fsdp-full", "--no-offload", "--pp", "1,2", *extra)
+
+    def test_replay_linear_in_ops(self):
+        # the union of the intervals that slow compute is rebuilt per launch, not per compute op
+        # (per op, 64 micro-batches of 2 stages rebuilt it 13,026 times: ops x transfers)
+        import projection_model as pm
+        import runner
+        cl = pm.calibrated_from(A100)
+
+        class A:
+            model, gpus, global_batch, seq_len, dec_seq_len = "t5-tiny", 2, 64, 32, None
+        for key in advise.model_shapes.KEYS:
+            setattr(A, key, None)
+        lay = advise.parse_name("fsdp-full-pp2:mb64:1f1b", 2, 64)
+        sched = runner.schedule(*lay.request(A, cl, 2), os.path.join(REPO, "build", "bin"))
+        calls, merged = [], pm._merged
+        pm._merged = lambda x: calls.append(1) or merged(x)
+        try:
+            sim = pm.simulate(sched, cl)
+        finally:
+            pm._merged = merged
+        ops = [op for s in sched["stages"] for op in pm.schedule_ops(sched, s["ops"])]
+        launches = sum(1 for op in ops if op[0] in pm.COLLECTIVES)
+        self.assertGreater(len(ops), 10000)
+        self.assertLessEqual(len(calls), sim["passes"] * (launches + len(sched["stages"])))
+
+    def test_batch_openings(self):
+        # 64 GPUs, t5-11.3b (48 blocks): 500 = 4 x 125 shuts dp 64, 32, 16, 8; 448 and 512 open them
+        self.assertEqual(advise.batch_openings(64, 500, 48, 8), ([64, 32, 16, 8], 448, 512))
+        self.assertEqual(advise.batch_openings(64, 512, 48, 8), ([], None, None))
+        self.assertEqual(advise.batch_openings(64, 12, 48, 8), ([64, 32, 16, 8], None, 64))
+
+    def test_ranking_before_replay_and_batch_said_first(self):
+        p = self.tiny("--replay", "2")
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.splitlines()
+        said = next(i for i, x in enumerate(lines) if "does not divide over 8 data-parallel ranks" in x)
+        self.assertIn("global batch 8 (32 layouts) or 16 (48 layouts) opens every one", lines[said])
+        first_row = next(i for i, x in enumerate(lines) if x.startswith("  1 "))
+        replay = next(i for i, x in enumerate(lines) if x.startswith("full replay of the top 2"))
+        self.assertLess(said, first_row)
+        self.assertLess(first_row, replay)
+        self.assertRegex(lines[replay + 1], r"^  replay 1/2 \S+ .* ms \(est ")
+        self.assertRegex(lines[replay + 2], r"^  replay 2/2 ")
+
+    def test_replay_bound_said(self):
+        # above the bound (here 2 micro-batches x stages) a pipeline is ranked by the estimate alone
+        import contextlib
+        import io
+        bound = advise.REPLAY_MAX_MB_STAGES
+        advise.REPLAY_MAX_MB_STAGES = 2
+        out = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(out):
+                code = advise.main(["--cluster", A100, "--model", "t5-tiny", "--gpus", "8", "--global-batch", "12",
+                                    "--seq-len", "32", "--strategies", "ddp", "--no-offload", "--tp", "1",
+                                    "--pp", "2", "--replay", "2"])
+        finally:
+            advise.REPLAY_MAX_MB_STAGES = bound
+        text = out.getvalue()
+        self.assertEqual(code, 0, text)
+        self.assertIn("not replayed (2 of the top 2: micro-batches x stages above 2, ranked by the estimate alone)", text)
+        self.assertIn("(the fastest by the estimate (the top layouts' pipelines are above the replay's bound))", text)
+        self.assertNotIn("  replay 1/", text)
 
 
 TINY = ["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--seq-len", "32", "--strategies", "ddp,fsdp-full",
