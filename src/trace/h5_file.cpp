@@ -119,6 +119,32 @@ std::string unsound(const std::string& path, const std::vector<std::pair<std::st
   return "";
 }
 
+// Whether `path` is already this run's failure record (another rank of it timed out later
+// than the one that wrote it, after its claim went): its start_time and command are root's.
+bool same_run_record(const std::string& path, const std::vector<Attr>& root) {
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_file_locking(fapl, false, true);
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  if (f < 0) return false;
+  H5Id file(f, H5Fclose);
+  int matched = 0;
+  for (const Attr& a : root) {
+    if (a.name != "start_time" && a.name != "command") continue;
+    const hid_t at = H5Aopen(file, a.name.c_str(), H5P_DEFAULT);
+    if (at < 0) return false;
+    H5Id attr(at, H5Aclose);
+    H5Id type(vlen_string_type(), H5Tclose);
+    char* text = nullptr;
+    if (H5Aread(attr, type, &text) < 0) return false;
+    const bool same = text && a.text == text;
+    H5free_memory(text);
+    if (!same) return false;
+    ++matched;
+  }
+  return matched == 2;
+}
+
 }  // namespace
 
 ResultFile::ResultFile(std::string path, MPI_Comm comm, bool overwrite, int64_t local_bytes)
@@ -287,7 +313,8 @@ bool write_failure_record(const std::string& path, const std::string& run_tag, c
     ok = H5Fclose(file) >= 0 && sync_path(tmp, O_RDONLY) == 0;
   }
   int err = ok ? publish_temporary(tmp, path, false) : -1;
-  for (int n = 2; err == EEXIST && n < 10000; ++n) err = publish_temporary(tmp, suffixed(path, n), false);
+  const bool recorded = err == EEXIST && same_run_record(path, root);
+  for (int n = 2; err == EEXIST && !recorded && n < 10000; ++n) err = publish_temporary(tmp, suffixed(path, n), false);
   if (err != 0) unlink(tmp.c_str());
   if (lock >= 0) close(lock);
   forget_temporary(tmp);
