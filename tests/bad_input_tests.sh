@@ -216,13 +216,69 @@ for v in 0 -1 inf nan 1e10 2097152; do
     ok "$name"
   else echo "      exit $rc" >>"$tmp/out"; bad "$name"; fi
 done
-expect "--host-mem-limit-gib 3: the plan's host block names the limit" 0 \
-  "^host memory \(CPU offload\), per rank: none; limit 3.00 GiB \(--host-mem-limit-gib\)$" -- \
-  $BIN/fsdp_perf "${PLAN[@]}" --host-mem-limit-gib 3
+expect "--host-mem-limit-gib 3: the plan's host block names the limit" 0 "^  host limit +3.00 GiB  -> fits$" -- \
+  $BIN/fsdp_perf "${PLAN[@]}" --cpu-offload optimizer --host-mem-limit-gib 3
 expect "--host-mem-limit-gib with --out: recorded in /plan" 3 "wrote $T/host-limit.h5" -- \
-  $BIN/fsdp_perf "${PLAN[@]}" --mem-limit-gib 0.000001 --host-mem-limit-gib 3 --out $T/host-limit.h5
+  $BIN/fsdp_perf "${PLAN[@]}" --mem-limit-gib 0.000001 --cpu-offload optimizer --host-mem-limit-gib 3 --out $T/host-limit.h5
 expect "the record's host limit is 3 GiB" 0 "^3221225472$" -- \
   $PY -c "import h5py; print(h5py.File('$T/host-limit.h5')['plan'].attrs['host_limit'])"
+
+# --- 7a. a flag the rest of the command line leaves nothing to act on: refused in one line
+# naming it and what it needs, exit 2 on every rank, no result file ---
+one_error_no_file "ddp_perf --host-mem-limit-gib: DDP has no offload" \
+  "error: --host-mem-limit-gib is only allowed with CPU offload \(fsdp_perf --cpu-offload; ddp_perf has none\)$" \
+  $T/dep.h5 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --host-mem-limit-gib 10 --out $T/dep.h5
+one_error_no_file "fsdp_perf --host-mem-limit-gib without --cpu-offload" \
+  "error: --host-mem-limit-gib is only allowed with --cpu-offload params or optimizer$" \
+  $T/dep.h5 "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --host-mem-limit-gib 10 --out $T/dep.h5
+one_error_no_file "--pp-schedule without --pp > 1" "error: --pp-schedule is only allowed with --pp > 1$" \
+  $T/dep.h5 "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --pp-schedule gpipe --out $T/dep.h5
+one_error_no_file "--check-tolerance without --check" "error: --check-tolerance is only allowed with --check$" \
+  $T/dep.h5 "${MPI2[@]}" $BIN/ddp_perf "${TINY[@]}" --check-tolerance 2 --out $T/dep.h5
+one_error_no_file "--loss-scale-growth-interval with a static loss scale" \
+  "error: --loss-scale-growth-interval is only allowed with --loss-scale dynamic" \
+  $T/dep.h5 "${MPI2[@]}" $BIN/fsdp_perf "${TINY[@]}" --dtype bf16 --loss-scale-growth-interval 10 --out $T/dep.h5
+expect "--overwrite with nothing to overwrite (no --out, no --schedule-json)" 2 \
+  "error: --overwrite is only allowed with --out or --schedule-json" -- $BIN/fsdp_perf "${PLAN[@]}" --overwrite
+
+# --- 7b. --plan-batch: an input that cannot be read is one line and exit 2; every output
+# line is JSON, a line that is not UTF-8 refused on its own line with its number ---
+one_error_no_file "--plan-batch a folder: one line, exit 2" "error: --plan-batch '$T' cannot be read: Is a directory$" \
+  $T/none $BIN/fsdp_perf --plan-batch $T
+one_error_no_file "--plan-batch a missing file: one line, exit 2" \
+  "error: --plan-batch '$T/missing.txt' cannot be read: No such file or directory$" $T/none $BIN/fsdp_perf --plan-batch $T/missing.txt
+one_error_no_file "--plan-batch - with a folder on stdin: one line, exit 2" \
+  "error: --plan-batch - \(stdin\) cannot be read: Is a directory$" $T/none bash -c "$BIN/fsdp_perf --plan-batch - <$T"
+printf -- '--model t5-tiny --world-size 2\n--model t5-\xff --world-size 2\n--world-size 2 --dtype bf\xc3\n# \xfe\n' >$T/bytes.txt
+$BIN/fsdp_perf --plan-batch $T/bytes.txt --plan-batch-ops none >$T/bytes.out 2>"$tmp/out"
+check "--plan-batch lines with bytes that are not UTF-8: every output line is JSON, each such line refused" $PY -c "
+import json
+rows = [json.loads(l.decode('utf-8')) for l in open('$T/bytes.out', 'rb')]
+print(rows)
+assert [(r['line'], r['exit']) for r in rows] == [(1, 0), (2, 2), (3, 2)]
+assert rows[1]['error'] == 'line 2 is not valid UTF-8 (byte 0xff at column 12): a --plan-batch line is UTF-8 text'
+assert rows[2]['error'].startswith('line 3 is not valid UTF-8 (byte 0xc3 ')"
+
+# --- 7c. --schedule-json: published whole under its name (a temporary beside it first), an
+# existing file replaced only with --overwrite, two writers never both told it worked ---
+echo keep >$T/sched.json
+one_error_no_file "--schedule-json an existing file without --overwrite: refused, exit 2" \
+  "error: --schedule-json '$T/sched.json' exists \(pass --overwrite to replace it, or choose another name\)$" \
+  $T/none $BIN/fsdp_perf "${PLAN[@]}" --schedule-json $T/sched.json
+check "... and the file is left as it was" grep -qx keep $T/sched.json
+expect "--schedule-json --overwrite replaces it" 0 "" -- $BIN/fsdp_perf "${PLAN[@]}" --schedule-json $T/sched.json --overwrite
+check "... with the plan's JSON, no temporary left" bash -c "$PY -c \"import json; json.load(open('$T/sched.json'))\" &&
+  ! ls $T/sched.json.*tmp 2>/dev/null"
+for w in 1 2; do $BIN/fsdp_perf "${PLAN[@]}" --schedule-json $T/race.json >"$tmp/race$w" 2>&1 & done
+rc1=0 rc2=0
+wait %1 || rc1=$?
+wait %2 || rc2=$?
+cat "$tmp/race1" "$tmp/race2" >"$tmp/out"
+if [ $((rc1 == 0)) -ne $((rc2 == 0)) ] && $PY -c "import json; json.load(open('$T/race.json'))" &&
+   grep -qE "error: --schedule-json '$T/race.json' (exists|was written by another run while this one ran)" "$tmp/out" &&
+   ! ls $T/race.json.*tmp >/dev/null 2>&1; then
+  ok "two --schedule-json writers to one name: one writes it, the other is told (exit $rc1, $rc2)"
+else echo "exit $rc1, $rc2" >>"$tmp/out"; bad "two --schedule-json writers to one name: one writes it, the other is told"; fi
 
 # --- 7. every program's --help ends pointing to the flag reference ---
 for p in fsdp_perf ddp_perf collective_perf; do

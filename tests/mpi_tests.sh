@@ -254,6 +254,14 @@ if mount -t tmpfs -o size=512k tmpfs $D 2>/dev/null; then
   expect "full disk: collective_perf the same" 1 "No space left on device: '$D/' has" -- \
     "${MPIRUN[@]}" $BIN/collective_perf -b 1K -e 1K -n 2 -w 1 --out $D/c.h5
   if [ -n "$(ls -A $D)" ]; then ls -la $D >"$tmp/out"; bad "full disk leaves no file"; else ok "full disk leaves no file"; fi
+  # --schedule-json on a full disk: the cause named, nothing under its name, no temporary.
+  fallocate -l $(( $(stat -f -c '%a*%S' $D) )) $D/filler 2>/dev/null || true
+  expect "--schedule-json on a full disk: the cause, exit 1" 1 \
+    "error: --schedule-json '$D/s.json' cannot be written: No space left on device.*; nothing was written$" -- \
+    $BIN/fsdp_perf --model t5-tiny --plan --schedule-json $D/s.json
+  rm -f $D/filler
+  if [ -n "$(ls -A $D)" ]; then ls -la $D >"$tmp/out"; bad "--schedule-json on a full disk leaves no file"
+  else ok "--schedule-json on a full disk leaves no file"; fi
   # The disk fills after the space check passed, while the collective write runs: the job
   # names the cause and ends (no rank waits in the collective), and the temporary goes.
   umount $D && mount -t tmpfs -o size=8m tmpfs $D
@@ -312,6 +320,37 @@ expect "the stopped run is recorded as failed" 0 'failed watchdog: .* rank 0: no
 import h5py
 a = h5py.File('$T/stuck.h5')['/'].attrs
 print(a['status'], a['failure'])"
+
+# Rank 0 stopped (SIGSTOP) on 4 ranks: its watchdog cannot act, so a surviving rank's ends
+# the job and records the run as failed, once however many of them time out.
+timeout 120 mpirun -np 4 --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
+  --out $T/stuck0.h5 >"$tmp/out" 2>&1 &
+pid=$!
+stopped=
+for i in $(seq 100); do
+  for p in $(pgrep -f "ddp_perf .*$T/stuck0.h5"); do
+    if grep -qz "^OMPI_COMM_WORLD_RANK=0$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
+      kill -STOP $p && stopped=$p
+    fi
+  done
+  [ -n "$stopped" ] && break
+  sleep 0.2
+done
+wait $pid
+rc=$?
+[ -n "$stopped" ] && kill -KILL $stopped 2>/dev/null
+if [ -n "$stopped" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
+  grep -qE "watchdog: .* rank [123]: no progress for [0-9]+ s in step [0-9]+ \(pending: .+\); ending the job" "$tmp/out"; then
+  ok "rank 0 stopped: another rank's watchdog ends the job"
+else
+  echo "exit $rc, stopped pid '${stopped}'" >>"$tmp/out"; bad "rank 0 stopped: another rank's watchdog ends the job"
+fi
+expect "rank 0 stopped: the run is recorded as failed by a surviving rank" 0 'failed watchdog: .* rank [123]: no progress' -- $PY -c "
+import h5py
+a = h5py.File('$T/stuck0.h5')['/'].attrs
+print(a['status'], a['failure'])"
+if ls $T/stuck0-*.h5 $T/stuck0.h5.*tmp >/dev/null 2>&1; then ls -la $T >"$tmp/out"; bad "rank 0 stopped: one record, no temporary left"
+else ok "rank 0 stopped: one record, no temporary left"; fi
 
 # --- the run prints its table, step lines and a summary ---
 expect "step lines and summary" 0 'harness overhead' -- "${MPIRUN[@]}" $BIN/fsdp_perf "${TINY[@]}"

@@ -70,6 +70,31 @@ int create_locked_temporary(const std::string& path) {
   return fd;
 }
 
+std::string temporary_tag(const char* suffix) {
+  char host[64] = "host";
+  gethostname(host, sizeof host - 1);
+  char tag[128];
+  std::snprintf(tag, sizeof tag, ".%s.%ld%s", host, long(getpid()), suffix);
+  return tag;
+}
+
+int publish_temporary(const std::string& tmp, const std::string& path, bool overwrite) {
+  if (overwrite) return std::rename(tmp.c_str(), path.c_str()) == 0 ? 0 : errno;
+  if (renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
+  if (link(tmp.c_str(), path.c_str()) != 0) return errno;
+  unlink(tmp.c_str());
+  return 0;
+}
+
+int sync_path(const std::string& path, int flags) {
+  const int fd = open(path.c_str(), flags);
+  if (fd < 0) return errno;
+  const int rc = fsync(fd) == 0 ? 0 : errno;
+  close(fd);
+  return rc;
+}
+
 std::vector<std::string> remove_stale_temporaries(const std::string& path) {
   const size_t slash = path.find_last_of('/');
   const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);

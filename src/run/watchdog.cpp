@@ -1,7 +1,8 @@
 // The watchdog (as PyTorch's NCCL watchdog): a thread per rank that ends the whole job when
 // its rank has made no progress for --timeout-s, e.g. because another rank is stopped or
 // stuck and a collective never completes. It names the rank, the step and what was pending,
-// lets rank 0 record the run as failed, removes temporaries and exits non-zero, which makes
+// lets the first rank to time out record the run as failed (rank 0 may be
+// the stuck one), removes temporaries and exits non-zero, which makes
 // mpirun (or srun) end every other rank.
 #include <unistd.h>
 

@@ -73,16 +73,6 @@ hid_t compound_type(const std::vector<Column>& columns, size_t row_size) {
   return t;
 }
 
-// ".<host>.<pid><suffix>": what names this process's temporary after PATH (the stale
-// temporaries' check in resolve_output reads the writer back from it).
-std::string temporary_tag(const char* suffix) {
-  char host[64] = "host";
-  gethostname(host, sizeof host - 1);
-  char tag[128];
-  std::snprintf(tag, sizeof tag, ".%s.%ld%s", host, long(getpid()), suffix);
-  return tag;
-}
-
 // A name of its own for every run's temporary (host and process of rank 0), so two runs
 // writing the same --out never share one.
 std::string unique_temporary(const std::string& path, MPI_Comm comm) {
@@ -97,31 +87,12 @@ std::string directory_of(const std::string& path) {
   return slash == std::string::npos ? "." : path.substr(0, slash + 1);
 }
 
-// Flushes a file (or a directory's entries) to stable storage; 0 or the errno.
-int sync_path(const std::string& path, int flags) {
-  const int fd = open(path.c_str(), flags);
-  if (fd < 0) return errno;
-  const int rc = fsync(fd) == 0 ? 0 : errno;
-  close(fd);
-  return rc;
-}
-
 // "dir/run.h5" -> "dir/run-N.h5"
 std::string suffixed(const std::string& path, int n) {
   const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
   const bool ext = dot != std::string::npos && (slash == std::string::npos || dot > slash);
   const std::string stem = ext ? path.substr(0, dot) : path, tail = ext ? path.substr(dot) : "";
   return stem + "-" + std::to_string(n) + tail;
-}
-
-// Moves `from` to `to` unless `to` exists (atomically: renameat2 RENAME_NOREPLACE, or
-// link + unlink where the filesystem lacks it). Returns 0, or the errno (EEXIST: taken).
-int publish_no_clobber(const std::string& from, const std::string& to) {
-  if (renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
-  if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) return errno;
-  if (link(from.c_str(), to.c_str()) != 0) return errno;
-  unlink(from.c_str());
-  return 0;
 }
 
 // Reads a closed result back: it opens (HDF5 refuses a truncated file) and every table has
@@ -146,6 +117,32 @@ std::string unsound(const std::string& path, const std::vector<std::pair<std::st
       return "table " + name + " does not read back";
   }
   return "";
+}
+
+// Whether `path` is already this run's failure record (another rank of it timed out later
+// than the one that wrote it, after its claim went): its start_time and command are root's.
+bool same_run_record(const std::string& path, const std::vector<Attr>& root) {
+  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_file_locking(fapl, false, true);
+  const hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl);
+  H5Pclose(fapl);
+  if (f < 0) return false;
+  H5Id file(f, H5Fclose);
+  int matched = 0;
+  for (const Attr& a : root) {
+    if (a.name != "start_time" && a.name != "command") continue;
+    const hid_t at = H5Aopen(file, a.name.c_str(), H5P_DEFAULT);
+    if (at < 0) return false;
+    H5Id attr(at, H5Aclose);
+    H5Id type(vlen_string_type(), H5Tclose);
+    char* text = nullptr;
+    if (H5Aread(attr, type, &text) < 0) return false;
+    const bool same = text && a.text == text;
+    H5free_memory(text);
+    if (!same) return false;
+    ++matched;
+  }
+  return matched == 2;
 }
 
 }  // namespace
@@ -275,16 +272,11 @@ void ResultFile::commit() {
       const std::string cause = disk_space_cause();
       SB_FATAL("fsync " + tmp_ + ": " + (cause.empty() ? std::strerror(err) : cause));
     }
-    int err = 0;
-    if (overwrite_) {
-      if (std::rename(tmp_.c_str(), path_.c_str()) != 0) err = errno;
-    } else {
-      err = publish_no_clobber(tmp_, path_);
-      for (int n = 2; err == EEXIST && n < 10000; ++n) {
-        const std::string other = suffixed(path_, n);
-        err = publish_no_clobber(tmp_, other);
-        if (err == 0) std::snprintf(kept, sizeof kept, "%s", other.c_str());
-      }
+    int err = publish_temporary(tmp_, path_, overwrite_);
+    for (int n = 2; err == EEXIST && n < 10000; ++n) {
+      const std::string other = suffixed(path_, n);
+      err = publish_temporary(tmp_, other, false);
+      if (err == 0) std::snprintf(kept, sizeof kept, "%s", other.c_str());
     }
     if (err != 0) SB_FATAL("cannot publish " + tmp_ + " as " + path_ + ": " + std::strerror(err));
     sync_path(directory_of(path_), O_RDONLY | O_DIRECTORY);  // the new name itself
@@ -297,11 +289,14 @@ void ResultFile::commit() {
                      kept + "'");
 }
 
-void write_failure_record(const std::string& path, const std::vector<Attr>& root,
+bool write_failure_record(const std::string& path, const std::string& run_tag, const std::vector<Attr>& root,
                           const std::vector<Attr>& provenance) {
-  const std::string tmp = path + temporary_tag(".failed.tmp");
-  register_temporary(tmp, 0);
+  // The temporary's name is the run's, created exclusively: of the ranks whose watchdogs
+  // fire, the first writes the record and the others find the name taken.
+  const std::string tmp = path + run_tag;
   const int lock = create_locked_temporary(tmp);  // held until published, as ResultFile's
+  if (lock < 0 && errno == EEXIST) return false;
+  if (lock >= 0) register_temporary(tmp, 0);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
   H5Pset_file_locking(fapl, false, true);
@@ -317,11 +312,16 @@ void write_failure_record(const std::string& path, const std::vector<Attr>& root
     H5Gclose(p);
     ok = H5Fclose(file) >= 0 && sync_path(tmp, O_RDONLY) == 0;
   }
-  int err = ok ? publish_no_clobber(tmp, path) : -1;
-  for (int n = 2; err == EEXIST && n < 10000; ++n) err = publish_no_clobber(tmp, suffixed(path, n));
+  int err = ok ? publish_temporary(tmp, path, false) : -1;
+  const bool recorded = err == EEXIST && same_run_record(path, root);
+  for (int n = 2; err == EEXIST && !recorded && n < 10000; ++n) err = publish_temporary(tmp, suffixed(path, n), false);
   if (err != 0) unlink(tmp.c_str());
   if (lock >= 0) close(lock);
   forget_temporary(tmp);
+  // The run's name stays taken (empty, locked) until this process exits (remove_temporaries
+  // in the watchdog): a rank whose watchdog fires later records nothing a second time.
+  if (err == 0 && create_locked_temporary(tmp) >= 0) register_temporary(tmp, 0);
+  return err == 0;
 }
 
 }  // namespace sb

@@ -58,7 +58,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
               "(pp x dp x tp = world; at most one stage per block)");
   num.integer("--micro-batches", micro_batches, 1, kMaxMicroBatches,
               "micro-batches per step of a data-parallel rank; must divide --batch (default: --pp, or the largest count below it that divides --batch)");
-  app.add_option("--pp-schedule", pp_schedule, "pipeline schedule: gpipe | 1f1b")->capture_default_str();
+  auto* o_pp_schedule = app.add_option("--pp-schedule", pp_schedule, "pipeline schedule: gpipe | 1f1b")->capture_default_str();
   num.integer("--pp-split", pp_split, 1, kIntMax,
               "the pipeline stage where the decoder starts (default: stages balanced by FLOPs)");
   num.integer("--tp", tp, 1, kIntMax,
@@ -95,7 +95,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                      ->capture_default_str();
   num.real("--mem-limit-gib", cfg.mem_limit_gib, 0, 1 << 20, true,
            "memory per rank in GiB (default: the GPU's free memory; CPU: host memory / ranks on the node)");
-  num.real("--host-mem-limit-gib", cfg.host_mem_limit_gib, 0, 1 << 20, true,
+  auto* o_host = num.real("--host-mem-limit-gib", cfg.host_mem_limit_gib, 0, 1 << 20, true,
            "host memory per rank in GiB for what CPU offload keeps on the host (default: the node's memory / "
            "ranks on the node)");
   app.add_flag("--plan", cfg.plan_only, "print the memory and FLOP plan and exit, allocating nothing");
@@ -114,7 +114,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   num.real("--timeout-s", cfg.timeout_s, 0, 1e9, false,
            "watchdog: end the job when a rank makes no progress for this long (0: off)");
   app.add_flag("--check", cfg.check, "compare final weights with a single-rank reference computed in the run");
-  num.real("--check-tolerance", cfg.check_tolerance, 0, 1e30, true,
+  auto* o_tolerance = num.real("--check-tolerance", cfg.check_tolerance, 0, 1e30, true,
            "--check: allowed error of each reduced gradient as a multiple of its rounding bound "
            "(docs/reliability.md)");
   app.add_option("--out", cfg.out_path,
@@ -133,7 +133,7 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                               "before the optimizer; default: dynamic when --dtype or --reduce-dtype is fp16, else 1");
   double init_scale = 65536;  // torch.amp.GradScaler's init_scale
   auto* o_init = num.real("--loss-scale-init", init_scale, 0, 3.4e38, true, "dynamic loss scale: the first scale");
-  num.integer("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval, 1, kIntMax,
+  auto* o_growth = num.integer("--loss-scale-growth-interval", cfg.strategy.loss_scale_growth_interval, 1, kIntMax,
               "dynamic loss scale: good steps before it doubles");
   std::string attention;
   app.add_option("--attention", attention,
@@ -221,7 +221,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.shape = StepShape{batch, seq_len, dec_len};
   cfg.strategy.tp = int(tp);
   cfg.strategy.pp = int(pp);
-  if (pp_split && pp == 1) throw UsageError("--pp-split is only allowed with --pp > 1");
   cfg.strategy.first_decoder_stage = pp_split ? int(pp_split) : -1;
   // Every size (the micro-batch count as typed: --micro-batches, or its default --pp). A
   // --pp beyond the blocks is the root cause there: Setup::make refuses it as the pipeline's
@@ -230,21 +229,14 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   const bool pp_beyond_blocks = pp > 2 * cfg.model.layers;
   validate(cfg.model, cfg.shape, micro_batches ? micro_batches : pp_beyond_blocks ? 1 : pp,
            micro_batches ? "--micro-batches" : "--pp");
-  if (world > 0 && !cfg.plan_only) throw UsageError("--world-size is only allowed with --plan");
-  if (!cfg.schedule_json.empty() && !cfg.plan_only) throw UsageError("--schedule-json is only allowed with --plan");
   if (cfg.backend != "cpu" && cfg.backend != "cuda")
     throw UsageError("--backend '" + cfg.backend + "' is not allowed (allowed: cpu, cuda)");
   cfg.comm = parse_comm_library(comm, "--comm");
-  if (o_comm->count() && cfg.backend != "cuda")
-    throw UsageError("--comm is only allowed with --backend cuda (the CPU backend's collectives are MPI)");
 
   // Unfused on both backends: a path becomes a backend's default only when measured faster
   // (docs/performance.md §9; on the H100 the fused FMA kernels were 2.3-5.1x slower).
   cfg.strategy.attention = !attention.empty() ? parse_attention_impl(attention) : AttentionImpl::Unfused;
   cfg.compute.attention_kernel = parse_attention_kernel(attention_kernel, "--attention-kernel");
-  if (o_ak->count() && (cfg.backend != "cuda" || cfg.strategy.attention != AttentionImpl::Fused))
-    throw UsageError("--attention-kernel is only allowed with --backend cuda --attention fused");
-  if (cfg.compute.graphs && cfg.backend != "cuda") throw UsageError("--cuda-graphs is only allowed with --backend cuda");
   cfg.steps = int(steps);
   cfg.warmup = int(warmup);
   cfg.plan_world = int(world);
@@ -260,8 +252,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.optimizer.lr = float(lr);
   cfg.strategy.optimizer.weight_decay = float(weight_decay);
   cfg.strategy.optimizer.momentum = float(momentum);
-  if (o_mom->count() && cfg.strategy.optimizer.kind != OptimizerKind::Sgd)
-    throw UsageError("--momentum is only allowed with --optimizer sgd");
   // Each tensor-parallel rank quantises its own part of a unit in blocks of its own, so the
   // tensors the group replicates (the norms) share blocks with different partitioned
   // elements on each rank and drift apart: --check's replicas-identical test cannot hold.
@@ -271,14 +261,9 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
   cfg.strategy.param_dtype = parse_precision(dtype, "--dtype");
   cfg.strategy.reduce_dtype = reduce_dtype.empty() ? cfg.strategy.param_dtype
                                                    : parse_precision(reduce_dtype, "--reduce-dtype");
-  if (cfg.compute.attention_kernel == AttentionKernel::Mma && cfg.strategy.param_dtype == DType::F32)
-    throw UsageError("--attention-kernel mma is not allowed with --dtype fp32 (tensor cores take bf16 or fp16; "
-                     "fp32 runs the FMA kernels)");
   const bool fp16 = cfg.strategy.param_dtype == DType::F16 || cfg.strategy.reduce_dtype == DType::F16;
   if (!o_ls->count() && fp16) loss_scale = "dynamic";
   cfg.strategy.dynamic_loss_scale = loss_scale == "dynamic";
-  if (o_init->count() && !cfg.strategy.dynamic_loss_scale)
-    throw UsageError("--loss-scale-init is only allowed with --loss-scale dynamic");
   if (cfg.strategy.dynamic_loss_scale) {
     cfg.strategy.loss_scale = float(init_scale);
   } else {
@@ -298,8 +283,6 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
     cfg.strategy.grad_accumulation = parse_grad_accumulation(grad_accumulation);
     cfg.strategy.fsdp_version = int(fsdp_version);
     const bool zero1 = cfg.strategy.sharding == Sharding::OptimizerState;
-    if (shard != 0 && cfg.strategy.sharding != Sharding::Hybrid && !zero1)
-      throw UsageError("--shard-size is only allowed with --sharding hybrid or optimizer-state");
     if (zero1 && cfg.strategy.grad_accumulation == GradAccumulation::Sharded)
       throw UsageError("--grad-accumulation sharded is not allowed with --sharding optimizer-state (ZeRO-1 keeps "
                        "the whole gradient and reduces it after the last micro-batch)");
@@ -315,6 +298,42 @@ bool parse_options(int argc, char** argv, StrategyKind kind, RunConfig& cfg) {
                               "as ZeRO-Offload's)"));
     if (cfg.strategy.sharding == Sharding::Hybrid) cfg.strategy.shard_size = int(shard);  // 0: one node's (train.cpp)
   }
+  // Flags whose effect depends on another, in this one place: each one the rest of the
+  // command line leaves nothing to act on is refused (one line naming it and what it needs,
+  // exit 2 on every rank: every rank parses the same argv), never accepted silently.
+  const bool offload = !ddp && cfg.strategy.cpu_offload != CpuOffload::None;
+  const bool fused_cuda = cfg.backend == "cuda" && cfg.strategy.attention == AttentionImpl::Fused;
+  const bool shard_groups = !ddp && (cfg.strategy.sharding == Sharding::Hybrid ||
+                                     cfg.strategy.sharding == Sharding::OptimizerState);
+  const struct {
+    const char* flag;
+    bool given, acts;
+    const char* needs;
+  } dependent[] = {
+      {"--world-size", world > 0, cfg.plan_only, "--plan"},
+      {"--schedule-json", !cfg.schedule_json.empty(), cfg.plan_only, "--plan"},
+      {"--overwrite", cfg.overwrite, !cfg.out_path.empty() || !cfg.schedule_json.empty(),
+       "--out or --schedule-json (a default result name is always a new file)"},
+      {"--pp-split", pp_split != 0, pp > 1, "--pp > 1"},
+      {"--pp-schedule", o_pp_schedule->count() > 0, pp > 1, "--pp > 1"},
+      {"--comm", o_comm->count() > 0, cfg.backend == "cuda",
+       "--backend cuda (the CPU backend's collectives are MPI)"},
+      {"--attention-kernel", o_ak->count() > 0, fused_cuda, "--backend cuda --attention fused"},
+      {"--cuda-graphs", cfg.compute.graphs, cfg.backend == "cuda", "--backend cuda"},
+      {"--momentum", o_mom->count() > 0, cfg.strategy.optimizer.kind == OptimizerKind::Sgd, "--optimizer sgd"},
+      {"--loss-scale-init", o_init->count() > 0, cfg.strategy.dynamic_loss_scale, "--loss-scale dynamic"},
+      {"--loss-scale-growth-interval", o_growth->count() > 0, cfg.strategy.dynamic_loss_scale,
+       "--loss-scale dynamic (the default with --dtype or --reduce-dtype fp16)"},
+      {"--check-tolerance", o_tolerance->count() > 0, cfg.check, "--check"},
+      {"--host-mem-limit-gib", o_host->count() > 0, offload,
+       ddp ? "CPU offload (fsdp_perf --cpu-offload; ddp_perf has none)" : "--cpu-offload params or optimizer"},
+      {"--shard-size", shard != 0, shard_groups, "--sharding hybrid or optimizer-state"},
+  };
+  for (const auto& d : dependent)
+    if (d.given && !d.acts) throw UsageError(std::string(d.flag) + " is only allowed with " + d.needs);
+  if (cfg.compute.attention_kernel == AttentionKernel::Mma && cfg.strategy.param_dtype == DType::F32)
+    throw UsageError("--attention-kernel mma is not allowed with --dtype fp32 (tensor cores take bf16 or fp16; "
+                     "fp32 runs the FMA kernels)");
   return true;
 }
 

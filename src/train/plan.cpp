@@ -1,6 +1,10 @@
 // The memory plan: one step of the configured strategy on the counting backend, for rank 0
 // of any world size. The allocations are the code's own, so the plan is exact for
 // everything the backend accounts; the ZeRO formula is printed beside it as a cross-check.
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
@@ -620,12 +624,40 @@ std::string schedule_json(const RunConfig& cfg, const Setup& setup, const Memory
   return out;
 }
 
+// As the results: under a temporary of this process in the same folder, published whole
+// (publish_temporary) or not at all; an existing file is replaced only with --overwrite.
 void write_schedule_json(const std::string& path, const RunConfig& cfg, const Setup& setup, const MemoryPlan& plan) {
-  const std::string text = schedule_json(cfg, setup, plan, true);
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (!f) throw UsageError("--schedule-json '" + path + "' cannot be written: " + std::strerror(errno));
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (std::fclose(f) != 0 || !written) throw UsageError("--schedule-json '" + path + "': write failed");
+  const std::string name = "--schedule-json '" + path + "'";
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) throw UsageError(name + " is a directory (must name a file)");
+  if (stat(path.c_str(), &st) == 0 && !cfg.overwrite)
+    throw UsageError(name + " exists (pass --overwrite to replace it, or choose another name)");
+  const std::string text = schedule_json(cfg, setup, plan, true), tmp = path + temporary_tag(".tmp");
+  register_temporary(tmp, int64_t(text.size()));
+  const int fd = create_locked_temporary(tmp);  // its lock held until published, as a result's
+  if (fd < 0) {
+    const int err = errno;
+    forget_temporary(tmp);
+    throw UsageError(name + " cannot be written: " + std::strerror(err));
+  }
+  int err = 0;
+  for (size_t done = 0; done < text.size() && !err;) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n > 0) done += size_t(n);
+    else if (errno != EINTR) err = errno;
+  }
+  if (!err && fsync(fd) != 0) err = errno;  // on stable storage before it gets the final name
+  const std::string cause = err ? disk_space_cause() : "";  // reads errno: the failed call's
+  if (!err) err = publish_temporary(tmp, path, cfg.overwrite);
+  const size_t slash = path.find_last_of('/');
+  if (!err) sync_path(slash == std::string::npos ? "." : path.substr(0, slash + 1), O_RDONLY | O_DIRECTORY);
+  if (err) unlink(tmp.c_str());
+  close(fd);
+  forget_temporary(tmp);
+  if (err == EEXIST)
+    throw RunFailure(name + " was written by another run while this one ran: this plan's is not written (pass "
+                     "--overwrite to replace it, or choose another name)");
+  if (err) throw RunFailure(name + " cannot be written: " + (cause.empty() ? std::strerror(err) : cause) + "; nothing was written");
 }
 
 }  // namespace sb

@@ -3,11 +3,12 @@
 // program's own) and planned by plan_memory; its schedule object is schedule_json's, the
 // same as --schedule-json writes. A bad line is reported on its own line and never stops the
 // batch.
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
-#include <iostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -51,6 +52,48 @@ void append_one_line(std::string& out, const std::string& json) {
   }
 }
 
+// The whole of FILE ("-": stdin). Whatever cannot be read (missing, a folder, a read error)
+// is one line naming it and the cause: an ifstream opens a folder and reads it as empty.
+std::string read_batch(const std::string& file) {
+  const bool in = file == "-";
+  const std::string name = in ? "- (stdin)" : "'" + file + "'";
+  const int fd = in ? 0 : open(file.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw UsageError("--plan-batch " + name + " cannot be read: " + std::strerror(errno));
+  std::string text;
+  char chunk[1 << 16];
+  ssize_t n = 0;
+  while ((n = read(fd, chunk, sizeof chunk)) != 0) {
+    if (n > 0) {
+      text.append(chunk, size_t(n));
+    } else if (errno != EINTR) {
+      const int err = errno;
+      if (!in) close(fd);
+      throw UsageError("--plan-batch " + name + " cannot be read: " + std::strerror(err));
+    }
+  }
+  if (!in) close(fd);
+  return text;
+}
+
+// The byte offset of the first byte of `s` that is not valid UTF-8 (RFC 3629: no overlong
+// forms, no surrogates, nothing above U+10FFFF), or npos: a line's words reach its JSON
+// record (an error names the value), which must stay JSON.
+size_t invalid_utf8_at(const std::string& s) {
+  const auto* b = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0, n = s.size(); i < n;) {
+    const unsigned c = b[i];
+    const size_t len = c < 0x80 ? 1 : c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (len == 0 || i + len > n) return i;
+    for (size_t k = 1; k < len; ++k)
+      if ((b[i + k] & 0xc0) != 0x80) return i;
+    const unsigned c1 = len > 1 ? b[i + 1] : 0;
+    if ((c == 0xe0 && c1 < 0xa0) || (c == 0xed && c1 > 0x9f) || (c == 0xf0 && c1 < 0x90) || (c == 0xf4 && c1 > 0x8f))
+      return i;
+    i += len;
+  }
+  return std::string::npos;
+}
+
 // Flags a line may not give: the batch writes nothing but its lines on stdout.
 const char* refused_in_line(const std::string& word) {
   const std::string name = word.substr(0, word.rfind("--", 0) == 0 ? word.find('=') : std::string::npos);
@@ -76,18 +119,7 @@ int run_plan_batch(const RunConfig& cmd, StrategyKind kind, int rank) {
   const int64_t default_limit = default_memory_limit(-1);
   const int64_t default_host_limit = default_host_memory_limit();
   if (rank != 0) return kExitOk;
-  std::string text;
-  if (cmd.plan_batch == "-") {
-    std::ostringstream in;
-    in << std::cin.rdbuf();
-    text = in.str();
-  } else {
-    std::ifstream in(cmd.plan_batch, std::ios::binary);
-    if (!in) throw UsageError("--plan-batch '" + cmd.plan_batch + "' cannot be read: " + std::strerror(errno));
-    std::ostringstream all;
-    all << in.rdbuf();
-    text = all.str();
-  }
+  const std::string text = read_batch(cmd.plan_batch);
   static char buffer[1 << 20];
   std::setvbuf(stdout, buffer, _IOFBF, sizeof buffer);
   std::istringstream lines(text);
@@ -100,6 +132,13 @@ int run_plan_batch(const RunConfig& cmd, StrategyKind kind, int rank) {
     if (words.empty() || words[0][0] == '#') continue;
     out = "{\"line\": " + std::to_string(number);
     try {
+      const size_t bad = invalid_utf8_at(line);
+      if (bad != std::string::npos) {
+        char byte[8];
+        std::snprintf(byte, sizeof byte, "0x%02x", unsigned(static_cast<unsigned char>(line[bad])));
+        throw UsageError("line " + std::to_string(number) + " is not valid UTF-8 (byte " + byte + " at column " +
+                         std::to_string(bad + 1) + "): a --plan-batch line is UTF-8 text");
+      }
       for (const std::string& w : words)
         if (const char* why = refused_in_line(w))
           throw UsageError(w.substr(0, w.find('=')) + " is not allowed in a --plan-batch line (" + why + ")");

@@ -141,6 +141,10 @@ class TrainingRun {
     if (!path_.empty()) {
       provenance_ = trace_.provenance = collect_provenance(cfg_.argv);
       failed_attrs_ = run_attrs(cfg_, setup_, "failed", start_, start_);
+      char tag[128];  // rank 0's: the name of the run's one failure record's temporary
+      std::snprintf(tag, sizeof tag, "%s", temporary_tag(".failed.tmp").c_str());
+      MPI_CHECK(MPI_Bcast(tag, sizeof tag, MPI_CHAR, 0, MPI_COMM_WORLD));
+      record_tag_ = tag;
     }
     // A stopped or stuck rank ends the job after --timeout-s; rank 0 records the run as failed.
     watchdog_ = std::make_unique<Watchdog>(cfg_.timeout_s, rank_,
@@ -183,11 +187,11 @@ class TrainingRun {
     return writes ? resolve_output(cfg_.out_path, cfg_.overwrite, stem, rank_) : "";
   }
 
-  // The watchdog's last act (from its thread): rank 0 records the run as failed, with the
-  // attributes and provenance of a result (so every reader takes it as status failed) and
-  // no tables.
+  // The watchdog's last act (from its thread): the first rank to get here records the run
+  // as failed (rank 0 may be the one that hangs), with the attributes and provenance of a
+  // result (so every reader takes it as status failed) and no tables.
   void record_timeout(const std::string& line) const {
-    if (rank_ != 0 || path_.empty()) return;
+    if (path_.empty()) return;
     std::string command;
     for (const std::string& a : cfg_.argv) command += (command.empty() ? "" : " ") + a;
     std::vector<Attr> attrs = {Attr::integer("schema_version", kSchemaVersion)};
@@ -196,8 +200,8 @@ class TrainingRun {
       if (a.name == "end_time") a.text = iso_time(double(std::time(nullptr)));
     attrs.push_back(Attr::str("command", command));
     attrs.push_back(Attr::str("failure", line));
-    write_failure_record(path_, attrs, provenance_);
-    std::fprintf(stderr, "shardbench: recorded the run as failed in %s\n", path_.c_str());
+    if (write_failure_record(path_, record_tag_, attrs, provenance_))
+      std::fprintf(stderr, "shardbench: rank %d recorded the run as failed in %s\n", rank_, path_.c_str());
   }
 
   MemoryPlan make_plan() const {
@@ -389,6 +393,7 @@ class TrainingRun {
   // A record of a failed run: its root attributes and provenance (before the watchdog,
   // which reads them, so that they outlive it).
   std::vector<Attr> failed_attrs_, provenance_;
+  std::string record_tag_;  // rank 0's temporary_tag: names the record's temporary on every rank
   std::unique_ptr<Watchdog> watchdog_;  // outlives everything below it
   std::unique_ptr<Backend> backend_;
   TraceData trace_;

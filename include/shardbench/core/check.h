@@ -64,6 +64,17 @@ void remove_temporaries_on_signals();
 // whose lock is free (where the filesystem has no locks: whose pid is gone); of another
 // host, whose lock is free and which nothing wrote for 10 minutes.
 int create_locked_temporary(const std::string& path);  // the descriptor, or -1 with errno
+// ".<host>.<pid><suffix>": what names this process's temporary after PATH (PATH + tag);
+// remove_stale_temporaries() reads the writer back from it.
+std::string temporary_tag(const char* suffix = ".tmp");
+// Gives a finished temporary `tmp` (in PATH's folder) the name `path`: replacing what is
+// there with `overwrite`, else only if the name is free at this moment (atomically:
+// renameat2 RENAME_NOREPLACE, or link + unlink where the filesystem lacks it). Every file
+// under a final name is complete. Returns 0, or the errno (EEXIST: taken).
+int publish_temporary(const std::string& tmp, const std::string& path, bool overwrite);
+// Flushes a file (flags O_RDONLY) or a folder's entries (O_RDONLY | O_DIRECTORY) to stable
+// storage; 0 or the errno.
+int sync_path(const std::string& path, int flags);
 std::vector<std::string> remove_stale_temporaries(const std::string& path);
 // "No space left on device: '<dir>' has N bytes free, the result needs about M bytes" when
 // the filesystem of a registered temporary is (nearly) full, else "".

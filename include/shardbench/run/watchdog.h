@@ -1,6 +1,6 @@
 // The watchdog: ends the job when this rank has made no progress for timeout_s (0: off),
 // after one line naming the rank, step and pending operation and a call of on_timeout
-// (from the watchdog's thread; rank 0 records the failure there).
+// (from the watchdog's thread; the first rank to time out records the failure there).
 #pragma once
 #include <chrono>
 #include <condition_variable>

@@ -75,10 +75,13 @@ class ResultFile {
 
 // A small file of root attributes and a `provenance` group and no tables, written by this
 // process alone (no MPI: usable from the watchdog while other ranks hang), published without
-// clobbering like ResultFile. Its temporary, `PATH.<host>.<pid>.failed.tmp`, is found stale
-// like ResultFile's. The caller writes schema_version and status = failed into `root`:
-// readers take such a file as a failed result without tables.
-void write_failure_record(const std::string& path, const std::vector<Attr>& root,
+// clobbering like ResultFile. Its temporary is PATH + run_tag, the tag (temporary_tag
+// ".failed.tmp") of the run's rank 0 on every rank, so that one record is written however
+// many ranks' watchdogs fire: false when another process of the run holds the name (or the
+// record could not be written). It is found stale like ResultFile's. The caller writes
+// schema_version and status = failed into `root`: readers take such a file as a failed
+// result without tables.
+bool write_failure_record(const std::string& path, const std::string& run_tag, const std::vector<Attr>& root,
                           const std::vector<Attr>& provenance);
 
 }  // namespace sb
