@@ -254,7 +254,7 @@ def rank(a, cluster, bin_dir, use_batch, bases, offload):
                        "degrees excluded before any plan (nothing written)")
     t_est = time.time() - t0
     print(f"advise: {len(layouts)} layouts planned and estimated in {t_est:.1f} s: {len(ranked)} fit", flush=True)
-    print_table(ranked, {}, a.top)  # the ranking by the estimate, before the replay
+    print_table(ranked, a.top)  # the ranking by the estimate, before the replay
     # the full replay of the top layouts, each printed as it ends; a pipeline above the bound is not replayed
     top = [x for x in ranked[:a.replay] if x[0].mb * x[0].pp <= REPLAY_MAX_MB_STAGES]
     capped = [x[0] for x in ranked[:a.replay] if x[0].mb * x[0].pp > REPLAY_MAX_MB_STAGES]

@@ -19,22 +19,20 @@ from projection_model import ROOT, collective_time, group_tiers, simulate
 VALIDATION = "docs/projection.md#validation"
 
 
-def print_table(ranked, replayed, top):
-    print(f"\n{'#':>3} {'layout':<46} {'est ms':>8} {'TFLOPS/GPU':>10} {'tokens/s':>9} {'replay ms':>9} "
-          f"{'TFLOPS':>7} {'GiB/GPU':>7} {'bubble%':>7} {'dp ms':>7} {'tp ms':>7} {'pp ms':>6}")
+def print_table(ranked, top):
+    """The ranking by the fast estimate, printed before the replay (each replay is its own line
+    as it ends, print_replay): every figure here is the estimate's, none missing."""
+    print(f"\n{'#':>3} {'layout':<46} {'est ms':>8} {'TFLOPS/GPU':>10} {'tokens/s':>9} "
+          f"{'GiB/GPU':>7} {'bubble%':>7} {'dp ms':>7} {'tp ms':>7} {'pp ms':>6}")
     for i, (lay, d, est) in enumerate(ranked[:top]):
-        sim = replayed.get(lay.name)
         tf, tok = figures(d, est["time"])
-        bubble = sim["idle_share"] if sim and lay.pp > 1 else est["bubble"]
         e = est["exposed"]
         print(f"{i + 1:>3} {lay.name + (' *' if lay.unverified else ''):<46} {est['time'] * 1e3:>8.1f} {tf:>10.1f} "
-              f"{tok:>9.0f} {sim['time'] * 1e3 if sim else float('nan'):>9.1f} "
-              f"{figures(d, sim['time'])[0] if sim else float('nan'):>7.1f} "
-              f"{d['memory']['peak_total'] / 2**30:>7.2f} {bubble * 100:>7.1f} {e['dp'] * 1e3:>7.1f} "
-              f"{e['tp'] * 1e3:>7.1f} {e['pp'] * 1e3:>6.1f}")
-    print("(est: the fast estimate, which ranks; replay: the full replay of the top layouts; bubble: the replay's idle "
-          "share where replayed, else the estimate's; exposed communication by axis (dp, tp, pipeline messages): "
-          "the estimate's; *: not yet run on the CUDA backend)")
+              f"{tok:>9.0f} {d['memory']['peak_total'] / 2**30:>7.2f} {est['bubble'] * 100:>7.1f} "
+              f"{e['dp'] * 1e3:>7.1f} {e['tp'] * 1e3:>7.1f} {e['pp'] * 1e3:>6.1f}")
+    print("(the fast estimate, which ranks; the full replay of the top layouts follows, one line each; bubble: "
+          "the estimate's idle share; exposed communication by axis (dp, tp, pipeline messages); *: not yet run "
+          "on the CUDA backend)")
 
 
 def print_replay(k, n, lay, d, est, sim):

@@ -373,6 +373,7 @@ class LongWork(unittest.TestCase):
         self.assertLess(first_row, replay)
         self.assertRegex(lines[replay + 1], r"^  replay 1/2 \S+ .* ms \(est ")
         self.assertRegex(lines[replay + 2], r"^  replay 2/2 ")
+        self.assertNotRegex(p.stdout, r"\bnan\b")  # the table is the estimate's: no column waits for the replay
 
     def test_replay_bound_said(self):
         # above the bound (here 2 micro-batches x stages) a pipeline is ranked by the estimate alone
