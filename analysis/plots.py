@@ -180,6 +180,19 @@ def mark_oom(ax, x, col):
     ax.annotate("OOM", (x, 0.03), xycoords=tr, textcoords="offset points", xytext=(3, 4), fontsize=6, color=col)
 
 
+def dodge(xs, k, n):
+    """Series k of n drawn a little aside of its x (4 % a step, on these log x axes): series that
+    share an x (one GPU count, one model) keep their whiskers apart."""
+    return [x * 1.04 ** (k - (n - 1) / 2) for x in xs]
+
+
+def span_one_x(ax, xs):
+    """A panel whose series all sit at one x spans a factor 2 either side of it, so the dodge
+    reads as a few per cent of the axis and the ticks do not suggest distinct x values."""
+    if len(set(xs)) == 1:
+        ax.set_xlim(xs[0] / 2, xs[0] * 2)
+
+
 def small_multiples(panels, width=3.6, height=2.9, cols=3):
     n = len(panels)
     cols = min(cols, n)
@@ -246,17 +259,20 @@ def plot_vs_model(runs, out):
         rs = [r for r in runs if source(r) == src and r.meta["batch_per_rank"] == batch]
         here = {r.meta["world_size"] for r in rs}
         proj = src.startswith("projected")
-        for (label, world), g in sorted(series([r for r in rs if r.meta["world_size"] in shown],
-                                               lambda r: (r.meta["label"], r.meta["world_size"])).items()):
+        each = sorted(series([r for r in rs if r.meta["world_size"] in shown],
+                             lambda r: (r.meta["label"], r.meta["world_size"])).items())
+        for k, ((label, world), g) in enumerate(each):
             g = sorted(g, key=lambda r: r.meta["param_count"])
             ok = [r for r in g if r.meta["status"] == "ok"]
-            ax.errorbar([r.meta["param_count"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=2,
-                        color=color(label), ls=gpu_styles[world], marker="o", ms=4, mfc="none" if proj else color(label))
+            ax.errorbar(dodge([r.meta["param_count"] for r in ok], k, len(each)), [tflops(r) for r in ok],
+                        yerr=tflops_yerr(ok), capsize=2, color=color(label), ls=gpu_styles[world], marker="o", ms=4,
+                        mfc="none" if proj else color(label))
             for r in g:
                 if r.meta["status"] == "out-of-memory":
                     mark_oom(ax, r.meta["param_count"], color(label))
             labels.add(label)
         ax.set_xscale("log")
+        span_one_x(ax, [r.meta["param_count"] for r in rs if r.meta["world_size"] in shown])
         more = f" (GPU counts {', '.join(str(w) for w in sorted(here & set(shown)))} of {len(here)})" \
             if not here <= set(shown) else ""
         ax.set_title(wrap(f"{src}\nbatch {batch}{more}", ax.get_position().width * fig.get_figwidth(), 8), fontsize=8)
@@ -279,16 +295,19 @@ def plot_vs_gpus(runs, out):
     for ax, (model, src) in zip(axes, panels):
         rs = [r for r in runs if model_label(r.meta) == model and source(r) == src]
         proj = src.startswith("projected")
-        for (label, batch), g in sorted(series(rs, lambda r: (r.meta["label"], r.meta["batch_per_rank"])).items()):
+        each = sorted(series(rs, lambda r: (r.meta["label"], r.meta["batch_per_rank"])).items())
+        for k, ((label, batch), g) in enumerate(each):
             g = sorted(g, key=lambda r: r.meta["world_size"])
             ok = [r for r in g if r.meta["status"] == "ok"]
-            ax.errorbar([r.meta["world_size"] for r in ok], [tflops(r) for r in ok], yerr=tflops_yerr(ok), capsize=2,
-                        color=color(label), ls=batch_styles[batch], marker="o", ms=4, mfc="none" if proj else color(label))
+            ax.errorbar(dodge([r.meta["world_size"] for r in ok], k, len(each)), [tflops(r) for r in ok],
+                        yerr=tflops_yerr(ok), capsize=2, color=color(label), ls=batch_styles[batch], marker="o", ms=4,
+                        mfc="none" if proj else color(label))
             for r in g:
                 if r.meta["status"] == "out-of-memory":
                     mark_oom(ax, r.meta["world_size"], color(label))
             labels.add(label)
         ax.set_xscale("log", base=2)
+        span_one_x(ax, [r.meta["world_size"] for r in rs])
         ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
         ax.set_title(wrap(f"{model}\n{src}", ax.get_position().width * fig.get_figwidth(), 8), fontsize=8)
     handles = legend_handles(sorted(labels), batch_styles, "batch", any(r.meta.get("projected") for r in runs),

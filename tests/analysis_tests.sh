@@ -109,6 +109,22 @@ assert report.main(['$folder', '--out', '$tmp/cutcheck']) == 0
 cut = {name: texts for name, texts in plots.CUT.items() if texts}
 print(cut if cut else f'uncut {len(plots.CUT)}')"
 done
+# One model measured at one GPU count (make demo's report): each strategy's point and whiskers
+# drawn beside the others', not on one vertical line, and the axis spans the count either side.
+expect "plots: series at one x drawn apart, the axis a factor 2 either side" 0 '^ok 2 series apart$' -- $PY -c "
+import sys; sys.path.insert(0, '$ROOT/analysis')
+import matplotlib; matplotlib.use('Agg')
+import plots
+kept = {}
+save = plots.save
+plots.save = lambda fig, out, name: kept.setdefault(name, [l.get_xdata() for ax in fig.axes for l in ax.lines
+                                                            if len(l.get_xdata()) and l.get_marker() == 'o']
+                                                   + [fig.axes[0].get_xlim()]) and save(fig, out, name)
+plots.make_all(['$tmp/alone'], '$tmp/alone-figs')
+*xs, lim = kept['tflops_vs_gpus']
+assert len(xs) == 2 and len({float(x[0]) for x in xs}) == 2, xs
+assert lim[0] <= 2 * 0.5 + 1e-9 and lim[1] >= 2 * 2 - 1e-9, lim
+print('ok', len(xs), 'series apart')"
 # A long legend (sixteen entries under one panel, as the ZeRO matrix's eight strategies with
 # and without offload give) takes room of its own: the panel keeps its height.
 expect "plots: a long legend under one panel leaves the panel its height" 0 '^ok panel [0-9.]+ in$' -- $PY -c "
