@@ -349,19 +349,22 @@ TEST(Trace, ExistingResultIsNeverOverwrittenWithoutFlag) {
 // against --host-mem-limit-gib. Either short is out-of-memory (fits() false: exit 3), and
 // the table says which, the host in a block of its own.
 TEST(Plan, HostMemoryIsASecondBlockWithItsOwnLimit) {
-  const char* argv[] = {"fsdp_perf", "--model", "t5-tiny", "--plan", "--host-mem-limit-gib", "2"};
+  // The host limit acts only where something lives on the host: the optimizer offloaded.
+  const char* argv[] = {"fsdp_perf", "--model", "t5-tiny", "--plan", "--cpu-offload", "optimizer",
+                        "--host-mem-limit-gib", "2"};
   sb::RunConfig cfg;
-  ASSERT_TRUE(sb::parse_options(6, const_cast<char**>(argv), sb::StrategyKind::FSDP, cfg));
+  ASSERT_TRUE(sb::parse_options(8, const_cast<char**>(argv), sb::StrategyKind::FSDP, cfg));
   EXPECT_EQ(cfg.host_mem_limit_gib, 2.0);
   const sb::Setup setup = sb::Setup::make(cfg.strategy, cfg.model, cfg.shape, 4);
   sb::MemoryPlan plan = sb::plan_memory(setup);
   plan.limit = plan.peak_total;
   plan.host_limit = int64_t(2) << 30;
-  EXPECT_EQ(plan.host_peak_total, 0);  // no strategy offloads yet: nothing on the host
+  EXPECT_GT(plan.host_peak_total, 0);  // the optimizer's state and master shard on the host
+  EXPECT_LT(plan.host_peak_total, plan.host_limit);
   EXPECT_TRUE(plan.fits());
-  EXPECT_NE(sb::format_plan(cfg, setup, plan).find("host memory (CPU offload), per rank: none; limit 2.00 GiB"),
-            std::string::npos) << sb::format_plan(cfg, setup, plan);
-  plan.host_peak_total = plan.host_limit + 1;  // as an offloading strategy's plan would be
+  EXPECT_NE(sb::format_plan(cfg, setup, plan).find("host limit             2.00 GiB  -> fits"), std::string::npos)
+      << sb::format_plan(cfg, setup, plan);
+  plan.host_peak_total = plan.host_limit + 1;  // a host block over its own limit, the device within its own
   plan.host_peak[int(sb::MemCategory::OptimizerState)] = plan.host_peak_total;
   EXPECT_TRUE(plan.device_fits());
   EXPECT_FALSE(plan.host_fits());
