@@ -35,6 +35,8 @@ import cli
 ALLOWED = ("ddp, fsdp-full, fsdp-hybrid, fsdp-hybrid<G>, fsdp-none, fsdp-grad-op, fsdp-optimizer-state, "
            "fsdp-optimizer-state<G>, each optionally with -tp<N>, -pp<S>, then -offload-params (full, hybrid, "
            "grad-op) or -offload-optimizer (any but fsdp-none)")
+# DeepSpeed's ZeRO stages as the labels the programs take (docs/usage.md, "Strategies")
+ZERO_LABELS = {"1": "fsdp-optimizer-state", "2": "fsdp-grad-op", "3": "fsdp-full"}
 SHARDINGS = ("full", "none", "grad-op", "optimizer-state")  # the fsdp_perf --sharding values with no shard size
 OPTIMIZER_STATE_RE = re.compile(r"^fsdp-optimizer-state([1-9][0-9]*)$")  # ZeRO-1 in groups of G
 HYBRID_RE = re.compile(r"^fsdp-hybrid([1-9][0-9]*)?$")  # G as the program prints it: no leading zeros
@@ -135,6 +137,11 @@ def check(label, offload_rule=None):
     known = isinstance(base, str) and (base == "ddp" or HYBRID_RE.match(base) or OPTIMIZER_STATE_RE.match(base) or
                                        (base.startswith("fsdp-") and base[len("fsdp-"):] in SHARDINGS))
     if not known:
+        zero = re.fullmatch(r"zero-?([123])", base, re.IGNORECASE) if isinstance(base, str) else None
+        if zero:  # DeepSpeed's name for a sharding: say the label it is here
+            n = zero.group(1)
+            raise StrategyError(f"unknown strategy {label!r}: ZeRO-{n} is {ZERO_LABELS[n]} here (ZeRO-1 "
+                                f"{ZERO_LABELS['1']}, ZeRO-2 {ZERO_LABELS['2']}, ZeRO-3 {ZERO_LABELS['3']})")
         raise StrategyError(f"unknown strategy {label!r} (allowed: {ALLOWED})")
     off = split_offload(label)[1]
     rule = offload_rule if offload_rule is not None else programs_offload_rule() if off != "none" else None

@@ -303,7 +303,7 @@ class Runs(unittest.TestCase):
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "12", "--explain", "ddp"],
                      "does not divide over 8"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "zero3"],
-                     "unknown strategy 'zero3'"),
+                     "unknown strategy 'zero3': ZeRO-3 is fsdp-full here"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--explain", "ddp:mb2"],
                      "not a layout name"),
                     (["--model", "t5-tiny", "--gpus", "8", "--global-batch", "16", "--strategies", "zero", "--out",
