@@ -295,21 +295,27 @@ fi
 
 # A stopped rank (SIGSTOP) must not hang the job: the watchdog (--timeout-s) ends it with a
 # line naming the rank, step and pending operation, and rank 0 records the run as failed.
-timeout 120 mpirun -np 2 --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
-  --out $T/stuck.h5 >"$tmp/out" 2>&1 &
-pid=$!
-stopped=
-for i in $(seq 100); do
-  for p in $(pgrep -f "ddp_perf .*$T/stuck.h5"); do
-    if grep -qz "^OMPI_COMM_WORLD_RANK=1$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
-      kill -STOP $p && stopped=$p
-    fi
+# A run of NP ranks (--timeout-s 3, result OUT.h5) whose rank RANK is stopped (SIGSTOP) once
+# steps are printed; sets stopped (its pid, empty if never stopped) and rc (mpirun's exit).
+run_with_stopped_rank() {
+  local np=$1 name=$2 rank=$3 pid p i
+  timeout 120 mpirun -np $np --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
+    --out $T/$name.h5 >"$tmp/out" 2>&1 &
+  pid=$!
+  stopped=
+  for i in $(seq 100); do
+    for p in $(pgrep -f "ddp_perf .*$T/$name.h5"); do
+      if grep -qz "^OMPI_COMM_WORLD_RANK=$rank$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
+        kill -STOP $p && stopped=$p
+      fi
+    done
+    [ -n "$stopped" ] && break
+    sleep 0.2
   done
-  [ -n "$stopped" ] && break
-  sleep 0.2
-done
-wait $pid
-rc=$?
+  wait $pid
+  rc=$?
+}
+run_with_stopped_rank 2 stuck 1
 if [ -n "$stopped" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
   grep -qE "watchdog: .* rank 0: no progress for [0-9]+ s in step [0-9]+ \(pending: .+\); ending the job" "$tmp/out"; then
   ok "a stopped rank: the watchdog ends the job, naming rank, step and pending operation"
@@ -323,21 +329,7 @@ print(a['status'], a['failure'])"
 
 # Rank 0 stopped (SIGSTOP) on 4 ranks: its watchdog cannot act, so a surviving rank's ends
 # the job and records the run as failed, once however many of them time out.
-timeout 120 mpirun -np 4 --oversubscribe --bind-to none $BIN/ddp_perf "${TINY[@]}" --steps 1000000 --timeout-s 3 \
-  --out $T/stuck0.h5 >"$tmp/out" 2>&1 &
-pid=$!
-stopped=
-for i in $(seq 100); do
-  for p in $(pgrep -f "ddp_perf .*$T/stuck0.h5"); do
-    if grep -qz "^OMPI_COMM_WORLD_RANK=0$" /proc/$p/environ 2>/dev/null && grep -q '^[0-9]*/' "$tmp/out"; then
-      kill -STOP $p && stopped=$p
-    fi
-  done
-  [ -n "$stopped" ] && break
-  sleep 0.2
-done
-wait $pid
-rc=$?
+run_with_stopped_rank 4 stuck0 0
 [ -n "$stopped" ] && kill -KILL $stopped 2>/dev/null
 if [ -n "$stopped" ] && [ $rc -ne 0 ] && [ $rc -ne 124 ] &&
   grep -qE "watchdog: .* rank [123]: no progress for [0-9]+ s in step [0-9]+ \(pending: .+\); ending the job" "$tmp/out"; then
