@@ -3,7 +3,8 @@
 ZeRO stages 0-3 (with CPU offload where fsdp_perf has it) against GPU count, beside the ZeRO
 paper's formulas, and the largest T5 preset that fits a node of GPUs under each strategy,
 with and without activation checkpointing. Nothing is allocated: each point is the
-program's own plan (--plan --world-size N --schedule-json), a fraction of a second each.
+program's own plan (--plan --world-size N), all of them through --plan-batch in one process
+per program (the default question: 63 curve and 252 search plans in 4 s).
 
 Model states (ZeRO paper §3.1, docs/references.md §7) are what a rank holds for the
 parameters, gradients and optimizer: the plan's parameters + gradients + optimizer_state +
@@ -252,19 +253,35 @@ def offload_variants(rule):
     return served
 
 
-def run_plan(bin_dir, s, model, n, limit_gib, batch, seq, checkpointing):
-    """The plan's JSON (analysis/runner.py), or None when the program refuses the combination
-    (exit 2; offload entries only: their line is printed)."""
+def plan_request(s, model, n, limit_gib, batch, seq, checkpointing):
+    """(program, flags) of one plan: the layout `s` of `model` on n GPUs."""
     flags = s["args"][1:] + ["--model", model, "--dtype", "bf16", "--batch", str(batch), "--seq-len", str(seq),
                              "--world-size", str(n), "--mem-limit-gib", f"{limit_gib:g}"]
     if s["offload"]:  # the host's share per GPU, as a node's (not this machine's)
         flags += ["--host-mem-limit-gib", f"{HOST_LIMIT_GIB[0]:g}"]
     if checkpointing:
         flags.append("--activation-checkpointing")
+    return s["args"][0], flags
+
+
+def run_plans(a, jobs):
+    """{(strategy name, model, n, checkpointing): (exit, plan JSON or the program's line)} of
+    jobs [(s, model, n, checkpointing)], all at once: each program's --plan-batch without the
+    per-operation rows (analysis/runner.py), where one process start per plan took longer
+    than the plan."""
     try:
-        code, plan = runner.plan(s["args"][0], flags, bin_dir)
+        got = runner.plans([plan_request(s, m, n, a.gpu_memory_gib, a.batch, a.seq_len, ck) for s, m, n, ck in jobs],
+                           a.bin, full=False)
     except cli.BadInput as e:
-        raise cli.BadInput(f"--bin '{bin_dir}': {e}")
+        raise cli.BadInput(f"--bin '{a.bin}': {e}")
+    return {(s["name"], m, n, ck): r for (s, m, n, ck), r in zip(jobs, got)}
+
+
+def accepted(s, model, n, answer):
+    """The plan of one answer of run_plans, or None when the program refuses the combination
+    (exit 2; offload entries only: their line goes to LEFT_OUT); any other refusal or a
+    failed plan is bad input."""
+    code, plan = answer
     if code == 2:
         if s["offload"]:
             LEFT_OUT.append(f"{s['name']} left out: fsdp_perf refuses it: {plan}")
@@ -449,23 +466,24 @@ def check_args(a):
 
 def progress(line):
     """One finished row, as it finishes, on a terminal only (stderr, as advise's and project's
-    rows come while they run): the script takes minutes and prints its table at the end; a
-    pipe or a log gets the table alone."""
+    rows come while they run): it prints its table at the end; a pipe or a log gets the table
+    alone."""
     if sys.stderr.isatty():
         print(f"model_states: {line}", file=sys.stderr, flush=True)
 
 
-def largest_fits(a, strategies):
+def largest_fits(a, strategies, planned):
     """Per strategy and checkpointing: the largest --fit-models preset whose plan fits, and the
     next larger one, which does not. The first strategy's plans (without checkpointing) give
-    every preset's parameter count; the others walk the presets from the largest down."""
+    every preset's parameter count; the others walk the presets from the largest down.
+    planned: run_plans' answers for every strategy, checkpointing and preset."""
     params, out = {}, []
     for s in strategies:
         for ck in (False, True):
             order = sorted(a.fit_models, key=lambda m: -params[m]) if params else a.fit_models
             tried = []
             for m in order:
-                plan = run_plan(a.bin, s, m, a.fit_gpus, a.gpu_memory_gib, a.batch, a.seq_len, ck)
+                plan = accepted(s, m, a.fit_gpus, planned[(s["name"], m, a.fit_gpus, ck)])
                 if plan is None:
                     break
                 params[m] = plan["param_count"]
@@ -512,16 +530,21 @@ def main(argv=None):
             notice = f"fsdp_perf has --cpu-offload: {len(served)} offload variants included"
         else:
             notice = "offload is not in this build (fsdp_perf --describe lists no --cpu-offload): no offload rows"
+        jobs = [(s, a.model, n, True) for s in strategies for n in a.gpus]
+        jobs += [(s, m, a.fit_gpus, ck) for s in strategies for ck in (False, True) for m in a.fit_models]
+        progress(f"planning {len(jobs)} layouts (the curve's {len(strategies) * len(a.gpus)}, the largest-fit "
+                 f"search's {len(jobs) - len(strategies) * len(a.gpus)})")
+        planned = run_plans(a, jobs)
         rows = []
         for s in strategies:
             for n in a.gpus:
-                plan = run_plan(a.bin, s, a.model, n, a.gpu_memory_gib, a.batch, a.seq_len, True)
+                plan = accepted(s, a.model, n, planned[(s["name"], a.model, n, True)])
                 if plan is None:
                     break
                 rows.append(compare(s, plan, n))
                 progress(f"{len(rows)}/{len(strategies) * len(a.gpus)} {s['name']} at {n} GPUs: model states "
                          f"{rows[-1]['model_states'] / GIB:.2f} GiB per GPU (ZeRO formula {rows[-1]['formula'] / GIB:.2f})")
-        fits = largest_fits(a, [s for s in strategies if any(r["strategy"] == s["name"] for r in rows)])
+        fits = largest_fits(a, [s for s in strategies if any(r["strategy"] == s["name"] for r in rows)], planned)
     except cli.BadInput as e:
         print(f"model_states: error: {e}", file=sys.stderr)
         return 2

@@ -473,7 +473,8 @@ code = model_states.main(sys.argv[2:])
 sys.stdout, sys.stderr = real, sys.__stderr__
 said = err.getvalue().splitlines()
 assert code == 0, err.getvalue()
-assert said[0].startswith("model_states: 1/") and " ddp at 3 GPUs: model states " in said[0], said
+assert said[0] == "model_states: planning 27 layouts (the curve's 9, the largest-fit search's 18)", said
+assert said[1].startswith("model_states: 1/") and " ddp at 3 GPUs: model states " in said[1], said
 assert any("largest fit on 8 GPUs, fsdp-full with checkpointing: t5-tiny" in x for x in said), said
 assert "model_states: 1/" not in out.getvalue(), "progress is stderr's"
 print("ok progress")
