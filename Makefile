@@ -49,6 +49,8 @@ LIB_DIRS:= core backend model trace strategy run train bench
 LIB_SRC := $(foreach d,$(LIB_DIRS),$(wildcard src/$(d)/*.cpp))
 LIB_OBJ := $(patsubst src/%.cpp,$(OBJ)/%.o,$(LIB_SRC))
 LIB     := $(BUILD)/libshardbench.a
+# How programs link it (mk/cuda.mk: whole, its symbols exported to the CUDA plugin).
+LIB_LINK = $(LIB)
 PROGRAMS:= ddp_perf fsdp_perf collective_perf
 TEST_SRC:= $(wildcard tests/test_*.cpp)
 TESTS   := $(patsubst tests/%.cpp,$(BIN)/%,$(TEST_SRC))
@@ -110,17 +112,17 @@ $(LIB): $(LIB_OBJ)
 $(BIN)/%: src/programs/%.cpp $(LIB)
 	@mkdir -p $(@D)
 	@mkdir -p $(OBJ)/deps
-	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS)
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB_LINK) $(LDLIBS)
 
 $(BIN)/test_%: tests/test_%.cpp $(LIB)
 	@mkdir -p $(@D)
 	@mkdir -p $(OBJ)/deps
-	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) $(GTEST_LIBS)
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB_LINK) $(LDLIBS) $(GTEST_LIBS)
 
 # Google Benchmark micro-benchmarks (not MPI).
 $(BIN)/kernel_bench: src/programs/kernel_bench.cpp $(LIB)
 	@mkdir -p $(@D) $(OBJ)/deps
-	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB) $(LDLIBS) -lbenchmark -pthread
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(OBJ)/deps/$(@F).d $< -o $@ $(LIB_LINK) $(LDLIBS) -lbenchmark -pthread
 
 # The README's two commands work first on a fresh machine: install what is missing, then
 # build in a new Make invocation whose probes see what was installed; in parallel on every

@@ -1,5 +1,6 @@
 # Installing on a cluster (README "Installing"):
-#   make install PREFIX=/opt/shardbench      programs in PREFIX/bin; analysis, scripts, Slurm
+#   make install PREFIX=/opt/shardbench      programs in PREFIX/bin, the CUDA backend plugin (where
+#                                            built) in PREFIX/lib; analysis, scripts, Slurm
 #                                            files and run matrices in PREFIX/share/shardbench;
 #                                            a modulefile in PREFIX/share/modulefiles/shardbench/
 #   make uninstall PREFIX=/opt/shardbench    removes exactly what install put there
@@ -17,10 +18,12 @@ SHARE_FILES = $(or $(shell git ls-files $(SHARE_PARTS) 2>/dev/null),\
                    $(shell find $(SHARE_PARTS) -type f -not -path '*/__pycache__/*'))
 
 .PHONY: install uninstall install-test
-install: $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(if $(HAVE_CUDA),$(BIN)/gemm_peak)
+install: $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(if $(HAVE_CUDA),$(BIN)/gemm_peak $(CUDA_PLUGIN))
 	@case "$(PREFIX)" in /*) ;; *) echo "install: PREFIX '$(PREFIX)' is not allowed (an absolute path)" >&2; exit 2;; esac
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(SHARE_DIR) $(DESTDIR)$(MODULE_DIR)
 	install -m 755 $(addprefix $(BIN)/,$(INSTALL_PROGRAMS)) $(DESTDIR)$(PREFIX)/bin/
+	@# the programs load it from ../lib beside themselves (src/backend/cuda_plugin.cpp)
+	$(if $(HAVE_CUDA),install -D -m 755 $(CUDA_PLUGIN) $(DESTDIR)$(PREFIX)/lib/$(notdir $(CUDA_PLUGIN)))
 	cp --parents --preserve=mode -t $(DESTDIR)$(SHARE_DIR) $(SHARE_FILES)
 	install -m 644 LICENSE README.md $(DESTDIR)$(SHARE_DIR)/
 	@# slurm/sweep and slurm/interconnect.sbatch read this: run the installed programs.
@@ -32,12 +35,14 @@ install: $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(if $(HAVE_CUDA),
 
 uninstall:
 	@case "$(PREFIX)" in /*) ;; *) echo "uninstall: PREFIX '$(PREFIX)' is not allowed (an absolute path)" >&2; exit 2;; esac
-	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PROGRAMS) kernel_bench gemm_peak)
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(PROGRAMS) kernel_bench gemm_peak) \
+	  $(DESTDIR)$(PREFIX)/lib/libshardbench_cuda.so
 	rm -rf $(DESTDIR)$(SHARE_DIR) $(DESTDIR)$(MODULE_DIR)
-	-rmdir $(DESTDIR)$(PREFIX)/share/modulefiles $(DESTDIR)$(PREFIX)/share $(DESTDIR)$(PREFIX)/bin 2>/dev/null
+	-rmdir $(DESTDIR)$(PREFIX)/share/modulefiles $(DESTDIR)$(PREFIX)/share $(DESTDIR)$(PREFIX)/bin \
+	  $(DESTDIR)$(PREFIX)/lib 2>/dev/null
 	@echo "removed shardbench from $(DESTDIR)$(PREFIX)"
 
-install-test: $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench
+install-test: $(addprefix $(BIN)/,$(PROGRAMS)) $(BIN)/kernel_bench $(if $(HAVE_CUDA),$(CUDA_PLUGIN))
 	bash tests/install_test.sh
 
 EXTRA_TEST += install-test

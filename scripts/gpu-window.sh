@@ -65,8 +65,10 @@ tree=$(find "$work" -mindepth 1 -maxdepth 1 -type d | head -n 1)
 [ -f "$tree/scripts/gpu-check.sh" ] || { say "error: no scripts/gpu-check.sh in the bundle's project"; exit 2; }
 say "unpacked in $(($(date +%s) - start)) s: $tree ($(sed -n 's/^#define SB_VERSION //p' "$tree/build/gen/version.h" 2>/dev/null))"
 
-# NCCL: the host's own (PyTorch's wheel) when the toolkit has none.
-if [ -x "$tree/build/bin/fsdp_perf" ] && ldd "$tree/build/bin/fsdp_perf" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
+# NCCL: the host's own (PyTorch's wheel) when the toolkit has none. The CUDA plugin links it
+# (the programs load the plugin at --backend cuda), and so does test_cuda_backend.
+plugin=$tree/build/lib/libshardbench_cuda.so
+if [ -e "$plugin" ] && ldd "$plugin" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
   nccl=$(find / -xdev -name libnccl.so.2 -path '*nvidia*' 2>/dev/null | head -n 1)
   [ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   say "NCCL: ${nccl:-not found}"

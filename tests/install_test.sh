@@ -13,6 +13,9 @@ for f in bin/ddp_perf bin/fsdp_perf bin/collective_perf bin/kernel_bench share/s
   check "installed: $f" test -e "$P/$f"
 done
 check "the sweep generator stays executable" test -x "$P/share/shardbench/slurm/sweep"
+cuda_plugin=$(test -e "$ROOT/build/lib/libshardbench_cuda.so" && echo yes)
+[ -n "$cuda_plugin" ] && check "installed: lib/libshardbench_cuda.so (this build has the CUDA backend)" \
+  test -e "$P/lib/libshardbench_cuda.so"
 mod=$(ls "$P"/share/modulefiles/shardbench/* 2>/dev/null | head -1)
 expect "modulefile: PATH and SHARDBENCH_HOME with the prefix" 0 "prepend-path PATH +$P/bin" -- cat "$mod"
 check "modulefile names SHARDBENCH_HOME" grep -q "setenv *SHARDBENCH_HOME *$P/share/shardbench" "$mod"
@@ -34,6 +37,15 @@ expect "2-rank ddp_perf from the installed tree" 0 'wrote .*ddp.h5' -- \
   mpirun -np 2 --bind-to none ddp_perf --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 2 --warmup 1 \
   --out "$tmp/work/ddp.h5"
 expect "installed analysis reads the result" 0 'ddp +t5-tiny +2' -- $PY "$P/share/shardbench/analysis/summarize.py" "$tmp/work/ddp.h5"
+# --backend cuda loads the installed plugin (PREFIX/lib): past the loader, the GPU is what is
+# missing here (or the run passes, on a GPU host)
+if [ -n "$cuda_plugin" ]; then
+  fsdp_perf --backend cuda --model t5-tiny --batch 2 --seq-len 12 --dec-seq-len 8 --steps 1 --warmup 0 \
+    --out "$tmp/work/cuda.h5" >"$tmp/out" 2>&1
+  if grep -qE 'no CUDA device visible|wrote .*cuda.h5' "$tmp/out" && ! grep -q 'cannot load' "$tmp/out"; then
+    ok "--backend cuda from the installed tree loads PREFIX/lib/libshardbench_cuda.so"
+  else bad "--backend cuda from the installed tree loads PREFIX/lib/libshardbench_cuda.so"; fi
+fi
 mv "$hidden" "$ROOT/build"
 trap 'rm -rf "$tmp"' EXIT
 

@@ -460,6 +460,22 @@ expect "--attention-kernel mma not in fp32" 2 '--attention-kernel mma is not all
   $BIN/fsdp_perf --backend cuda --attention fused --attention-kernel mma --plan
 expect "--cuda-graphs only with --backend cuda" 2 '--cuda-graphs is only allowed with --backend cuda' -- \
   $BIN/ddp_perf --cuda-graphs --plan
+# The CUDA backend is a plugin (src/backend/cuda_plugin.cpp): the programs do not link cuBLAS
+# (0.4 s of every process start), --backend cuda loads it from ../lib, and a missing plugin is
+# one line naming the file.
+if [ -e "$ROOT/build/lib/libshardbench_cuda.so" ]; then
+  check "the programs do not link cuBLAS, NCCL or the CUDA runtime" bash -c "! ldd $BIN/fsdp_perf $BIN/ddp_perf \
+    $BIN/collective_perf $BIN/kernel_bench | grep -E 'libcublas|libnccl|libcudart'"
+  expect "--backend cuda loads the plugin: past it, the GPU is what is missing here" 1 'no CUDA device visible' -- \
+    $BIN/fsdp_perf --backend cuda --model t5-tiny --batch 2 --seq-len 8 --steps 1 --warmup 0 --out $tmp/cuda.h5
+  check "... and no result file" test ! -e $tmp/cuda.h5
+  mkdir -p $tmp/alone/bin && cp $BIN/ddp_perf $tmp/alone/bin/
+  expect "a program without the plugin beside it: one line naming the file, exit 1" 1 \
+    "--backend cuda: cannot load the CUDA backend $tmp/alone/bin/../lib/libshardbench_cuda.so: .*No such file" -- \
+    $tmp/alone/bin/ddp_perf --backend cuda --model t5-tiny --batch 2 --seq-len 8 --steps 1 --warmup 0 --out $tmp/alone.h5
+  check "... and CPU runs of it need no plugin" $tmp/alone/bin/ddp_perf --model t5-tiny --batch 2 --seq-len 8 \
+    --steps 1 --warmup 0 --out $tmp/alone.h5
+fi
 # gpu-check in parts: --help needs no GPU; a bad part is a usage error; without a GPU a part
 # stops at once with the reason.
 expect "gpu-check --help lists the parts" 0 'hf +scripts/hf-compare.sh' -- bash $ROOT/scripts/gpu-check.sh --help

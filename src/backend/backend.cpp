@@ -8,6 +8,7 @@
 #include "shardbench/core/check.h"
 #include "shardbench/core/fault.h"
 #include "shardbench/backend/comm_staging.h"
+#include "shardbench/backend/cuda_plugin.h"  // make_cuda_backend: the plugin, loaded here
 #include "pointer_map.h"
 
 namespace sb {
@@ -304,9 +305,6 @@ void Backend::record(OpKind kind, int lane, double start, double end, int64_t by
 }
 
 std::unique_ptr<Backend> make_cpu_backend();
-#ifdef SB_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(CommLibrary comm);  // src/backend/cuda/cuda_backend.cu
-#endif
 
 std::unique_ptr<Backend> make_backend(const std::string& name) { return make_backend(name, CommLibrary::Nccl); }
 

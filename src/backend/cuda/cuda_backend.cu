@@ -40,6 +40,7 @@
 #include "shardbench/backend/host_optimizer.h"  // the step constants and 8-bit maps the kernels share
 #include "kernels.cuh"            // the elementwise and row-wise kernels
 #include "shardbench/backend/backend.h"
+#include "shardbench/backend/cuda_plugin.h"  // the entry points this library offers
 #include "shardbench/core/check.h"     // SB_FATAL, MPI_CHECK
 #include "shardbench/core/nodes.h"     // node_comm: the ranks of this host
 #include "shardbench/backend/comm_staging.h"  // --comm, device pointers vs staging, chunks
@@ -1414,6 +1415,14 @@ class CudaBackend final : public Backend, private StagingDevice {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cuda_backend(CommLibrary comm) { return std::make_unique<CudaBackend>(comm); }
-
 }  // namespace sb
+
+// The plugin's entry points (shardbench/backend/cuda_plugin.h): found by dlsym in
+// libshardbench_cuda.so, or linked directly into the GPU tests.
+extern "C" sb::Backend* sb_cuda_backend_new(int comm) { return new sb::CudaBackend(sb::CommLibrary(comm)); }
+
+extern "C" void sb_cuda_library_versions(int* cudart, int* nccl) {
+  *cudart = 0, *nccl = 0;
+  if (cudaRuntimeGetVersion(cudart) != cudaSuccess) *cudart = 0;
+  if (ncclGetVersion(nccl) != ncclSuccess) *nccl = 0;
+}
