@@ -27,6 +27,7 @@ constexpr FaultInfo kFaults[] = {
     {Fault::TpBf16GradientAllReduce, "tp-bf16-gradient-all-reduce", false},
     {Fault::WriteDelay, "write-delay", true},
     {Fault::PublishDelay, "publish-delay", true},
+    {Fault::RecordDelay, "record-delay", true},
 };
 
 std::string known_faults() {

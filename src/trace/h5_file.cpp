@@ -295,7 +295,12 @@ bool write_failure_record(const std::string& path, const std::string& run_tag, c
   // fire, the first writes the record and the others find the name taken.
   const std::string tmp = path + run_tag;
   const int lock = create_locked_temporary(tmp);  // held until published, as ResultFile's
-  if (lock < 0 && errno == EEXIST) return false;
+  if (lock < 0 && errno == EEXIST) {
+    // Another rank writes it. This rank's exit makes mpirun end every rank, the writer too:
+    // wait for the record (bounded: it may go to a suffixed name, or its writer be stuck).
+    for (int i = 0; i < 200 && !same_run_record(path, root); ++i) usleep(50000);
+    return false;
+  }
   if (lock >= 0) register_temporary(tmp, 0);
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
   const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
@@ -303,6 +308,7 @@ bool write_failure_record(const std::string& path, const std::string& run_tag, c
   const hid_t file = lock < 0 ? -1 : H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl);  // this process only
   H5Pclose(fapl);
   bool ok = file >= 0;
+  if (const InjectedFault delay = injected_fault(Fault::RecordDelay)) sleep(delay.seconds);  // test only
   if (ok) {
     const hid_t g = H5Gopen2(file, "/", H5P_DEFAULT);
     for (const Attr& a : root) write_attr(g, a);

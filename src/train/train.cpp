@@ -189,7 +189,8 @@ class TrainingRun {
 
   // The watchdog's last act (from its thread): the first rank to get here records the run
   // as failed (rank 0 may be the one that hangs), with the attributes and provenance of a
-  // result (so every reader takes it as status failed) and no tables.
+  // result (so every reader takes it as status failed) and no tables; the others wait for
+  // that record before they exit (write_failure_record).
   void record_timeout(const std::string& line) const {
     if (path_.empty()) return;
     std::string command;

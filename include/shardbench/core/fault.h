@@ -50,6 +50,10 @@
 //                                                                  so that runs overlap, a signal or the watchdog finds
 //                                                                  the temporary open (tests/mpi_tests.sh,
 //                                                                  tests/bad_input_tests.sh)
+//   record-delay=S                  trace/h5_file.cpp              the rank that writes the watchdog's failure record
+//                                                                  holds it S seconds before publishing, so the other
+//                                                                  ranks' watchdogs fire meanwhile (tests/mpi_tests.sh,
+//                                                                  "rank 0 stopped")
 //
 // docs/reliability.md, "Injected faults", says what each shows.
 #pragma once
@@ -69,7 +73,8 @@ enum class Fault {
   TpWrongVocabOffset,
   TpBf16GradientAllReduce,
   WriteDelay,
-  PublishDelay
+  PublishDelay,
+  RecordDelay
 };
 
 // Whether `f` is the injected fault, and for a delay its seconds.
