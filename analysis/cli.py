@@ -52,6 +52,10 @@ def parser(doc, file):
 
 _MAIN_PID = [None]
 _PENDING = set()  # temporary files being written (atomic_write): removed when a signal ends the tool
+# What an Outputs has put in place and not yet settled, undone by a signal as by its `with`
+# block: the names a publish() under way gives its files ({name: temporary}), the folders it made.
+_PUBLISHING = {}
+_MADE = []  # innermost first
 
 
 def _descendants(pid):
@@ -89,9 +93,20 @@ def _on_signal(signum, frame):
             pass
     except ChildProcessError:
         pass
+    for path, tmp in list(_PUBLISHING.items()):  # a name is ours only while it is our temporary's file
+        try:
+            if os.path.samefile(path, tmp):
+                os.remove(path)
+        except OSError:
+            pass
     for path in list(_PENDING):
         try:
             os.remove(path)
+        except OSError:
+            pass
+    for d in list(_MADE):  # only if empty: another run may have put files there meanwhile
+        try:
+            os.rmdir(d)
         except OSError:
             pass
     if os.getpid() == _MAIN_PID[0]:
@@ -128,7 +143,8 @@ class Outputs:
     free (os.link fails on one another run took meanwhile: BadInput, and what this run had
     published is taken back), with it by os.replace. Leaving the `with` block removes what
     was not published; an OSError there (a full disk) becomes BadInput naming the file and the
-    errno's text. Signals (run()) remove the temporary files too."""
+    errno's text. A signal (run()) does the same: temporary files, the files of a publish()
+    under way and the folders made here are removed, and an interrupted run leaves nothing."""
 
     def __init__(self, overwrite=False):
         self.overwrite, self.staged, self.made = overwrite, [], []
@@ -144,6 +160,7 @@ class Outputs:
             f = os.path.dirname(f)
         os.makedirs(folder, exist_ok=True)
         self.made += missing  # innermost first
+        _MADE.extend(missing)
 
     def temp(self, path):
         """A temporary file beside `path` (the same extension: savefig picks the format by
@@ -168,6 +185,7 @@ class Outputs:
                 if self.overwrite:
                     os.replace(tmp, path)
                 else:
+                    _PUBLISHING[path] = tmp  # before the link: a signal right after it finds it
                     try:
                         os.link(tmp, path)
                     except FileExistsError:
@@ -178,6 +196,16 @@ class Outputs:
             for path in done:
                 os.remove(path)
             raise
+        finally:
+            for tmp, path in self.staged:
+                _PUBLISHING.pop(path, None)
+        self._settle()
+
+    def _settle(self):
+        """The folders made are the run's now (published into) or removed: a signal leaves them."""
+        for d in self.made:
+            if d in _MADE:
+                _MADE.remove(d)
         self.made = []
 
     def __exit__(self, kind, value, tb):
@@ -188,6 +216,7 @@ class Outputs:
         for d in self.made:  # only if still empty
             if os.path.isdir(d) and not os.listdir(d):
                 os.rmdir(d)
+        self._settle()
         if kind is not None and issubclass(kind, OSError):
             path = getattr(self, "current", None) or value.filename
             raise BadInput(f"cannot write '{path}': {value.strerror or value}") from None
