@@ -30,9 +30,9 @@ Plugin loaded;  // what make_cuda_backend found; empty until then
 std::string plugin_path() {
   char exe[PATH_MAX];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  std::string dir = n > 0 ? std::string(exe, size_t(n)) : std::string(".");
-  dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
-  return (dir.empty() ? std::string(".") : dir) + "/../lib/libshardbench_cuda.so";
+  const std::string path = n > 0 ? std::string(exe, size_t(n)) : std::string();
+  const size_t slash = path.rfind('/');
+  return (slash == std::string::npos ? std::string(".") : path.substr(0, slash)) + "/../lib/libshardbench_cuda.so";
 }
 
 Plugin load() {
