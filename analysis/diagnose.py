@@ -48,9 +48,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import regress  # noqa: E402
 import shardbench_h5  # noqa: E402
+import stats  # noqa: E402
+from stats import mad_sd, z_isf  # noqa: E402
 
 KIND_EXCHANGE, KIND_LATENCY = 0, 1
-
 
 
 def read_sweep(fname):
@@ -79,10 +80,8 @@ def read_sweep(fname):
         lo, hi = np.minimum(sel["node"], sel["peer_node"]), np.maximum(sel["node"], sel["peer_node"])
         for a, b, size in sorted(set(zip(lo.tolist(), hi.tolist(), sel["size"].tolist()))):
             m = (lo == a) & (hi == b) & (sel["size"] == size)
-            it = sel["iteration"][m]
-            t = np.zeros(int(it.max()) + 1)
-            np.maximum.at(t, it, sel["time"][m])  # an iteration ends with the pair's slowest rank
-            points[(nodes[a], nodes[b], kind, int(size))] = t
+            # an iteration ends with the pair's slowest rank
+            points[(nodes[a], nodes[b], kind, int(size))] = stats.slowest_rank(sel["iteration"][m], sel["time"][m])
     return {"file": fname, "nodes": nodes, "points": points, "facts": facts}
 
 
@@ -95,20 +94,6 @@ def _files(path):
     if not os.path.exists(path):
         raise cli.BadInput(f"{path}: no such file or folder")
     return [path]
-
-
-def mad_sd(x):
-    x = np.asarray(x, float)
-    return 1.4826 * float(np.median(np.abs(x - np.median(x)))) if len(x) else math.nan
-
-
-def z_isf(p):
-    """The z with P(Z > z) = p (bisection on erfc)."""
-    lo, hi = 0.0, 40.0
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if 0.5 * math.erfc(mid / math.sqrt(2)) > p else (lo, mid)
-    return hi
 
 
 def label(kind, size):
@@ -132,7 +117,7 @@ def is_slow(t, ref, level):
     slowdown = float(np.median(t)) / ref["healthy_t"] - 1
     if ref["limit"] is None:
         return slowdown, 1.0, False
-    p = regress.rank_sum_p(t, ref["pooled"]) if len(ref["pooled"]) else 1.0
+    p = stats.rank_sum_p(t, ref["pooled"]) if len(ref["pooled"]) else 1.0
     return slowdown, p, slowdown > max(ref["limit"], ref["detectable"]) and p < level
 
 
@@ -181,10 +166,10 @@ def baseline_verdict(key, cur, base, args, level):
     diff = math.log(float(np.median(cur))) - float(np.median(b_logs))
     sd = max(base["pooled_sd"], float(b_logs.std(ddof=1)))
     se = sd * math.sqrt(math.pi / 2 * (1 / len(runs) + 1))
-    p = regress.t_sf(diff / se, base["dof"]) if se > 0 else float(diff <= 0)
-    it_slow = regress.rank_sum_p(cur, np.concatenate(runs)) < level
+    p = stats.t_sf(diff / se, base["dof"]) if se > 0 else float(diff <= 0)
+    it_slow = stats.rank_sum_p(cur, np.concatenate(runs)) < level
     slowdown = math.exp(diff) - 1
-    detectable = math.exp(regress.t_isf(level, base["dof"]) * se) - 1 if se > 0 else 0.0
+    detectable = math.exp(stats.t_isf(level, base["dof"]) * se) - 1 if se > 0 else 0.0
     limit = threshold_of(key[2], args)
     slow = limit is not None and slowdown > limit and p < level and it_slow and float(np.median(cur)) > max(
         np.median(r) for r in runs) * (1 + limit)

@@ -67,6 +67,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+from stats import robust_scale  # noqa: E402
 
 TOOL = "history"
 DB_FORMAT = "shardbench-history 1"  # meta('format'): what this reader understands
@@ -511,13 +512,6 @@ def prune(found, step_of, min_step, given=()):
             break
         del found[j]
     return found
-
-
-def robust_scale(v):
-    """The run-to-run noise of a log series, robust to a step and to single outliers: the
-    median absolute difference of successive values, as a standard deviation (floor 1 %)."""
-    diffs = np.abs(np.diff(v[np.isfinite(v)]))
-    return max(float(np.median(diffs)) / (0.6745 * math.sqrt(2)) if len(diffs) else 0.0, 0.01)
 
 
 # ---- show -----------------------------------------------------------------------------------------

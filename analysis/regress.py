@@ -52,10 +52,11 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import shardbench_h5  # noqa: E402
+import stats  # noqa: E402
+from stats import bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402,F401: regress.rank_sum_p etc. stay importable
 
 MIN_BASELINE_RUNS = 3
 SAMPLE_FIELDS = ("op", "in_place", "size", "iteration", "time")
-
 
 
 def _files(path):
@@ -112,8 +113,7 @@ def read_run(fname):
     for key in sorted({(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s}):
         op, place, size = key
         sel = s[(s["op"] == op) & (s["in_place"] == place) & (s["size"] == size)]
-        iters = np.unique(sel["iteration"])
-        points[(names[op], place, size)] = np.array([sel["time"][sel["iteration"] == i].max() for i in iters], float)
+        points[(names[op], place, size)] = stats.slowest_rank(sel["iteration"], sel["time"])
     return points, this
 
 
@@ -134,40 +134,6 @@ def load(path):
     return runs, facts
 
 
-def t_sf(t, dof):
-    """P(T > t) for Student's t with an integer dof (Abramowitz & Stegun 26.7.3-4)."""
-    if t < 0:
-        return 1.0 - t_sf(-t, dof)
-    if math.isinf(t):
-        return 0.0
-    theta = math.atan(t / math.sqrt(dof))
-    c2, s = math.cos(theta) ** 2, math.sin(theta)
-    if dof % 2:  # odd
-        term, total = 1.0, 1.0 if dof > 1 else 0.0
-        for k in range(1, (dof - 1) // 2):
-            term *= c2 * (2 * k) / (2 * k + 1)
-            total += term
-        a = 2 / math.pi * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
-    else:
-        term, total = 1.0, 1.0
-        for k in range(1, dof // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        a = s * total
-    return max(0.0, (1.0 - a) / 2)
-
-
-def t_isf(p, dof):
-    """The t with P(T > t) = p (bisection on t_sf)."""
-    lo, hi = 0.0, 1.0
-    while t_sf(hi, dof) > p:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_sf(mid, dof) > p else (lo, mid)
-    return hi
-
-
 def between_runs(base, cur):
     """Per point: the log-time difference of the median current run from the median baseline run,
     its standard error from the run-to-run spread, and the dof. The spread is pooled over the
@@ -186,40 +152,6 @@ def between_runs(base, cur):
             # side; a median of n normal values varies pi/2 times as much as their mean
             out[k] = (float(np.median(c) - np.median(b)), sd * math.sqrt(math.pi / 2 * (1 / len(b) + 1 / len(c))), dof)
     return out
-
-
-def rank_sum_p(slower, faster):
-    """One-sided Mann-Whitney U p-value that `slower` is stochastically larger (normal
-    approximation with tie correction)."""
-    x, y = np.asarray(slower, float), np.asarray(faster, float)
-    n1, n2 = len(x), len(y)
-    allv = np.concatenate([x, y])
-    order = allv.argsort(kind="mergesort")
-    ranks = np.empty(len(allv))
-    sorted_v = allv[order]
-    i = 0
-    while i < len(allv):  # average ranks of ties
-        j = i
-        while j + 1 < len(allv) and sorted_v[j + 1] == sorted_v[i]:
-            j += 1
-        ranks[order[i:j + 1]] = 0.5 * (i + j) + 1
-        i = j + 1
-    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
-    _, counts = np.unique(allv, return_counts=True)
-    n = n1 + n2
-    var = n1 * n2 / 12.0 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
-    if var <= 0:
-        return 1.0
-    z = (u - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)  # continuity correction
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
-def bootstrap_lower(base, cur, alpha, rng):
-    """Lower bound of the (1 − alpha) two-sided bootstrap CI of median(cur)/median(base) − 1."""
-    b = rng.choice(base, size=(2000, len(base)))
-    c = rng.choice(cur, size=(2000, len(cur)))
-    ratios = np.median(c, axis=1) / np.median(b, axis=1) - 1
-    return float(np.quantile(ratios, alpha / 2)), float(np.quantile(ratios, 1 - alpha / 2))
 
 
 def _expm1(x):

@@ -1,0 +1,112 @@
+"""The statistics the interconnect verdicts share (regress.py, diagnose.py, history.py): one
+home for each test and for the rule that makes a figure of a run.
+
+The rule: an iteration of a collective ends when its slowest rank does, so an iteration's
+time is the maximum over ranks; a run's (or a pair's) figure is the median over its
+iterations (robust to the odd slow iteration of a shared machine).
+"""
+import math
+
+import numpy as np
+
+
+def slowest_rank(iterations, times):
+    """Per iteration (in the order of np.unique(iterations)): the slowest rank's time."""
+    it, inv = np.unique(np.asarray(iterations), return_inverse=True)
+    out = np.full(len(it), -np.inf)
+    np.maximum.at(out, inv.ravel(), np.asarray(times, float))
+    return out
+
+
+def run_figure(per_iteration):
+    """A run's figure: the median over its iterations (of the slowest rank's times)."""
+    return float(np.median(per_iteration))
+
+
+def t_sf(t, dof):
+    """P(T > t) for Student's t with an integer dof (Abramowitz & Stegun 26.7.3-4)."""
+    if t < 0:
+        return 1.0 - t_sf(-t, dof)
+    if math.isinf(t):
+        return 0.0
+    theta = math.atan(t / math.sqrt(dof))
+    c2, s = math.cos(theta) ** 2, math.sin(theta)
+    if dof % 2:  # odd
+        term, total = 1.0, 1.0 if dof > 1 else 0.0
+        for k in range(1, (dof - 1) // 2):
+            term *= c2 * (2 * k) / (2 * k + 1)
+            total += term
+        a = 2 / math.pi * (theta + (s * math.cos(theta) * total if dof > 1 else 0.0))
+    else:
+        term, total = 1.0, 1.0
+        for k in range(1, dof // 2):
+            term *= c2 * (2 * k - 1) / (2 * k)
+            total += term
+        a = s * total
+    return max(0.0, (1.0 - a) / 2)
+
+
+def t_isf(p, dof):
+    """The t with P(T > t) = p (bisection on t_sf)."""
+    lo, hi = 0.0, 1.0
+    while t_sf(hi, dof) > p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_sf(mid, dof) > p else (lo, mid)
+    return hi
+
+
+def z_isf(p):
+    """The z with P(Z > z) = p (bisection on erfc)."""
+    lo, hi = 0.0, 40.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if 0.5 * math.erfc(mid / math.sqrt(2)) > p else (lo, mid)
+    return hi
+
+
+def rank_sum_p(slower, faster):
+    """One-sided Mann-Whitney U p-value that `slower` is stochastically larger (normal
+    approximation with tie correction)."""
+    x, y = np.asarray(slower, float), np.asarray(faster, float)
+    n1, n2 = len(x), len(y)
+    allv = np.concatenate([x, y])
+    order = allv.argsort(kind="mergesort")
+    ranks = np.empty(len(allv))
+    sorted_v = allv[order]
+    i = 0
+    while i < len(allv):  # average ranks of ties
+        j = i
+        while j + 1 < len(allv) and sorted_v[j + 1] == sorted_v[i]:
+            j += 1
+        ranks[order[i:j + 1]] = 0.5 * (i + j) + 1
+        i = j + 1
+    u = ranks[:n1].sum() - n1 * (n1 + 1) / 2
+    _, counts = np.unique(allv, return_counts=True)
+    n = n1 + n2
+    var = n1 * n2 / 12.0 * ((n + 1) - (counts ** 3 - counts).sum() / (n * (n - 1)))
+    if var <= 0:
+        return 1.0
+    z = (u - n1 * n2 / 2.0 - 0.5) / math.sqrt(var)  # continuity correction
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+def bootstrap_lower(base, cur, alpha, rng):
+    """Lower bound of the (1 − alpha) two-sided bootstrap CI of median(cur)/median(base) − 1."""
+    b = rng.choice(base, size=(2000, len(base)))
+    c = rng.choice(cur, size=(2000, len(cur)))
+    ratios = np.median(c, axis=1) / np.median(b, axis=1) - 1
+    return float(np.quantile(ratios, alpha / 2)), float(np.quantile(ratios, 1 - alpha / 2))
+
+
+def mad_sd(x):
+    x = np.asarray(x, float)
+    return 1.4826 * float(np.median(np.abs(x - np.median(x)))) if len(x) else math.nan
+
+
+def robust_scale(v):
+    """The run-to-run noise of a log series, robust to a step and to single outliers: the
+    median absolute difference of successive values, as a standard deviation (floor 1 %)."""
+    diffs = np.abs(np.diff(v[np.isfinite(v)]))
+    return max(float(np.median(diffs)) / (0.6745 * math.sqrt(2)) if len(diffs) else 0.0, 0.01)
