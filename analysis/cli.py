@@ -162,20 +162,22 @@ class Outputs:
         self.made += missing  # innermost first
         _MADE.extend(missing)
 
-    def temp(self, path):
-        """A temporary file beside `path` (the same extension: savefig picks the format by
-        it), published as `path`."""
+    def temp(self, path, suffix=None):
+        """A temporary file beside `path` (by default with the same extension: savefig picks
+        the format by it; `suffix` instead where a reader of the folder must not take it
+        for a result, e.g. node_exporter's *.prom), published as `path`."""
         import tempfile
         folder, base = os.path.split(path)
         self.current = path
-        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{base}.", suffix=".part" + os.path.splitext(base)[1])
+        fd, tmp = tempfile.mkstemp(dir=folder or ".", prefix=f".{base}.",
+                                   suffix=".part" + os.path.splitext(base)[1] if suffix is None else suffix)
         os.close(fd)
         _PENDING.add(tmp)
         self.staged.append((tmp, path))
         return tmp
 
-    def open(self, path, mode="w", **kw):
-        return open(self.temp(path), mode, **kw)
+    def open(self, path, mode="w", suffix=None, **kw):
+        return open(self.temp(path, suffix), mode, **kw)
 
     def publish(self):
         done = []

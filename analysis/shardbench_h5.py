@@ -301,6 +301,237 @@ def main(argv=None):
     return EXIT_SKIPPED if any(s is None for s, _ in verdicts.values()) else 0
 
 
+
+# ---- collective results (collective_perf) -------------------------------------------------------
+# The one reader of collective_perf's result files (analysis/regress.py, history_db.py): the
+# checks every reader makes (cli.BadInput, one line naming the file) and the figures they
+# share. A point is (operation, in-place, size, library, type, reduction); an iteration is one
+# (point, root, cycle, iteration) across ranks and its time the slowest rank's
+# (stats.slowest_rank's rule), the point's figure the median over its iterations.
+
+COLLECTIVE_SAMPLE_FIELDS = ("rank", "op", "in_place", "iteration", "size", "time")
+COLLECTIVE_RESULT_FIELDS = ("op", "in_place", "size", "busbw", "algbw")
+COLLECTIVE_STATUSES = ("ok", "failed", "below-floor")  # what collective_perf writes when it finishes
+
+
+class CollectivePoint:
+    """One point of a run: `iterations` (per iteration, the slowest rank's time, s), `time`
+    (their median), `busbw` and `algbw` (GB/s: the results table's, median over roots and
+    cycles; None where it has no row)."""
+
+    def __init__(self, iterations):
+        self.iterations = iterations
+        self.time = float(np.median(iterations))
+        self.busbw = self.algbw = None
+
+
+class CollectiveResult:
+    """A collective_perf result: `path`, `sha256` (its content: the identity by which a byte
+    copy is the same run), `facts` (start time, commit, hosts, world size, nodes, backend,
+    comm, collectives, dtype, redop, status, Slurm job, command line) and `points`
+    ({(op, in_place, size, comm, dtype, redop): CollectivePoint})."""
+
+    def __init__(self, path, sha256, facts, points):
+        self.path, self.sha256, self.facts, self.points = path, sha256, facts, points
+
+
+def file_sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def parse_utc(text, what):
+    """A datetime (UTC) from an ISO 8601 date or time ('2026-11-23', '2026-11-23T06:01:54Z'),
+    or cli.BadInput naming `what`."""
+    import datetime
+    from cli import BadInput
+    try:
+        t = datetime.datetime.fromisoformat(str(text).strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise BadInput(f"{what} '{text}' is not an ISO 8601 date or time (e.g. 2026-11-23 or 2026-11-23T06:01:54Z)")
+    return t.replace(tzinfo=datetime.timezone.utc) if t.tzinfo is None else t.astimezone(datetime.timezone.utc)
+
+
+def _one_line(e):
+    return " ".join(str(e).split())
+
+
+def _cvalue(v):  # attr()'s decoding, tolerant of bytes that are not UTF-8 (a damaged file)
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
+    if isinstance(v, np.ndarray):
+        return [_cvalue(x) for x in v.tolist()]
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def _cnames(ds, key):
+    return [str(x) for x in _cvalue(ds.attrs[key])] if key in ds.attrs else None
+
+
+def _decode_column(rows, ds, field, names_key, fallback, fname, table):
+    """Per row of `rows` (read from dataset `ds`), the name its `field` code stands for;
+    `fallback` (the file's single value) where the column or its names attribute is missing."""
+    from cli import BadInput
+    if rows.dtype.names is None or field not in rows.dtype.names:
+        return np.array([fallback] * len(rows), dtype=object)
+    names_ = _cnames(ds, names_key)
+    if names_ is None:
+        return np.array([fallback] * len(rows), dtype=object)
+    codes = rows[field].astype(np.int64)
+    bad = codes[(codes < 0) | (codes >= len(names_))]
+    if len(bad):
+        raise BadInput(f"{fname}: corrupt {table} table: {field} code {int(bad[0])} is not one of the "
+                       f"{len(names_)} {names_key}")
+    return np.array(names_, dtype=object)[codes]
+
+
+def read_collective(fname):
+    """The CollectiveResult of one collective_perf result file, or cli.BadInput naming the
+    file and what is wrong (not HDF5, another program, unfinished, no or a corrupt samples or
+    results table, non-finite times)."""
+    from cli import BadInput
+    if os.path.isdir(fname):
+        raise BadInput(f"{fname}: is a directory")
+    try:
+        facts, points = _read_collective(fname)
+        digest = file_sha256(fname)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001: a damaged file fails in many places; name it
+        raise BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {_one_line(e)})")
+    return CollectiveResult(os.path.abspath(fname), digest, facts, points)
+
+
+def _read_collective(fname):
+    from cli import BadInput
+    try:
+        f = h5py.File(fname, "r")
+    except OSError as e:
+        raise BadInput(f"{fname}: not a readable HDF5 file ({_one_line(e)})")
+    with f:
+        a = {k: _cvalue(v) for k, v in f.attrs.items()}
+        if a.get("program") != "collective_perf":
+            raise BadInput(f"{fname}: not a collective_perf result (program {a.get('program', 'not recorded')!r})")
+        for k in ("start_time", "world_size", "status"):
+            if k not in a:
+                raise BadInput(f"{fname}: corrupt collective_perf result: no {k} attribute")
+        if a["status"] not in COLLECTIVE_STATUSES:
+            raise BadInput(f"{fname}: not a finished result (status {a['status']!r}; finished: "
+                           f"{', '.join(COLLECTIVE_STATUSES)})")
+        start = parse_utc(a["start_time"], f"{fname}: start_time")
+        for k in ("samples", "results"):
+            if k not in f or not isinstance(f[k], h5py.Dataset):
+                raise BadInput(f"{fname}: no {k} table")
+        sds, rds = f["samples"], f["results"]
+        s, r = sds[()], rds[()]
+        op_names = _cnames(sds, "op_names")
+        if op_names is None:
+            raise BadInput(f"{fname}: corrupt samples table: no op_names attribute")
+        prov = {k: _cvalue(v) for k, v in f["provenance"].attrs.items()} if "provenance" in f else {}
+        hosts = []
+        if "provenance/ranks" in f:
+            ranks = f["provenance/ranks"][()]
+            if ranks.dtype.names and "host" in ranks.dtype.names:
+                order = np.argsort(ranks["rank"], kind="stable") if "rank" in ranks.dtype.names else range(len(ranks))
+                for h in (_cvalue(ranks["host"][i]) for i in order):
+                    if h not in hosts:
+                        hosts.append(h)
+        if not hosts and prov.get("env.SLURM_JOB_NODELIST"):
+            hosts = [prov["env.SLURM_JOB_NODELIST"]]
+        comm_default = a.get("comm") or ("nccl" if a.get("backend") == "cuda" else "mpi")
+        fallback = {"comm": str(comm_default), "dtype": str(a.get("dtype", "?")), "redop": str(a.get("redop", "?"))}
+        # Where a file measured several libraries, types or reductions without a column to
+        # tell them apart, its single value is unknown.
+        for k in ("comm", "dtype", "redop"):
+            if "," in fallback[k] and (s.dtype.names is None or k not in s.dtype.names):
+                raise BadInput(f"{fname}: {k} is {fallback[k]!r} but the samples table has no {k} column")
+        sample_keys = {k: _decode_column(s, sds, k, k + "_names", fallback[k], fname, "samples")
+                       for k in ("comm", "dtype", "redop")} if len(s) else {}
+        result_keys = {k: _decode_column(r, rds, k, k + "_names", fallback[k], fname, "results")
+                       for k in ("comm", "dtype", "redop")} if len(r) else {}
+        r_ops = _cnames(rds, "op_names") or op_names
+
+    missing = [k for k in COLLECTIVE_SAMPLE_FIELDS if s.dtype.names is None or k not in s.dtype.names]
+    if missing:
+        raise BadInput(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
+    if len(s) == 0:
+        raise BadInput(f"{fname}: no measurements (empty samples table)")
+    rmissing = [k for k in COLLECTIVE_RESULT_FIELDS if r.dtype.names is None or k not in r.dtype.names]
+    if rmissing:
+        raise BadInput(f"{fname}: corrupt results table: no field {', '.join(rmissing)}")
+    ops = s["op"].astype(np.int64)
+    bad_op = ops[(ops < 0) | (ops >= len(op_names))]
+    if len(bad_op):
+        raise BadInput(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
+                       f"{len(op_names)} op_names")
+    t = s["time"].astype(float)
+    ok = np.isfinite(t) & (t > 0)
+    if not ok.all():
+        raise BadInput(f"{fname}: {int((~ok).sum())} of {len(t)} times are not finite positive numbers "
+                       f"(first: {t[~ok][0]!r}): unusable")
+    if np.any(s["size"] <= 0):
+        raise BadInput(f"{fname}: corrupt samples table: a size of {int(s['size'][s['size'] <= 0][0])} bytes")
+
+    def column(name):
+        return s[name].astype(np.int64) if name in s.dtype.names else np.zeros(len(s), np.int64)
+    codes = {k: np.unique(sample_keys[k], return_inverse=True) for k in ("comm", "dtype", "redop")}
+    grid = np.stack([ops, column("in_place"), column("size")] + [codes[k][1].ravel() for k in ("comm", "dtype", "redop")]
+                    + [column("root"), column("cycle"), column("iteration")], axis=1)
+    iters, inv = np.unique(grid, axis=0, return_inverse=True)
+    slowest = np.full(len(iters), -np.inf)  # stats.slowest_rank over the full iteration key
+    np.maximum.at(slowest, inv.ravel(), t)
+    pts, pinv = np.unique(iters[:, :6], axis=0, return_inverse=True)
+    pinv = pinv.ravel()
+    points = {}
+    for j, p in enumerate(pts):
+        key = (op_names[p[0]], int(p[1]), int(p[2]), str(codes["comm"][0][p[3]]), str(codes["dtype"][0][p[4]]),
+               str(codes["redop"][0][p[5]]))
+        points[key] = CollectivePoint(slowest[pinv == j])
+    bw = {}
+    for i in range(len(r)):
+        code = int(r["op"][i])
+        if not 0 <= code < len(r_ops):
+            raise BadInput(f"{fname}: corrupt results table: op code {code} is not one of the {len(r_ops)} op_names")
+        key = (r_ops[code], int(r["in_place"][i]), int(r["size"][i]), str(result_keys["comm"][i]),
+               str(result_keys["dtype"][i]), str(result_keys["redop"][i]))
+        bw.setdefault(key, []).append((float(r["busbw"][i]), float(r["algbw"][i])))
+    for key, rows in bw.items():
+        if key in points:
+            points[key].busbw = float(np.median([x[0] for x in rows]))
+            points[key].algbw = float(np.median([x[1] for x in rows]))
+    facts = dict(start_time=str(a["start_time"]), end_time=str(a.get("end_time", "")), start_unix=start.timestamp(),
+                 commit_id=str(prov.get("shardbench_version", "unknown")), hosts=",".join(hosts),
+                 world_size=int(a["world_size"]), nodes=a.get("nodes"), ranks_per_node=a.get("ranks_per_node"),
+                 backend=str(a.get("backend", "")), comm=str(comm_default),
+                 collectives=str(a.get("collectives", "unrecorded")),  # schema 1 did not say
+                 dtype=fallback["dtype"], redop=fallback["redop"], status=str(a["status"]),
+                 slurm_job=str(prov.get("env.SLURM_JOB_ID", "")) or None, command_line=prov.get("command_line"))
+    return facts, points
+
+
+def collective_files(path, recursive=False):
+    """The .h5 files of `path`: the file itself, or a folder's *.h5 (every one below it with
+    `recursive`), sorted; cli.BadInput when there is none."""
+    from cli import BadInput
+    if os.path.isdir(path):
+        out = []
+        for d, subdirs, files in os.walk(path):
+            subdirs.sort()
+            out += [os.path.join(d, f) for f in sorted(files) if f.endswith(".h5")]
+            if not recursive:
+                break
+        if not out:
+            raise BadInput(f"{path}: no .h5 results in this directory" + (" or below it" if recursive else ""))
+        return out
+    if not os.path.exists(path):
+        raise BadInput(f"{path}: no such file or directory")
+    return [path]
+
+
 if __name__ == "__main__":
     import cli  # this folder: sys.path[0] of a script
     sys.exit(cli.run(__file__, main))

@@ -110,3 +110,141 @@ def robust_scale(v):
     median absolute difference of successive values, as a standard deviation (floor 1 %)."""
     diffs = np.abs(np.diff(v[np.isfinite(v)]))
     return max(float(np.median(diffs)) / (0.6745 * math.sqrt(2)) if len(diffs) else 0.0, 0.01)
+
+
+# ---- change points: E-Divisive means (history.py's trends, regress.py's segment since the last) ----
+# Matteson & James 2014 (JASA 109:334); docs/interconnect.md, "History and change points".
+
+MAX_PERMUTATIONS = 200000
+WORK_BUDGET = 500_000_000  # permutations x runs^2 a test may spend beyond the least it needs
+
+
+def distances(x, alpha=1.0):
+    """|x_i - x_j|^alpha between the rows of `x` (n values, or n rows of d values: Euclidean)."""
+    x = np.asarray(x, float)
+    x = x[:, None] if x.ndim == 1 else x
+    d = np.sqrt(((x[:, None, :] - x[None, :, :]) ** 2).sum(-1))
+    return d if alpha == 1.0 else d ** alpha
+
+
+def energy(d, min_seg):
+    """E-Divisive's statistic Q(tau) for every split of a segment whose distance matrix is `d`
+    (..., n, n) into its first tau values and the n - tau others, min_seg <= tau <= n - min_seg:
+    tau (n - tau) / n times the energy distance of the two parts, mean distance between them
+    twice less the mean within each (Matteson & James 2014, eq. 6, with kappa = n)."""
+    n = d.shape[-1]
+    rows = d.sum(-1).cumsum(-1)                                       # [tau-1]: sum of d[:tau, :]
+    lower = np.einsum("...ij,ij->...i", d, np.tri(n, n, -1)).cumsum(-1)  # [tau-1]: sum over j < i < tau
+    tau = np.arange(min_seg, n - min_seg + 1)
+    left = 2 * lower[..., tau - 1]                                    # within the left part (twice)
+    cross = rows[..., tau - 1] - left                                 # between the parts
+    right = rows[..., n - 1][..., None] - 2 * rows[..., tau - 1] + left  # within the right part (twice)
+    m = n - tau
+    return tau, tau * m / n * (2 * cross / (tau * m) - left / (tau * (tau - 1)) - right / (m * (m - 1)))
+
+
+def e_divisive(x, level, min_seg=3, alpha=1.0, seed=0, permutations=None, given=()):
+    """Change points of the series `x` (n values, or n rows of values: a multivariate series)
+    by E-Divisive means: [(index of the first value after the change, permutation p-value)],
+    sorted. The best split of any current segment is kept while its p-value is at most
+    `level`, then the parts are searched again (recursive bisection). The permutations
+    shuffle the values within each current segment, their statistic the largest over the
+    segments, as the observed one; `permutations` (default: enough for level/10, within a
+    budget of work) are drawn in batches, stopping once the split cannot be significant.
+    `given`: change points already known (another search's), where the search starts from;
+    they are not returned."""
+    d = distances(x, alpha)
+    n = len(d)
+    if min_seg < 2:
+        raise ValueError("min_seg must be at least 2")
+    rng = np.random.default_rng(seed)
+    total = permutations or min(MAX_PERMUTATIONS, max(math.ceil(2 / level), 199,
+                                                      min(math.ceil(10 / level), WORK_BUDGET // max(1, n * n))))
+    allowed = math.floor(level * (total + 1)) - 1  # exceedances a significant split may have
+    found = []
+    while allowed >= 0:
+        bounds = [0] + sorted({t for t, _ in found} | set(given)) + [n]
+        segs = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi - lo >= 2 * min_seg]
+        if not segs:
+            break
+        best = None
+        for lo, hi in segs:
+            tau, q = energy(d[lo:hi, lo:hi], min_seg)
+            i = int(np.argmax(q))
+            if best is None or q[i] > best[0]:
+                best = (float(q[i]), lo + int(tau[i]))
+        observed, split = best
+        exceed = done = 0
+        while done < total and exceed <= allowed:
+            batch = min(total - done, max(16, 4_000_000 // sum((hi - lo) ** 2 for lo, hi in segs)))
+            stat = np.full(batch, -np.inf)
+            for lo, hi in segs:
+                idx = rng.permuted(np.broadcast_to(np.arange(hi - lo), (batch, hi - lo)), axis=1)
+                seg = d[lo:hi, lo:hi]
+                stat = np.maximum(stat, energy(seg[idx[:, :, None], idx[:, None, :]], min_seg)[1].max(-1))
+            exceed += int((stat >= observed * (1 - 1e-12)).sum())  # ties count against the split
+            done += batch
+        p = (exceed + 1) / (done + 1)
+        if p > level:
+            break
+        found.append((split, p))
+    return sorted(found)
+
+
+def segment_medians(values, cps):
+    """Medians of the segments of `values` between the change points `cps` (indices)."""
+    bounds = [0] + list(cps) + [len(values)]
+    return [float(np.median(values[lo:hi])) for lo, hi in zip(bounds, bounds[1:])]
+
+
+def prune(found, step_of, min_step, given=()):
+    """The change points of `found` [(index, p)] left when those whose step (step_of(indices)
+    -> one ratio after/before per change point) is under min_step either way are dropped,
+    the smallest first, each merging its two segments; the `given` ones stay, and count
+    as boundaries."""
+    found = list(found)
+    while found:
+        cps = sorted({t for t, _ in found} | set(given))
+        size = dict(zip(cps, (abs(math.log(r)) for r in step_of(cps))))
+        j = min(range(len(found)), key=lambda i: size[found[i][0]])
+        if size[found[j][0]] >= math.log1p(min_step) * (1 - 1e-9):
+            break
+        del found[j]
+    return found
+
+
+def steps_at(times, cps):
+    """(ratio after/before, median before, median after) of `times` at each boundary of `cps`
+    (indices into times, increasing), or None where a boundary leaves a segment empty."""
+    out = []
+    bounds = [0] + list(cps) + [len(times)]
+    for i in range(1, len(bounds) - 1):
+        lo, mid, hi = bounds[i - 1], bounds[i], bounds[i + 1]
+        if not lo < mid < hi:
+            out.append(None)
+            continue
+        before, after = float(np.median(times[lo:mid])), float(np.median(times[mid:hi]))
+        out.append((after / before, before, after))
+    return out
+
+
+# ---- the spread between checks (regress.py's noise model from the history) -----------------------
+
+
+def spread_one_outlier_out(x, level=0.001):
+    """(standard deviation, dof, index left out or None) of `x`: the sample standard deviation,
+    robust to a single outlier. The value farthest from the median is left out when, against
+    the mean and standard deviation of the others, it is beyond what they predict at `level`
+    divided over the values (a leave-one-out t test, Grubbs' idea: under normality a value is
+    left out wrongly in fewer than `level` of samples, so the t test on the spread keeps its
+    level). Needs at least 3 values."""
+    x = np.asarray(x, float)
+    n = len(x)
+    i = int(np.argmax(np.abs(x - np.median(x))))
+    if n >= 4:
+        others = np.delete(x, i)
+        so = float(np.std(others, ddof=1))
+        z = abs(x[i] - float(others.mean())) / (so * math.sqrt(1 + 1 / (n - 1))) if so > 0 else math.inf
+        if so > 0 and t_sf(z, n - 2) < level / n or so == 0 and x[i] != others[0]:
+            return so, n - 2, i
+    return float(np.std(x, ddof=1)), n - 1, None

@@ -103,7 +103,7 @@ expect "E-Divisive: the statistic, steps, outliers, no false alarm on noise, mul
 import sys
 import numpy as np
 sys.path.insert(0, sys.argv[1])
-from history import distances, e_divisive, energy, prune, steps_at
+from stats import distances, e_divisive, energy, prune, steps_at
 rng = np.random.default_rng(7)
 # energy() is Matteson & James' Q for every split, against its definition written out
 x = rng.normal(size=12)
