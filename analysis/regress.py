@@ -1,8 +1,11 @@
 #!/usr/bin/python3
 """Interconnect regression check: compare collective_perf results, per operation, size and
-placement, judged against the run-to-run spread of a baseline of several runs.
+placement, against a recorded baseline, judged by the spread between the history's earlier
+checks (--history) or, without enough of them, between the baseline's runs.
 
     analysis/regress.py runs/baselines/CLUSTER/ results/collectives-today.h5 --report-dir regress-report
+    analysis/regress.py runs/baselines/CLUSTER/ results/interconnect/CLUSTER/collectives-JOB/ \
+        --history results/interconnect/CLUSTER/history.db
 
 BASELINE is a directory of collective_perf HDF5 results, one file per run, at least
 MIN_BASELINE_RUNS runs of the same points recorded back to back (slurm/interconnect.sbatch
@@ -11,14 +14,35 @@ in-place or out-of-place, size) the time of an iteration is the slowest rank's (
 collective ends when its last rank does), and a run's time is the median over its
 iterations.
 
+Byte-identical files are one run (a copy is not another measurement: counted once, named in
+the output); a baseline run that is also a current one is left out of the baseline.
+
+The noise model. With --history DB (the history database of earlier checks,
+analysis/history.py add; slurm/interconnect.sbatch passes its SB_HISTORY), a point's
+spread is the spread between the earlier checks of the same configuration (backend,
+library, blocking or not, ranks, nodes, ranks per node, type, reduction) in the history:
+nights, not one minute. A check is the runs of one Slurm job (else of one folder), its
+figure the median of its runs'; the spread is the standard deviation of their log figures,
+robust to a single outlier check (left out when the others' mean and spread put it beyond
+0.001 / checks: stats.spread_one_outlier_out), over the segment since the point's last
+change point (history_db.detect: E-Divisive means, as `history.py show`), and only the
+checks before the current's first run, without its files. A point needs at least
+history_db.MIN_CHECKS (6) such checks; with fewer, or without --history, its spread is
+the one between the baseline's runs, which knows only the minute it was recorded in. The
+summary line and report.md say which spread judged the points ("history: N checks from
+DATE to DATE", or "the baseline's N back-to-back runs (they know one minute's spread, not
+the nights': ...)"), the table's spread column per point.
+
 A point is a regression when all three hold:
   - its median over the current runs is slower than the median over the baseline runs, and
     than the slowest baseline run, by more than --threshold (relative);
   - the slowdown is beyond the run-to-run spread: a one-sided t test of the median current
-    run's log time against the median baseline run's, with the spread between baseline runs
-    (pooled over the sizes and placements of the operation, never below the point's own),
-    p(slower) below alpha / points (Bonferroni: alpha is the chance of one false alarm in
-    the whole comparison);
+    run's log time against the median baseline run's, p(slower) below alpha / points
+    (Bonferroni: alpha is the chance of one false alarm in the whole comparison). With the
+    history's spread s from n checks: the baseline's minute and tonight's check are each a
+    draw of a check, their difference has the standard error s * sqrt(2), dof n - 1 (n - 2
+    with an outlier left out). With the baseline's: the spread between baseline runs, pooled
+    over the sizes and placements of the operation, never below the point's own;
   - the iterations agree: a one-sided Mann-Whitney rank-sum test (or with --method
     bootstrap, the bootstrap CI of the median slowdown) at the same level.
 Improvements are judged the same way, in the other direction.
@@ -26,18 +50,20 @@ Improvements are judged the same way, in the other direction.
 Every point also gets the smallest slowdown it could have detected: the slowdown at which
 the t test above reaches alpha / points, given the spread between baseline runs and the
 numbers of runs (`detectable` in the table). A point that is not flagged and whose
-detectable slowdown is above --threshold is inconclusive: the baseline is too noisy, or
-has too few runs, for a slowdown of --threshold to be told from noise there, so "no
-regression" at that point would be a claim the data cannot support. The remedy is more
-baseline runs (slurm/interconnect.sbatch SB_BASELINE_RUNS; and check runs, SB_RUNS), more
-iterations, or a quieter allocation for the baseline and the check.
+detectable slowdown is above --threshold is inconclusive: the spread is too large, or
+rests on too few runs or checks, for a slowdown of --threshold to be told from noise there,
+so "no regression" at that point would be a claim the data cannot support. The remedy is
+more baseline runs (slurm/interconnect.sbatch SB_BASELINE_RUNS; and check runs, SB_RUNS),
+more iterations, or a quieter allocation for the baseline and the checks.
 
-Prints a table and a summary line, writes DIR/report.md and DIR/report.png. Exit status:
+Prints a table and a summary line, writes DIR/report.md and DIR/report.png (both or
+neither). Exit status:
   0  no regression, and every point could have detected a slowdown of --threshold;
   1  regression: at least one point flagged (even if others are inconclusive);
   2  unusable input (not a collective_perf result, a corrupt or empty samples table,
      non-finite times, a baseline of fewer than MIN_BASELINE_RUNS runs, inputs that cannot
-     be compared, a --report-dir that cannot be written): one line, nothing written;
+     be compared, a --history that is not a history database, a --report-dir that cannot
+     be written): one line, nothing written;
   3  inconclusive: no regression found, but at least one point could only have detected a
      slowdown larger than --threshold; the summary line names how many and the smallest
      slowdowns they could detect (best and worst).
@@ -46,98 +72,84 @@ import math
 import os
 import sys
 
-import h5py
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import history_db  # noqa: E402
 import shardbench_h5  # noqa: E402
-import stats  # noqa: E402
 from stats import bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402,F401: regress.rank_sum_p etc. stay importable
 
 MIN_BASELINE_RUNS = 3
-SAMPLE_FIELDS = ("op", "in_place", "size", "iteration", "time")
-
-
-def _files(path):
-    if os.path.isdir(path):
-        files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".h5"))
-        if not files:
-            raise cli.BadInput(f"{path}: no .h5 results in this directory")
-        return files
-    if not os.path.exists(path):
-        raise cli.BadInput(f"{path}: no such file or directory")
-    return [path]
 
 
 def read_run(fname):
-    """({(op name, in_place, size): per-iteration times}, run facts) of one result file."""
-    try:
-        f = h5py.File(fname, "r")
-    except OSError as e:
-        raise cli.BadInput(f"{fname}: not a readable HDF5 file ({e})")
-    try:
-        with f:
-            if "program" not in f.attrs or shardbench_h5.attr(f, "program") != "collective_perf":
-                raise cli.BadInput(f"{fname}: not a collective_perf result")
-            this = {k: shardbench_h5.attr(f, k) for k in ("world_size", "dtype", "redop", "backend", "nodes", "status")}
-            this["comm"] = shardbench_h5.attr(f, "comm") if "comm" in f.attrs else "nccl" if this["backend"] == "cuda" else "mpi"
-            if "," in this["comm"]:
-                raise cli.BadInput(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
-                                   "a baseline and a check use one")
-            if this["status"] == "failed":
-                raise cli.BadInput(f"{fname}: its data check found wrong elements (status failed): not comparable")
-            if "samples" not in f:
-                raise cli.BadInput(f"{fname}: no samples table")
-            names = shardbench_h5.names(f["samples"])
-            s = f["samples"][()]
-    except cli.BadInput:
-        raise
-    except (OSError, KeyError, ValueError, TypeError) as e:  # a damaged file fails in many places
-        raise cli.BadInput(f"{fname}: corrupt collective_perf result ({type(e).__name__}: {e})")
-    missing = [k for k in SAMPLE_FIELDS if s.dtype.names is None or k not in s.dtype.names]
-    if missing:
-        raise cli.BadInput(f"{fname}: corrupt samples table: no field {', '.join(missing)}")
-    if len(s) == 0:
-        raise cli.BadInput(f"{fname}: no measurements (empty samples table)")
-    bad_op = s["op"][(s["op"] < 0) | (s["op"] >= len(names))]
-    if len(bad_op):
-        raise cli.BadInput(f"{fname}: corrupt samples table: op code {int(bad_op[0])} is not one of the "
-                           f"{len(names)} op_names")
-    t = s["time"].astype(float)
-    if not np.all(np.isfinite(t) & (t > 0)):
-        bad = t[~(np.isfinite(t) & (t > 0))]
-        raise cli.BadInput(f"{fname}: {len(bad)} of {len(t)} times are not finite positive numbers "
-                           f"(first: {bad[0]!r}): unusable")
+    """({(op name, in_place, size): per-iteration times}, the file's CollectiveResult) of one
+    result file (shardbench_h5.read_collective: the one reader of collective_perf results)."""
+    res = shardbench_h5.read_collective(fname)
+    this = res.facts
+    if "," in this["comm"]:
+        raise cli.BadInput(f"{fname}: compares several communication libraries (--comm {this['comm']}): "
+                           "a baseline and a check use one")
+    if this["status"] == "failed":
+        raise cli.BadInput(f"{fname}: its data check found wrong elements (status failed): not comparable")
     points = {}
-    for key in sorted({(int(r["op"]), int(r["in_place"]), int(r["size"])) for r in s}):
-        op, place, size = key
-        sel = s[(s["op"] == op) & (s["in_place"] == place) & (s["size"] == size)]
-        points[(names[op], place, size)] = stats.slowest_rank(sel["iteration"], sel["time"])
-    return points, this
+    for (op, place, size, comm, dtype, redop), pt in res.points.items():
+        if (comm, dtype, redop) != (this["comm"], this["dtype"], this["redop"]):
+            raise cli.BadInput(f"{fname}: measures {comm} {dtype} {redop} beside {this['comm']} {this['dtype']} "
+                               f"{this['redop']}: a baseline and a check measure one library, type and reduction")
+        points[(op, place, size)] = pt.iterations
+    return points, res
 
 
 def load(path):
-    """{point: [per-iteration times of each run]} and facts, from a file or a directory of runs."""
-    runs, facts = {}, None
-    for fname in _files(path):
-        points, this = read_run(fname)
+    """{point: [per-iteration times of each run]} and facts, from a file or a directory of runs.
+    Byte-identical files are one run (a copy is not a second measurement): the first is kept,
+    the others listed in facts['duplicates'] as (copy, the file it repeats)."""
+    runs, facts, seen = {}, None, {}
+    for fname in shardbench_h5.collective_files(path):
+        points, res = read_run(fname)
+        this = res.facts
+        if res.sha256 in seen:
+            facts["duplicates"].append((fname, seen[res.sha256]))
+            continue
+        seen[res.sha256] = fname
         if facts is None:
-            facts = dict(this, files=[fname])
+            facts = dict(this, files=[fname], sha256=[res.sha256], starts=[this["start_unix"]], duplicates=[])
         else:
             for k in ("world_size", "dtype", "redop", "comm"):
                 if this[k] != facts[k]:
                     raise cli.BadInput(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
             facts["files"].append(fname)
+            facts["sha256"].append(res.sha256)
+            facts["starts"].append(this["start_unix"])
         for k, v in points.items():
             runs.setdefault(k, []).append(v)
     return runs, facts
 
 
-def between_runs(base, cur):
+def drop_runs(runs, facts, other):
+    """The runs of `facts` whose content is also one of `other`'s (a baseline run that is also a
+    current one) taken out, each listed in facts['duplicates'] as (file, the other's file)."""
+    theirs = dict(zip(other["sha256"], other["files"]))
+    keep = [i for i, h in enumerate(facts["sha256"]) if h not in theirs]
+    if len(keep) == len(facts["sha256"]):
+        return runs
+    for i, f in enumerate(facts["files"]):
+        if i not in keep:
+            facts["duplicates"].append((f, theirs[facts["sha256"][i]] + " (a current run)"))
+    for k in ("files", "sha256", "starts"):
+        facts[k] = [facts[k][i] for i in keep]
+    return {p: [v[i] for i in keep] for p, v in runs.items()}
+
+
+def between_runs(base, cur, history=None):
     """Per point: the log-time difference of the median current run from the median baseline run,
-    its standard error from the run-to-run spread, and the dof. The spread is pooled over the
-    points of each operation (for power with few runs), but never below a point's own."""
+    its standard error, the dof and where its spread came from. From the history (`history`:
+    history_db.between_checks' answer) where it knows the point: the spread between earlier
+    checks, each a draw of the same kind as the baseline's minute and tonight's check, so the
+    difference of two of them has sqrt(2) times it. Elsewhere from the baseline's runs, pooled
+    over the points of each operation (for power with few runs), but never below a point's own."""
     logs = {k: (np.log([np.median(r) for r in base[k]]), np.log([np.median(r) for r in cur[k]])) for k in base}
     out = {}
     for op in {k[0] for k in base}:
@@ -147,10 +159,15 @@ def between_runs(base, cur):
         pooled = math.sqrt(ss / dof)
         for k in keys:
             b, c = logs[k]
+            diff = float(np.median(c) - np.median(b))
+            h = (history or {}).get(k)
+            if h and "sd" in h:
+                out[k] = (diff, h["sd"] * math.sqrt(2), h["dof"], "history")
+                continue
             sd = max(pooled, float(b.std(ddof=1)))
             # medians: one run several times slower (a shared machine has them) moves neither
             # side; a median of n normal values varies pi/2 times as much as their mean
-            out[k] = (float(np.median(c) - np.median(b)), sd * math.sqrt(math.pi / 2 * (1 / len(b) + 1 / len(c))), dof)
+            out[k] = (diff, sd * math.sqrt(math.pi / 2 * (1 / len(b) + 1 / len(c))), dof, "baseline")
     return out
 
 
@@ -204,18 +221,18 @@ def verdict(rows, a):
     return 0, summary, f"threshold {thr}, {stats}"
 
 
-def compare(base, cur, args):
+def compare(base, cur, args, history=None):
     """One row per point: medians, bandwidth change, p-values with their direction, verdict."""
     rng = np.random.default_rng(12345)
     level = args.alpha / len(base)  # Bonferroni: alpha for the whole comparison
-    spread = between_runs(base, cur)
+    spread = between_runs(base, cur, history)
     rows = []
     for key in sorted(base, key=lambda k: (k[0], k[1], k[2])):
         run_meds = [np.median(r) for r in base[key]]  # a verdict needs beyond every run, not only the centre
         b_med = float(np.median(run_meds))
         c_med = float(np.median([np.median(r) for r in cur[key]]))
         slowdown = c_med / b_med - 1  # time: > 0 is slower
-        diff, se, n = spread[key]
+        diff, se, n, source = spread[key]
         p_slow = t_sf(diff / se, n) if se > 0 else float(diff <= 0)
         p_fast = 1.0 - p_slow if se > 0 else float(diff >= 0)
         # the smallest slowdown the t test could flag here: diff must exceed t_isf(level) * se.
@@ -239,7 +256,9 @@ def compare(base, cur, args):
         op, place, size = key
         rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6,
                          cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, stat=stat,
-                         verdict=verdict))
+                         verdict=verdict, spread=source,
+                         spread_label=(f"hist:{history[key]['checks']}" if source == "history"
+                                       else f"base:{len(base[key])}")))
     return rows
 
 
@@ -258,8 +277,52 @@ def check_comparable(base, bf, cur, cf):
                            f"only in current: {names(only_c)}")
     few = min(len(v) for v in base.values())
     if few < MIN_BASELINE_RUNS:
-        raise cli.BadInput(f"the baseline has {few} run(s) of some points; it needs at least {MIN_BASELINE_RUNS} "
+        dups = f" ({len(bf['duplicates'])} byte-identical file(s) not counted)" if bf["duplicates"] else ""
+        raise cli.BadInput(f"the baseline has {few} run(s) of some points{dups}; it needs at least {MIN_BASELINE_RUNS} "
                            "runs recorded back to back, to know the run-to-run spread (SB_RECORD=1 records them)")
+
+
+def history_spread(a, base, bf, cf):
+    """history_db.between_checks for the points of `base`, the checks of the current's
+    configuration before its first run and none of its files; {} without --history."""
+    if not a.history:
+        return {}
+
+    def config_of_point(key):
+        return history_db.configuration_of(cf, cf["comm"], cf["dtype"], cf["redop"])
+    return history_db.between_checks(a.history, config_of_point, sorted(base), exclude=set(cf["sha256"]),
+                                     before=min(cf["starts"]))
+
+
+def when(iso):
+    return iso.replace("T", " ").replace("Z", "")[:16]
+
+
+def spread_text(rows, history, a, nb):
+    """Which spread the verdict used, for the summary line and the report: the history's
+    (its checks and dates) or the baseline's back-to-back runs (with that fallback's limit)."""
+    hist = [history[(r["op"], r["placement"] == "in", r["size"])] for r in rows if r["spread"] == "history"]
+    parts = []
+    if hist:
+        n = sorted({h["checks"] for h in hist})
+        first, last = min(h["first"] for h in hist), max(h["last"] for h in hist)
+        text = (f"history: {n[0] if len(n) == 1 else f'{n[0]} to {n[-1]}'} checks from {when(first)} to {when(last)}"
+                + (" since a change point" if any(h["changes"] for h in hist) else ""))
+        outliers = sum(1 for h in hist if h["left_out"])
+        if outliers:
+            text += f", one outlier check left out at {outliers} point(s)"
+        parts.append(text + (f" at {len(hist)} points" if len(hist) < len(rows) else ""))
+    rest = len(rows) - len(hist)
+    if rest:
+        if not a.history:
+            why = "no --history"
+        else:
+            reasons = sorted({history[(r["op"], r["placement"] == "in", r["size"])]["reason"]
+                              for r in rows if r["spread"] != "history"})
+            why = f"--history: {'; '.join(reasons)}, {history_db.MIN_CHECKS} needed"
+        parts.append(f"the baseline's {nb} back-to-back runs" + (f" at {rest} points" if hist else "")
+                     + f" (they know one minute's spread, not the nights': {why})")
+    return "spread: " + "; ".join(parts)
 
 
 def main(argv=None):
@@ -271,8 +334,13 @@ def main(argv=None):
     ap.add_argument("--alpha", type=float, default=0.01, help="chance of a false alarm in the whole comparison (default: 0.01)")
     ap.add_argument("--method", choices=["rank-sum", "bootstrap"], default="rank-sum",
                     help="the test of the iterations: one-sided Mann-Whitney rank-sum, or a bootstrap confidence "
-                         "interval of the median slowdown; the runs are always judged against the spread between "
-                         "baseline runs (default: rank-sum)")
+                         "interval of the median slowdown; the runs are always judged against the run-to-run spread "
+                         "(default: rank-sum)")
+    ap.add_argument("--history", metavar="DB",
+                    help="the history database of earlier checks (analysis/history.py add): the spread between "
+                         f"them is the noise model wherever a point has at least {history_db.MIN_CHECKS} earlier "
+                         "checks of the current's configuration since its last change point (default: none: the "
+                         "spread between the baseline's runs)")
     ap.add_argument("--report-dir", default="regress-report", metavar="DIR",
                     help="where report.md and report.png go (default: regress-report)")
     a = ap.parse_args(argv)
@@ -288,26 +356,36 @@ def main(argv=None):
     try:
         base, bf = load(a.baseline)
         cur, cf = load(a.current)
+        # a baseline run that is also a current one is the current: the baseline is the others
+        base = drop_runs(base, bf, cf)
+        if not bf["files"]:
+            raise cli.BadInput("every baseline run is byte-identical to a current one: nothing to compare with")
         check_comparable(base, bf, cur, cf)
+        history = history_spread(a, base, bf, cf)
     except cli.BadInput as e:
         print(f"regress: cannot compare: {e}", file=sys.stderr)
         return 2
-    rows = compare(base, cur, a)
+    for side in (bf, cf):
+        for copy, of in side["duplicates"]:
+            print(f"regress: {copy}: not counted: byte-identical to {of} (a copy is not another run)")
+    rows = compare(base, cur, a, history)
     hdr = (f"{'operation':<15} {'place':<5} {'size (B)':>12} {'baseline us':>12} {'current us':>12} "
-           f"{'busbw change':>13} {'detectable':>10} {'test (runs)':>22}  verdict")
+           f"{'busbw change':>13} {'detectable':>10} {'test (runs)':>22} {'spread':>8}  verdict")
     lines = [hdr, "-" * len(hdr)]
     for r in rows:
         lines.append(f"{r['op']:<15} {r['placement']:<5} {r['size']:>12} {r['base_us']:>12.2f} {r['cur_us']:>12.2f} "
-                     f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {r['stat']:>22}  {r['verdict']}")
+                     f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {r['stat']:>22} {r['spread_label']:>8}  "
+                     f"{r['verdict']}")
     print("\n".join(lines))
-    code, summary, stats = verdict(rows, a)
+    code, summary, settings = verdict(rows, a)
     nb, nc = min(len(v) for v in base.values()), min(len(v) for v in cur.values())
-    print(f"\nregress: {summary} ({stats}; {nb} baseline runs, {nc} current); "
+    spread = spread_text(rows, history, a, nb)
+    print(f"\nregress: {summary} ({settings}; {nb} baseline runs, {nc} current; {spread}); "
           f"{bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
     if any(r["verdict"] == "inconclusive" for r in rows):
-        print(f"regress: {INCONCLUSIVE_ADVICE}")
+        print(f"regress: {advice(rows)}")
     try:
-        write_report(a, rows, summary, stats, bf, cf)
+        write_report(a, rows, summary, settings, spread, bf, cf)
     except cli.BadInput as e:
         print(f"regress: error: {e}", file=sys.stderr)
         return 2
@@ -318,33 +396,49 @@ def main(argv=None):
 INCONCLUSIVE_ADVICE = ("at the inconclusive points the baseline runs vary too much, or are too few, to tell a "
                        "slowdown of the threshold from noise: record more baseline runs (SB_BASELINE_RUNS; and "
                        "check runs, SB_RUNS), more iterations (SB_ITERS), or on a quieter allocation")
+HISTORY_ADVICE = ("at the inconclusive points judged by the history, its checks vary too much from one to the next "
+                  "to tell a slowdown of the threshold from noise: more iterations (SB_ITERS) and check runs "
+                  "(SB_RUNS) steady each check, a quieter allocation the checks; or raise the threshold "
+                  "(SB_THRESHOLD) to what the detectable column shows")
 
 
-def write_report(a, rows, summary, stats, bf, cf):
+def advice(rows):
+    """What to do about the inconclusive points, by the spread that judged them."""
+    sources = {r["spread"] for r in rows if r["verdict"] == "inconclusive"}
+    return "; ".join(t for s, t in (("baseline", INCONCLUSIVE_ADVICE), ("history", HISTORY_ADVICE)) if s in sources)
+
+
+def write_report(a, rows, summary, stats, spread, bf, cf):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     with cli.Outputs(overwrite=True) as out:  # the report replaces the last one, whole: both files or neither
         out.makedirs(a.report_dir)
-        write_report_files(out, a, rows, summary, stats, bf, cf, plt)
+        write_report_files(out, a, rows, summary, stats, spread, bf, cf, plt)
         out.publish()
 
 
-def write_report_files(out, a, rows, summary, stats, bf, cf, plt):
+def write_report_files(out, a, rows, summary, stats, spread, bf, cf, plt):
     with out.open(os.path.join(a.report_dir, "report.md")) as f:
         f.write(f"# Interconnect regression report\n\n**{summary}** — {stats}; {bf['world_size']} ranks, "
                 f"{bf['dtype']}, {bf['redop']}.\n\n"
-                f"- baseline: {', '.join(bf['files'])}\n- current: {', '.join(cf['files'])}\n\n"
-                "| operation | placement | size (B) | baseline (us) | current (us) | busbw change | detectable | "
-                "test (runs) | verdict |\n|---|---|---:|---:|---:|---:|---:|---|---|\n")
+                f"- baseline: {', '.join(bf['files'])}\n- current: {', '.join(cf['files'])}\n"
+                f"- {spread}\n")
+        for copy, of in bf["duplicates"] + cf["duplicates"]:
+            f.write(f"- not counted: {copy}, byte-identical to {of}\n")
+        f.write("\n| operation | placement | size (B) | baseline (us) | current (us) | busbw change | detectable | "
+                "test (runs) | spread | verdict |\n|---|---|---:|---:|---:|---:|---:|---|---|---|\n")
         for r in rows:
             f.write(f"| {r['op']} | {r['placement']} | {r['size']} | {r['base_us']:.2f} | {r['cur_us']:.2f} | "
-                    f"{r['bw_change']:+.1%} | {pct(r['detectable'])} | {r['stat']} | {r['verdict']} |\n")
-        f.write(f"\n`detectable`: the smallest slowdown the spread between baseline runs lets the check flag at "
-                f"that point. A point not flagged whose figure is above the threshold ({threshold_pct(a.threshold)}) "
-                "is *inconclusive*: it could not have seen a slowdown of the threshold.\n")
+                    f"{r['bw_change']:+.1%} | {pct(r['detectable'])} | {r['stat']} | {r['spread_label']} | "
+                    f"{r['verdict']} |\n")
+        f.write(f"\n`detectable`: the smallest slowdown the spread lets the check flag at that point. A point "
+                f"not flagged whose figure is above the threshold ({threshold_pct(a.threshold)}) is *inconclusive*: "
+                "it could not have seen a slowdown of the threshold. `spread`: `hist:N`, the spread between N "
+                "earlier checks of the history (since its last change point); `base:N`, between the baseline's N "
+                "back-to-back runs, which know one minute's spread, not the nights'.\n")
         if any(r["verdict"] == "inconclusive" for r in rows):
-            f.write(f"\n**Inconclusive points:** {INCONCLUSIVE_ADVICE}.\n")
+            f.write(f"\n**Inconclusive points:** {advice(rows)}.\n")
         f.write("\n![bandwidth against size](report.png)\n")
     ops = sorted({r["op"] for r in rows})
     fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.6), squeeze=False)
