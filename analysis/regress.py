@@ -35,7 +35,8 @@ the nights': ...)"), the table's spread column per point.
 
 A point is a regression when all three hold:
   - its median over the current runs is slower than the median over the baseline runs, and
-    than the slowest baseline run, by more than --threshold (relative);
+    (judged by the baseline's spread) than the slowest baseline run, by more than
+    --threshold (relative);
   - the slowdown is beyond the run-to-run spread: a one-sided t test of the median current
     run's log time against the median baseline run's, p(slower) below alpha / points
     (Bonferroni: alpha is the chance of one false alarm in the whole comparison). With the
@@ -246,9 +247,14 @@ def compare(base, cur, args, history=None):
             it_slow, it_fast = lo > 0, hi < 0
         stat = f"p(slower)={p_slow:.2g}" if slowdown >= 0 else f"p(faster)={p_fast:.2g}"
         verdict = "same"
-        if slowdown > args.threshold and c_med > max(run_meds) * (1 + args.threshold) and p_slow < level and it_slow:
+        # Judged by the baseline's runs alone, a verdict needs beyond every one of them too; the
+        # history's spread between checks is the noise model itself (a busy minute's slowest
+        # baseline run is no bound on a regression).
+        beyond_slowest = source == "history" or c_med > max(run_meds) * (1 + args.threshold)
+        beyond_fastest = source == "history" or c_med * (1 + args.threshold) < min(run_meds)
+        if slowdown > args.threshold and beyond_slowest and p_slow < level and it_slow:
             verdict = "REGRESSION"
-        elif (-slowdown / (1 + slowdown) > args.threshold and c_med * (1 + args.threshold) < min(run_meds)
+        elif (-slowdown / (1 + slowdown) > args.threshold and beyond_fastest
               and p_fast < level and it_fast):
             verdict = "improvement"
         elif detectable > args.threshold:

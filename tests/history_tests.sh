@@ -246,6 +246,29 @@ assert len(changes) == 8 and all(l.endswith(" 1") for l in changes), changes
 print("ok", n)
 PYEOF
 
+# --- show's files are written whole or not at all (cli.Outputs), on a disk that fills up ---
+# A tmpfs with room for the plot but not the OpenMetrics file beside it: exit 2 naming the file,
+# and neither left (a plot of this run beside the last run's .prom would be two nights mixed),
+# nor any temporary. Then too small for the plot: the same. (root: mounts a tmpfs)
+disk=$tmp/disk
+mkdir -p $disk
+if [ "$(id -u)" = 0 ] && mount -t tmpfs -o size=1M tmpfs $disk 2>/dev/null; then
+  png=$(stat -c %s $tmp/h.png) prom=$(stat -c %s $tmp/m.prom)
+  # pages (4 KiB) free: the plot's and one more (the .prom needs $prom bytes); then half the plot's
+  for room in $(((png / 4096 + 2) * 4096)) $((png / 2)); do
+    rm -f $disk/filler
+    avail=$(($(stat -f -c '%a * %S' $disk)))
+    head -c $((avail - room)) /dev/zero >$disk/filler
+    expect "show --plot --openmetrics, $room bytes free (plot $png, .prom $prom): exit 2, the file named" 2 \
+      "^history: error: cannot write '$disk/(h.png|m.prom)': No space left on device" -- \
+      $PY $HIST show $tmp/step8.db --plot $disk/h.png --openmetrics $disk/m.prom
+    check "... nothing of it left: no plot, no .prom, no temporary" bash -c "[ \"\$(ls -A $disk)\" = filler ]"
+  done
+  umount $disk
+else
+  echo "  (the full-disk check needs root and a tmpfs: not run)"
+fi
+
 # --- a run whose data check failed: indexed, left out of the trends ---
 cp $tmp/null1/r05.h5 $tmp/failed.h5
 $PY -c "import h5py; h5py.File('$tmp/failed.h5', 'r+').attrs['status'] = 'failed'"

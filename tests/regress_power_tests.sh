@@ -15,7 +15,14 @@
 #       table) and say what to do;
 #   (d) slurm/interconnect.sbatch (run with bash and mpirun, no Slurm): regress.py's exit 3
 #       passes through with an "=== interconnect ...: INCONCLUSIVE" line naming the report;
-#       a failed collective_perf exits 4, no longer 3.
+#       a failed collective_perf exits 4, no longer 3; its history (SB_HISTORY) reaches
+#       regress.py --history on the next check;
+#   (e) the history's noise model (--history): a quiet-minute baseline's false alarm on a
+#       busier night is no alarm with nights +-20 % apart in the history; calm nights let an
+#       unchanged check pass where the baseline alone is inconclusive, and catch a 30 %
+#       slowdown; a short history falls back to the baseline, named; the spread is the one
+#       since the last change point; an outlier check is left out; byte copies count once
+#       (baseline, current, history).
 # REGRESS=path and IC_SBATCH=path test other copies (e.g. an older version, which must fail).
 # Prints one ok/FAIL line per check and "N passed, M failed"; exit 0 all passed, 1 a failure.
 set -uo pipefail
@@ -97,6 +104,36 @@ for j, f in enumerate([0.995, 1.0, 1.005]):
     rewrite(runs[8 + j], f"{out}/quiet/same/{j}.h5", quiet(f))
     rewrite(runs[8 + j], f"{out}/quiet/slow13/{j}.h5", quiet(1.3 * f))
     rewrite(runs[8 + j], f"{out}/mixed/ar13/{j}.h5", quiet(f, "all-reduce", 1.3))
+# (e) the history's noise model: checks of 2 runs, a folder each, one a night (start times
+# rewritten); a baseline and currents of the same run times. "nights": checks +-20 % apart;
+# "calm": +-1 %; "step": 8 calm checks at 1.0, then 8 at 1.3; "outlier": 9 calm, one 3x.
+import datetime
+def at(path, when):
+    with h5py.File(path, "r+") as f:
+        f.attrs["start_time"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+def night(k):
+    return datetime.datetime(2026, 11, 2) + datetime.timedelta(days=k, hours=2)
+def checks(name, levels):
+    for k, f in enumerate(levels):
+        for j, g in enumerate([0.998, 1.002]):
+            dst = f"{out}/hist/{name}/c{k:02d}/run{j}.h5"
+            rewrite(runs[(2 * k + j) % 20], dst, quiet(f * g))
+            at(dst, night(k) + datetime.timedelta(minutes=j))
+calm = [1.0, 0.99, 1.01, 1.005, 0.995, 1.0, 0.992, 1.008, 1.003, 0.997]
+checks("nights", [1.12, 0.85, 1.05, 0.92, 1.18, 0.96, 1.08, 0.88, 1.0, 1.15])
+checks("calm", calm)
+checks("short", calm[:5])
+checks("step", calm[:8] + [1.3 * f for f in calm[:8]])
+checks("outlier", calm[:6] + [3.0] + calm[6:9])
+for j, f in enumerate([0.999, 1.0, 1.001]):  # a baseline recorded in one quiet minute
+    rewrite(runs[10 + j], f"{out}/hist/base/{j}.h5", quiet(f))
+    at(f"{out}/hist/base/{j}.h5", datetime.datetime(2026, 11, 1, 2, j))
+for j, f in enumerate([0.7, 1.0, 1.4]):  # one of a busy minute: its spread alone is inconclusive
+    rewrite(runs[10 + j], f"{out}/hist/noisybase/{j}.h5", quiet(f))
+for name, f in (("same", 1.0), ("busy15", 1.15), ("slow13", 1.3)):
+    for j, g in enumerate([0.998, 1.0, 1.002]):
+        rewrite(runs[14 + j], f"{out}/hist/cur-{name}/run{j}.h5", quiet(f * g))
+        at(f"{out}/hist/cur-{name}/run{j}.h5", datetime.datetime(2026, 12, 1, 2, j))
 PYEOF
 sed 's/^/  /' "$tmp/gen.out"
 
@@ -187,6 +224,59 @@ expect "the all-reduce 1.3x slower: its regressions reported though the all-gath
 cp "$tmp/out" "$tmp/m2.out"
 check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tmp/rep-m2 4
 
+# --- (e) the history's noise model (--history): the spread between nights, not one minute ---
+H=$D/hist
+for name in nights calm short step outlier; do
+  $PY $ROOT/analysis/history.py add $H/$name.db $H/$name >"$tmp/out" 2>&1 || { bad "history add $name"; }
+done
+expect "a quiet-minute baseline, an unchanged check 15 % slower on a busier night: without --history a false alarm, exit 1" 1 \
+  '^regress: [0-9] regression\(s\) in 8 points .*spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: no --history\)' -- \
+  regress $H/base $H/cur-busy15 --report-dir $tmp/rep-e1
+expect "... with a history of nights +-20 % apart: not a regression (inconclusive), the history's 10 checks named" 3 \
+  '^regress: inconclusive: 8 of 8 points .*; spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01\)' -- \
+  regress $H/base $H/cur-busy15 --history $H/nights.db --report-dir $tmp/rep-e2
+check "... report.md names the spread, the table its source per point" bash -c \
+  "grep -q '^- spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01' $tmp/rep-e2/report.md && test \$(grep -c '| hist:10 | inconclusive |\$' $tmp/rep-e2/report.md) -eq 8"
+expect "a baseline of a busy minute (runs 0.7x-1.4x: alone inconclusive, as (a)) with calm nights (+-1 %) in the history: the unchanged check passes, exit 0, the history named" 0 \
+  '^regress: no regression in 8 points; .*spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01\)' -- \
+  regress $H/noisybase $H/cur-same --history $H/calm.db --report-dir $tmp/rep-e4
+expect "... a 30 % slowdown is caught (against the quiet minute's baseline): exit 1" 1 '^regress: 8 regression\(s\) in 8 points .*spread: history: 10 checks' -- \
+  regress $H/base $H/cur-slow13 --history $H/calm.db --report-dir $tmp/rep-e5
+expect "a history of 5 checks: the baseline's spread, its limit and the history's shortfall named" 3 \
+  "spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: --history: 5 earlier check\(s\) of this configuration, 6 needed\)\)" -- \
+  regress $H/noisybase $H/cur-same --history $H/short.db --report-dir $tmp/rep-e6
+expect "a change point in the history (8 calm checks, then 8 at 1.3x): the spread since it, not across it; at 1.3x a regression against the baseline" 1 \
+  '^regress: 8 regression\(s\) in 8 points .*spread: history: 8 checks from 2026-11-10 02:00 to 2026-11-17 02:01 since a change point\)' -- \
+  regress $H/base $H/cur-slow13 --history $H/step.db --report-dir $tmp/rep-e7
+expect "... back at the baseline's level: no regression, exit 0 (the spread across the step would leave it inconclusive)" 0 \
+  '^regress: no regression in 8 points; .*since a change point\)' -- \
+  regress $H/noisybase $H/cur-same --history $H/step.db --report-dir $tmp/rep-e8
+expect "one check 3x slower in the history: left out, exit 0" 0 \
+  '^regress: no regression in 8 points; .*spread: history: 10 checks .*, one outlier check left out at 8 point\(s\)\)' -- \
+  regress $H/noisybase $H/cur-same --history $H/outlier.db --report-dir $tmp/rep-e9
+# duplicates (issue 51 kind 12): a byte copy is not another run, in the baseline, the current or the history
+cp -r $H/noisybase $H/dupbase && cp $H/noisybase/0.h5 $H/dupbase/copy-of-0.h5
+expect "a baseline folder with a byte copy of a run: counted once, named" 3 \
+  "^regress: .*/dupbase/copy-of-0.h5: not counted: byte-identical to .*/dupbase/0.h5" -- regress $H/dupbase $H/cur-same --report-dir $tmp/rep-e10
+cp "$tmp/out" "$tmp/e10.out"
+check "... the verdict rests on 3 baseline runs, not 4" grep -q '; 3 baseline runs, 3 current; ' "$tmp/e10.out"
+mkdir -p $H/twobase && cp $H/noisybase/0.h5 $H/noisybase/1.h5 $H/twobase/ && cp $H/noisybase/0.h5 $H/twobase/again.h5
+expect "2 runs and a copy are not a baseline of 3: exit 2, the copy named in the reason" 2 \
+  'the baseline has 2 run\(s\) of some points \(1 byte-identical file\(s\) not counted\); it needs at least 3' -- \
+  regress $H/twobase $H/cur-same --report-dir $tmp/rep-e11
+mkdir -p $H/withcur && cp $H/noisybase/*.h5 $H/withcur/ && cp $H/cur-same/run0.h5 $H/withcur/cur0.h5
+expect "a baseline run that is also a current run: left out of the baseline, named" 3 \
+  "^regress: .*/withcur/cur0.h5: not counted: byte-identical to .*/cur-same/run0.h5 \(a current run\)" -- \
+  regress $H/withcur $H/cur-same --report-dir $tmp/rep-e12
+cp $H/calm.db $H/calm-and-cur.db
+$PY $ROOT/analysis/history.py add $H/calm-and-cur.db $H/cur-same >/dev/null 2>&1
+expect "the current check already in the history: not counted among its earlier checks" 0 \
+  'spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01\)' -- \
+  regress $H/noisybase $H/cur-same --history $H/calm-and-cur.db --report-dir $tmp/rep-e13
+expect "--history that is not a history database: exit 2, one line" 2 '^regress: cannot compare: .*not a history database' -- \
+  regress $H/noisybase $H/cur-same --history $H/noisybase/0.h5 --report-dir $tmp/rep-e14
+check "... nothing written" test ! -e $tmp/rep-e14
+
 # --- the help text says the exit statuses ---
 regress --help >"$tmp/help.out" 2>&1
 check "regress.py --help lists exit status 3 (inconclusive)" grep -qE '^ +3 +inconclusive: no regression found' "$tmp/help.out"
@@ -219,6 +309,9 @@ PYEOF
     ic SB_RUNS=1 SB_BASELINE=$IC/base
   report=$(sed -n 's/^=== interconnect power: INCONCLUSIVE: .*(report: \(.*\))$/\1/p' "$tmp/out")
   check "... the report it names exists and says inconclusive" grep -q '^\*\*inconclusive: 2 of 2 points' "${report:-/dev/null}"
+  expect "interconnect.sbatch again: the history it kept (SB_HISTORY) reaches regress.py, its shortfall named" 3 \
+    "spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: --history: 1 earlier check\(s\) of this configuration, 6 needed\)" -- \
+    ic SB_RUNS=1 SB_BASELINE=$IC/base
 else
   echo "  (interconnect.sbatch not checked: $BIN/collective_perf or mpirun missing)"
 fi
