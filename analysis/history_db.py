@@ -311,7 +311,7 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None):
     (SHA-256)) holds at least MIN_CHECKS checks since its last change point; for the others
     {key: dict(checks=..., reason=...)} saying why not. A check's figure is the median of its
     runs' figures; the spread is the standard deviation of their logs, one outlier check left
-    out (stats.spread_one_outlier_out)."""
+    out (stats.spread_one_outlier_out); `logs` the log figures it rests on."""
     from stats import spread_one_outlier_out
     con, _ = open_db(db, create=False)
     try:
@@ -342,7 +342,8 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None):
             continue
         logs = np.log([float(np.median([p["time"] for p in g])) for g in checks])
         sd, dof, left = spread_one_outlier_out(logs)
-        out[key] = dict(sd=sd, dof=dof, checks=len(checks), first=checks[0][0]["run"]["start_time"],
+        out[key] = dict(sd=sd, dof=dof, logs=np.delete(logs, left) if left is not None else logs,
+                        checks=len(checks), first=checks[0][0]["run"]["start_time"],
                         last=checks[-1][-1]["run"]["start_time"], changes=len(changes),
                         left_out=None if left is None else checks[left][0]["run"]["start_time"])
     return out

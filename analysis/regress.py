@@ -40,10 +40,12 @@ A point is a regression when all three hold:
   - the slowdown is beyond the run-to-run spread: a one-sided t test of the median current
     run's log time against the median baseline run's, p(slower) below alpha / points
     (Bonferroni: alpha is the chance of one false alarm in the whole comparison). With the
-    history's spread s from n checks: the baseline's minute and tonight's check are each a
-    draw of a check, their difference has the standard error s * sqrt(2), dof n - 1 (n - 2
-    with an outlier left out). With the baseline's: the spread between baseline runs, pooled
-    over the sizes and placements of the operation, never below the point's own;
+    history: the baseline's minute and tonight's check are each a draw of a check, so the
+    spread s is the one of the n kept checks and the baseline together (a baseline unlike
+    the checks widens it, and is named: never a regression every night), their difference
+    has the standard error s * sqrt(2), dof n. With the baseline's: the spread between
+    baseline runs, pooled over the sizes and placements of the operation, never below the
+    point's own;
   - the iterations agree: a one-sided Mann-Whitney rank-sum test (or with --method
     bootstrap, the bootstrap CI of the median slowdown) at the same level.
 Improvements are judged the same way, in the other direction.
@@ -147,10 +149,10 @@ def drop_runs(runs, facts, other):
 def between_runs(base, cur, history=None):
     """Per point: the log-time difference of the median current run from the median baseline run,
     its standard error, the dof and where its spread came from. From the history (`history`:
-    history_db.between_checks' answer) where it knows the point: the spread between earlier
-    checks, each a draw of the same kind as the baseline's minute and tonight's check, so the
-    difference of two of them has sqrt(2) times it. Elsewhere from the baseline's runs, pooled
-    over the points of each operation (for power with few runs), but never below a point's own."""
+    history_db.between_checks' answer) where it knows the point: the spread between the earlier
+    checks and the baseline (each a draw of the same kind as tonight's check, so the
+    difference of two has sqrt(2) times it). Elsewhere from the baseline's runs, pooled over
+    the points of each operation (for power with few runs), but never below a point's own."""
     logs = {k: (np.log([np.median(r) for r in base[k]]), np.log([np.median(r) for r in cur[k]])) for k in base}
     out = {}
     for op in {k[0] for k in base}:
@@ -163,7 +165,11 @@ def between_runs(base, cur, history=None):
             diff = float(np.median(c) - np.median(b))
             h = (history or {}).get(k)
             if h and "sd" in h:
-                out[k] = (diff, h["sd"] * math.sqrt(2), h["dof"], "history")
+                # The baseline's minute is one more check (the reference the others are held to):
+                # a baseline unlike the nights widens the spread, so it makes every night
+                # inconclusive (and is named), not a regression.
+                values = np.append(h["logs"], np.median(b))
+                out[k] = (diff, float(values.std(ddof=1)) * math.sqrt(2), len(values) - 1, "history")
                 continue
             sd = max(pooled, float(b.std(ddof=1)))
             # medians: one run several times slower (a shared machine has them) moves neither
@@ -260,7 +266,14 @@ def compare(base, cur, args, history=None):
         elif detectable > args.threshold:
             verdict = "inconclusive"  # "same" here would claim more than the spread allows
         op, place, size = key
-        rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6,
+        # where the history judges: how far the baseline lies from its checks' median
+        off = None
+        if source == "history":
+            h = history[key]
+            centre = float(np.median(h["logs"]))
+            if abs(math.log(b_med) - centre) > t_isf(level, h["dof"]) * h["sd"] * math.sqrt(1 + 1 / len(h["logs"])):
+                off = math.exp(centre) / b_med - 1
+        rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6, base_off=off,
                          cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, stat=stat,
                          verdict=verdict, spread=source,
                          spread_label=(f"hist:{history[key]['checks']}" if source == "history"
@@ -390,6 +403,9 @@ def main(argv=None):
           f"{bf['world_size']} ranks, {bf['dtype']} {bf['redop']}")
     if any(r["verdict"] == "inconclusive" for r in rows):
         print(f"regress: {advice(rows)}")
+    unlike = baseline_unlike(rows)
+    if unlike:
+        print(f"regress: {unlike}")
     try:
         write_report(a, rows, summary, settings, spread, bf, cf)
     except cli.BadInput as e:
@@ -406,6 +422,18 @@ HISTORY_ADVICE = ("at the inconclusive points judged by the history, its checks 
                   "to tell a slowdown of the threshold from noise: more iterations (SB_ITERS) and check runs "
                   "(SB_RUNS) steady each check, a quieter allocation the checks; or raise the threshold "
                   "(SB_THRESHOLD) to what the detectable column shows")
+
+
+def baseline_unlike(rows):
+    """A line naming the points whose baseline lies outside the history's checks (beyond their
+    spread at the verdict's level), or ''."""
+    off = [r for r in rows if r.get("base_off") is not None]
+    if not off:
+        return ""
+    return (f"at {len(off)} point(s) the baseline lies outside the history's checks (their median is "
+            f"{span([r['base_off'] for r in off])} from it): the checks are not at the baseline's level (a change "
+            "since it was recorded, or an untypical minute), which widens the spread; see analysis/history.py "
+            "show, and record the baseline again if the change is deliberate")
 
 
 def advice(rows):
@@ -445,6 +473,8 @@ def write_report_files(out, a, rows, summary, stats, spread, bf, cf, plt):
                 "back-to-back runs, which know one minute's spread, not the nights'.\n")
         if any(r["verdict"] == "inconclusive" for r in rows):
             f.write(f"\n**Inconclusive points:** {advice(rows)}.\n")
+        if baseline_unlike(rows):
+            f.write(f"\n**The baseline and the history:** {baseline_unlike(rows)}.\n")
         f.write("\n![bandwidth against size](report.png)\n")
     ops = sorted({r["op"] for r in rows})
     fig, axes = plt.subplots(1, len(ops), figsize=(4.2 * len(ops), 3.6), squeeze=False)

@@ -6,13 +6,14 @@
 #   scripts/validate-regress.sh loopback [OUT]   2 ranks of one host (shared memory): a baseline
 #       of BASE_RUNS runs, HIST checks into the history, then TRIALS unchanged checks, each
 #       judged with the history of every check before it; NOISE=2 runs every collective_perf
-#       under /work/shared/tools/with-noise.sh -n 2 (the baseline and the history too)
+#       under /work/shared/tools/with-noise.sh -n 2 (the baseline and the history too),
+#       TRIAL_NOISE=2 only the trials' (an idle history, a loaded check)
 #   scripts/validate-regress.sh shaped [OUT]     2 emulated hosts of 1 rank (scripts/local-cluster.sh,
 #       links at RATE Mbit/s: root, the cluster down, run it under flock /run/sb-cluster.lock):
 #       baseline, HIST checks, TRIALS unchanged checks, then SLOWED checks with node2's link
 #       shaped to RATE/SLOWDOWN (a real slowdown of the link, htb)
 #   RUNS=3 BASE_RUNS=4 HIST=10 TRIALS=20 THRESHOLD=0.05 OPS=all-reduce,all-gather MIN=1M MAX=4M
-#   ITERS=20 RATE=400 SLOWDOWN=1.3 SLOWED=5 NOISE=0 (environment)
+#   ITERS=20 RATE=400 SLOWDOWN=1.3 SLOWED=5 NOISE=0 TRIAL_NOISE=NOISE (environment)
 # Prints one line per trial (exit status of regress.py, its summary) and the count of each
 # exit status; OUT (default build/validate-regress/MODE) keeps the runs, the history and
 # every regress output. Exit 0 when it ran (the figures are the result), 1 when a step failed.
@@ -23,7 +24,7 @@ case $MODE in loopback|shaped) ;; *) echo "validate-regress: MODE must be loopba
 OUT=${2:-$ROOT/build/validate-regress/$MODE}
 RUNS=${RUNS:-3} BASE_RUNS=${BASE_RUNS:-4} HIST=${HIST:-10} TRIALS=${TRIALS:-20} THRESHOLD=${THRESHOLD:-0.05}
 OPS=${OPS:-all-reduce,all-gather} MIN=${MIN:-1M} MAX=${MAX:-4M} ITERS=${ITERS:-20}
-RATE=${RATE:-400} SLOWDOWN=${SLOWDOWN:-1.3} NOISE=${NOISE:-0} SLOWED=${SLOWED:-5}
+RATE=${RATE:-400} SLOWDOWN=${SLOWDOWN:-1.3} NOISE=${NOISE:-0} SLOWED=${SLOWED:-5} TRIAL_NOISE=${TRIAL_NOISE:-${NOISE:-0}}
 PY=/usr/bin/python3
 C=$ROOT/scripts/local-cluster.sh
 rm -rf "$OUT" && mkdir -p "$OUT" || exit 1
@@ -36,7 +37,8 @@ if [ "$MODE" = shaped ]; then
 else
   MPI=(timeout 300 mpirun -np 2 --bind-to none)
 fi
-[ "$NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$NOISE" -- "${MPI[@]}")
+QUIET=("${MPI[@]}")
+[ "$NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$NOISE" -- "${QUIET[@]}")
 
 # check DIR N: N runs of collective_perf into DIR (one check, or the baseline)
 check() {
@@ -56,7 +58,7 @@ judge() {
   $PY "$ROOT/analysis/history.py" add "$OUT/history.db" "$1" >/dev/null || return 1
 }
 
-echo "validate-regress $MODE: $(uptime | sed 's/.*load/load/'); noise $NOISE; $OPS $MIN-$MAX, $ITERS iterations, $RUNS runs a check"
+echo "validate-regress $MODE: $(uptime | sed 's/.*load/load/'); noise $NOISE (trials $TRIAL_NOISE); $OPS $MIN-$MAX, $ITERS iterations, $RUNS runs a check"
 check "$OUT/base" "$BASE_RUNS" || exit 1
 for h in $(seq -w 1 "$HIST"); do
   check "$OUT/h$h" "$RUNS" && judge "$OUT/h$h" || exit 1
@@ -64,6 +66,10 @@ for h in $(seq -w 1 "$HIST"); do
 done
 echo
 declare -A count=() slowed=()
+if [ "$TRIAL_NOISE" != "$NOISE" ]; then
+  MPI=("${QUIET[@]}")
+  [ "$TRIAL_NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$TRIAL_NOISE" -- "${QUIET[@]}")
+fi
 for t in $(seq -w 1 "$TRIALS"); do
   check "$OUT/t$t" "$RUNS" && judge "$OUT/t$t" || exit 1
   count[$rc]=$((${count[$rc]:-0} + 1))

@@ -10,7 +10,7 @@
 # Ends with "N passed, M failed".
 set -uo pipefail
 source "$(dirname "$0")/lib.sh"
-HIST=$ROOT/analysis/history.py
+HIST=${HIST:-$ROOT/analysis/history.py}  # HIST=path tests another copy (an older one must fail)
 DATA=$ROOT/tests/data/regress
 MAKE=$tmp/make_runs.py
 

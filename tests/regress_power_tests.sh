@@ -106,7 +106,7 @@ for j, f in enumerate([0.995, 1.0, 1.005]):
     rewrite(runs[8 + j], f"{out}/mixed/ar13/{j}.h5", quiet(f, "all-reduce", 1.3))
 # (e) the history's noise model: checks of 2 runs, a folder each, one a night (start times
 # rewritten); a baseline and currents of the same run times. "nights": checks +-20 % apart;
-# "calm": +-1 %; "step": 8 calm checks at 1.0, then 8 at 1.3; "outlier": 9 calm, one 3x.
+# "calm": +-1 %; "step": 8 calm checks at 1.3, then 8 at 1.0; "outlier": 9 calm, one 3x.
 import datetime
 def at(path, when):
     with h5py.File(path, "r+") as f:
@@ -123,13 +123,15 @@ calm = [1.0, 0.99, 1.01, 1.005, 0.995, 1.0, 0.992, 1.008, 1.003, 0.997]
 checks("nights", [1.12, 0.85, 1.05, 0.92, 1.18, 0.96, 1.08, 0.88, 1.0, 1.15])
 checks("calm", calm)
 checks("short", calm[:5])
-checks("step", calm[:8] + [1.3 * f for f in calm[:8]])
+checks("step", [1.3 * f for f in calm[:8]] + calm[:8])  # a slowdown of 8 nights, then mended
 checks("outlier", calm[:6] + [3.0] + calm[6:9])
 for j, f in enumerate([0.999, 1.0, 1.001]):  # a baseline recorded in one quiet minute
     rewrite(runs[10 + j], f"{out}/hist/base/{j}.h5", quiet(f))
     at(f"{out}/hist/base/{j}.h5", datetime.datetime(2026, 11, 1, 2, j))
 for j, f in enumerate([0.7, 1.0, 1.4]):  # one of a busy minute: its spread alone is inconclusive
     rewrite(runs[10 + j], f"{out}/hist/noisybase/{j}.h5", quiet(f))
+for j, f in enumerate([0.599, 0.6, 0.601]):  # one of an untypically fast minute
+    rewrite(runs[10 + j], f"{out}/hist/fastbase/{j}.h5", quiet(f))
 for name, f in (("same", 1.0), ("busy15", 1.15), ("slow13", 1.3)):
     for j, g in enumerate([0.998, 1.0, 1.002]):
         rewrite(runs[14 + j], f"{out}/hist/cur-{name}/run{j}.h5", quiet(f * g))
@@ -245,34 +247,35 @@ expect "... a 30 % slowdown is caught (against the quiet minute's baseline): exi
 expect "a history of 5 checks: the baseline's spread, its limit and the history's shortfall named" 3 \
   "spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: --history: 5 earlier check\(s\) of this configuration, 6 needed\)\)" -- \
   regress $H/noisybase $H/cur-same --history $H/short.db --report-dir $tmp/rep-e6
-expect "a change point in the history (8 calm checks, then 8 at 1.3x): the spread since it, not across it; at 1.3x a regression against the baseline" 1 \
+expect "a change point in the history (8 calm checks at 1.3x, then 8 at 1.0): the spread since it, not across it; at 1.3x a regression against the baseline" 1 \
   '^regress: 8 regression\(s\) in 8 points .*spread: history: 8 checks from 2026-11-10 02:00 to 2026-11-17 02:01 since a change point\)' -- \
   regress $H/base $H/cur-slow13 --history $H/step.db --report-dir $tmp/rep-e7
 expect "... back at the baseline's level: no regression, exit 0 (the spread across the step would leave it inconclusive)" 0 \
   '^regress: no regression in 8 points; .*since a change point\)' -- \
   regress $H/noisybase $H/cur-same --history $H/step.db --report-dir $tmp/rep-e8
-expect "one check 3x slower in the history: left out, exit 0" 0 \
-  '^regress: no regression in 8 points; .*spread: history: 10 checks .*, one outlier check left out at 8 point\(s\)\)' -- \
+expect "a baseline of an untypically fast minute (0.6x the nights): without --history every night a regression" 1 \
+  '^regress: 8 regression\(s\) in 8 points' -- regress $H/fastbase $H/cur-same --report-dir $tmp/rep-e15
+expect "... with the history: the baseline widens the spread (inconclusive, not a regression), and is named" 3 \
+  '^regress: at 8 point\(s\) the baseline lies outside the history.s checks \(their median is \+6[67]% from it\)' -- \
+  regress $H/fastbase $H/cur-same --history $H/calm.db --report-dir $tmp/rep-e16
+check "... report.md says so" grep -q '^\*\*The baseline and the history:\*\* at 8 point(s) the baseline lies outside' $tmp/rep-e16/report.md
+# the current check already in the history too (as when added before the verdict): not one of its earlier checks
+$PY $ROOT/analysis/history.py add $H/outlier.db $H/cur-same >/dev/null 2>&1
+expect "one check 3x slower in the history, and the current one added to it: the first left out, the second not counted, exit 0" 0 \
+  '^regress: no regression in 8 points; .*spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01, one outlier check left out at 8 point\(s\)\)' -- \
   regress $H/noisybase $H/cur-same --history $H/outlier.db --report-dir $tmp/rep-e9
-# duplicates (issue 51 kind 12): a byte copy is not another run, in the baseline, the current or the history
-cp -r $H/noisybase $H/dupbase && cp $H/noisybase/0.h5 $H/dupbase/copy-of-0.h5
-expect "a baseline folder with a byte copy of a run: counted once, named" 3 \
+# duplicates (issue 51 kind 12): a byte copy is not another run, in the baseline as in the history
+mkdir -p $H/dupbase && cp $H/noisybase/*.h5 $H/dupbase/ && cp $H/noisybase/0.h5 $H/dupbase/copy-of-0.h5 &&
+  cp $H/cur-same/run0.h5 $H/dupbase/cur0.h5
+expect "a baseline folder with a byte copy of one of its runs and of a current run: neither counted, both named" 3 \
   "^regress: .*/dupbase/copy-of-0.h5: not counted: byte-identical to .*/dupbase/0.h5" -- regress $H/dupbase $H/cur-same --report-dir $tmp/rep-e10
 cp "$tmp/out" "$tmp/e10.out"
-check "... the verdict rests on 3 baseline runs, not 4" grep -q '; 3 baseline runs, 3 current; ' "$tmp/e10.out"
+check "... the current run's copy named, and the verdict rests on 3 baseline runs, not 5" bash -c \
+  "grep -q '^regress: .*/dupbase/cur0.h5: not counted: byte-identical to .*/cur-same/run0.h5 (a current run)' $tmp/e10.out && grep -q '; 3 baseline runs, 3 current; ' $tmp/e10.out"
 mkdir -p $H/twobase && cp $H/noisybase/0.h5 $H/noisybase/1.h5 $H/twobase/ && cp $H/noisybase/0.h5 $H/twobase/again.h5
 expect "2 runs and a copy are not a baseline of 3: exit 2, the copy named in the reason" 2 \
   'the baseline has 2 run\(s\) of some points \(1 byte-identical file\(s\) not counted\); it needs at least 3' -- \
   regress $H/twobase $H/cur-same --report-dir $tmp/rep-e11
-mkdir -p $H/withcur && cp $H/noisybase/*.h5 $H/withcur/ && cp $H/cur-same/run0.h5 $H/withcur/cur0.h5
-expect "a baseline run that is also a current run: left out of the baseline, named" 3 \
-  "^regress: .*/withcur/cur0.h5: not counted: byte-identical to .*/cur-same/run0.h5 \(a current run\)" -- \
-  regress $H/withcur $H/cur-same --report-dir $tmp/rep-e12
-cp $H/calm.db $H/calm-and-cur.db
-$PY $ROOT/analysis/history.py add $H/calm-and-cur.db $H/cur-same >/dev/null 2>&1
-expect "the current check already in the history: not counted among its earlier checks" 0 \
-  'spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01\)' -- \
-  regress $H/noisybase $H/cur-same --history $H/calm-and-cur.db --report-dir $tmp/rep-e13
 expect "--history that is not a history database: exit 2, one line" 2 '^regress: cannot compare: .*not a history database' -- \
   regress $H/noisybase $H/cur-same --history $H/noisybase/0.h5 --report-dir $tmp/rep-e14
 check "... nothing written" test ! -e $tmp/rep-e14
