@@ -4,7 +4,7 @@ placement, against a recorded baseline, judged by the spread between the history
 checks (--history) or, without enough of them, between the baseline's runs.
 
     analysis/regress.py runs/baselines/CLUSTER/ results/collectives-today.h5 --report-dir regress-report
-    analysis/regress.py runs/baselines/CLUSTER/ results/interconnect/CLUSTER/collectives-JOB/ \
+    analysis/regress.py runs/baselines/CLUSTER/ results/interconnect/CLUSTER/collectives-JOB/ \\
         --history results/interconnect/CLUSTER/history.db
 
 BASELINE is a directory of collective_perf HDF5 results, one file per run, at least
