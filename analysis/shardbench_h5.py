@@ -19,7 +19,6 @@ import sys
 
 import h5py
 import numpy as np
-import pandas as pd
 
 SCHEMA_VERSION = 5  # what the programs write now
 # 5 added the host ledger (CPU offload: /host_memory, /host_memory_peaks, the plan's host_*
@@ -103,6 +102,7 @@ def attrs(obj):
 
 
 def _table(ds):
+    import pandas as pd  # here: the interconnect readers below need none of it (0.4 s a process)
     frame = pd.DataFrame(ds[()]) if ds.shape[0] else pd.DataFrame(np.zeros(0, dtype=ds.dtype))
     for col in frame.columns:
         if frame[col].dtype == object:
@@ -114,6 +114,7 @@ class Run:
     """One result file: metadata, provenance, plan, and pandas tables."""
 
     def __init__(self, path):
+        import pandas as pd  # as in _table
         self.path = str(path)
         with h5py.File(self.path, "r") as f:
             self.meta = attrs(f)
