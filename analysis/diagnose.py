@@ -76,6 +76,9 @@ from stats import mad_sd, z_isf  # noqa: E402
 KIND_EXCHANGE, KIND_LATENCY = shardbench_h5.PAIR_KIND_EXCHANGE, shardbench_h5.PAIR_KIND_LATENCY
 EXIT_HEALTHY, EXIT_SUSPECTS, EXIT_BAD_INPUT, EXIT_INCONCLUSIVE, EXIT_UNCONFIRMED = 0, 1, 2, 3, 4
 MIN_REPS_TO_SET_ASIDE = 3  # a pair's own median needs a majority of repetitions to stand on
+POOL = 4000  # the healthy pairs' figures a rank-sum test draws on: a fixed random subset beyond it
+# (still a sample of the healthy distribution, and the exact test stays cheap and reaches
+# any Bonferroni level of a large fleet)
 
 
 def read_sweep(fname, args):
@@ -166,6 +169,8 @@ def reference(pts, keys, kind, args, z, level):
         resid = np.concatenate([np.log(pts[k]) - math.log(med[k]) for k in ok])
         sds.append(mad_sd(resid) * math.sqrt(math.pi / 2 / float(np.median(reps))))
     pooled = np.concatenate([pts[k] for k in ok]) if ok else np.array([])
+    if len(pooled) > POOL:
+        pooled = np.random.default_rng(0).choice(pooled, POOL, replace=False)
     min_p = stats.rank_sum_min_p(int(np.median([len(pts[k]) for k in keys])), len(pooled))
     reach = min_p < level
     detectable = math.exp(z * max(sds)) - 1 if sds and reach else math.inf
