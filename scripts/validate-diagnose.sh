@@ -30,6 +30,7 @@
 # Prints one line per sweep (case, the drawn fault, first-pass exit, final exit, names, load
 # average) and per case: N, right, inconclusive, missed (healthy while shaped), wrong (a wrong
 # or extra name: a good node or link drained), and the command to run next.
+# A sweep or re-test whose mpirun fails (a node lost) is no verdict: it is said so and run again.
 # Exit status: 0 every case right in every sweep; 1 some sweep not right; 2 bad input;
 # 3 emulated hosts cannot be made here. Needs root; the cluster must not be held by a crash.
 set -uo pipefail
@@ -102,6 +103,7 @@ draw_node() { echo "node$((RANDOM % $1 + 1))"; }
 names() { grep -E '^suspect ' "$1" | sed -E 's/^suspect (node|link|link or node) ([^:]+(:[^ :]+)?):.*/\1 \2/' | sort | paste -sd';'; }
 
 declare -A N R INC MISS WRONG FIRST4
+FAILED=0
 printf '%-10s %-5s %-22s %-6s %-6s %-40s %s\n' case sweep fault first final named load
 for c in "${CASES[@]}"; do
   kind=${c%@*} hosts=${c#*@}
@@ -128,6 +130,7 @@ for c in "${CASES[@]}"; do
     read -ra MPI <<<"timeout 600 mpirun $("$C" mpirun-args --ranks-per-node 1)"
     i=$((i + 1))
     tag=$work/${kind}${hosts}-$i
+    rm -f "$tag".*  "$tag"-retest.h5
     first=- final=-
     if ! "${NOISE[@]}" "${MPI[@]}" -np "$hosts" "$BIN/collective_perf" "${SWEEP[@]}" --out "$tag.h5" </dev/null >"$tag.log" 2>&1; then
       final=sweep-failed
@@ -143,11 +146,19 @@ for c in "${CASES[@]}"; do
           "$PY" "$ROOT/analysis/diagnose.py" "$tag.h5" --retest "$tag-retest.h5" "${DIAG[@]}" >"$tag.diag2" 2>&1
           final=$?
           cp "$tag.diag2" "$tag.final"
+        else
+          final=retest-failed
         fi
       fi
       [ -e "$tag.final" ] || cp "$tag.diag" "$tag.final"
     fi
     load=$(cut -d' ' -f1 /proc/loadavg)
+    if [[ $final == *-failed ]]; then  # mpirun lost a node (a cluster taken down beside it): no verdict, run it again
+      printf '%-10s %-5s %-22s %-6s %-6s %-40s %s\n' "$c" "$i" "$fault" "$first" "$final" "(not counted: run again)" "$load"
+      i=$((i - 1)) FAILED=$((FAILED + 1))
+      [ "$FAILED" -le $((sweeps + 3)) ] || { echo "validate-diagnose: $FAILED runs failed; see $tag.log" >&2; exit 1; }
+      continue
+    fi
     got=$([ -e "$tag.final" ] && names "$tag.final")
     N[$c]=$((N[$c] + 1))
     [ "$first" = 4 ] && FIRST4[$c]=$((FIRST4[$c] + 1))
@@ -170,6 +181,7 @@ for c in "${CASES[@]}"; do
   printf '%-10s %4s %6s %13s %7s %6s %s\n' "$c" "${N[$c]}" "${R[$c]}" "${INC[$c]}" "${MISS[$c]}" "${WRONG[$c]}" "${FIRST4[$c]}"
   [ "${R[$c]}" = "${N[$c]}" ] || bad=1
 done
+echo "failed runs (not counted, run again): $FAILED"
 echo "seed $seed, $sweeps sweep(s) a case, links $rate Mbit/s (faults at $slow), noise $noise, sweep: $sweep_args, diagnose: $diag_args"
 if [ -n "$keep" ]; then
   echo "next: each sweep's files are in $keep (CASE-I.h5, -retest.h5, .diag, .diag2); e.g. $PY analysis/diagnose.py $keep/${CASES[0]%@*}${CASES[0]#*@}-1.h5 $diag_args"
