@@ -89,11 +89,12 @@ lock_fd=
 locked_at=0
 take_lock() {  # the shared cluster: one at a time, in batches
   [ "${SB_CLUSTER_LOCKED:-0}" = 1 ] && return 0
-  exec {lock_fd}>/run/sb-cluster.lock && flock "$lock_fd" && locked_at=$SECONDS
+  exec {fd}>/run/sb-cluster.lock && flock "$fd" && lock_fd=$fd && locked_at=$SECONDS
 }
-drop_lock() {
-  "$C" down >/dev/null 2>&1
+drop_lock() {  # the cluster comes down only by the one holding it, never while another holds it
+  { [ -n "$lock_fd" ] || [ "${SB_CLUSTER_LOCKED:-0}" = 1 ]; } && "$C" down >/dev/null 2>&1
   [ -n "$lock_fd" ] && { flock -u "$lock_fd"; exec {lock_fd}>&-; lock_fd=; }
+  return 0
 }
 trap 'drop_lock; [ -n "$keep" ] || rm -rf "$work"' EXIT
 trap 'exit 130' INT TERM
