@@ -7,7 +7,8 @@
 #   2. 4 nodes, only the path node2-node4 shaped: the candidate is that link, not a node; the
 #      re-test confirms the link;
 #   3. 5 nodes (a bye each round), node2 slow: the candidate is node2 alone;
-#   4. nothing shaped: it names nothing (exit 0), 4 sweeps in a row, and against a baseline;
+#   4. nothing shaped: it names nothing in 4 sweeps in a row (the re-test run where a first pass
+#      has a candidate), healthy (exit 0) in at least one, and against a baseline;
 #   5. the result: every pair once per repetition at every size, the repetition column and
 #      schema 2, the latency and each node's own all-reduce (2 ranks a node, rank-matched
 #      pairs); the data check catches a corrupted byte;
@@ -30,9 +31,9 @@ T0=$SECONDS
 DIAG=("$PY" "$ROOT/analysis/diagnose.py" --latency-threshold off --threshold 0.25)
 # 1 MiB: a size where the shaped link, not the 2 shared cores, sets the time (smaller ones
 # spread by +-5 % between healthy pairs: TCP's slow start after each idle gap). The default 5
-# repetitions are the samples; 3 iterations each keep the suite's time (with 2 and no data
-# check, whose exchange warms the link too, healthy pairs spread by up to 45 %: measured).
-SWEEP=(--pattern pairs -b 1M -e 1M -n 3 -w 1)
+# repetitions are the samples; 2 iterations each and no data check (section 5 has it) keep
+# the suite's time (3 iterations and the check: 199 s against 114 s, the spread no smaller).
+SWEEP=(--pattern pairs -b 1M -e 1M -n 2 -w 1 -c 0)
 RATE=400 SLOW=100
 
 up() {  # up ARGS...: a cluster, and MPI=(mpirun ...) across it (one rank a node unless RPN set)
@@ -114,19 +115,37 @@ fi
 
 echo "--- 4. 4 nodes, nothing shaped: 4 sweeps in a row [$((SECONDS - T0)) s]"
 if up --nodes 4 --link-mbit $RATE; then
-  clean=0
+  # Under load the medians of healthy pairs spread by up to +-47 % here (TCP on the shaped
+  # veths: a pair reaches 35 % or 90 % of the rate), so an honest verdict may be inconclusive;
+  # what must never happen is a name: a first pass's candidate is re-tested as the tool says,
+  # and the final verdict must name nothing. At least one of the 4 must be called healthy.
+  clean=0 named=0
   for i in 1 2 3 4; do
     sweep healthy$i 4 || { bad "healthy sweep $i"; continue; }
     "${DIAG[@]}" "$work/healthy$i.h5" >"$tmp/d4" 2>&1
     rc=$?
-    if [ $rc = 0 ] && [ -z "$(suspects "$tmp/d4")" ]; then clean=$((clean + 1)); else
-      echo "      sweep $i: exit $rc: $(tail -n 3 "$tmp/d4" | head -n 1)"; cp "$tmp/d4" "$tmp/out"; fi
+    if [ $rc = 4 ]; then
+      pairs=$(sed -nE 's/^next: .*--pairs ([^ ]+) .*/\1/p' "$tmp/d4")
+      if [ -n "$pairs" ] && sweep healthy$i-retest 4 --pairs "$pairs"; then
+        "${DIAG[@]}" "$work/healthy$i.h5" --retest "$work/healthy$i-retest.h5" >"$tmp/d4" 2>&1
+        rc=$?
+      fi
+    fi
+    [ $rc = 0 ] && clean=$((clean + 1))
+    [ $rc = 1 ] || [ $rc = 4 ] || [ -n "$(suspects "$tmp/d4")" ] && { named=$((named + 1)); cp "$tmp/d4" "$tmp/out"; }
+    [ $rc = 0 ] || echo "      sweep $i: exit $rc: $(grep '^diagnose: ' "$tmp/d4" | cut -c1-150)"
   done
-  if [ $clean = 4 ]; then ok "nothing shaped: healthy, no candidate, 4 sweeps of 4"; else bad "nothing shaped: healthy in $clean of 4 sweeps"; fi
+  if [ $named = 0 ]; then ok "nothing shaped: no suspect named in 4 sweeps (after the re-test where one was printed)"
+  else bad "nothing shaped: a suspect named in $named of 4 sweeps"; fi
+  if [ $clean -ge 1 ]; then ok "nothing shaped: healthy (exit 0) in $clean of 4, the others inconclusive"
+  else bad "nothing shaped: healthy in none of 4 sweeps"; fi
   # a baseline of these sweeps: the next one is judged against each pair's own history too
   mkdir -p "$work/base" && cp "$work"/healthy[1-3].h5 "$work/base/"
-  expect "against a baseline of 3 sweeps of the same nodes: healthy" 0 "^diagnose: healthy" -- \
-    "${DIAG[@]}" "$work/healthy4.h5" --baseline "$work/base"
+  "${DIAG[@]}" "$work/healthy4.h5" --baseline "$work/base" >"$tmp/out" 2>&1
+  rc=$?
+  if { [ $rc = 0 ] || [ $rc = 3 ]; } && grep -qE '^diagnose: (healthy|inconclusive)' "$tmp/out" && grep -q 'vs baseline' "$tmp/out"; then
+    ok "against a baseline of 3 sweeps of the same nodes: judged against it too, no name (exit $rc)"
+  else bad "against a baseline of 3 sweeps: exit $rc"; fi
 fi
 
 echo "--- 5. the result file; rank-matched pairs and each node's all-reduce; the data check [$((SECONDS - T0)) s]"
