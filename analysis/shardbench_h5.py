@@ -536,3 +536,57 @@ def collective_files(path, recursive=False):
 if __name__ == "__main__":
     import cli  # this folder: sys.path[0] of a script
     sys.exit(cli.run(__file__, main))
+
+
+# ---- pair sweeps (collective_perf --pattern pairs) ----------------------------------------
+# The one reader of pair-sweep files (docs/trace-format.md, "The pair sweep"); diagnose.py
+# judges what it returns.
+PAIR_SCHEMA_VERSIONS = (1, 2)  # 2 added the repetition column (1: one repetition)
+PAIR_KIND_EXCHANGE, PAIR_KIND_LATENCY, PAIR_KIND_INTRA = 0, 1, 2
+
+
+class NotAPairSweep(ValueError):
+    """A file that is not a usable pair sweep; the message names the file and why."""
+
+
+def read_pair_sweep(fname):
+    """One pair sweep: {'file', 'nodes', 'schema_version', 'repetitions', 'facts', 'figures'}.
+    `figures` is a DataFrame with a row per (kind, size, repetition, node pair): a, b (host
+    names, in node order), kind (0 exchange, 1 latency), size, repetition, round, time: the
+    pair's figure in that repetition, stats' rule (an iteration ends with the pair's slowest
+    rank; the median over the repetition's iterations). Raises NotAPairSweep."""
+    import stats  # this folder
+    try:
+        f = h5py.File(fname, "r")
+    except OSError as e:
+        raise NotAPairSweep(f"{fname}: not a readable HDF5 file ({e})")
+    with f:
+        if f.attrs.get("program") is None or attr(f, "program") != "collective_perf" or "pattern" not in f.attrs \
+                or attr(f, "pattern") != "pairs":
+            raise NotAPairSweep(f"{fname}: not a pair sweep (collective_perf --pattern pairs)")
+        version = int(attr(f, "schema_version")) if "schema_version" in f.attrs else 1
+        if version not in PAIR_SCHEMA_VERSIONS:
+            raise NotAPairSweep(f"{fname}: pair-sweep schema_version {version}; this reader knows "
+                                f"{', '.join(map(str, PAIR_SCHEMA_VERSIONS))}")
+        if attr(f, "status") != "ok":
+            raise NotAPairSweep(f"{fname}: its data check found wrong bytes (status {attr(f, 'status')})")
+        if "samples" not in f or len(f["samples"]) == 0:
+            raise NotAPairSweep(f"{fname}: no samples")
+        nodes = attr(f, "node_names").split(",")
+        s = _table(f["samples"])
+        facts = {k: attr(f, k) for k in ("iters", "warmup", "latency_bytes", "sizes", "pair_ranks", "start_time",
+                                         "backend", "pairs")}
+        facts["repetitions"] = int(attr(f, "repetitions")) if "repetitions" in f.attrs else 1
+    if "repetition" not in s.columns:  # version 1: the sweep ran once
+        s["repetition"] = 0
+    s = s[s["kind"] != PAIR_KIND_INTRA]
+    if not np.all(np.isfinite(s["time"])) or np.any(s["time"] <= 0):
+        raise NotAPairSweep(f"{fname}: non-finite or non-positive times")
+    s = s.assign(a=np.minimum(s["node"], s["peer_node"]), b=np.maximum(s["node"], s["peer_node"]))
+    rows = []
+    for (kind, size, rep, rnd, a, b), g in s.groupby(["kind", "size", "repetition", "round", "a", "b"], sort=True):
+        rows.append((nodes[a], nodes[b], int(kind), int(size), int(rep), int(rnd),
+                     stats.run_figure(stats.slowest_rank(g["iteration"], g["time"]))))
+    figures = pd.DataFrame(rows, columns=["a", "b", "kind", "size", "repetition", "round", "time"])
+    return {"file": fname, "nodes": nodes, "schema_version": version,
+            "repetitions": int(figures["repetition"].nunique()), "facts": facts, "figures": figures}

@@ -5,6 +5,7 @@ The rule: an iteration of a collective ends when its slowest rank does, so an it
 time is the maximum over ranks; a run's (or a pair's) figure is the median over its
 iterations (robust to the odd slow iteration of a shared machine).
 """
+import functools
 import math
 
 import numpy as np
@@ -110,6 +111,49 @@ def robust_scale(v):
     median absolute difference of successive values, as a standard deviation (floor 1 %)."""
     diffs = np.abs(np.diff(v[np.isfinite(v)]))
     return max(float(np.median(diffs)) / (0.6745 * math.sqrt(2)) if len(diffs) else 0.0, 0.01)
+
+
+# The exact null distribution of the rank-sum U (no ties) up to this many n1 * n2; beyond it,
+# or with ties, the normal approximation of rank_sum_p.
+EXACT_RANK_SUM_CELLS = 50000
+
+
+@functools.lru_cache(maxsize=64)
+def _u_tail(n1, n2):
+    """P(U >= u) for u = 0 .. n1*n2 under the null, from the number of orderings giving each U
+    (the generating function prod_{i=1..n1} (1 - q^(n2+i)) / (1 - q^i))."""
+    p = np.zeros(n1 * n2 + 1)
+    p[0] = 1.0
+    for i in range(1, n1 + 1):
+        m = n2 + i
+        if m < len(p):
+            p[m:] -= p[:-m].copy()
+        for r in range(i):  # divide by (1 - q^i): a running sum along each stride-i class
+            p[r::i] = np.cumsum(p[r::i])
+    p = np.maximum(p, 0) / p.sum()
+    return np.cumsum(p[::-1])[::-1]
+
+
+def rank_sum_p_exact(slower, faster):
+    """One-sided Mann-Whitney p-value that `slower` is stochastically larger: exact for small
+    samples without ties (few repetitions against a pool: the normal approximation's tail is
+    too light there to reach a Bonferroni level), else rank_sum_p."""
+    x, y = np.asarray(slower, float), np.asarray(faster, float)
+    n1, n2 = len(x), len(y)
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    if n1 * n2 > EXACT_RANK_SUM_CELLS or len(np.unique(np.concatenate([x, y]))) < n1 + n2:
+        return rank_sum_p(x, y)
+    u = int(np.searchsorted(np.sort(y), x).sum())  # pairs where the slower sample is larger (no ties)
+    return float(_u_tail(n1, n2)[u])
+
+
+def rank_sum_min_p(n1, n2):
+    """The smallest p rank_sum_p_exact can give for samples of n1 and n2 (every `slower` value
+    above every `faster` one): whether a level is reachable at all."""
+    if n1 == 0 or n2 == 0:
+        return 1.0
+    return rank_sum_p_exact(np.arange(n1) + n2 + 1.0, np.arange(n2, dtype=float))
 
 
 # ---- change points: E-Divisive means (history.py's trends, regress.py's segment since the last) ----

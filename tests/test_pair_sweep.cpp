@@ -61,6 +61,72 @@ TEST(PairSweep, PackRoundsKeepsPairsDisjointAndInOrder) {
   EXPECT_EQ(rounds[2], (PairRound{{0, 3}}));
 }
 
+// The rounds of a repetition as sets of pairs, ignoring their order.
+std::set<std::set<std::pair<int, int>>> matchings(const std::vector<PairRound>& rounds) {
+  std::set<std::set<std::pair<int, int>>> out;
+  for (const PairRound& r : rounds) {
+    std::set<std::pair<int, int>> m;
+    for (const NodePair& p : r) m.insert({p.a, p.b});
+    out.insert(m);
+  }
+  return out;
+}
+
+TEST(PairSweep, RepeatScheduleHasEveryPairOncePerRepetition) {
+  for (int n : {2, 3, 4, 5, 8, 9, 16}) {
+    const auto reps = repeat_schedule(round_robin(n), n, 6, true, 48);
+    ASSERT_EQ(reps.size(), 6u) << n;
+    EXPECT_EQ(reps[0], round_robin(n)) << "repetition 0 is the plain schedule";
+    for (const auto& rounds : reps) {
+      EXPECT_EQ(rounds.size(), round_robin(n).size()) << n;
+      expect_complete(rounds, n);
+    }
+  }
+}
+
+TEST(PairSweep, RepeatScheduleChangesWhichPairsShareARound) {
+  // From 6 nodes on there are more perfect matchings than rounds: each repetition's rounds
+  // differ from the first's; with 4 the 3 rounds are the only 3 matchings (the order moves).
+  for (int n : {6, 8, 16, 7}) {
+    const auto reps = repeat_schedule(round_robin(n), n, 5, true, 48);
+    for (size_t r = 1; r < reps.size(); ++r) EXPECT_NE(matchings(reps[r]), matchings(reps[0])) << n << " rep " << r;
+  }
+  const auto four = repeat_schedule(round_robin(4), 4, 5, true, 48);
+  bool order_moved = false;
+  for (size_t r = 1; r < four.size(); ++r) {
+    EXPECT_EQ(matchings(four[r]), matchings(four[0]));
+    order_moved = order_moved || four[r] != four[0];
+  }
+  EXPECT_TRUE(order_moved) << "with 4 nodes only the moment of each matching can change";
+  // the same seed, the same schedule (every rank computes it alone); another seed, another
+  EXPECT_EQ(repeat_schedule(round_robin(8), 8, 3, true, 48), repeat_schedule(round_robin(8), 8, 3, true, 48));
+  EXPECT_NE(repeat_schedule(round_robin(8), 8, 3, true, 48), repeat_schedule(round_robin(8), 8, 3, true, 49));
+}
+
+TEST(PairSweep, RepeatScheduleOfGivenPairsKeepsThemAndPacksThemAgain) {
+  const std::vector<NodePair> pairs{{0, 1}, {0, 2}, {2, 3}, {1, 3}, {0, 3}, {4, 5}};
+  const auto reps = repeat_schedule(pack_rounds(pairs), 6, 8, false, 48);
+  std::set<std::pair<int, int>> want;
+  for (const NodePair& p : pairs) want.insert({p.a, p.b});
+  bool moved = false;
+  for (const auto& rounds : reps) {
+    std::set<std::pair<int, int>> got;
+    size_t count = 0;
+    for (const PairRound& r : rounds) {
+      std::set<int> busy;
+      for (const NodePair& p : r) {
+        EXPECT_TRUE(busy.insert(p.a).second && busy.insert(p.b).second) << "a node twice in a round";
+        got.insert({p.a, p.b});
+        ++count;
+      }
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(count, pairs.size());
+    moved = moved || matchings(rounds) != matchings(reps[0]);
+  }
+  EXPECT_TRUE(moved);
+}
+
 TEST(PairSweep, ParsePairsByHostName) {
   const std::vector<std::string> hosts{"node1", "node2", "gpu-a01", "node4"};
   const auto pairs = parse_pairs("node2:node4,gpu-a01:node1", hosts);

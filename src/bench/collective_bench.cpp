@@ -212,9 +212,13 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   num.integer("--rounds", o.pairs.rounds, 1, kIntMax, "--pattern pairs: only the first K rounds of the schedule "
                                                      "(each pairs every node once: K pairs a node, the quick pass "
                                                      "of a large allocation; default all N-1)");
+  num.integer("--repeat", o.pairs.repeat, 1, 1000, "--pattern pairs: the whole schedule this many times, nodes "
+                                                  "relabelled each time so other pairs share a round; each "
+                                                  "repetition is one sample of a pair for analysis/diagnose.py "
+                                                  "(default 5: enough for its alpha of 0.01)");
   if (!parse_command_line(app, argc, argv)) return false;
   if (o.pattern != "pairs") {
-    for (const char* flag : {"--pairs", "--pair-ranks", "--rounds"})
+    for (const char* flag : {"--pairs", "--pair-ranks", "--rounds", "--repeat"})
       if (app.count(flag)) throw UsageError(std::string(flag) + " is only allowed with --pattern pairs");
   } else {
     // The pair sweep takes nccl-tests' size and iteration flags; the others mean nothing to it.
@@ -222,7 +226,7 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
                              "-T", "--shard-size", "--nonblocking", "--barrier", "--min-busbw", "--comm"})
       if (app.count(flag))
         throw UsageError(std::string(flag) + " is not allowed with --pattern pairs (it takes -b -e -f -i -n -w -c, "
-                                             "--pairs, --pair-ranks, --rounds, --backend, --out, --overwrite)");
+                                             "--pairs, --pair-ranks, --rounds, --repeat, --backend, --out, --overwrite)");
     o.pairs.matched = pair_ranks == "matched";
   }
   num.apply();
