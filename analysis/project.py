@@ -55,7 +55,8 @@ import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
 from projection_model import (COLLECTIVES, PRECISIONS, ROOT, add_calibration_arguments,  # noqa: E402
                               calibrated, calibration_quality, describe_extrapolation, describe_quality,
-                              extrapolations, host_rates, load_cluster, schedule_ops, simulate)
+                              extrapolations, group_tiers, host_rates, load_cluster, schedule_ops,
+                              simulate)
 
 def plan_schedule(program_args, world, limit_gib, binary_dir, host_limit_gib=None):
     """The program's plan and schedule JSON (analysis/runner.py: --plan --schedule-json at
@@ -458,10 +459,10 @@ def print_sizes(cluster, todo, bin_dir):
     for _, name, _, _, _, n, args in todo:
         sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir, host_limit(cluster, args))
         stages = [st["ops"] for st in sched["stages"]] if sched.get("pp_size", 1) > 1 else [sched["ops"]]
-        sizes = {}
+        sizes, tiers = {}, group_tiers(sched, cluster)
         for rows in stages:
-            for op, _, _, nbytes, *_ in schedule_ops(sched, rows):
-                if op in COLLECTIVES and nbytes > 0:
+            for op, _, _, nbytes, _, _, _, axis, *_ in schedule_ops(sched, rows):
+                if op in COLLECTIVES and nbytes > 0 and tiers[axis][0] > 1:  # a group of one rank sends nothing
                     sizes.setdefault(op, []).append(nbytes)
         each = ", ".join(f"{op} {min(v)}-{max(v)}" for op, v in sorted(sizes.items()))
         print(f"{name}: {each or 'no collectives'}")
