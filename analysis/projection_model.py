@@ -370,7 +370,7 @@ def collective_time(cluster, op, size, n, nodes, sent, blocking=False, z=0.0):
     NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring, or the
     operation's own fit for its group shape and mode (blocking: one blocking call, as the CPU
     backend makes of a collective waited for at once; else non-blocking). z: that many of the
-    fit's own relative spreads (fit_info's "spread") added, for the projection's range."""
+    fit's own relative spreads (fit_info's "spread") as a factor, (1 + spread)^z: the range."""
     if n <= 1:
         return 0.0
     intra, inter = cluster["intra"], cluster["inter"]
@@ -384,22 +384,22 @@ def collective_time(cluster, op, size, n, nodes, sent, blocking=False, z=0.0):
     if cluster["collectives"] == "ring" and fitted:  # this operation's own fit (calibrate_collectives)
         lat_op, busbw_op, info = fitted  # across nodes: per NIC
         bw = busbw_op if nodes <= 1 else min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * busbw_op)
-        return (steps * lat_op * 1e-6 + sent / (bw * 1e9)) * (1 + z * info["spread"])
-    z *= (intra if nodes <= 1 else inter).get("info", {}).get("spread", 0.0)  # a tier's own fit, if calibrated
+        return (steps * lat_op * 1e-6 + sent / (bw * 1e9)) * (1 + info["spread"]) ** z
+    z = (1 + (intra if nodes <= 1 else inter).get("info", {}).get("spread", 0.0)) ** z  # a tier's own fit, if any
     if op == "all-reduce" and nodes <= 1 and "allreduce_bandwidth_gbps" in intra:
         bw = max(bw, intra["allreduce_bandwidth_gbps"] * 1e9)  # NVLS (NVSwitch reductions) on one node
     if cluster["collectives"] == "ring":
-        return (lat * 1e-6 + sent / bw) * (1 + z)
+        return (lat * 1e-6 + sent / bw) * z
     lat += NCCL_RING_BASE_US
     if op == "all-reduce" and nodes > 1:
         lat *= NCCL_RING_ALLREDUCE_PLATEAU
     ring = lat * 1e-6 + sent / bw
     if op != "all-reduce" or nodes <= 1:
-        return ring * (1 + z)  # NCCL runs all-gather and reduce-scatter as rings
+        return ring * z  # NCCL runs all-gather and reduce-scatter as rings
     tree_lat = 2 * ((per_node - 1) * NCCL_TREE_HOP_US["intra"] + math.log2(nodes) * NCCL_TREE_HOP_US["inter"])
     tree_bw = min(0.9 * bw, NCCL_TREE_MAX_BUSBW * 1e9) if nodes > 2 else 0.9 * bw
     tree = tree_lat * 1e-6 + 2 * size / tree_bw
-    return min(ring, tree) * (1 + z)
+    return min(ring, tree) * z
 
 
 def nearest_fit(fits, n, nodes, mode):
@@ -590,12 +590,12 @@ def calibrate_collectives(cluster, path):
 
     def quality(mask, what):  # the fit's spread over its points, and the sizes it saw (fit_info)
         (l, b), xs, ys = fit(x[mask], y[mask]), x[mask], y[mask]
-        resid = ys / (xs[:, 0] * l * 1e-6 + xs[:, 1] / (b * 1e9)) - 1
-        # The fit's miss, weighted by each point's time (a step's collectives cost what the
-        # large ones cost: a 100 % miss of a latency-bound 4 KiB one moves it little), with the
-        # iteration-to-iteration jitter at its points: the range's spread. The jitter alone says
-        # whether the measurement was disturbed; the miss is the model's, present when quiet.
-        miss = math.sqrt(float(ys @ resid ** 2) / float(ys.sum())) if len(ys) > 2 else 0.0
+        # The fit's miss: the share of its points' time it does not reproduce (weighted by time:
+        # a step's collectives cost what the large ones cost, and a 4 KiB one the fit puts near
+        # 0 s moves it little), with the iteration-to-iteration jitter at its points: the
+        # range's spread. The jitter alone says whether the measurement was disturbed; the
+        # miss is the model's, there when quiet too.
+        miss = float(np.abs(ys - (xs[:, 0] * l * 1e-6 + xs[:, 1] / (b * 1e9))).sum() / ys.sum()) if len(ys) > 2 else 0.0
         wobble = float(np.median(jitter[mask]))
         return {"spread": math.hypot(miss, wobble), "jitter": wobble, "sizes": (int(sizes[mask].min()),
                 int(sizes[mask].max())), "shape": (n, nodes, mode), "source": f"{base} {what}", "points": int(mask.sum())}
@@ -747,8 +747,8 @@ def simulate(sched, cluster, fsdp1_gathers=None, z=0.0):
     has crossed the tier between the two ranks (p2p_time); the step ends with the slowest
     stage, and idle_share is 1 − mean compute / step time, as the programs measure it.
 
-    z: every compute operation and collective costed z of its calibration's own relative
-    spreads slower (ComputeModel.spread, fit_info's; negative: faster), all at once, as a
+    z: every compute operation and collective costed (1 + its calibration's own relative
+    spread)^z slower (ComputeModel.spread, fit_info's; negative: faster), all at once, as a
     disturbance of the moment slows a whole run: project.py's range is z = −1 and +1."""
     if fsdp1_gathers is None:
         fsdp1_gathers = sched.get("program") == "fsdp_perf"
@@ -1031,8 +1031,8 @@ def _stage_lists(sched, cluster, z=0.0):
     stage, with each compute op's seconds on one GPU of the world (0 for other ops)."""
     cm, w = cluster["compute_model"], sched["world_size"]
     slow = oversubscription(cluster, min(w, cluster["gpus_per_node"]), w) * straggler_factor(cluster, w)
-    if z:  # the range's ends: z of the calibration's spreads
-        slow *= 1 + z * cm.spread
+    if z:  # the range's ends: z of the calibration's spreads, as factors (1 + spread)^z: never below 0
+        slow *= (1 + cm.spread) ** z
     lists = ([(s["rank"], list(schedule_ops(sched, s["ops"], lanes=True))) for s in sched["stages"]]
              if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched, lanes=True)))])
     # CPU offload: copies over the host link, the update at the host's rate ([host], per GPU)

@@ -4,7 +4,7 @@
 # Mbit/s, 2 ranks a node, described by runs/clusters/emulated-4node.toml.
 #   1. calibration, from runs that are not validated: compute from a DDP run of 8 ranks on
 #      this host (no links), [inter] from collective_perf on the 4 and on the 2 shaped nodes of
-#      2 ranks, blocking and --nonblocking (a fit per operation, group shape and mode: the CPU
+#      2 ranks, blocking and --nonblocking, at the sizes the points' plans issue (size_range) (a fit per operation, group shape and mode: the CPU
 #      backend makes a collective waited for at once one blocking call, and MPI runs the two
 #      modes with different algorithms), [intra] from both on one node's 2 ranks;
 #   2. DDP, FSDP full and hybrid (one group a node) on 2 and 4 nodes, REPEAT runs each, and
@@ -30,10 +30,26 @@ C=$ROOT/scripts/local-cluster.sh B=$ROOT/build/bin PY=/usr/bin/python3
 CLUSTER=$ROOT/runs/clusters/emulated-4node.toml
 SHAPE=(--model t5-tiny --d-model 256 --d-ff 1024 --seq-len 32 --dec-seq-len 32)
 RUN=("${SHAPE[@]}" --steps "$STEPS" --warmup 1)
-trap '"$C" down >/dev/null 2>&1' EXIT
+# The cluster is brought down on exit only by whoever holds it: the fixed validation runs under
+# its caller's lock; the matrix (LOCK) holds it only during a case's measurements (HOLDING).
+HOLDING=1
+trap '[ "$HOLDING" = 1 ] && "$C" down >/dev/null 2>&1' EXIT
 trap 'exit 130' INT TERM
 T0=$SECONDS
 say() { echo "validate-emulated [$((SECONDS - T0)) s]: $*"; }
+# The sizes a calibration measures: collective_perf's -b and -e (-f 4) from at or below the
+# smallest collective the points' plans issue to at or above the largest (project.py
+# --collective-sizes; arguments: its point flags), so that no fit is used beyond its sizes.
+size_range() {
+  local lo hi e=4096 b
+  read -r _ lo hi < <($PY "$ROOT/analysis/project.py" "$@" --batch 2 --collective-sizes | grep '^sizes ')
+  [ -n "${hi:-}" ] || return 1
+  while [ "$e" -lt "$hi" ]; do e=$((e * 4)); done
+  b=$e
+  while [ "$b" -gt "$lo" ] && [ "$b" -gt 256 ]; do b=$((b / 4)); done
+  echo "$b $e"
+}
+
 # ---------------------------------------------------------------- the matrix (--cases, --seed)
 # Usage: scripts/validate-emulated.sh OUT_DIR --seed N [--count K]   (draw K cases, default 12)
 #        scripts/validate-emulated.sh OUT_DIR --cases FILE           (a case list: the drawn lines)
@@ -48,9 +64,10 @@ say() { echo "validate-emulated [$((SECONDS - T0)) s]: $*"; }
 # projected and compared (validate_projection.py --max-error MAX_ERROR --same-order).
 # LOCK (a file, e.g. /run/sb-cluster.lock): each case's cluster part runs under flock on it,
 # so a long matrix never holds the shared cluster more than one case at a time.
-# Environment: REPEAT (2), STEPS (4), MAX_ERROR (0.15), BUDGET_S (3.0: a drawn case whose
+# Environment: MATRIX_REPEAT (2), MATRIX_STEPS (3), MAX_ERROR (0.15), BUDGET_S (3.0: a drawn case whose
 # estimated step exceeds it is drawn again: the matrix's time on 2 cores; printed).
-# Exit 0 when every case holds, 1 when one misses (each is reported, none dropped), 2 bad input.
+# Exit 0 when every case holds, 1 when one misses (each is reported, none dropped), 2 bad input,
+# 77 where network namespaces cannot be made (tests/run_tests.sh counts it as skipped).
 matrix_main() {
   local seed="" count=12 cases="" project_only=0
   while [ $# -gt 0 ]; do
@@ -69,7 +86,8 @@ matrix_main() {
   done
   [ -n "$seed" ] || [ -n "$cases" ] || { echo "validate-emulated: give --seed N or --cases FILE" >&2; exit 2; }
   [ -z "$seed" ] || [ -z "$cases" ] || { echo "validate-emulated: give --seed or --cases, not both" >&2; exit 2; }
-  REPEAT=${REPEAT:-2} STEPS=${STEPS:-4} BUDGET_S=${BUDGET_S:-3.0}
+  REPEAT=${MATRIX_REPEAT:-2} STEPS=${MATRIX_STEPS:-3} BUDGET_S=${BUDGET_S:-3.0}
+  [ -z "${LOCK:-}" ] || HOLDING=0  # a cluster up now is someone else's
   mkdir -p "$OUT/cases" || exit 2
   if [ -n "$seed" ]; then
     say "drawing $count cases with seed $seed (re-run: $0 $OUT --seed $seed --count $count; or --cases $OUT/cases.txt)"
@@ -135,7 +153,12 @@ PYEOF
 # A case's measurements on its emulated cluster (matrix_case's variables): the collectives at
 # its group shapes and sizes, then every strategy REPEAT times.
 matrix_cluster() {
-  "$C" up --nodes "$nodes" "${shape_flags[@]}" >/dev/null || { echo "case $name: no cluster"; return 1; }
+  "$C" up --nodes "$nodes" "${shape_flags[@]}" >/dev/null
+  case $? in
+    0) ;;
+    3) echo "validate-emulated: skipped: network namespaces cannot be made here (local-cluster.sh exit 3)"; exit 77 ;;
+    *) echo "case $name: no cluster"; return 1 ;;
+  esac
   local mpi mpi1 mode nb t0=$SECONDS
   read -ra mpi <<<"mpirun $("$C" mpirun-args --ranks-per-node "$rpn")"
   read -ra mpi1 <<<"mpirun $("$C" mpirun-args --ranks-per-node 1)"
@@ -199,22 +222,20 @@ matrix_case() {
   IFS=, read -ra labels <<<"$strategies"
   say "case $name: $nodes nodes x $rpn, $shape at $rate Mbit/s, d_model $d_model, $layers layers, vocab $vocab: $strategies"
   local cal=(--calibrate-run "$dir/calibration/compute.h5")
-  if [ "$project_only" = 0 ]; then
-    # the sizes the case's plans issue: the calibration measures from below the smallest to above the largest
-    local lo hi
-    read -r _ lo hi < <($PY "$ROOT/analysis/project.py" --cluster "$dir/cluster.toml" "${model[@]}" \
-      --strategies "$strategies" --gpus "$world" --batch 2 --collective-sizes | grep '^sizes ')
-    [ -n "$hi" ] || { echo "case $name: no collective sizes"; return 1; }
-    local e=4096 b
-    while [ "$e" -lt "$hi" ]; do e=$((e * 4)); done
-    b=$e; while [ "$b" -gt "$lo" ] && [ "$b" -gt 256 ]; do b=$((b / 4)); done
+  # a case measured to the end already (an earlier, interrupted matrix) is projected again only
+  if [ "$project_only" = 0 ] && [ ! -e "$dir/measured/.complete" ]; then
+    local b e
+    read -r b e < <(size_range --cluster "$dir/cluster.toml" "${model[@]}" --strategies "$strategies" --gpus "$world")
+    [ -n "$e" ] || { echo "case $name: no collective sizes"; return 1; }
     echo "$b $e" >"$dir/calibration/sizes.txt"
     if [ -n "${LOCK:-}" ]; then exec 9>>"$LOCK" && flock 9; fi  # the shared cluster: this case's part only
+    HOLDING=1
     matrix_cluster
     local rc=$?
     "$C" down >/dev/null 2>&1
-    if [ -n "${LOCK:-}" ]; then flock -u 9; fi
+    if [ -n "${LOCK:-}" ]; then HOLDING=0; flock -u 9; fi
     [ "$rc" = 0 ] || return 1
+    touch "$dir/measured/.complete"
   fi
   local f
   for f in "$dir"/calibration/coll-*.h5; do cal+=(--calibrate-collectives "$f"); done
@@ -239,6 +260,9 @@ for f in inter-blocking-w8 inter-nonblocking-w8 inter-blocking-w4 inter-nonblock
   intra-nonblocking-w2; do CALIBRATE+=(--calibrate-collectives "calibration/$f.h5"); done
 mkdir -p "$OUT/calibration" "$OUT/measured" "$OUT/projected" "$OUT/advisor"
 cd "$OUT" || exit 2
+read -r SIZE_B SIZE_E < <(size_range --cluster "$CLUSTER" "${SHAPE[@]}" --strategies ddp,fsdp-full,fsdp-hybrid --gpus 4,8) ||
+  { echo "validate-emulated: no collective sizes from the plans"; exit 1; }
+say "calibration sizes from the plans: $SIZE_B to $SIZE_E bytes"
 
 say "calibration: compute from DDP on 8 ranks of this host"
 mpirun -np 8 --bind-to none "$B/ddp_perf" "${RUN[@]}" --batch 2 --out calibration/compute-w8.h5 --overwrite >/dev/null ||
@@ -254,11 +278,11 @@ for nodes in 2 4; do  # 4 last: the advisor needs both shapes' calibration
     say "calibration: collective_perf ($mode) on $nodes nodes x 2 ranks"
     nb=()
     [ "$mode" = nonblocking ] && nb=(--nonblocking)
-    "${MPI[@]}" -np $((2 * nodes)) "$B/collective_perf" -b 256K -e 8M -f 4 -n 3 -w 1 "${nb[@]}" \
+    "${MPI[@]}" -np $((2 * nodes)) "$B/collective_perf" -b "$SIZE_B" -e "$SIZE_E" -f 4 -n 3 -w 1 "${nb[@]}" \
       --ops all-reduce,all-gather,reduce-scatter --out "calibration/inter-$mode-w$((2 * nodes)).h5" --overwrite \
       </dev/null >/dev/null || exit 1
     if [ "$nodes" = 2 ]; then
-      "${MPI[@]}" -np 2 "$B/collective_perf" -b 256K -e 8M -f 4 -n 5 -w 1 "${nb[@]}" \
+      "${MPI[@]}" -np 2 "$B/collective_perf" -b "$SIZE_B" -e "$SIZE_E" -f 4 -n 5 -w 1 "${nb[@]}" \
         --ops all-reduce,all-gather,reduce-scatter --out "calibration/intra-$mode-w2.h5" --overwrite </dev/null >/dev/null ||
         exit 1
     fi
