@@ -265,7 +265,7 @@ def parse_args(argv):
                          "calibration must measure them (docs/projection.md); writes nothing")
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
     ap.add_argument("--out", help="directory for one projected HDF5 result per point (required unless "
-                                  "--collective-sizes)")
+                                  "--collective-sizes) (default: none)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace existing projected results in --out (measured results are never replaced)")
     return ap.parse_args(argv)
