@@ -218,8 +218,6 @@ matrix_case() {
   mkdir -p "$dir/calibration" "$dir/measured" "$dir/projected"
   sed -e "s/^name = .*/name = \"emulated-$name\"/" -e "s/^gpus_per_node = .*/gpus_per_node = $rpn/" \
     "$CLUSTER" >"$dir/cluster.toml"
-  local labels=() entry
-  IFS=, read -ra labels <<<"$strategies"
   say "case $name: $nodes nodes x $rpn, $shape at $rate Mbit/s, d_model $d_model, $layers layers, vocab $vocab: $strategies"
   local cal=(--calibrate-run "$dir/calibration/compute.h5")
   # a case measured to the end already (an earlier, interrupted matrix) is projected again only
