@@ -40,13 +40,15 @@ say() { echo "validate-emulated [$((SECONDS - T0)) s]: $*"; }
 # The sizes a calibration measures: collective_perf's -b and -e (-f 4) from at or below the
 # smallest collective the points' plans issue to at or above the largest (project.py
 # --collective-sizes; arguments: its point flags), so that no fit is used beyond its sizes.
+# The ladder ends at the largest size (rounded up to a multiple of its step, under 1 % above):
+# rounding it up to a power of 4 measured up to 4x more bytes, minutes on a slow link.
 size_range() {
-  local lo hi e=4096 b
+  local lo hi k=1 e b
   read -r _ lo hi < <($PY "$ROOT/analysis/project.py" "$@" --batch 2 --collective-sizes | grep '^sizes ')
   [ -n "${hi:-}" ] || return 1
-  while [ "$e" -lt "$hi" ]; do e=$((e * 4)); done
-  b=$e
-  while [ "$b" -gt "$lo" ] && [ "$b" -gt 256 ]; do b=$((b / 4)); done
+  [ "$lo" -ge 256 ] || lo=256
+  while [ $((hi / k)) -gt "$lo" ]; do k=$((k * 4)); done  # 4^k steps from below lo to hi
+  e=$(((hi + 4 * k - 1) / (4 * k) * 4 * k)) b=$((e / k))  # whole fp32 elements at every size
   echo "$b $e"
 }
 
