@@ -53,8 +53,10 @@ import model_shapes  # noqa: E402
 import runner  # noqa: E402
 import shardbench_h5  # noqa: E402
 import strategy_labels  # noqa: E402
-from projection_model import (PRECISIONS, ROOT, add_calibration_arguments,  # noqa: E402
-                              calibrated, host_rates, load_cluster, simulate)
+from projection_model import (COLLECTIVES, PRECISIONS, ROOT, add_calibration_arguments,  # noqa: E402
+                              calibrated, calibration_quality, describe_extrapolation, describe_quality,
+                              extrapolations, group_tiers, host_rates, load_cluster, schedule_ops,
+                              simulate)
 
 def plan_schedule(program_args, world, limit_gib, binary_dir, host_limit_gib=None):
     """The program's plan and schedule JSON (analysis/runner.py: --plan --schedule-json at
@@ -112,6 +114,15 @@ def write_events(f, sched, stages):
     f.create_dataset("mesh", data=mesh)
 
 
+def spread_range(sched, cluster, sim, fsdp1_gathers):
+    """(low, high) step seconds: the replay with every operation one of its calibration's
+    spreads faster and slower (simulate's z); the step itself where nothing measured spreads."""
+    if not cluster["calibration"]:  # a description as written: nothing measured, nothing spreads
+        return sim["time"], sim["time"]
+    low, high = (simulate(sched, cluster, fsdp1_gathers=fsdp1_gathers, z=z)["time"] for z in (-1.0, 1.0))
+    return min(low, sim["time"]), max(high, sim["time"])
+
+
 def write_result(path, sched, sim, cluster, args, label):
     """The programs' HDF5 schema (docs/trace-format.md), flagged projected: metadata, the plan
     and, when it fits, the replayed step's /events (no /steps or /memory)."""
@@ -149,6 +160,12 @@ def write_result(path, sched, sim, cluster, args, label):
         a["backend"] = "projection"
         a["cluster"] = cluster["name"]
         a["calibration"] = "; ".join(cluster["calibration"]) or "none (cluster description as written)"
+        quality = calibration_quality(cluster)  # every figure of spread, and which say "disturbed"
+        a["calibration_spread"] = "; ".join(describe_quality(q) for q in quality) or "none measured"
+        a["calibration_disturbed"] = "; ".join(describe_quality(q) for q in quality if q["disturbed"])
+        extra = extrapolations(sched, cluster)  # collectives costed beyond their calibrated sizes or shape
+        a["extrapolated_collectives"] = "; ".join(describe_extrapolation(e) for e in extra)
+        a["extrapolation_factor"] = max((e["factor"] for e in extra), default=1.0)
         a["compute_model"] = cluster["compute_model"].describe()
         a["status"] = "ok" if fit else "out-of-memory"
         a["cpu_offload"] = sched.get("cpu_offload", "none")
@@ -161,6 +178,9 @@ def write_result(path, sched, sim, cluster, args, label):
             a["median_tokens_per_s"] = (sched["batch_per_rank"] * sched["dp_size"] *
                                         (sched["enc_seq_len"] + sched["dec_seq_len"]) / sim["time"])
             a["median_exposed_comm_s"] = sim["exposed"]
+            # the range of the step from the calibration's own spread (spread_range)
+            a["step_time_low_s"], a["step_time_high_s"] = sim["low"], sim["high"]
+            a["step_time_spread"] = (sim["high"] - sim["low"]) / 2 / sim["time"]
             a["idle_share"] = sim["idle_share"]
             a["replay_passes"] = sim["passes"]  # the replay's passes to its tolerance (projection_model)
             a["replay_converged"] = int(sim["converged"])
@@ -239,8 +259,13 @@ def parse_args(argv):
                          "(rate limiter); program = as the schedule's program issues them, after that compute "
                          "(default: %(default)s)")
     add_calibration_arguments(ap)
+    ap.add_argument("--collective-sizes", action="store_true",
+                    help="print the sizes (bytes, smallest and largest) of the collectives each point issues, by "
+                         "operation, and the smallest and largest of all (the last line: 'sizes MIN MAX'), as a "
+                         "calibration must measure them (docs/projection.md); writes nothing")
     ap.add_argument("--bin", default=None, help="folder of ddp_perf and fsdp_perf (default: build/bin of this checkout)")
-    ap.add_argument("--out", required=True, help="directory for one projected HDF5 result per point")
+    ap.add_argument("--out", help="directory for one projected HDF5 result per point (required unless "
+                                  "--collective-sizes) (default: none)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace existing projected results in --out (measured results are never replaced)")
     return ap.parse_args(argv)
@@ -251,6 +276,8 @@ def setup(a):
     if bool(a.matrix) == bool(a.model):
         raise cli.BadInput("give --model (one or more) or --matrix, not both" if a.matrix else
                               "give --model (one or more), or --matrix RUNS.toml")
+    if not a.out and not a.collective_sizes:
+        raise cli.BadInput("--out is required (a folder for the results), unless --collective-sizes")
     cluster = calibrated(a)
     if a.seq_len <= 0 or (a.dec_seq_len is not None and a.dec_seq_len <= 0):
         raise cli.BadInput("--seq-len and --dec-seq-len must be positive")
@@ -395,6 +422,8 @@ def main(argv=None):
     try:
         cluster, gpus, batches = setup(a)
         todo = points_to_project(a, cluster, gpus, batches)
+        if a.collective_sizes:
+            return print_sizes(cluster, todo, runner.bin_dir(a.bin))
         check_out(a, todo)
     except (cli.BadInput, OSError, KeyError) as e:
         print(f"project: error: {e}", file=sys.stderr)
@@ -423,21 +452,48 @@ def main(argv=None):
     return 0
 
 
+def print_sizes(cluster, todo, bin_dir):
+    """--collective-sizes: each point's collectives by operation (the smallest and largest
+    buffer of each, nccl-tests' size), then 'sizes MIN MAX' over every point."""
+    lo, hi = math.inf, 0
+    for _, name, _, _, _, n, args in todo:
+        sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir, host_limit(cluster, args))
+        stages = [st["ops"] for st in sched["stages"]] if sched.get("pp_size", 1) > 1 else [sched["ops"]]
+        sizes, tiers = {}, group_tiers(sched, cluster)
+        for rows in stages:
+            for op, _, _, nbytes, _, _, _, axis, *_ in schedule_ops(sched, rows):
+                if op in COLLECTIVES and nbytes > 0 and tiers[axis][0] > 1:  # a group of one rank sends nothing
+                    sizes.setdefault(op, []).append(nbytes)
+        each = ", ".join(f"{op} {min(v)}-{max(v)}" for op, v in sorted(sizes.items()))
+        print(f"{name}: {each or 'no collectives'}")
+        for v in sizes.values():
+            lo, hi = min(lo, min(v)), max(hi, max(v))
+    if hi == 0:
+        raise cli.BadInput("no point issues a collective (one rank?): nothing to calibrate")
+    print(f"sizes {lo} {hi}")
+    return 0
+
+
 def project_all(a, cluster, todo, staged):
     """Projects every point of todo into a temporary file beside its result (staged);
     False after printing the error of a point that cannot be projected."""
     print(f"cluster {cluster['name']}: compute {cluster['compute_model'].describe()}")
+    for q in calibration_quality(cluster):  # each figure of spread; a disturbed one says so
+        print(("calibration DISTURBED: " if q["disturbed"] else "calibration spread: ") + describe_quality(q))
     width = max(10, *(len(tag) for tag, *_ in todo))
     lwidth = max(13, *(len(printed) for _, _, _, printed, *_ in todo))
     print(f"{'model':<{width}} {'strategy':<{lwidth}} {'GPUs':>5} {'batch':>5} {'step ms':>10} {'TFLOPS/GPU':>11} "
-          f"{'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
+          f"{'± %':>6} {'exposed ms':>10} {'idle %':>6} {'peak GiB':>9}  status")
     bin_dir = runner.bin_dir(a.bin)
     for model, name, label, printed, batch, n, args in todo:
         try:
             sched = plan_schedule(args, n, cluster["gpu_memory_gib"], bin_dir, host_limit(cluster, args))
             fit = runner.fits(sched)  # a point that does not fit (GPU or host memory) is recorded, not replayed
             fsdp = strategy_labels.program(label) == "fsdp_perf"
-            sim = simulate(sched, cluster, fsdp1_gathers=a.all_gathers == "fsdp1" and fsdp) if fit else None
+            gathers = a.all_gathers == "fsdp1" and fsdp
+            sim = simulate(sched, cluster, fsdp1_gathers=gathers) if fit else None
+            if fit:
+                sim["low"], sim["high"] = spread_range(sched, cluster, sim, gathers)
         except cli.BadInput as e:
             print(f"project: error: {e}", file=sys.stderr)
             return False
@@ -454,6 +510,7 @@ def project_all(a, cluster, todo, staged):
         print(f"{model:<{width}} {sched['label']:<{lwidth}} {n:>5} {batch:>5} "
               f"{sim['time'] * 1e3 if fit else nan:>10.2f} "
               f"{sched['model_flops_per_step'] / sim['time'] / 1e12 if fit else nan:>11.2f} "
+              f"{(sim['high'] - sim['low']) / 2 / sim['time'] * 100 if fit else nan:>6.1f} "
               f"{sim['exposed'] * 1e3 if fit else nan:>10.2f} "
               f"{sim['idle_share'] * 100 if fit else nan:>6.1f} "
               f"{sched['memory']['peak_total'] / 2**30:>9.2f}  {'ok' if fit else 'out-of-memory'}"
@@ -461,6 +518,8 @@ def project_all(a, cluster, todo, staged):
                  if fit and sched.get("cpu_offload", "none") != "none" else "")
               + (f"  (host {sched['memory']['host_peak_total'] / 2**30:.1f} GiB)"
                  if not sched["memory"].get("host_fits", True) else ""))
+        for e in extrapolations(sched, cluster):
+            print(f"  extrapolated: {describe_extrapolation(e)}")
     return True
 
 

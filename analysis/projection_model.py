@@ -142,7 +142,7 @@ def load_cluster(path, calibrate=True):
     if c["collectives"] not in COLLECTIVE_MODELS:
         raise cli.BadInput(f"cluster description {path}: collectives '{c['collectives']}' is not one of "
                            f"{', '.join(COLLECTIVE_MODELS)}")
-    c["calibration"] = []
+    c["calibration"], c["calibration_quality"] = [], []
     cm = ComputeModel(c)
     c["compute_model"] = cm
     if calibrate:
@@ -218,6 +218,8 @@ class ComputeModel:
         self.bytes_time = {"copy": [0.0, 0.0], "optimizer": [0.0, 0.0]}
         self.overhead = self.ops = 0.0
         self.runs = []
+        self.quality = []  # calibration_quality() rows of each run: its compute steps' spread
+        self.run_means = {}  # (program, model, world, batch) -> [each run's mean compute per step]
         self._fit()
 
     def add_run(self, path, cluster):
@@ -230,6 +232,7 @@ class ComputeModel:
                 op_names = np.array(shardbench_h5.names(f["events"]))
                 dtype, rpn = shardbench_h5.attr(f, "dtype"), shardbench_h5.attr(f, "ranks_per_node")
                 world = shardbench_h5.attr(f, "world_size")
+                batch = shardbench_h5.attr(f, "batch_per_rank") if "batch_per_rank" in f.attrs else 0
                 label = f"{shardbench_h5.attr(f, 'program')} {shardbench_h5.attr(f, 'model')} {shardbench_h5.attr(f, 'backend')} {dtype}"
         except OSError as err:
             raise cli.BadInput(f"calibration run {path}: {err}")
@@ -253,6 +256,10 @@ class ComputeModel:
         self.overhead += float(timed["overhead"].sum()) / slow
         self.ops += float(np.isin(ops, COMPUTE_OPS).sum())
         self.runs.append(os.path.basename(path))
+        spread = step_spread(timed["rank"], timed["compute"])
+        self.quality.append(quality_row(f"calibration run {os.path.basename(path)}", "step-to-step compute spread",
+                                        spread, DISTURBED_COMPUTE_SPREAD, len(timed)))
+        self.run_means.setdefault((label, world, batch), []).append(float(np.mean(timed["compute"])))
         self._fit()
         self.cluster["calibration"].append(f"run {os.path.basename(path)} ({label})")
 
@@ -268,6 +275,17 @@ class ComputeModel:
         self.elem_curve = sorted((b, b / t) for b, t in self.elem.items() if t > 0)
         if self.ops:
             self.launch = self.overhead / self.ops
+
+    @property
+    def spread(self):
+        """The relative spread (one standard deviation) of a compute operation's cost as the
+        calibration measured it: the runs' step-to-step spread (the largest run's), and where
+        two runs or more of one configuration were given, the spread between their means, in
+        quadrature. 0 without calibration runs (a description as written: nothing measured)."""
+        steps = max((q["value"] for q in self.quality), default=0.0)
+        runs = max((float(np.std(v, ddof=1) / np.mean(v)) for v in self.run_means.values() if len(v) > 1),
+                   default=0.0)
+        return math.hypot(steps, runs)
 
     def bandwidth(self, op):
         nbytes, t = self.bytes_time.get(op, (0.0, 0.0))
@@ -345,13 +363,14 @@ def bus_bandwidth(cluster, nodes, per_node):
     return min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * inter["nic_bandwidth_gbps"]) * 1e9
 
 
-def collective_time(cluster, op, size, n, nodes, sent, blocking=False):
+def collective_time(cluster, op, size, n, nodes, sent, blocking=False, z=0.0):
     """Seconds of one collective of `size` bytes over n ranks on `nodes` nodes, of which each
     rank sends `sent` bytes (the schedule's sent_bytes: size × nccl-tests' bus factor): NCCL's
     alpha-beta model (ring; for all-reduce across nodes also the tree, the cheaper taken, as
     NCCL's tuner picks); `collectives = "ring"` clusters (MPI) use the plain ring, or the
     operation's own fit for its group shape and mode (blocking: one blocking call, as the CPU
-    backend makes of a collective waited for at once; else non-blocking)."""
+    backend makes of a collective waited for at once; else non-blocking). z: that many of the
+    fit's own relative spreads (fit_info's "spread") as a factor, (1 + spread)^z: the range."""
     if n <= 1:
         return 0.0
     intra, inter = cluster["intra"], cluster["inter"]
@@ -363,23 +382,24 @@ def collective_time(cluster, op, size, n, nodes, sent, blocking=False):
     fitted = nearest_fit((intra if nodes <= 1 else inter).get("ops", {}).get(op), n, nodes,
                          "blocking" if blocking else "nonblocking")
     if cluster["collectives"] == "ring" and fitted:  # this operation's own fit (calibrate_collectives)
-        lat_op, busbw_op = fitted  # across nodes: per NIC
+        lat_op, busbw_op, info = fitted  # across nodes: per NIC
         bw = busbw_op if nodes <= 1 else min(intra["bandwidth_gbps"], nic_share(cluster, per_node) * busbw_op)
-        return steps * lat_op * 1e-6 + sent / (bw * 1e9)
+        return (steps * lat_op * 1e-6 + sent / (bw * 1e9)) * (1 + info["spread"]) ** z
+    z = (1 + (intra if nodes <= 1 else inter).get("info", {}).get("spread", 0.0)) ** z  # a tier's own fit, if any
     if op == "all-reduce" and nodes <= 1 and "allreduce_bandwidth_gbps" in intra:
         bw = max(bw, intra["allreduce_bandwidth_gbps"] * 1e9)  # NVLS (NVSwitch reductions) on one node
     if cluster["collectives"] == "ring":
-        return lat * 1e-6 + sent / bw
+        return (lat * 1e-6 + sent / bw) * z
     lat += NCCL_RING_BASE_US
     if op == "all-reduce" and nodes > 1:
         lat *= NCCL_RING_ALLREDUCE_PLATEAU
     ring = lat * 1e-6 + sent / bw
     if op != "all-reduce" or nodes <= 1:
-        return ring  # NCCL runs all-gather and reduce-scatter as rings
+        return ring * z  # NCCL runs all-gather and reduce-scatter as rings
     tree_lat = 2 * ((per_node - 1) * NCCL_TREE_HOP_US["intra"] + math.log2(nodes) * NCCL_TREE_HOP_US["inter"])
     tree_bw = min(0.9 * bw, NCCL_TREE_MAX_BUSBW * 1e9) if nodes > 2 else 0.9 * bw
     tree = tree_lat * 1e-6 + 2 * size / tree_bw
-    return min(ring, tree)
+    return min(ring, tree) * z
 
 
 def nearest_fit(fits, n, nodes, mode):
@@ -394,6 +414,121 @@ def nearest_fit(fits, n, nodes, mode):
         return None
     return fits[min(fits, key=lambda k: (k[2] != mode, abs(math.log2(n / k[0])) + abs(math.log2(nodes / k[1])),
                                          -k[0]))]
+
+
+def fit_info(cluster, op, n, nodes, blocking):
+    """What collective_time costs a collective by, as calibrated: the fit's spread, the sizes
+    (bytes, nccl-tests' size) it was measured at, its group shape and mode and its file; None
+    where nothing calibrated it (a description's tier as written)."""
+    tier = cluster["intra"] if nodes <= 1 else cluster["inter"]
+    fitted = nearest_fit(tier.get("ops", {}).get(op), n, nodes, "blocking" if blocking else "nonblocking")
+    if cluster["collectives"] == "ring" and fitted:
+        return fitted[2]
+    return tier.get("info")
+
+
+# A size within this factor of the calibrated range is not named: the fit is linear in bytes,
+# and a collective_perf grid (-f 4) already steps 4x between its sizes; a unit's 4 MiB plus a
+# few bytes of padding is the 4 MiB measured.
+EXTRAPOLATION_TOLERANCE = 1.1
+
+
+def blocking_requests(ops):
+    """The requests of the collectives waited for right after their issue: the CPU backend
+    makes each one blocking call (Backend::set_blocking_when_waited), which MPI runs with
+    other algorithms than its non-blocking ones (collective_time's `blocking`)."""
+    return {op[5] for op, nxt in zip(ops, ops[1:]) if op[0] in COLLECTIVES and nxt[0] == "wait" and nxt[5] == op[5]}
+
+
+def extrapolations(sched, cluster):
+    """The collectives this schedule issues beyond what calibrated their cost: sizes outside
+    the fit's measured range (factor: size issued / largest calibrated, or smallest
+    calibrated / size), or a fit of another group shape or mode (nearest_fit's stand-in).
+    [{op, ranks, nodes, mode, issued (min, max), calibrated (min, max), factor, shape, source}],
+    the largest factor first; one entry per operation and group."""
+    tiers, out = group_tiers(sched, cluster), {}
+    stages = [s["ops"] for s in sched["stages"]] if sched.get("pp_size", 1) > 1 else [sched["ops"]]
+    for rows in stages:
+        ops = list(schedule_ops(sched, rows))
+        blocking = blocking_requests(ops)
+        for op, _, _, nbytes, _, req, _, axis, _, _ in ops:
+            if op not in COLLECTIVES:
+                continue
+            n, nodes = tiers[axis]
+            info = fit_info(cluster, op, n, nodes, req in blocking) if n > 1 else None
+            if info is None:
+                continue
+            key = (op, n, nodes, req in blocking)
+            lo, hi = out.get(key, {}).get("issued", (nbytes, nbytes))
+            out[key] = {"op": op, "ranks": n, "nodes": nodes, "mode": "blocking" if req in blocking else "nonblocking",
+                        "issued": (min(lo, nbytes), max(hi, nbytes)), "calibrated": info["sizes"],
+                        "shape": info["shape"], "source": info["source"]}
+    named = []
+    for e in out.values():
+        (lo, hi), (clo, chi) = e["issued"], e["calibrated"]
+        e["factor"] = max(hi / chi, clo / lo if lo > 0 else 1.0, 1.0)
+        other_shape = e["shape"][:2] != (e["ranks"], e["nodes"]) or e["shape"][2] != e["mode"]
+        if e["factor"] > EXTRAPOLATION_TOLERANCE or other_shape:
+            named.append(e)
+    return sorted(named, key=lambda e: -e["factor"])
+
+
+def describe_extrapolation(e):
+    """One line of an extrapolations() entry, as the projection prints and records it."""
+    def size(b):
+        return f"{b / 2**20:.3g} MiB" if b >= 2**20 else f"{b / 2**10:.3g} KiB" if b >= 2**10 else f"{b} B"
+    (lo, hi), (clo, chi) = e["issued"], e["calibrated"]
+    where = f"{e['op']} on {e['ranks']} ranks/{e['nodes']} node(s) {e['mode']}"
+    parts = []
+    if hi > chi * EXTRAPOLATION_TOLERANCE:
+        parts.append(f"{size(hi)} issued = {hi / chi:.2f}x the largest calibrated ({size(chi)})")
+    if lo * EXTRAPOLATION_TOLERANCE < clo:
+        parts.append(f"{size(lo)} issued = 1/{clo / lo:.2f} of the smallest calibrated ({size(clo)})")
+    n, nodes, mode = e["shape"]
+    if (n, nodes, mode) != (e["ranks"], e["nodes"], e["mode"]):
+        parts.append(f"costed from the fit of {n} ranks/{nodes} node(s) {mode}")
+    return f"{where}: {'; '.join(parts)} [{e['source']}]"
+
+
+# ---------------------------------------------------------------- calibration quality
+
+# A calibration is disturbed when its spread exceeds what calibrations without noise beside
+# them show on the emulated cluster's machine (2 cores; docs/projection.md, "What the
+# calibration's spread says"): DDP on 6 ranks, 5 steps, compute step-to-step 0.16 and 0.21
+# (load 5-7 from other work), with with-noise.sh -n 2 beside it 0.33 and 0.35. A collective's
+# iteration-to-iteration jitter (p90 over p50, 3 iterations, 2 ranks, 256 KiB-8 MiB) did not
+# tell noise apart (quiet 0.00-0.20, with noise 0.00-0.12; tests/analysis_tests.sh's recorded
+# 2-rank calibration, quiet, 0.36): its limit, p90 2.3x p50, names only a gross disturbance.
+DISTURBED_COMPUTE_SPREAD = 0.27
+DISTURBED_COLLECTIVE_SPREAD = 1.0
+Z90 = 1.2816  # the 90th percentile of a standard normal: (p90 − p50) / p50 as a sigma
+
+
+def step_spread(ranks, values):
+    """The step-to-step spread of a run's per-rank figures (its timed steps' compute): each
+    step over its rank's mean, the coefficient of variation pooled over ranks (plain, not
+    robust: the compute model costs an operation by its mean, so a slow step moves the fit
+    as much as it moves this)."""
+    ranks, values = np.asarray(ranks), np.asarray(values, float)
+    rel = np.concatenate([values[ranks == r] / values[ranks == r].mean() - 1 for r in np.unique(ranks)
+                          if len(values[ranks == r]) > 1 and values[ranks == r].mean() > 0] or [np.zeros(0)])
+    return float(np.sqrt(rel @ rel / max(1, len(rel) - len(np.unique(ranks))))) if len(rel) else 0.0
+
+
+def quality_row(source, figure, value, limit, points):
+    return {"source": source, "figure": figure, "value": value, "limit": limit, "points": points,
+            "disturbed": value > limit}
+
+
+def calibration_quality(cluster):
+    """The calibration's figures of spread, each with its limit: the compute runs' and each
+    collective fit's (rows of quality_row; "disturbed" where above the limit)."""
+    return getattr(cluster["compute_model"], "quality", []) + cluster.get("calibration_quality", [])
+
+
+def describe_quality(q):
+    return (f"{q['source']}: {q['figure']} {q['value']:.1%} over {q['points']} points"
+            + (f", above the {q['limit']:.0%} of a quiet calibration: disturbed" if q["disturbed"] else ""))
 
 
 def group_tiers(sched, cluster):
@@ -427,7 +562,7 @@ def calibrate_collectives(cluster, path):
             r = f["results"][()]
     except OSError as err:
         raise cli.BadInput(f"--calibrate-collectives {path}: {err}")
-    rows, times, ops = [], [], []
+    rows, times, ops, sizes, jitter = [], [], [], [], []
     for row in r[r["in_place"] == 0]:
         op = names[row["op"]]
         if op not in ("all-reduce", "all-gather", "reduce-scatter") or row["algbw"] <= 0:
@@ -436,6 +571,9 @@ def calibrate_collectives(cluster, path):
         rows.append([ring_steps(op, n), row["size"] * row["busbw"] / row["algbw"]])
         times.append(row["time"])
         ops.append(op)
+        sizes.append(int(row["size"]))
+        # iteration to iteration: p90 over p50 of the slowest rank's times, as a normal's sigma
+        jitter.append(max(0.0, row["p90"] / row["p50"] - 1) / Z90 if row["p50"] > 0 else 0.0)
     if len(rows) < 2:
         raise cli.BadInput(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
 
@@ -447,20 +585,40 @@ def calibrate_collectives(cluster, path):
         return alpha * 1e6, 1 / inv_bw / 1e9
 
     x, y, ops = np.array(rows, float), np.array(times), np.array(ops)
+    sizes, jitter = np.array(sizes), np.array(jitter)
+    base = os.path.basename(path)
+
+    def quality(mask, what):  # the fit's spread over its points, and the sizes it saw (fit_info)
+        (l, b), xs, ys = fit(x[mask], y[mask]), x[mask], y[mask]
+        # The fit's miss: the share of its points' time it does not reproduce (weighted by time:
+        # a step's collectives cost what the large ones cost, and a 4 KiB one the fit puts near
+        # 0 s moves it little), with the iteration-to-iteration jitter at its points: the
+        # range's spread. The jitter alone says whether the measurement was disturbed; the
+        # miss is the model's, there when quiet too.
+        miss = float(np.abs(ys - (xs[:, 0] * l * 1e-6 + xs[:, 1] / (b * 1e9))).sum() / ys.sum()) if len(ys) > 2 else 0.0
+        wobble = float(np.median(jitter[mask]))
+        return {"spread": math.hypot(miss, wobble), "jitter": wobble, "sizes": (int(sizes[mask].min()),
+                int(sizes[mask].max())), "shape": (n, nodes, mode), "source": f"{base} {what}", "points": int(mask.sum())}
+
     lat, bw = fit(x, y)
     per_op = {op: fit(x[ops == op], y[ops == op]) for op in sorted(set(ops)) if len(set(x[ops == op][:, 1])) >= 2}
     tier = "intra" if nodes == 1 else "inter"
     fits = cluster[tier].get("ops", {})  # earlier calibrations of other group shapes stay
+    info = quality(np.ones(len(y), bool), "(all operations)")
     if nodes == 1:
-        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat, "ops": fits}
+        cluster["intra"] = {"bandwidth_gbps": bw, "latency_us": lat, "ops": fits, "info": info}
         nics = 1
     else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node used
         per_node = max(1, n // nodes)
         nics = min(per_node, cluster["inter"]["nics_per_node"])
         cluster["inter"] = {"nic_bandwidth_gbps": bw / nics, "nics_per_node": cluster["inter"]["nics_per_node"],
-                            "latency_us": lat, "ops": fits}
+                            "latency_us": lat, "ops": fits, "info": info}
     for op, (l, b) in per_op.items():
-        fits.setdefault(op, {})[(n, nodes, mode)] = (l, b / nics)
+        q = quality(ops == op, op)
+        fits.setdefault(op, {})[(n, nodes, mode)] = (l, b / nics, q)
+        cluster["calibration_quality"].append(quality_row(f"--calibrate-collectives {base}",
+                                                          f"{op} iteration-to-iteration spread", q["jitter"],
+                                                          DISTURBED_COLLECTIVE_SPREAD, q["points"]))
     each = "".join(f"; {op} {b:.3g} GB/s, {l:.1f} us" for op, (l, b) in per_op.items())
     cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s), {mode}): {tier} "
                                   f"{bw:.3g} GB/s, {lat:.1f} us{each}")
@@ -475,7 +633,8 @@ def add_calibration_arguments(ap):
                     help="collective_perf result (HDF5) whose ring fit replaces the tier it ran on; repeatable "
                          "(default: the description's tiers)")
     ap.add_argument("--require-calibration", action="store_true",
-                    help="refuse to project without calibration data (runs or collectives)")
+                    help="refuse to project without calibration data (runs or collectives), or from a "
+                         "calibration whose spread says it was disturbed (docs/projection.md)")
 
 
 def calibrated(a):
@@ -484,6 +643,11 @@ def calibrated(a):
     if a.require_calibration and not cluster["calibration"]:
         raise cli.BadInput("no calibration data: give --calibrate-run and/or --calibrate-collectives, or a "
                            "description with calibration_runs")
+    bad = [q for q in calibration_quality(cluster) if q["disturbed"]]
+    if a.require_calibration and bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise cli.BadInput(f"{describe_quality(bad[0])}{more}: --require-calibration refuses it; measure it again "
+                           "on a quiet machine")
     return cluster
 
 
@@ -555,7 +719,7 @@ def schedule_ops(sched, rows=None, lanes=False):
         yield op
 
 
-def simulate(sched, cluster, fsdp1_gathers=None):
+def simulate(sched, cluster, fsdp1_gathers=None, z=0.0):
     """Replays one step's schedule on a compute lane and two communication lanes (all-gathers;
     reduce-scatters and all-reduces), the lanes sharing the wire they cross (NVLink within a
     node, the NICs across nodes) first come, first served.
@@ -581,15 +745,19 @@ def simulate(sched, cluster, fsdp1_gathers=None):
     Under --pp every stage's first rank is replayed from its own list (the schedule's
     "stages"), side by side: a receive's wait ends when the message, posted on both sides,
     has crossed the tier between the two ranks (p2p_time); the step ends with the slowest
-    stage, and idle_share is 1 − mean compute / step time, as the programs measure it."""
+    stage, and idle_share is 1 − mean compute / step time, as the programs measure it.
+
+    z: every compute operation and collective costed (1 + its calibration's own relative
+    spread)^z slower (ComputeModel.spread, fit_info's; negative: faster), all at once, as a
+    disturbance of the moment slows a whole run: project.py's range is z = −1 and +1."""
     if fsdp1_gathers is None:
         fsdp1_gathers = sched.get("program") == "fsdp_perf"
     slowdown = cluster["compute"].get("overlap_slowdown", 0.0)
     transfers, last = {}, None
-    stage_lists = _stage_lists(sched, cluster)
+    stage_lists = _stage_lists(sched, cluster, z)
     pipelined = len(stage_lists) > 1
     for passes in range(1, REPLAY_MAX_PASSES + 1):
-        sim = _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown)
+        sim = _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown, z)
         converged = not slowdown or not pipelined or (last is not None and
                                                       abs(sim["time"] - last) < REPLAY_TOLERANCE * sim["time"])
         if converged:
@@ -642,8 +810,8 @@ class _StageReplay:
     # directions, each serialising its copies as a copy engine does.
     HOST_LANES = {"host": HOST_LANE, "h2d": UPLOAD_LANE, "d2h": DOWNLOAD_LANE}
 
-    def __init__(self, sched, stage, cluster, fsdp1_gathers, transfers, slowdown):
-        self.cluster = cluster
+    def __init__(self, sched, stage, cluster, fsdp1_gathers, transfers, slowdown, z=0.0):
+        self.cluster, self.z = cluster, z
         self.rank, self.ops, self.cost = stage
         self.i = 0
         self.tiers = group_tiers(sched, cluster)
@@ -683,8 +851,7 @@ class _StageReplay:
         # Collectives waited for right after their issue: the CPU backend makes each one blocking
         # call (Backend::set_blocking_when_waited), which MPI runs with other algorithms than
         # its non-blocking ones (collective_time's `blocking`).
-        self.blocking = {op[5] for op, nxt in zip(self.ops, self.ops[1:])
-                         if op[0] in COLLECTIVES and nxt[0] == "wait" and nxt[5] == op[5]}
+        self.blocking = blocking_requests(self.ops)
         self.pending_cast = 0.0
         # (op name, phase, unit, lane, start, end, bytes, flops, axis, ranks, sent bytes): the
         # replayed timeline
@@ -752,7 +919,7 @@ class _StageReplay:
                 self.early_copy(after, earliest)
             earliest = max(earliest, self.done.get(after, 0.0))
         start = max(earliest, self.lanes[lane])
-        d = collective_time(self.cluster, name, nbytes, n, nodes, sent, req in self.blocking)
+        d = collective_time(self.cluster, name, nbytes, n, nodes, sent, req in self.blocking, self.z)
         res = "net" if nodes > 1 else "nvlink"
         end = max(start + extra, self.wire.get(res, 0.0)) + d
         self.wire[res] = self.lanes[lane] = self.done[req] = end
@@ -859,11 +1026,13 @@ class _StageReplay:
                 self.t = end
 
 
-def _stage_lists(sched, cluster):
+def _stage_lists(sched, cluster, z=0.0):
     """[(rank, ops, cost)]: the schedule's one rank, or under --pp the first rank of every
     stage, with each compute op's seconds on one GPU of the world (0 for other ops)."""
     cm, w = cluster["compute_model"], sched["world_size"]
     slow = oversubscription(cluster, min(w, cluster["gpus_per_node"]), w) * straggler_factor(cluster, w)
+    if z:  # the range's ends: z of the calibration's spreads, as factors (1 + spread)^z: never below 0
+        slow *= (1 + cm.spread) ** z
     lists = ([(s["rank"], list(schedule_ops(sched, s["ops"], lanes=True))) for s in sched["stages"]]
              if sched.get("pp_size", 1) > 1 else [(0, list(schedule_ops(sched, lanes=True)))])
     # CPU offload: copies over the host link, the update at the host's rate ([host], per GPU)
@@ -880,8 +1049,8 @@ def _stage_lists(sched, cluster):
                          in ops]) for rank, ops in lists]
 
 
-def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown):
-    stages = [_StageReplay(sched, stage, cluster, fsdp1_gathers, transfers.get(stage[0], []), slowdown)
+def _replay(sched, stage_lists, cluster, fsdp1_gathers, transfers, slowdown, z=0.0):
+    stages = [_StageReplay(sched, stage, cluster, fsdp1_gathers, transfers.get(stage[0], []), slowdown, z)
               for stage in stage_lists]
     pipe = _Pipe(cluster)
     while not all(s.finished for s in stages):

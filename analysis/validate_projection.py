@@ -99,8 +99,15 @@ def main(argv=None):
         by_measured = [k[0] for k in sorted(ks, key=lambda k: measured[k])]
         by_projected = [k[0] for k in sorted(ks, key=lambda k: projected[k])]
         same = by_measured == by_projected
+        # the pairs the projection swapped, and whether their measured runs' ranges overlap (the
+        # runs themselves do not order them): said, never excused
+        swapped = [(x, y) for i, x in enumerate(by_measured) for y in by_measured[i + 1:]
+                   if by_projected.index(x) > by_projected.index(y)]
+        ties = "".join(f"; {x} and {y}: measured {measured[(x,) + setting] / measured[(y,) + setting] - 1:+.1%}"
+                       + (", their runs' ranges overlap" if max(runs[(x,) + setting]) >= min(runs[(y,) + setting])
+                          else "") for x, y in swapped)
         print(f"validate: {setting[0]} on {setting[1]} ranks: measured {' < '.join(by_measured)}; projected "
-              f"{' < '.join(by_projected)}: {'same order' if same else 'ORDER DIFFERS'}")
+              f"{' < '.join(by_projected)}: {'same order' if same else 'ORDER DIFFERS'}{ties}")
         if a.same_order and not same:
             failed = True
     if failed:

@@ -289,6 +289,16 @@ check "projection of DDP, calibrated by the recorded FSDP no-shard run" \
 expect "projection within ${PROJECTION_MAX_ERROR:=0.5} of the recorded measured 2-rank runs" 0 'worst \|error\|' -- \
   $PY $ROOT/analysis/validate_projection.py --measured $PV/measured --projected $PV/projected \
   --max-error "$PROJECTION_MAX_ERROR"
+expect "... each projected point of the recorded calibration carries its range and the calibration's spread" 0 '^ok$' -- \
+  $PY - $PV/projected <<'PYEOF'
+import glob, sys
+import h5py
+for p in glob.glob(sys.argv[1] + "/*.h5"):
+    a = h5py.File(p, "r").attrs
+    assert 0 < a["step_time_low_s"] < a["median_step_time_s"] < a["step_time_high_s"], p
+    assert "step-to-step compute spread" in a["calibration_spread"] and a["calibration_disturbed"] == "", p
+print("ok")
+PYEOF
 expect "validate: a path that does not exist is one line, exit 2" 2 '^validate: error: --measured .*/nope: no such file or folder$' -- \
   $PY $ROOT/analysis/validate_projection.py --measured $PV/nope --projected $PV/projected
 expect "validate: --max-error nan is one line, exit 2" 2 '^validate: error: --max-error nan is not allowed \(a finite number >= 0\)$' -- \

@@ -64,6 +64,8 @@ suite "--plan-batch: each line's schedule and exit code equal its single --plan 
 suite "bad input: one line and exit 2 for every flag, sizes at the limits, failed records, --out links (tests/bad_input_tests.sh)" \
   bash tests/bad_input_tests.sh
 suite "projection: the study's findings and the one-GPU calibration (tests/test_projection.py)" py tests/test_projection.py
+suite "projection across emulated links: the fixed case, measured against projected (tests/emulated-cases.txt)" \
+  bash -c 'rm -rf build/validate-emulated-fixed && MATRIX_REPEAT=1 scripts/validate-emulated.sh build/validate-emulated-fixed --cases tests/emulated-cases.txt'
 suite "the layout advisor (tests/test_advise.py)" py tests/test_advise.py
 suite "analysis: figures, report, projection" bash tests/analysis_tests.sh
 

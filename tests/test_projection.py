@@ -536,5 +536,153 @@ class BadInput(unittest.TestCase):
         self.assertEqual(os.listdir(out), [])
 
 
+def synthetic_run(path, compute_steps, ranks=2):
+    """A measured training run as ComputeModel.add_run reads it (fp32, DDP, t5-tiny): each
+    step of each rank one GEMM and one elementwise kernel, lasting compute_steps[i] seconds in
+    all, so that its step-to-step compute spread is that of compute_steps."""
+    import numpy as np
+    steps = [(r, i + 1, int(i == 0), c, 1e-4) for r in range(ranks) for i, c in enumerate(compute_steps)]
+    sd = np.array(steps, dtype=[("rank", "<i4"), ("step", "<i4"), ("warmup", "<i4"), ("compute", "<f8"),
+                               ("overhead", "<f8")])
+    ev = np.zeros(2 * len(steps), dtype=[("rank", "<i4"), ("step", "<i4"), ("op", "<i4"), ("start", "<f8"),
+                                         ("end", "<f8"), ("m", "<i4"), ("n", "<i4"), ("k", "<i4"), ("batch", "<i4"),
+                                         ("bytes", "<i8")])
+    for j, (r, step, _, c, _) in enumerate(steps):
+        ev[2 * j] = (r, step, 0, 0.0, 0.8 * c, 64, 64, 64, 1, 0)
+        ev[2 * j + 1] = (r, step, 1, 0.8 * c, c, 0, 0, 0, 0, 1 << 16)
+    with h5py.File(path, "w") as f:
+        for k, v in {"status": "ok", "dtype": "fp32", "ranks_per_node": ranks, "world_size": ranks,
+                     "program": "ddp_perf", "model": "t5-tiny", "backend": "cpu", "batch_per_rank": 2}.items():
+            f.attrs[k] = v
+        f.create_dataset("steps", data=sd)
+        f.create_dataset("events", data=ev).attrs["op_names"] = ["gemm", "elementwise"]
+    return path
+
+
+def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=(1 << 10, 1 << 12, 1 << 14)):
+    """A collective_perf result as calibrate_collectives reads it: the three operations at
+    `sizes` on a ring of 100 µs a step and 0.01 GB/s, each point's p90 `jitter` above its p50."""
+    import numpy as np
+    rows = []
+    for op, factor in ((0, 2 * (n - 1) / n), (1, (n - 1) / n), (2, (n - 1) / n)):
+        for size in sizes:
+            steps = 2 * (n - 1) if op == 0 else n - 1
+            t = steps * 100e-6 + size * factor / 0.01e9
+            algbw = size / t / 1e9
+            rows.append((op, 0, size, t, algbw, algbw * factor, t, t * (1 + jitter)))
+    r = np.array(rows, dtype=[("op", "<i4"), ("in_place", "<i4"), ("size", "<i8"), ("time", "<f8"), ("algbw", "<f8"),
+                              ("busbw", "<f8"), ("p50", "<f8"), ("p90", "<f8")])
+    with h5py.File(path, "w") as f:
+        for k, v in {"program": "collective_perf", "world_size": n, "nodes": nodes, "collectives": mode}.items():
+            f.attrs[k] = v
+        f.create_dataset("results", data=r).attrs["op_names"] = ["all-reduce", "all-gather", "reduce-scatter"]
+    return path
+
+
+class CalibrationQuality(unittest.TestCase):
+    """The projection knows how good its calibration is (docs/projection.md, "What the
+    calibration's spread says"): the spread of its runs gives each point a range, a disturbed
+    one is named (and refused under --require-calibration), and a collective costed beyond
+    the sizes its fit measured is named with the factor. project.main in this process: the
+    plans, not the interpreter, are what a point costs."""
+
+    EMULATED = os.path.join(ROOT, "runs", "clusters", "emulated-4node.toml")
+    POINT = ["--model", "t5-tiny", "--seq-len", "16", "--batch", "2", "--gpus", "4", "--strategies", "ddp"]
+    QUIET = [0.100, 0.100, 0.101, 0.099, 0.100, 0.1005]   # the first is the warm-up
+    NOISY = [0.100, 0.100, 0.150, 0.070, 0.130, 0.080]
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="test_projection.")
+        cls.quiet = synthetic_run(os.path.join(cls.tmp, "quiet.h5"), cls.QUIET)
+        cls.noisy = synthetic_run(os.path.join(cls.tmp, "noisy.h5"), cls.NOISY)
+        cls.runs = {kind: cls.project(os.path.join(cls.tmp, kind), run, *extra) for kind, run, extra in
+                    (("quiet", cls.quiet, ["--require-calibration"]), ("noisy", cls.noisy, []))}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, True)
+
+    @classmethod
+    def project(cls, out, run, *extra, jitter=0.02, sizes=(1 << 10, 1 << 12, 1 << 14)):
+        """(exit code, stdout, stderr, the result's attributes or None) of project.main."""
+        import contextlib
+        import io
+        coll = [synthetic_collectives(os.path.join(cls.tmp, f"coll-{m}.h5"), jitter, mode=m, sizes=sizes)
+                for m in ("blocking", "nonblocking")]
+        args = ["--cluster", cls.EMULATED, *cls.POINT, "--calibrate-run", run,
+                *sum((["--calibrate-collectives", c] for c in coll), []), *extra] + (["--out", out] if out else [])
+        o, e = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(o), contextlib.redirect_stderr(e):
+            try:
+                rc = project.main(args)
+            except SystemExit as x:  # argparse
+                rc = x.code
+        attrs = None
+        if out and os.path.isdir(out) and os.listdir(out):
+            (name,) = os.listdir(out)
+            with h5py.File(os.path.join(out, name), "r") as f:
+                attrs = shardbench_h5.attrs(f)
+        return rc, o.getvalue(), e.getvalue(), attrs
+
+    def test_the_range_is_there_and_wider_for_a_noisier_calibration(self):
+        for kind in ("quiet", "noisy"):
+            rc, out, err, a = self.runs[kind]
+            self.assertEqual(rc, 0, out + err)
+            self.assertLess(a["step_time_low_s"], a["median_step_time_s"])
+            self.assertGreater(a["step_time_high_s"], a["median_step_time_s"])
+            self.assertRegex(out, rf"ddp +4 +2 +[0-9.]+ +[0-9.]+ +{a['step_time_spread'] * 100:.1f} ")
+        # the noisy run's steps spread 0.32 against the quiet one's 0.007: its range is wider
+        quiet, noisy = (self.runs[k][3]["step_time_spread"] for k in ("quiet", "noisy"))
+        self.assertGreater(noisy, 3 * quiet)
+        self.assertLess(quiet, 0.05)
+
+    def test_a_disturbed_calibration_is_named_and_refused_under_require_calibration(self):
+        rc, out, err, a = self.runs["noisy"]
+        self.assertRegex(out, r"calibration DISTURBED: calibration run noisy.h5: step-to-step compute spread "
+                              r"3[0-9.]+% .*above the 27% of a quiet calibration")
+        self.assertIn("noisy.h5: step-to-step compute spread", a["calibration_disturbed"])
+        self.assertNotIn("DISTURBED", self.runs["quiet"][1])  # the quiet one passed --require-calibration
+        self.assertEqual(self.runs["quiet"][3]["calibration_disturbed"], "")
+        refused = os.path.join(self.tmp, "refused")
+        for run, jitter, pattern in ((self.noisy, 0.02, r"calibration run noisy.h5: step-to-step compute spread"),
+                                     # a collective fit whose iterations spread: named by its file and operation
+                                     (self.quiet, 2.0, r"--calibrate-collectives coll-blocking.h5: all-gather "
+                                                       r"iteration-to-iteration spread 156.1%")):
+            rc, out, err, _ = self.project(refused, run, "--require-calibration", jitter=jitter)
+            self.assertEqual(rc, 2, out + err)
+            self.assertEqual(len(err.splitlines()), 1, err)
+            self.assertRegex(err, rf"^project: error: {pattern} .*disturbed.*--require-calibration refuses it")
+            self.assertFalse(os.path.exists(refused))
+
+    def test_a_collective_beyond_its_calibrated_sizes_is_named_with_the_factor(self):
+        rc, out, err, _ = self.project(None, self.quiet, "--collective-sizes")
+        self.assertEqual(rc, 0, out + err)
+        largest = int(out.splitlines()[-1].split()[2])  # DDP's bucket
+        factor = largest / (1 << 14)  # the fits measured up to 16 KiB
+        self.assertGreater(factor, 4)
+        rc, out, err, a = self.runs["quiet"]
+        self.assertRegex(out, rf"extrapolated: all-reduce on 4 ranks/2 node\(s\) (non)?blocking: .* issued = "
+                              rf"{factor:.2f}x the largest calibrated \(16 KiB\)")
+        self.assertAlmostEqual(a["extrapolation_factor"], factor, places=6)
+        self.assertIn(f"{factor:.2f}x the largest calibrated", a["extrapolated_collectives"])
+        # calibrated at the sizes the plan issues, nothing is named
+        rc, out, err, a = self.project(os.path.join(self.tmp, "wide"), self.quiet, sizes=(1 << 10, 1 << 14, largest))
+        self.assertEqual(rc, 0, out + err)
+        self.assertNotIn("extrapolated: all-reduce", out)
+        self.assertEqual(a["extrapolation_factor"], 1.0)
+
+    def test_bad_input_of_the_new_flags(self):
+        rc, out, err, _ = self.project(None, self.quiet)  # no --out and no --collective-sizes
+        self.assertEqual(rc, 2, out + err)
+        self.assertEqual(err.splitlines(), ["project: error: --out is required (a folder for the results), unless "
+                                            "--collective-sizes"])
+        r = subprocess.run([sys.executable, os.path.join(ROOT, "analysis", "project.py"), "--cluster", self.EMULATED,
+                            "--model", "t5-tiny", "--gpus", "1", "--batch", "2", "--strategies", "ddp",
+                            "--collective-sizes"], capture_output=True, text=True)
+        self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
+        self.assertEqual(r.stderr.splitlines(), ["project: error: no point issues a collective (one rank?): nothing "
+                                                 "to calibrate"])
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
