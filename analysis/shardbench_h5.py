@@ -555,6 +555,7 @@ def read_pair_sweep(fname):
     names, in node order), kind (0 exchange, 1 latency), size, repetition, round, time: the
     pair's figure in that repetition, stats' rule (an iteration ends with the pair's slowest
     rank; the median over the repetition's iterations). Raises NotAPairSweep."""
+    import pandas as pd  # as in _table
     import stats  # this folder
     try:
         f = h5py.File(fname, "r")
