@@ -17,7 +17,7 @@
 #                        fast link);
 #              HOSTS 2..16 (an odd count gives a bye each round)
 #   --sweeps   sweeps per case (default 5)
-#   --noise N  N busy loops beside each sweep and re-test (/work/shared/tools/with-noise.sh -n N;
+#   --noise N  N busy loops beside each sweep and re-test (scripts/with-noise.sh -n N;
 #              default 0)
 #   --link-mbit  every link's rate (default 400)
 #   --sweep-args collective_perf flags (default "-b 1M -e 4M -f 2 -n 10 -w 2": --repeat keeps its default)
@@ -38,7 +38,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 C=$ROOT/scripts/local-cluster.sh
 BIN=$ROOT/build/bin
 PY=/usr/bin/python3
-NOISE_TOOL=${SB_NOISE_TOOL:-/work/shared/tools/with-noise.sh}
+NOISE_TOOL=${SB_NOISE_TOOL:-$(cd "$(dirname "$0")" && pwd)/with-noise.sh}
 seed=1 cases=healthy@4,node@4,path@4,healthy@5,node@5,path@5,two@5 sweeps=5 noise=0 rate=400
 sweep_args="-b 1M -e 4M -f 2 -n 10 -w 2" diag_args="--threshold 0.25" batch=480 keep=
 die() { echo "validate-diagnose: $1" >&2; exit 2; }

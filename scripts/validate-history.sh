@@ -10,7 +10,7 @@
 #   scripts/validate-history.sh [OUT]     (root; the cluster must be down; about 90 s a case;
 #                                          under flock /run/sb-cluster.lock)
 #   CASES="node@4 healthy@4" RUNS=16 K=7 RATE=400 SLOW=200 NOISE=0 (environment; NOISE=2 runs
-#   every check under /work/shared/tools/with-noise.sh -n 2)
+#   every check under scripts/with-noise.sh -n 2)
 # Prints one line per case and the rates; exit 0 when every case is right, 1 otherwise; the
 # `history.py show` answers are in OUT/CASE.txt.
 set -uo pipefail
@@ -31,7 +31,7 @@ for case in $CASES; do
     up=$nodes
   fi
   read -ra MPI <<<"timeout 300 mpirun $("$C" mpirun-args --ranks-per-node 1)"
-  [ "$NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$NOISE" -- "${MPI[@]}")
+  [ "$NOISE" != 0 ] && MPI=("$ROOT/scripts/with-noise.sh" -n "$NOISE" -- "${MPI[@]}")
   name=$kind-$nodes
   rm -rf "${OUT:?}/$name" "$OUT/$name.db" && mkdir -p "$OUT/$name"
   for i in $(seq 1 "$RUNS"); do

@@ -6,7 +6,7 @@
 #   scripts/validate-regress.sh loopback [OUT]   2 ranks of one host (shared memory): a baseline
 #       of BASE_RUNS runs, HIST checks into the history, then TRIALS unchanged checks, each
 #       judged with the history of every check before it; NOISE=2 runs every collective_perf
-#       under /work/shared/tools/with-noise.sh -n 2 (the baseline and the history too),
+#       under scripts/with-noise.sh -n 2 (the baseline and the history too),
 #       TRIAL_NOISE=2 only the trials' (an idle history, a loaded check)
 #   scripts/validate-regress.sh shaped [OUT]     2 emulated hosts of 1 rank (scripts/local-cluster.sh,
 #       links at RATE Mbit/s: root, the cluster down, run it under flock /run/sb-cluster.lock):
@@ -38,7 +38,7 @@ else
   MPI=(timeout 300 mpirun -np 2 --bind-to none)
 fi
 QUIET=("${MPI[@]}")
-[ "$NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$NOISE" -- "${QUIET[@]}")
+[ "$NOISE" != 0 ] && MPI=("$ROOT/scripts/with-noise.sh" -n "$NOISE" -- "${QUIET[@]}")
 
 # check DIR N: N runs of collective_perf into DIR (one check, or the baseline)
 check() {
@@ -68,7 +68,7 @@ echo
 declare -A count=() slowed=()
 if [ "$TRIAL_NOISE" != "$NOISE" ]; then
   MPI=("${QUIET[@]}")
-  [ "$TRIAL_NOISE" != 0 ] && MPI=(/work/shared/tools/with-noise.sh -n "$TRIAL_NOISE" -- "${QUIET[@]}")
+  [ "$TRIAL_NOISE" != 0 ] && MPI=("$ROOT/scripts/with-noise.sh" -n "$TRIAL_NOISE" -- "${QUIET[@]}")
 fi
 for t in $(seq -w 1 "$TRIALS"); do
   check "$OUT/t$t" "$RUNS" && judge "$OUT/t$t" || exit 1

@@ -264,7 +264,7 @@ $PY $ROOT/analysis/history.py add $H/outlier.db $H/cur-same >/dev/null 2>&1
 expect "one check 3x slower in the history, and the current one added to it: the first left out, the second not counted, exit 0" 0 \
   '^regress: no regression in 8 points; .*spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01, one outlier check left out at 8 point\(s\)\)' -- \
   regress $H/noisybase $H/cur-same --history $H/outlier.db --report-dir $tmp/rep-e9
-# duplicates (issue 51 kind 12): a byte copy is not another run, in the baseline as in the history
+# duplicates: a byte copy is not another run, in the baseline as in the history
 mkdir -p $H/dupbase && cp $H/noisybase/*.h5 $H/dupbase/ && cp $H/noisybase/0.h5 $H/dupbase/copy-of-0.h5 &&
   cp $H/cur-same/run0.h5 $H/dupbase/cur0.h5
 expect "a baseline folder with a byte copy of one of its runs and of a current run: neither counted, both named" 3 \
