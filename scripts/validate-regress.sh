@@ -65,22 +65,25 @@ for h in $(seq -w 1 "$HIST"); do
   printf '\rhistory: check %s/%s (regress exit %s)' "$h" "$HIST" "$rc"
 done
 echo
-declare -A count=() slowed=()
+# trials PREFIX N LABEL: N checks, each judged against the history, a line each; then the count
+# of each exit code, with the load average.
+trials() {
+  local -A tally=()
+  local t
+  for t in $(seq -w 1 "$2"); do
+    check "$OUT/$1$t" "$RUNS" && judge "$OUT/$1$t" || exit 1
+    tally[$rc]=$((${tally[$rc]:-0} + 1))
+    echo "$3 $t: exit $rc: $(grep '^regress: ' "$OUT/$1$t-regress.txt" | grep -v '^regress: wrote\|not counted' | head -n 1 | cut -c 10-)"
+  done
+  summary=$(for k in 0 1 2 3; do printf 'exit %s: %s of %s; ' "$k" "${tally[$k]:-0}" "$2"; done)
+}
 if [ "$TRIAL_NOISE" != "$NOISE" ]; then
   MPI=("${QUIET[@]}")
   [ "$TRIAL_NOISE" != 0 ] && MPI=("$ROOT/scripts/with-noise.sh" -n "$TRIAL_NOISE" -- "${QUIET[@]}")
 fi
-for t in $(seq -w 1 "$TRIALS"); do
-  check "$OUT/t$t" "$RUNS" && judge "$OUT/t$t" || exit 1
-  count[$rc]=$((${count[$rc]:-0} + 1))
-  echo "trial $t: exit $rc: $(grep '^regress: ' "$OUT/t$t-regress.txt" | grep -v '^regress: wrote\|not counted' | head -n 1 | cut -c 10-)"
-done
-echo "validate-regress $MODE, unchanged: $(for k in 0 1 2 3; do printf 'exit %s: %s of %s; ' "$k" "${count[$k]:-0}" "$TRIALS"; done)$(uptime | sed 's/.*load/load/')"
+trials t "$TRIALS" trial
+echo "validate-regress $MODE, unchanged: $summary$(uptime | sed 's/.*load/load/')"
 [ "$MODE" = shaped ] || exit 0
 "$C" shape node2="$(awk "BEGIN { printf \"%d\", $RATE / $SLOWDOWN }")" >/dev/null || exit 1
-for t in $(seq -w 1 "$SLOWED"); do
-  check "$OUT/s$t" "$RUNS" && judge "$OUT/s$t" || exit 1
-  slowed[$rc]=$((${slowed[$rc]:-0} + 1))
-  echo "slowed $t: exit $rc: $(grep '^regress: ' "$OUT/s$t-regress.txt" | grep -v '^regress: wrote\|not counted' | head -n 1 | cut -c 10-)"
-done
-echo "validate-regress $MODE, node2's link at 1/$SLOWDOWN: $(for k in 0 1 2 3; do printf 'exit %s: %s of %s; ' "$k" "${slowed[$k]:-0}" "$SLOWED"; done)$(uptime | sed 's/.*load/load/')"
+trials s "$SLOWED" slowed
+echo "validate-regress $MODE, node2's link at 1/$SLOWDOWN: $summary$(uptime | sed 's/.*load/load/')"
