@@ -81,7 +81,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import history_db  # noqa: E402
 import shardbench_h5  # noqa: E402
-from stats import bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402,F401: regress.rank_sum_p etc. stay importable
+from stats import bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402
 
 MIN_BASELINE_RUNS = 3
 
