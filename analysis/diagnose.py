@@ -28,18 +28,21 @@ Two references judge a pair:
     as analysis/regress.py judges a point, a t test of the sweep's log figure against the
     run-to-run spread of the baseline (pooled over pairs), plus the rank-sum test of the
     repetitions, and a slowdown beyond --threshold.
-Then the blame: the node with the most slow pairs is a candidate when more than half of its
-(remaining) pairs, and at least two, are slow; its pairs are set aside and the next node is
-tried. A slow pair whose nodes are not candidates is a candidate link. With two nodes only
-the pair is known: its link or either node.
+Then the blame: the node with the most slow pairs is a candidate when all of its (remaining)
+pairs, and at least two, are slow (a node's own link is on every one of them; with 9 or more
+pairs a quarter may miss; a pair as slow but with too few repetitions to test does not count
+against it); its pairs are set aside and the next node is tried. A slow pair
+whose nodes are not candidates is a candidate link. With two nodes only the pair is known:
+its link or either node.
 
 Candidates are not suspects. The first pass prints a collective_perf --pairs command that
 re-tests each candidate against known-good nodes (a candidate link again, and each of its
 nodes with a good node) beside a control pair of two good nodes (its figures against the
 sweep's tell whether the re-test ran in a slower minute; the reference is scaled by it).
 Given as --retest, only what the re-test confirms is a suspect: a node whose pairs with good
-nodes are slow again, a link slow again while both its nodes are fine with good nodes (else
-the node that is not). Only a confirmed suspect gets its `scontrol ... state=drain` line.
+nodes are slow again, a link slow again while both its nodes are fine with good nodes (a node
+instead only when at least two of its pairs with good nodes are slow: one slow pair is as
+much a second slow path, and the verdict is unclear). Only a confirmed suspect gets its `scontrol ... state=drain` line.
 
 Exit status:
   0  healthy: no candidate, or none the re-test confirmed, and every exchange size could see a
@@ -195,7 +198,10 @@ def judge(sweep, args, baseline=None):
             slowdown, p, fleet_slow = is_slow(pts[k], ref, level)
             row = dict(pair=f"{k[0]}:{k[1]}", a=k[0], b=k[1], kind=kind, size=size, what=label(kind, size),
                        time_us=float(np.median(pts[k])) * 1e6, fleet_us=ref["healthy_t"] * 1e6, slowdown=slowdown,
-                       p_fleet=p, repetitions=len(pts[k]), fleet_slow=fleet_slow, base_slowdown=None, base_slow=False)
+                       p_fleet=p, repetitions=len(pts[k]), fleet_slow=fleet_slow, base_slowdown=None, base_slow=False,
+                       # as slow as a slow pair, but too few repetitions for the test: no evidence
+                       # against a node's blame (a node's pair with a set-aside repetition)
+                       beyond=ref["limit"] is not None and slowdown > max(ref["limit"], ref["detectable"]))
             if baseline is not None:
                 row.update(baseline_verdict(k, pts[k], baseline, args, level))
             row["slow"] = row["fleet_slow"] or row["base_slow"]
@@ -245,6 +251,7 @@ def load_baseline(path, sweep, args):
 def blame(rows, nodes):
     """Candidate nodes (greedy: most slow pairs first) and links, each with its evidence."""
     slow_pairs = {(r["a"], r["b"]) for r in rows if r["slow"]}
+    slow_looking = slow_pairs | {(r["a"], r["b"]) for r in rows if r["beyond"]}
     all_pairs = {(r["a"], r["b"]) for r in rows}
     suspects, left = [], set(all_pairs)
     while True:
@@ -252,7 +259,10 @@ def blame(rows, nodes):
         for n in nodes:
             mine = [p for p in left if n in p]
             bad = [p for p in mine if p in slow_pairs]
-            if len(bad) >= 2 and len(bad) * 2 > len(mine) and (best is None or len(bad) > best[1]):
+            fine = [p for p in mine if p not in slow_looking]
+            # a node's NIC is on every one of its pairs: none of them fine (a quarter of a large
+            # fleet's may miss by chance); a slow path plus one noisy pair is two links, not a node
+            if len(bad) >= 2 and len(fine) <= (len(mine) - 1) // 4 and (best is None or len(bad) > best[1]):
                 best = (n, len(bad))
         if best is None:
             break
@@ -291,9 +301,9 @@ def retest_pairs(suspects, rows, nodes):
         ends = _ends(s)
         if s["kind"] != "node":
             pairs.append(s["name"])
-        for i, n in enumerate(ends):
+        for n in ends:
             partners = [g for g in order if g not in ends]
-            pairs += [f"{n}:{g}" for g in (partners[:2] if s["kind"] == "node" else partners[i:i + 1] or partners[:1])]
+            pairs += [f"{n}:{g}" for g in partners[:2]]  # two: one slow pair cannot tell a node from a path
     if len(order) >= 2 and pairs:
         pairs.append(f"{order[0]}:{order[1]}")  # the control: is the re-test's minute slower as a whole?
     seen = []
@@ -345,19 +355,30 @@ def confirm(suspects, refs, sweep, retest, args):
         else:
             a, b = s["name"].split(":")
             link = slow.get(s["name"], slow.get(f"{b}:{a}"))
-            ends = {n: [p for p in slow if n in p.split(":") and set(p.split(":")) != {a, b}] for n in (a, b)}
-            bad_ends = [n for n in (a, b) if ends[n] and all(slow[p] for p in ends[n])]
+            # each end with good nodes only (another candidate's pair is no evidence of this one)
+            ends = {n: [p for p in slow if n in p.split(":") and not set(p.split(":")) - {n} & named]
+                    for n in (a, b)}
+            bad_ends = [n for n in (a, b) if len(ends[n]) >= 2 and all(slow[p] for p in ends[n])]
+            fine = all(ends[n] and not any(slow[p] for p in ends[n]) for n in (a, b))
             if link is None:
                 out.append(dict(s, retest="not re-tested"))
             elif bad_ends:
                 for n in bad_ends:
                     out.append(dict(s, kind="node", name=n, retest="confirmed (a node, not the link)",
                                     retest_pairs=ends[n], pairs=[s["name"]] + ends[n]))
-            elif link:
+            elif link and fine:
                 out.append(dict(s, kind="link", retest="confirmed", retest_pairs=[s["name"]] + ends[a] + ends[b]))
-            else:
+            elif not link:
                 out.append(dict(s, retest="not reproduced", retest_pairs=[s["name"]]))
-    return out, scale
+            else:  # slow again, but an end without two good partners' verdict: link or node?
+                out.append(dict(s, retest="unclear", retest_pairs=[s["name"]] + ends[a] + ends[b]))
+    once, seen = [], set()  # two candidate links of one bad node confirm that node twice
+    for x in out:
+        key = (x["kind"], x["name"], x["retest"].startswith("confirmed"))
+        if key not in seen:
+            seen.add(key)
+            once.append(x)
+    return once, scale
 
 
 def drain_line(s):
@@ -432,16 +453,16 @@ def verdict_of(a, sweep, candidates, confirmed, retest, detect, refs):
     blind = {k: v for k, v in detect.items() if k[0] == KIND_EXCHANGE and v > a.threshold}
     n_ex = sum(1 for k in detect if k[0] == KIND_EXCHANGE)
     unreachable = [k for k, r in refs.items() if k[0] == KIND_EXCHANGE and not r["reach"]]
-    if confirmed:
-        return (f"{len(confirmed)} suspect(s): " + ", ".join(f"{s['kind']} {s['name']}" for s in confirmed)
-                + " (confirmed by the re-test)"), EXIT_SUSPECTS, None
-    if candidates and retest is None:
-        return (f"{len(candidates)} unconfirmed candidate(s): " + ", ".join(f"{s['kind']} {s['name']}" for s in candidates)
-                + " (a first pass names no suspect: re-test them)"), EXIT_UNCONFIRMED, None
     unclear = [s for s in candidates if s.get("retest") in ("unclear", "not re-tested")]
     gone = [s for s in candidates if s.get("retest") == "not reproduced"]
     note = (f"; {len(gone)} candidate(s) not reproduced by the re-test: " + ", ".join(f"{s['kind']} {s['name']}" for s in gone)
             if gone else "")
+    if confirmed:
+        return (f"{len(confirmed)} suspect(s): " + ", ".join(f"{s['kind']} {s['name']}" for s in confirmed)
+                + " (confirmed by the re-test)" + note), EXIT_SUSPECTS, None
+    if candidates and retest is None:
+        return (f"{len(candidates)} unconfirmed candidate(s): " + ", ".join(f"{s['kind']} {s['name']}" for s in candidates)
+                + " (a first pass names no suspect: re-test them)"), EXIT_UNCONFIRMED, None
     if unreachable:
         reps = sweep["repetitions"]
         return (f"inconclusive: with {reps} repetition(s) the rank-sum test cannot reach alpha / points "

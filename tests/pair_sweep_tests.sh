@@ -31,9 +31,9 @@ T0=$SECONDS
 DIAG=("$PY" "$ROOT/analysis/diagnose.py" --latency-threshold off --threshold 0.25)
 # 1 MiB: a size where the shaped link, not the 2 shared cores, sets the time (smaller ones
 # spread by +-5 % between healthy pairs: TCP's slow start after each idle gap). The default 5
-# repetitions are the samples; 2 iterations each and no data check (section 5 has it) keep
-# the suite's time (3 iterations and the check: 199 s against 114 s, the spread no smaller).
-SWEEP=(--pattern pairs -b 1M -e 1M -n 2 -w 1 -c 0)
+# repetitions are the samples; 3 iterations each (odd: a repetition's median drops one slow
+# one) and no data check (section 5 has it) keep the suite's time.
+SWEEP=(--pattern pairs -b 1M -e 1M -n 3 -w 1 -c 0)
 RATE=400 SLOW=100
 
 up() {  # up ARGS...: a cluster, and MPI=(mpirun ...) across it (one rank a node unless RPN set)
@@ -59,15 +59,17 @@ if up --nodes 4 --link-mbit $RATE --slow node3=$SLOW; then
   "${DIAG[@]}" "$work/node3.h5" --json "$work/node3.json" --report-dir "$work/node3-report" >"$tmp/d1" 2>&1
   rc=$?
   cp "$tmp/d1" "$tmp/out"
-  if [ $rc = 4 ] && [ "$(suspects "$tmp/d1" candidate)" = "node node3" ] && [ -z "$(suspects "$tmp/d1")" ]; then
-    ok "first pass: node3 the one candidate, unconfirmed (exit 4)"
-  else echo "      exit $rc; candidates: $(suspects "$tmp/d1" candidate | tr '\n' ';')" >>"$tmp/out"; bad "first pass: node3 the one candidate (exit 4)"; fi
+  # a first pass's candidates are candidates: a noisy healthy pair may be one more link among
+  # them (the re-test clears it); never another node
+  if [ $rc = 4 ] && [ "$(suspects "$tmp/d1" candidate | grep '^node')" = "node node3" ] && [ -z "$(suspects "$tmp/d1")" ]; then
+    ok "first pass: node3 the one candidate node, unconfirmed (exit 4)"
+  else echo "      exit $rc; candidates: $(suspects "$tmp/d1" candidate | tr '\n' ';')" >>"$tmp/out"; bad "first pass: node3 the one candidate node (exit 4)"; fi
   check "... its evidence: node3's three pairs" grep -qE '^candidate node node3: .*node1:node3.*node2:node3.*node3:node4' "$tmp/d1"
   check "... no drain line before the re-test; the re-test printed with the sweep's repetitions" \
     bash -c "! grep -q 'scontrol' '$tmp/d1' && grep -qE '^next: .*--pairs node3:[^ ]+ .*--repeat 5 ' '$tmp/d1'"
   check "... JSON and the HTML heat map" "$PY" -c "
 import json, sys; d = json.load(open('$work/node3.json'))
-assert d['exit'] == 4 and [s['name'] for s in d['candidates']] == ['node3'] and not d['suspects'], d
+assert d['exit'] == 4 and [s['name'] for s in d['candidates'] if s['kind'] == 'node'] == ['node3'] and not d['suspects'], d
 assert len(d['pairs']) == 6 * 2 and d['drain'] == [] and d['repetitions'] == 5
 h = open('$work/node3-report/report.html').read(); assert 'data:image/png;base64,' in h and 'node node3' in h"
   # the quick pass of a large allocation: 2 rounds, each node paired twice
@@ -81,6 +83,7 @@ h = open('$work/node3-report/report.html').read(); assert 'data:image/png;base64
     expect "re-test against known-good nodes confirms node3 (exit 1)" 1 "^suspect node node3: .*re-test: confirmed" -- \
       "${DIAG[@]}" "$work/node3.h5" --retest "$work/node3-retest.h5"
     cp "$tmp/out" "$tmp/last"
+    check "... the one suspect" test "$(suspects "$tmp/last")" = "node node3"
     check "... and prints its drain line, not run" grep -q '(to drain, not run) scontrol update nodename=node3 state=drain' "$tmp/last"
   else bad "re-test of the printed pairs ($pairs)"; fi
 fi
@@ -91,14 +94,17 @@ if up --nodes 4 --link-mbit $RATE --slow-path node2-node4=$SLOW; then
   "${DIAG[@]}" "$work/path.h5" >"$tmp/d2" 2>&1
   rc=$?
   cp "$tmp/d2" "$tmp/out"
-  if [ $rc = 4 ] && [ "$(suspects "$tmp/d2" candidate)" = "link node2:node4" ]; then ok "first pass: the link node2:node4 the one candidate, no node (exit 4)"
+  # measured in CI: node1:node4 at +49 % beside node2:node4 at +300 % (2 busy cores); it was
+  # named "node node4" when 2 of a node's 3 slow pairs made it a node: now two candidate links
+  if [ $rc = 4 ] && suspects "$tmp/d2" candidate | grep -qx "link node2:node4" && ! suspects "$tmp/d2" candidate | grep -q '^node'; then
+    ok "first pass: the link node2:node4 a candidate, no node (exit 4)"
   else echo "      exit $rc; candidates: $(suspects "$tmp/d2" candidate | tr '\n' ';')" >>"$tmp/out"; bad "first pass: the link node2:node4, no node"; fi
   pairs=$(sed -nE 's/^next: .*--pairs ([^ ]+) .*/\1/p' "$tmp/d2")
   if [ -n "$pairs" ] && sweep path-retest 4 --pairs "$pairs"; then
     expect "re-test confirms the link, both its nodes fine with good nodes" 1 \
       "^suspect link node2:node4: .*re-test: confirmed\)" -- "${DIAG[@]}" "$work/path.h5" --retest "$work/path-retest.h5"
     cp "$tmp/out" "$tmp/last"
-    check "... and names no node" bash -c "! grep -q '^suspect node' '$tmp/last'"
+    check "... the one suspect, no node" test "$(suspects "$tmp/last")" = "link node2:node4"
   else bad "re-test of the printed pairs ($pairs)"; fi
 fi
 
@@ -110,8 +116,8 @@ if up --nodes 5 --link-mbit $RATE --slow node2=$SLOW; then
   "${DIAG[@]}" "$work/bye.h5" >"$tmp/d3" 2>&1
   rc=$?
   cp "$tmp/d3" "$tmp/out"
-  if [ $rc = 4 ] && [ "$(suspects "$tmp/d3" candidate)" = "node node2" ]; then ok "5 nodes: node2 the one candidate"
-  else echo "      exit $rc; candidates: $(suspects "$tmp/d3" candidate | tr '\n' ';')" >>"$tmp/out"; bad "5 nodes: node2 the one candidate"; fi
+  if [ $rc = 4 ] && [ "$(suspects "$tmp/d3" candidate | grep '^node')" = "node node2" ]; then ok "5 nodes: node2 the one candidate node"
+  else echo "      exit $rc; candidates: $(suspects "$tmp/d3" candidate | tr '\n' ';')" >>"$tmp/out"; bad "5 nodes: node2 the one candidate node"; fi
 fi
 
 echo "--- 4. 4 nodes, nothing shaped: 4 sweeps in a row [$((SECONDS - T0)) s]"
@@ -209,6 +215,10 @@ nodes = ["node1", "node2", "node3", "node4"]
 R, iters = (1, 10) if case == "v1" else (5, 4)
 rounds = [[(0, 3), (1, 2)], [(1, 3), (0, 2)], [(2, 3), (0, 1)]]
 slow_node = {"node": 2, "retest": 2}.get(case)
+# a slow path node2-node4 (4x); in "pathnoise" a healthy pair of node4's +50 % beside it (CI's
+# case); in "pathretest-noisy" node4 with the good node3 +50 % in the re-test
+slow_pair = {"pathnoise": {(1, 3): 4, (0, 3): 1.5}, "pathretest": {(1, 3): 4},
+             "pathretest-noisy": {(1, 3): 4, (2, 3): 1.5}}.get(case, {})
 rows = []
 for rep in range(R):
     order = [rounds[(rep + k) % 3] for k in range(3)]
@@ -219,6 +229,8 @@ for rep in range(R):
                     t = t0 * (1 + 0.02 * rng.standard_normal() ** 2)
                     if slow_node in (a, b) and kind == 0:
                         t *= 4
+                    if kind == 0:
+                        t *= slow_pair.get((a, b), 1)
                     if case in ("blip", "v1") and (a, b) == (0, 1) and rep == 0 and kind == 1:
                         t = 3965e-6  # one slow burst of the latency exchange
                     if case == "round" and rep == 1 and rnd == 0 and kind == 0:
@@ -231,6 +243,8 @@ s = np.array(rows, dtype=dt)
 if case == "retest":  # node3 against node1 and node2, and the control node1:node2
     keep = np.isin(s["node"] * 10 + s["peer_node"], [20, 2, 21, 12, 1, 10])
     s = s[keep]
+if case.startswith("pathretest"):  # the pairs printed for the candidate links node1:node4, node2:node4
+    s = s[~np.isin(s["node"] * 10 + s["peer_node"], [1, 10])]
 if case == "v1":
     s = s[[n for n in s.dtype.names if n != "repetition"]]
 with h5py.File(out, "w") as f:
@@ -247,7 +261,7 @@ with h5py.File(out, "w") as f:
         f.attrs["schema_version"] = np.int64(1)
     f["samples"] = s
 PYEOF
-for c in healthy blip round node retest v1; do "$PY" "$tmp/gen.py" "$work/syn-$c.h5" "$c" || bad "synthetic $c"; done
+for c in healthy blip round node retest v1 pathnoise pathretest pathretest-noisy; do "$PY" "$tmp/gen.py" "$work/syn-$c.h5" "$c" || bad "synthetic $c"; done
 SYN=("$PY" "$ROOT/analysis/diagnose.py")  # the defaults: threshold 10 %, latency 50 %, judged
 expect "synthetic healthy: healthy (exit 0), latency judged" 0 "^diagnose: healthy: .*5 repetition\(s\); drops it can see: from \+1%" -- \
   "${SYN[@]}" "$work/syn-healthy.h5"
@@ -269,6 +283,22 @@ expect "... the re-test confirms it: exit 1 with the drain line" 1 \
   "\(to drain, not run\) scontrol update nodename=node3 state=drain" -- "${SYN[@]}" "$work/syn-node.h5" --retest "$work/syn-retest.h5"
 expect "... a re-test of a healthy cluster's pairs clears it: healthy" 0 "^diagnose: healthy: .*not reproduced by the re-test: node node3" -- \
   "${SYN[@]}" "$work/syn-node.h5" --retest "$work/syn-healthy.h5"
+expect "a slow path beside a noisy pair of one of its nodes: two candidate links, no node" 4 \
+  "^diagnose: 2 unconfirmed candidate\(s\): link node1:node4, link node2:node4 " -- "${SYN[@]}" "$work/syn-pathnoise.h5"
+cp "$tmp/out" "$tmp/last"
+check "... the re-test printed: each link again, each end with the good node" grep -qE \
+  "^next: .*--pairs node1:node4,node1:node3,node4:node3,node2:node4,node2:node3 " "$tmp/last"
+expect "... the re-test: the path confirmed, the noisy pair cleared" 1 \
+  "^diagnose: 1 suspect\(s\): link node2:node4 \(confirmed by the re-test\); 1 candidate\(s\) not reproduced by the re-test: link node1:node4" -- \
+  "${SYN[@]}" "$work/syn-pathnoise.h5" --retest "$work/syn-pathretest.h5"
+cp "$tmp/out" "$tmp/last"
+check "... the link's drain line, both its nodes" grep -q '(to drain, not run) scontrol update nodename=node2,node4 state=drain' "$tmp/last"
+# the slow path read as a node (issue 48's matrix): one slow pair with a good node is not two
+expect "... a re-test where node4's one pair with a good node is slow too: unclear, not node4" 3 \
+  "^diagnose: inconclusive: the re-test was unclear for link node2:node4" -- \
+  "${SYN[@]}" "$work/syn-pathnoise.h5" --retest "$work/syn-pathretest-noisy.h5"
+cp "$tmp/out" "$tmp/last"
+check "... no suspect, no drain line" bash -c "! grep -qE '^suspect|scontrol' '$tmp/last'"
 
 "$C" down >/dev/null 2>&1
 expect "one node: --pattern pairs refused in one line, exit 2" 2 "--pattern pairs needs ranks on at least 2 nodes" -- \
