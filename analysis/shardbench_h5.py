@@ -510,7 +510,11 @@ def _read_collective(fname):
                  backend=str(a.get("backend", "")), comm=str(comm_default),
                  collectives=str(a.get("collectives", "unrecorded")),  # schema 1 did not say
                  dtype=fallback["dtype"], redop=fallback["redop"], status=str(a["status"]),
-                 slurm_job=str(prov.get("env.SLURM_JOB_ID", "")) or None, command_line=prov.get("command_line"))
+                 slurm_job=str(prov.get("env.SLURM_JOB_ID", "")) or None, command_line=prov.get("command_line"),
+                 # how much of its cores the run had (process CPU / wall, the least of its ranks):
+                 # None before these were recorded
+                 cpu_share=float(a["cpu_share_min"]) if "cpu_share_min" in a else None,
+                 load_start=a.get("load_start"), load_end=a.get("load_end"), cpus_online=a.get("cpus_online"))
     return facts, points
 
 

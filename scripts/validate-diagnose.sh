@@ -75,6 +75,7 @@ for c in "${list[@]}"; do
 done
 [ "$noise" = 0 ] || [ -x "$NOISE_TOOL" ] || die "--noise needs $NOISE_TOOL"
 work=${keep:-$ROOT/build/validate-diagnose}  # not under /tmp: each node has a /tmp of its own
+case $(realpath -m "$work") in /tmp | /tmp/*) die "--keep '$keep' is not allowed under /tmp (each emulated node has a /tmp of its own: the ranks could not write there)" ;; esac
 [ -n "$keep" ] || rm -rf "$work"
 mkdir -p "$work" || die "cannot make $work"
 source "$ROOT/scripts/mpi-env.sh"

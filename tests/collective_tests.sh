@@ -137,10 +137,12 @@ src, out = sys.argv[1:]
 from shardbench_h5 import names as names_of  # (PYTHONPATH: analysis/)
 runs = sorted(glob.glob(os.path.join(src, "run*.h5")))
 assert len(runs) == 20, runs
-def copy(path, dst, scale=1.0, op=None, edit=None):
+def copy(path, dst, scale=1.0, op=None, edit=None, share=None):
     os.makedirs(os.path.dirname(dst), exist_ok=True)
     shutil.copy(path, dst)
     with h5py.File(dst, "r+") as f:
+        if share is not None:  # collective_perf's record of the CPU its ranks had
+            f.attrs["cpu_share_min"] = share
         s = f["samples"][()]
         names = names_of(f["samples"])
         sel = np.ones(len(s), bool) if op is None else s["op"] == names.index(op)
@@ -164,6 +166,13 @@ for j, f in enumerate([0.995, 1.0, 1.005]):  # none a byte copy of a baseline ru
     copy(runs[0], f"{out}/spread5/same/{j}.h5", f)
     copy(runs[0], f"{out}/spread5/slow13/{j}.h5", 1.3 * f)
     copy(runs[0], f"{out}/spread5/ar2x/{j}.h5", 2.0 * f, op="all-reduce")
+# the same with the ranks' CPU share recorded: a baseline at 96-99 %, a 1.3x slower check whose
+# ranks had 48 % (starved by other work on their cores) or 93 % (not)
+for j, f in enumerate([0.95, 0.97, 0.98, 0.99, 1.01, 1.02, 1.03, 1.05]):
+    copy(runs[0], f"{out}/share/base/{j}.h5", f, share=0.96 + 0.004 * j)
+for j, f in enumerate([0.995, 1.0, 1.005]):
+    copy(runs[0], f"{out}/share/starved/{j}.h5", 1.3 * f, share=0.48)
+    copy(runs[0], f"{out}/share/fed/{j}.h5", 1.3 * f, share=0.93)
 # damaged or unusable currents
 bad = f"{out}/bad"
 def field_gone(s):
@@ -203,6 +212,14 @@ expect "regress: 1.3x slower, every point flagged, exit 1" 1 '8 regression\(s\) 
   $PY $ROOT/analysis/regress.py $RX/spread5/base $RX/spread5/slow13 --report-dir $tmp/rep1
 cp "$tmp/out" "$tmp/slow13.out"
 check "regress: the p-value states its direction" grep -q 'p(slower)=' "$tmp/slow13.out"
+expect "regress: 1.3x slower on ranks starved of CPU (48 % of a core, the baseline's 97 %): not judged, inconclusive, exit 3" 3 \
+  'inconclusive: 8 of 8 points read as regressions, not judged: its ranks had 48% of a core .* against the baseline.s 97%' -- \
+  $PY $ROOT/analysis/regress.py $RX/share/base $RX/share/starved --report-dir $tmp/rep1s
+cp "$tmp/out" "$tmp/starved.out"
+check "... it says to run again on a quiet allocation; the report says the same" bash -c \
+  "grep -q 'run the check again on a quiet allocation' '$tmp/starved.out' && grep -q 'not judged: its ranks had 48%' '$tmp/rep1s/report.md'"
+expect "regress: the same slowdown at 93 % of a core (within 80 % of the baseline's): flagged, exit 1" 1 '8 regression\(s\) in 8 points' -- \
+  $PY $ROOT/analysis/regress.py $RX/share/base $RX/share/fed --report-dir $tmp/rep1f
 expect "regress: a 2x slower all-reduce is flagged, exit 1 (the all-gather's 4 inconclusive)" 1 \
   '4 regression\(s\) in 8 points; 4 other point\(s\) inconclusive: could only detect slowdowns of \+9\.9%' -- \
   $PY $ROOT/analysis/regress.py $RX/spread5/base $RX/spread5/ar2x --report-dir $tmp/rep2

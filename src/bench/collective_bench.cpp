@@ -694,6 +694,7 @@ struct Outcome {
   std::string device;
   double start, avg_busbw;
   int64_t wrong_total;
+  HostShareSummary host;
 };
 
 void write_result(const Options& o, const std::string& path, const Outcome& r, int n) {
@@ -723,6 +724,9 @@ void write_result(const Options& o, const std::string& path, const Outcome& r, i
       Attr::str("comm", join(r.comm_names, [](const std::string& c) { return c; })), Attr::str("status", r.status),
       Attr::num("avg_busbw", r.avg_busbw), Attr::num("min_busbw", o.min_busbw), Attr::integer("wrong_total", r.wrong_total),
       Attr::str("start_time", iso_time(r.start)), Attr::str("end_time", iso_time(wall_clock_rank0())),
+      Attr::num("cpu_share_min", r.host.cpu_share_min), Attr::num("cpu_share_median", r.host.cpu_share_median),
+      Attr::num("load_start", r.host.load_start), Attr::num("load_end", r.host.load_end),
+      Attr::integer("cpus_online", r.host.cpus_online),
   });
   write_provenance(f, collect_provenance(o.argv), hostname(), r.device, MPI_COMM_WORLD);
   f.table("samples",
@@ -778,6 +782,7 @@ int run(const Options& o, int rank, int n) {
   const std::string stem = "collective_perf-w" + std::to_string(n);
   const std::string path = forever ? "" : resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
+  const HostShare host_start = HostShare::now();
   const int nodes = node_map().nodes(), rpn = node_map().max_ranks_per_node();
 
   // Buffers for the largest size of every case, -u elements more.
@@ -887,7 +892,8 @@ int run(const Options& o, int rank, int n) {
   // ---- HDF5 and -J ----
   const std::string status = wrong_total ? "failed" : below ? "below-floor" : "ok";
   if (rank == 0 && !o.json.empty()) write_json(o, results, n, avg_busbw, wrong_total, status);
-  write_result(o, path, {samples, results, comm_names, status, backend->device_name(), start, avg_busbw, wrong_total}, n);
+  const HostShareSummary host = host_share_since(host_start);
+  write_result(o, path, {samples, results, comm_names, status, backend->device_name(), start, avg_busbw, wrong_total, host}, n);
   if (rank == 0) std::printf("wrote %s (status %s)\n", path.c_str(), status.c_str());
   return wrong_total ? kExitCheckFailed : below ? kExitBelowFloor : kExitOk;
 }

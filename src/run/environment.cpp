@@ -2,9 +2,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <ctime>
 #include <string>
+#include <vector>
 
 #include "shardbench/core/check.h"
 #include "shardbench/core/nodes.h"
@@ -63,6 +66,40 @@ std::string iso_time(double epoch_seconds) {
   char buf[32];
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
   return buf;
+}
+
+HostShare HostShare::now() {
+  HostShare h;
+  h.wall = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  timespec ts{};
+  if (clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts) == 0) h.cpu = double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {  // Linux; elsewhere the load stays 0
+    if (std::fscanf(f, "%lf", &h.load1) != 1) h.load1 = 0;
+    std::fclose(f);
+  }
+  return h;
+}
+
+HostShareSummary host_share_since(const HostShare& since) {
+  const HostShare end = HostShare::now();
+  const double wall = end.wall - since.wall;
+  double share = wall > 0 ? (end.cpu - since.cpu) / wall : 0;
+  int world = 1, rank = 0;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  std::vector<double> all(size_t(world), 0.0);
+  MPI_CHECK(MPI_Allgather(&share, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, MPI_COMM_WORLD));
+  std::sort(all.begin(), all.end());
+  HostShareSummary s;
+  s.cpu_share_min = all.front();
+  s.cpu_share_median = world % 2 ? all[size_t(world / 2)] : 0.5 * (all[size_t(world / 2 - 1)] + all[size_t(world / 2)]);
+  double loads[2] = {since.load1, end.load1};
+  MPI_CHECK(MPI_Bcast(loads, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD));
+  s.load_start = loads[0];
+  s.load_end = loads[1];
+  s.cpus_online = rank == 0 ? int(sysconf(_SC_NPROCESSORS_ONLN)) : 0;
+  MPI_CHECK(MPI_Bcast(&s.cpus_online, 1, MPI_INT, 0, MPI_COMM_WORLD));
+  return s;
 }
 
 double wall_clock_rank0() {

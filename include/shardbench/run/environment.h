@@ -22,4 +22,19 @@ std::string resolve_output(const std::string& out, bool overwrite, const std::st
 std::string iso_time(double epoch_seconds);  // ISO 8601 UTC
 double wall_clock_rank0();  // rank 0's wall clock, seconds since the epoch (collective)
 
+// How much of the host the run had: each rank's process CPU time over its wall time since
+// `since` (a HostShare::now() taken at the start of the measurement), and the load average.
+// A check starved by other work on its cores (its ranks at 50 % of a core where the baseline's
+// had 100 %) is slower for that reason, not the fabric's: regress.py reads these.
+struct HostShare {
+  double wall = 0, cpu = 0, load1 = 0;  // steady seconds, process CPU seconds, 1-minute load
+  static HostShare now();
+};
+struct HostShareSummary {
+  double cpu_share_min = 0, cpu_share_median = 0;  // over ranks
+  double load_start = 0, load_end = 0;              // rank 0's 1-minute load average
+  int cpus_online = 0;                              // rank 0's
+};
+HostShareSummary host_share_since(const HostShare& since);  // collective
+
 }  // namespace sb
