@@ -71,7 +71,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-import regress  # noqa: E402
 import shardbench_h5  # noqa: E402
 import stats  # noqa: E402
 from stats import mad_sd, z_isf  # noqa: E402
@@ -231,8 +230,8 @@ def baseline_verdict(key, cur, base, args, level):
 def load_baseline(path, sweep, args):
     files = _files(path)
     runs = [read_sweep(f, args) for f in files]
-    if len(runs) < regress.MIN_BASELINE_RUNS:
-        raise cli.BadInput(f"the baseline has {len(runs)} sweep(s); it needs at least {regress.MIN_BASELINE_RUNS}, "
+    if len(runs) < stats.MIN_BASELINE_RUNS:
+        raise cli.BadInput(f"the baseline has {len(runs)} sweep(s); it needs at least {stats.MIN_BASELINE_RUNS}, "
                            "recorded back to back, to know the run-to-run spread")
     out = {}
     for r in runs:
@@ -280,6 +279,7 @@ def blame(rows, nodes):
                               slowdown_baseline=None if r["base_slowdown"] is None else round(r["base_slowdown"], 4))
                          for r in ev]
         s["worst_slowdown"] = max(max(r["slowdown"], r["base_slowdown"] or -1) for r in ev)
+        s["slow_at"] = sorted({(int(r["kind"]), int(r["size"])) for r in ev})  # what the re-test must show again
     return suspects
 
 
@@ -323,7 +323,7 @@ def confirm(suspects, refs, sweep, retest, args):
     re-test's control pairs (no candidate's node) against their figures in the sweep."""
     named = {n for s in suspects for n in _ends(s)}
     level = args.alpha / max(1, len(retest["points"]))
-    slow, scale = {}, {}
+    scale = {}
     for (a, b, kind, size), t in retest["points"].items():
         if (kind, size) not in refs:
             raise cli.BadInput(f"{retest['file']}: {label(kind, size)} is not a size of the sweep")
@@ -335,14 +335,22 @@ def confirm(suspects, refs, sweep, retest, args):
         # only up: a re-test in a slower minute raises the bar; a control that ran faster (on a
         # shared link one pair's luck: 35 % or 90 % of the rate) must not lower it
         scale[(kind, size)] = max(1.0, float(np.median(ratios))) if ratios else 1.0
+    slow_at = {}  # (pair, kind, size): slow again in the re-test
     for (a, b, kind, size), t in retest["points"].items():
         if a in named or b in named:
             ref = dict(refs[(kind, size)])
             ref["healthy_t"] *= scale[(kind, size)]
             ref["pooled"] = ref["pooled"] * scale[(kind, size)]
-            slow[f"{a}:{b}"] = slow.get(f"{a}:{b}", False) or is_slow(t, ref, level)[2]
+            slow_at[(f"{a}:{b}", kind, size)] = is_slow(t, ref, level)[2]
     out = []
     for s in suspects:
+        # judged where the candidate was slow (an exchange size's candidate is not confirmed,
+        # nor its end made a node, by a latency blip of the re-test)
+        at = {tuple(x) for x in s["slow_at"]}
+        slow = {}
+        for (p, kind, size), v in slow_at.items():
+            if (kind, size) in at:
+                slow[p] = slow.get(p, False) or v
         if s["kind"] == "node":
             mine = [p for p in slow if s["name"] in p.split(":")]
             if mine and all(slow[p] for p in mine):

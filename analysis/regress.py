@@ -84,9 +84,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
 import history_db  # noqa: E402
 import shardbench_h5  # noqa: E402
-from stats import bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402
-
-MIN_BASELINE_RUNS = 3
+from stats import MIN_BASELINE_RUNS, bootstrap_lower, rank_sum_p, t_isf, t_sf  # noqa: E402
 # A check whose ranks had less than this fraction of the baseline's CPU share (process CPU over
 # wall time) ran beside other work on its cores; its slowdown is the host's. Measured on the
 # 2-core VM, 2 ranks of collective_perf: 52 % beside a 4-rank pair sweep, 2.7 % with two busy

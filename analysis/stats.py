@@ -10,6 +10,10 @@ import math
 
 import numpy as np
 
+# A baseline's run-to-run spread needs at least this many runs recorded back to back (regress's
+# collective runs, diagnose's pair sweeps).
+MIN_BASELINE_RUNS = 3
+
 
 def slowest_rank(iterations, times):
     """Per iteration (in the order of np.unique(iterations)): the slowest rank's time."""
