@@ -22,8 +22,30 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 source scripts/mpi-env.sh
-OUT=$(mkdir -p "${1:?usage: scripts/validate-emulated.sh OUT_DIR}" && cd "$1" && pwd) || exit 2
-case $OUT/ in /tmp/*) echo "validate-emulated: $OUT is under /tmp, which each node has its own of" >&2; exit 2 ;; esac
+: "${1:?usage: scripts/validate-emulated.sh OUT_DIR [--seed N [--count K] | --cases FILE] [--project-only]}"
+# Every flag is checked before OUT is made: bad input leaves nothing behind.
+M_SEED="" M_COUNT=12 M_CASES="" M_PROJECT_ONLY=0
+if [ $# -gt 1 ]; then
+  args=("${@:2}")
+  while [ ${#args[@]} -gt 0 ]; do
+    case ${args[0]} in
+      --seed) [[ ${args[1]:-} =~ ^[0-9]+$ ]] || { echo "validate-emulated: --seed '${args[1]:-}' must be an integer >= 0" >&2; exit 2; }
+              M_SEED=${args[1]}; args=("${args[@]:2}") ;;
+      --count) [[ ${args[1]:-} =~ ^[1-9][0-9]*$ ]] && [ "${args[1]}" -le 100 ] ||
+                 { echo "validate-emulated: --count '${args[1]:-}' must be an integer from 1 to 100" >&2; exit 2; }
+               M_COUNT=${args[1]}; args=("${args[@]:2}") ;;
+      --cases) [ -f "${args[1]:-}" ] || { echo "validate-emulated: --cases '${args[1]:-}': no such file" >&2; exit 2; }
+               M_CASES=$(cd "$(dirname "${args[1]}")" && pwd)/$(basename "${args[1]}"); args=("${args[@]:2}") ;;
+      --project-only) M_PROJECT_ONLY=1; args=("${args[@]:1}") ;;
+      *) echo "validate-emulated: unknown argument '${args[0]}' (allowed: --seed N, --count K, --cases FILE, --project-only)" >&2
+         exit 2 ;;
+    esac
+  done
+  [ -n "$M_SEED" ] || [ -n "$M_CASES" ] || { echo "validate-emulated: give --seed N or --cases FILE" >&2; exit 2; }
+  [ -z "$M_SEED" ] || [ -z "$M_CASES" ] || { echo "validate-emulated: give --seed or --cases, not both" >&2; exit 2; }
+fi
+case $(realpath -m "$1")/ in /tmp/*) echo "validate-emulated: $1 is under /tmp, which each node has its own of" >&2; exit 2 ;; esac
+OUT=$(mkdir -p "$1" && cd "$1" && pwd) || exit 2
 RATE=${RATE:-100} REPEAT=${REPEAT:-3} STEPS=${STEPS:-5} MAX_ERROR=${MAX_ERROR:-0.15} PICK_MARGIN=${PICK_MARGIN:-0.05}
 ADVISOR_STEPS=${ADVISOR_STEPS:-10}
 C=$ROOT/scripts/local-cluster.sh B=$ROOT/build/bin PY=/usr/bin/python3
@@ -70,24 +92,8 @@ size_range() {
 # estimated step exceeds it is drawn again: the matrix's time on 2 cores; printed).
 # Exit 0 when every case holds, 1 when one misses (each is reported, none dropped), 2 bad input,
 # 77 where network namespaces cannot be made (tests/run_tests.sh counts it as skipped).
-matrix_main() {
-  local seed="" count=12 cases="" project_only=0
-  while [ $# -gt 0 ]; do
-    case $1 in
-      --seed) [[ ${2:-} =~ ^[0-9]+$ ]] || { echo "validate-emulated: --seed '${2:-}' must be an integer >= 0" >&2; exit 2; }
-              seed=$2; shift 2 ;;
-      --count) [[ ${2:-} =~ ^[1-9][0-9]*$ ]] && [ "$2" -le 100 ] ||
-                 { echo "validate-emulated: --count '${2:-}' must be an integer from 1 to 100" >&2; exit 2; }
-               count=$2; shift 2 ;;
-      --cases) [ -f "${2:-}" ] || { echo "validate-emulated: --cases '${2:-}': no such file" >&2; exit 2; }
-               cases=$(cd "$(dirname "$2")" && pwd)/$(basename "$2"); shift 2 ;;
-      --project-only) project_only=1; shift ;;
-      *) echo "validate-emulated: unknown argument '$1' (allowed: --seed N, --count K, --cases FILE, --project-only)" >&2
-         exit 2 ;;
-    esac
-  done
-  [ -n "$seed" ] || [ -n "$cases" ] || { echo "validate-emulated: give --seed N or --cases FILE" >&2; exit 2; }
-  [ -z "$seed" ] || [ -z "$cases" ] || { echo "validate-emulated: give --seed or --cases, not both" >&2; exit 2; }
+matrix_main() {  # the flags, checked at the top (M_*)
+  local seed=$M_SEED count=$M_COUNT cases=$M_CASES project_only=$M_PROJECT_ONLY
   REPEAT=${MATRIX_REPEAT:-2} STEPS=${MATRIX_STEPS:-3} BUDGET_S=${BUDGET_S:-3.0}
   [ -z "${LOCK:-}" ] || HOLDING=0  # a cluster up now is someone else's
   mkdir -p "$OUT/cases" || exit 2
@@ -253,7 +259,7 @@ matrix_case() {
     grep -E '^(ddp|fsdp)' "$dir/validate.txt" | sed 's/^/    /'; } >"$dir/verdict.txt"
   return $rc
 }
-[ $# -gt 1 ] && matrix_main "${@:2}"  # a case list or a seed: the matrix; else the fixed validation below
+[ $# -gt 1 ] && matrix_main  # a case list or a seed: the matrix; else the fixed validation below
 failed=0
 CALIBRATE=(--calibrate-run calibration/compute-w8.h5)
 for f in inter-blocking-w8 inter-nonblocking-w8 inter-blocking-w4 inter-nonblocking-w4 intra-blocking-w2 \
