@@ -294,7 +294,7 @@ expect "... the re-test: the path confirmed, the noisy pair cleared" 1 \
   "${SYN[@]}" "$work/syn-pathnoise.h5" --retest "$work/syn-pathretest.h5"
 cp "$tmp/out" "$tmp/last"
 check "... the link's drain line, both its nodes" grep -q '(to drain, not run) scontrol update nodename=node2,node4 state=drain' "$tmp/last"
-# the slow path read as a node (issue 48's matrix): one slow pair with a good node is not two
+# the slow path read as a node (the diagnosis matrix, docs/interconnect.md): one slow pair with a good node is not two
 expect "... a re-test where node4's one pair with a good node is slow too: unclear, not node4" 3 \
   "^diagnose: inconclusive: the re-test was unclear for link node2:node4" -- \
   "${SYN[@]}" "$work/syn-pathnoise.h5" --retest "$work/syn-pathretest-noisy.h5"
