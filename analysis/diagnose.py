@@ -28,10 +28,10 @@ Two references judge a pair:
     as analysis/regress.py judges a point, a t test of the sweep's log figure against the
     run-to-run spread of the baseline (pooled over pairs), plus the rank-sum test of the
     repetitions, and a slowdown beyond --threshold.
-Then the blame: the node with the most slow pairs is a candidate when all of its (remaining)
-pairs, and at least two, are slow (a node's own link is on every one of them; with 9 or more
-pairs a quarter may miss; a pair as slow but with too few repetitions to test does not count
-against it); its pairs are set aside and the next node is tried. A slow pair
+Then the blame: the node with the most slow pairs is a candidate when at least two of its
+(remaining) pairs are slow and none is fine (a node's own link is on every one of them; with
+9 or more pairs a quarter may be fine; a pair as slow but with too few repetitions to test is
+not fine); its pairs are set aside and the next node is tried. A slow pair
 whose nodes are not candidates is a candidate link. With two nodes only the pair is known:
 its link or either node.
 
