@@ -45,7 +45,8 @@ CREATE TABLE runs (
     status TEXT NOT NULL,
     slurm_job TEXT,
     command_line TEXT,
-    added TEXT NOT NULL
+    added TEXT NOT NULL,
+    cpu_share REAL                      -- the least rank's CPU over wall time (NULL: not recorded)
 );
 CREATE TABLE points (
     run INTEGER NOT NULL REFERENCES runs(id),
@@ -87,6 +88,8 @@ def open_db(path, create):
         if not fmt or fmt[0] != DB_FORMAT:
             raise cli.BadInput(f"{path}: an SQLite database but not a shardbench history ({DB_FORMAT!r} expected, "
                                f"found {fmt[0] if fmt else 'no format record'!r})")
+        if create and "cpu_share" not in {c[1] for c in con.execute("PRAGMA table_info(runs)")}:
+            con.execute("ALTER TABLE runs ADD COLUMN cpu_share REAL")  # a history from before the share was kept
         return con, False
     except sqlite3.DatabaseError as e:
         from shardbench_h5 import _one_line
@@ -135,7 +138,7 @@ def add_results(db, paths):
                 continue
             cols = ["sha256", "path", "start_time", "end_time", "start_unix", "commit_id", "hosts", "world_size",
                     "nodes", "ranks_per_node", "backend", "comm", "collectives", "dtype", "redop", "status",
-                    "slurm_job", "command_line"]
+                    "slurm_job", "command_line", "cpu_share"]
             cur = con.execute(f"INSERT INTO runs ({', '.join(cols)}, added) VALUES ({', '.join('?' * len(cols))}, ?)",
                               [facts[c] for c in cols] + [now])
             run_id = cur.lastrowid
@@ -304,14 +307,17 @@ def check_of(run):
     return run["slurm_job"] or os.path.dirname(run["path"])
 
 
-def between_checks(db, config_of_point, keys, exclude=(), before=None):
+def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share=None):
     """The history's spread at each point of `keys`: {key: dict(sd, dof, checks, first, last,
-    left_out, changes)} for the points whose series (configuration config_of_point(key), the
-    latest DEFAULT_LAST runs before `before` (Unix time), none of the files `exclude`
+    left_out, changes, starved)} for the points whose series (configuration config_of_point(key),
+    the latest DEFAULT_LAST runs before `before` (Unix time), none of the files `exclude`
     (SHA-256)) holds at least MIN_CHECKS checks since its last change point; for the others
-    {key: dict(checks=..., reason=...)} saying why not. A check's figure is the median of its
-    runs' figures; the spread is the standard deviation of their logs, one outlier check left
-    out (stats.spread_one_outlier_out); `logs` the log figures it rests on."""
+    {key: dict(checks=..., reason=..., starved=...)} saying why not. A check's figure is the
+    median of its runs' figures; the spread is the standard deviation of their logs, one
+    outlier check left out (stats.spread_one_outlier_out); `logs` the log figures it rests on.
+    Checks whose runs had less than `min_share` of a core (median over the check's runs) are
+    left out before anything else, change points included: they measured the host's other
+    work, not the fabric (`starved` counts them)."""
     from stats import spread_one_outlier_out
     con, _ = open_db(db, create=False)
     try:
@@ -324,10 +330,12 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None):
         skey = (config_of_point(key),) + tuple(key[:3])
         pts = [p for p in series.get(skey, []) if p["run"]["sha256"] not in exclude
                and (before is None or p["run"]["start_unix"] < before)]
-        wanted[key] = (skey, pts[-DEFAULT_LAST:])
-    found, _ = detect({skey: pts for skey, pts in wanted.values() if pts})
+        pts = pts[-DEFAULT_LAST:]
+        starved = _starved_checks(pts, min_share)
+        wanted[key] = (skey, [p for p in pts if check_of(p["run"]) not in starved], len(starved))
+    found, _ = detect({skey: pts for skey, pts, _ in wanted.values() if pts})
     out = {}
-    for key, (skey, pts) in wanted.items():
+    for key, (skey, pts, n_starved) in wanted.items():
         changes = found[skey]["changes"] if pts else []
         since = pts[changes[-1]["t"]:] if changes else pts
         groups = {}
@@ -338,12 +346,26 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None):
             total = len({check_of(p["run"]) for p in pts})
             reason = (f"{len(checks)} earlier check(s) of this configuration since its last change point "
                       f"(of {total} in all)" if changes else f"{total} earlier check(s) of this configuration")
-            out[key] = dict(checks=len(checks), reason=reason)
+            if n_starved:
+                reason += f", {n_starved} more left out as starved of CPU"
+            out[key] = dict(checks=len(checks), reason=reason, starved=n_starved)
             continue
         logs = np.log([float(np.median([p["time"] for p in g])) for g in checks])
         sd, dof, left = spread_one_outlier_out(logs)
         out[key] = dict(sd=sd, dof=dof, logs=np.delete(logs, left) if left is not None else logs,
-                        checks=len(checks), first=checks[0][0]["run"]["start_time"],
+                        checks=len(checks), starved=n_starved, first=checks[0][0]["run"]["start_time"],
                         last=checks[-1][-1]["run"]["start_time"], changes=len(changes),
                         left_out=None if left is None else checks[left][0]["run"]["start_time"])
     return out
+
+
+def _starved_checks(pts, min_share):
+    """The checks among `pts` whose runs' median CPU share is under `min_share` (runs that did
+    not record one never count as starved)."""
+    if min_share is None:
+        return set()
+    shares = {}
+    for p in pts:
+        if p["run"].get("cpu_share") is not None:
+            shares.setdefault(check_of(p["run"]), {})[p["run"]["id"]] = p["run"]["cpu_share"]
+    return {c for c, v in shares.items() if float(np.median(list(v.values()))) < min_share}

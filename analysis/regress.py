@@ -325,14 +325,17 @@ def check_comparable(base, bf, cur, cf):
 
 def history_spread(a, base, bf, cf):
     """history_db.between_checks for the points of `base`, the checks of the current's
-    configuration before its first run and none of its files; {} without --history."""
+    configuration before its first run and none of its files, those starved of CPU against the
+    baseline (starved()'s rule) left out; {} without --history."""
     if not a.history:
         return {}
 
     def config_of_point(key):
         return history_db.configuration_of(cf, cf["comm"], cf["dtype"], cf["redop"])
+    shares = [x for x in bf["cpu_shares"] if x is not None]
     return history_db.between_checks(a.history, config_of_point, sorted(base), exclude=set(cf["sha256"]),
-                                     before=min(cf["starts"]))
+                                     before=min(cf["starts"]),
+                                     min_share=STARVED_SHARE * float(np.median(shares)) if shares else None)
 
 
 def when(iso):
@@ -352,6 +355,9 @@ def spread_text(rows, history, a, nb):
         outliers = sum(1 for h in hist if h["left_out"])
         if outliers:
             text += f", one outlier check left out at {outliers} point(s)"
+        hungry = max(h.get("starved", 0) for h in hist)
+        if hungry:
+            text += f", {hungry} check(s) starved of CPU left out"
         parts.append(text + (f" at {len(hist)} points" if len(hist) < len(rows) else ""))
     rest = len(rows) - len(hist)
     if rest:

@@ -125,6 +125,17 @@ checks("calm", calm)
 checks("short", calm[:5])
 checks("step", [1.3 * f for f in calm[:8]] + calm[:8])  # a slowdown of 8 nights, then mended
 checks("outlier", calm[:6] + [3.0] + calm[6:9])
+def share(path, x):  # collective_perf's record of the CPU its ranks had (the least rank's)
+    with h5py.File(path, "r+") as f:
+        f.attrs["cpu_share_min"] = x
+# "hungry": 10 calm checks and, among them, 2 at 3x whose ranks had 5 % of a core (other work
+# on their cores); "hungry-unrecorded": the same figures from before the share was recorded
+for name, rec in (("hungry", True), ("hungry-unrecorded", False)):
+    checks(name, calm[:5] + [3.0, 3.0] + calm[5:])
+    for k in range(12):
+        for j in range(2):
+            if rec:
+                share(f"{out}/hist/{name}/c{k:02d}/run{j}.h5", 0.05 if k in (5, 6) else 0.97)
 for j, f in enumerate([0.999, 1.0, 1.001]):  # a baseline recorded in one quiet minute
     rewrite(runs[10 + j], f"{out}/hist/base/{j}.h5", quiet(f))
     at(f"{out}/hist/base/{j}.h5", datetime.datetime(2026, 11, 1, 2, j))
@@ -132,6 +143,9 @@ for j, f in enumerate([0.7, 1.0, 1.4]):  # one of a busy minute: its spread alon
     rewrite(runs[10 + j], f"{out}/hist/noisybase/{j}.h5", quiet(f))
 for j, f in enumerate([0.599, 0.6, 0.601]):  # one of an untypically fast minute
     rewrite(runs[10 + j], f"{out}/hist/fastbase/{j}.h5", quiet(f))
+for j, f in enumerate([0.7, 1.0, 1.4]):  # the busy minute's baseline with its ranks' CPU share
+    rewrite(runs[10 + j], f"{out}/hist/sharebase/{j}.h5", quiet(f))
+    share(f"{out}/hist/sharebase/{j}.h5", 0.97)
 for name, f in (("same", 1.0), ("busy15", 1.15), ("slow13", 1.3)):
     for j, g in enumerate([0.998, 1.0, 1.002]):
         rewrite(runs[14 + j], f"{out}/hist/cur-{name}/run{j}.h5", quiet(f * g))
@@ -228,7 +242,7 @@ check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tm
 
 # --- (e) the history's noise model (--history): the spread between nights, not one minute ---
 H=$D/hist
-for name in nights calm short step outlier; do
+for name in nights calm short step outlier hungry hungry-unrecorded; do
   $PY $ROOT/analysis/history.py add $H/$name.db $H/$name >"$tmp/out" 2>&1 || { bad "history add $name"; }
 done
 expect "a quiet-minute baseline, an unchanged check 15 % slower on a busier night: without --history a false alarm, exit 1" 1 \
@@ -259,6 +273,11 @@ expect "... with the history: the baseline widens the spread (inconclusive, not 
   '^regress: at 8 point\(s\) the baseline lies outside the history.s checks \(their median is \+6[67]% from it\)' -- \
   regress $H/fastbase $H/cur-same --history $H/calm.db --report-dir $tmp/rep-e16
 check "... report.md says so" grep -q '^\*\*The baseline and the history:\*\* at 8 point(s) the baseline lies outside' $tmp/rep-e16/report.md
+expect "2 checks in the history 3x slower on ranks with 5 % of a core (the baseline's 97 %): left out as starved, named; the unchanged check passes, exit 0" 0 \
+  '^regress: no regression in 8 points; .*spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-13 02:01, 2 check\(s\) starved of CPU left out\)' -- \
+  regress $H/sharebase $H/cur-same --history $H/hungry.db --report-dir $tmp/rep-e17
+expect "... the same figures without the share recorded: they count, and the check cannot pass (exit 3)" 3 \
+  '^regress: inconclusive: ' -- regress $H/sharebase $H/cur-same --history $H/hungry-unrecorded.db --report-dir $tmp/rep-e18
 # the current check already in the history too (as when added before the verdict): not one of its earlier checks
 $PY $ROOT/analysis/history.py add $H/outlier.db $H/cur-same >/dev/null 2>&1
 expect "one check 3x slower in the history, and the current one added to it: the first left out, the second not counted, exit 0" 0 \
