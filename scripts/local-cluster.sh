@@ -285,19 +285,14 @@ mpirun_args() {
   [[ $PWD == /tmp || $PWD == /tmp/* ]] &&
     echo "local-cluster: warning: $PWD is under /tmp, which each node has its own of; run mpirun from elsewhere" >&2
   while read -r name rest; do hosts+=${hosts:+,}$name:$per; done <"$STATE/nodes"
-  # Two TCP connections per pair of ranks: over one, traffic both ways at once (a ring's
-  # send-recv, all-reduce, all-gather) got half the shaped rate each way (16 MiB send-recv,
-  # 2 nodes at 200 Mbit/s: 96 Mbit/s a direction; with two 192, as one way alone).
-  # Rings for all-reduce and all-gather: for in-place buffers (DDP's buckets) Open MPI's
-  # non-blocking all-reduce takes a binomial tree, 0.003 GB/s busbw on 4 nodes x 2 at
-  # 100 Mbit/s, the ring 0.011 (DDP's step 5.49 s -> 1.54 s); its blocking defaults on 4
-  # nodes x 1, 8 MiB: all-reduce 0.008, all-gather 0.006, rings 0.011 (docs/projection.md,
-  # "Across emulated links"); the reduce-scatter's default reached 0.0106-0.0113, its ring too.
-  echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent" \
-    "--mca btl_tcp_if_include $NET.0/24 --mca oob_tcp_if_include $NET.0/24 --mca btl_tcp_links 2" \
-    "--mca coll_libnbc_iallreduce_algorithm 1 --mca coll_tuned_use_dynamic_rules 1" \
-    "--mca coll_tuned_allreduce_algorithm 4 --mca coll_tuned_allgather_algorithm 4" \
-    "--mca coll_tuned_reduce_scatter_algorithm 3"
+  # Open MPI's settings for the bridge, and why each: scripts/mpi-env-cluster.sh, the one home
+  # of them (jobs that source it and jobs launched with these flags run alike); as flags,
+  # what it sets beyond scripts/mpi-env.sh.
+  local mca
+  mca=$(comm -13 <(env -i bash -c '. "$1" && env' _ "$(dirname "$SELF")/mpi-env.sh" | sort) \
+                 <(env -i bash -c '. "$1" && env' _ "$(dirname "$SELF")/mpi-env-cluster.sh" | sort) |
+        sed -n 's/^OMPI_MCA_\([^=]*\)=\(.*\)$/--mca \1 \2/p' | tr '\n' ' ')
+  echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent ${mca% }"
 }
 
 cmd_mpirun_args() {
