@@ -553,27 +553,25 @@ def calibrate_collectives(cluster, path):
     others (on the emulated 4-node cluster at 100 Mbit/s
     nonblocking all-reduce by a ring 0.011 GB/s, all-gather 0.006, reduce-scatter 0.004)."""
     try:
-        with h5py.File(path, "r") as f:
-            if shardbench_h5.attr(f, "program") != "collective_perf":
-                raise cli.BadInput(f"--calibrate-collectives {path}: not a collective_perf result")
-            n, nodes = shardbench_h5.attr(f, "world_size"), shardbench_h5.attr(f, "nodes")
-            mode = shardbench_h5.attr(f, "collectives") if "collectives" in f.attrs else "blocking"  # older: blocking
-            names = shardbench_h5.names(f["results"])
-            r = f["results"][()]
-    except OSError as err:
-        raise cli.BadInput(f"--calibrate-collectives {path}: {err}")
+        res = shardbench_h5.read_collective(path)
+    except cli.BadInput as err:
+        raise cli.BadInput(f"--calibrate-collectives {err}")
+    n, nodes = int(res.facts["world_size"]), res.facts["nodes"]
+    mode = res.facts["collectives"] if res.facts["collectives"] != "unrecorded" else "blocking"  # older: blocking
     rows, times, ops, sizes, jitter = [], [], [], [], []
-    for row in r[r["in_place"] == 0]:
-        op = names[row["op"]]
-        if op not in ("all-reduce", "all-gather", "reduce-scatter") or row["algbw"] <= 0:
+    for (op, in_place, size, _, _, _), point in sorted(res.points.items()):
+        if in_place or op not in ("all-reduce", "all-gather", "reduce-scatter"):
             continue
-        # the bytes a rank sends: the size × the bus factor the file's busbw/algbw carries
-        rows.append([ring_steps(op, n), row["size"] * row["busbw"] / row["algbw"]])
-        times.append(row["time"])
-        ops.append(op)
-        sizes.append(int(row["size"]))
-        # iteration to iteration: p90 over p50 of the slowest rank's times, as a normal's sigma
-        jitter.append(max(0.0, row["p90"] / row["p50"] - 1) / Z90 if row["p50"] > 0 else 0.0)
+        for row in point.table:  # each of its results rows (roots, cycles)
+            if row["algbw"] <= 0:
+                continue
+            # the bytes a rank sends: the size × the bus factor the file's busbw/algbw carries
+            rows.append([ring_steps(op, n), size * row["busbw"] / row["algbw"]])
+            times.append(row["time"])
+            ops.append(op)
+            sizes.append(size)
+            # iteration to iteration: p90 over p50 of the slowest rank's times, as a normal's sigma
+            jitter.append(max(0.0, row["p90"] / row["p50"] - 1) / Z90 if row["p50"] > 0 else 0.0)
     if len(rows) < 2:
         raise cli.BadInput(f"--calibrate-collectives {path}: needs all-reduce, all-gather or reduce-scatter sizes")
 

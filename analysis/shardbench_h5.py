@@ -318,12 +318,20 @@ COLLECTIVE_STATUSES = ("ok", "failed", "below-floor")  # what collective_perf wr
 class CollectivePoint:
     """One point of a run: `iterations` (per iteration, the slowest rank's time, s), `time`
     (their median), `busbw` and `algbw` (GB/s: the results table's, median over roots and
-    cycles; None where it has no row)."""
+    cycles; None where it has no row), `table` (the results table's rows of the point, as
+    collective_perf printed them: dicts of its fields among RESULT_FIGURES)."""
 
     def __init__(self, iterations):
         self.iterations = iterations
         self.time = float(np.median(iterations))
         self.busbw = self.algbw = None
+        self.table = []
+
+
+# The results table's figures a row of CollectivePoint.table carries where the file has them:
+# time, p50, p90 (s; collective_perf's time across ranks and the slowest rank's percentiles),
+# busbw, algbw (GB/s).
+RESULT_FIGURES = ("time", "p50", "p90", "busbw", "algbw")
 
 
 class CollectiveResult:
@@ -500,6 +508,8 @@ def _read_collective(fname):
         key = (r_ops[code], int(r["in_place"][i]), int(r["size"][i]), str(result_keys["comm"][i]),
                str(result_keys["dtype"][i]), str(result_keys["redop"][i]))
         bw.setdefault(key, []).append((float(r["busbw"][i]), float(r["algbw"][i])))
+        if key in points:
+            points[key].table.append({k: float(r[k][i]) for k in RESULT_FIGURES if k in r.dtype.names})
     for key, rows in bw.items():
         if key in points:
             points[key].busbw = float(np.median([x[0] for x in rows]))

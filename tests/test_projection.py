@@ -572,10 +572,17 @@ def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=
             rows.append((op, 0, size, t, algbw, algbw * factor, t, t * (1 + jitter)))
     r = np.array(rows, dtype=[("op", "<i4"), ("in_place", "<i4"), ("size", "<i8"), ("time", "<f8"), ("algbw", "<f8"),
                               ("busbw", "<f8"), ("p50", "<f8"), ("p90", "<f8")])
+    # one iteration of rank 0 a point: the samples table a result has beside its results
+    s = np.array([(0, op, 0, 0, size, t) for op, _, size, t, *_ in rows],
+                 dtype=[("rank", "<i4"), ("op", "<i4"), ("in_place", "<i4"), ("iteration", "<i4"), ("size", "<i8"),
+                        ("time", "<f8")])
+    names = ["all-reduce", "all-gather", "reduce-scatter"]
     with h5py.File(path, "w") as f:
-        for k, v in {"program": "collective_perf", "world_size": n, "nodes": nodes, "collectives": mode}.items():
+        for k, v in {"program": "collective_perf", "world_size": n, "nodes": nodes, "collectives": mode,
+                     "start_time": "2026-12-01T00:00:00Z", "status": "ok"}.items():
             f.attrs[k] = v
-        f.create_dataset("results", data=r).attrs["op_names"] = ["all-reduce", "all-gather", "reduce-scatter"]
+        f.create_dataset("results", data=r).attrs["op_names"] = names
+        f.create_dataset("samples", data=s).attrs["op_names"] = names
     return path
 
 
