@@ -52,9 +52,11 @@ C=$ROOT/scripts/local-cluster.sh B=$ROOT/build/bin PY=/usr/bin/python3
 CLUSTER=$ROOT/runs/clusters/emulated-4node.toml
 SHAPE=(--model t5-tiny --d-model 256 --d-ff 1024 --seq-len 32 --dec-seq-len 32)
 RUN=("${SHAPE[@]}" --steps "$STEPS" --warmup 1)
-# The cluster is brought down on exit only by whoever holds it: the fixed validation runs under
-# its caller's lock; the matrix (LOCK) holds it only during a case's measurements (HOLDING).
-HOLDING=1
+# The cluster is brought down on exit only by whoever brought it up (HOLDING): an exit before
+# that (bad input, the cases' draw, an interrupt) leaves another job's cluster alone. The fixed
+# validation runs under its caller's lock; the matrix (LOCK) holds it only during a case's
+# measurements.
+HOLDING=0
 trap '[ "$HOLDING" = 1 ] && "$C" down >/dev/null 2>&1' EXIT
 trap 'exit 130' INT TERM
 T0=$SECONDS
@@ -95,7 +97,6 @@ size_range() {
 matrix_main() {  # the flags, checked at the top (M_*)
   local seed=$M_SEED count=$M_COUNT cases=$M_CASES project_only=$M_PROJECT_ONLY
   REPEAT=${MATRIX_REPEAT:-2} STEPS=${MATRIX_STEPS:-3} BUDGET_S=${BUDGET_S:-3.0}
-  [ -z "${LOCK:-}" ] || HOLDING=0  # a cluster up now is someone else's
   mkdir -p "$OUT/cases" || exit 2
   if [ -n "$seed" ]; then
     say "drawing $count cases with seed $seed (re-run: $0 $OUT --seed $seed --count $count; or --cases $OUT/cases.txt)"
@@ -163,7 +164,7 @@ PYEOF
 matrix_cluster() {
   "$C" up --nodes "$nodes" "${shape_flags[@]}" >/dev/null
   case $? in
-    0) ;;
+    0) HOLDING=1 ;;
     3) echo "validate-emulated: skipped: network namespaces cannot be made here (local-cluster.sh exit 3)"; exit 77 ;;
     *) echo "case $name: no cluster"; return 1 ;;
   esac
@@ -235,11 +236,11 @@ matrix_case() {
     [ -n "$e" ] || { echo "case $name: no collective sizes"; return 1; }
     echo "$b $e" >"$dir/calibration/sizes.txt"
     if [ -n "${LOCK:-}" ]; then exec 9>>"$LOCK" && flock 9; fi  # the shared cluster: this case's part only
-    HOLDING=1
     matrix_cluster
     local rc=$?
     "$C" down >/dev/null 2>&1
-    if [ -n "${LOCK:-}" ]; then HOLDING=0; flock -u 9; fi
+    HOLDING=0
+    if [ -n "${LOCK:-}" ]; then flock -u 9; fi
     [ "$rc" = 0 ] || return 1
     touch "$dir/measured/.complete"
   fi
@@ -279,6 +280,7 @@ STRATEGIES=("ddp ddp_perf" "fsdp-full fsdp_perf --sharding full" "fsdp-hybrid2 f
 for nodes in 2 4; do  # 4 last: the advisor needs both shapes' calibration
   say "$nodes nodes at $RATE Mbit/s"
   "$C" up --nodes "$nodes" --link-mbit "$RATE" >/dev/null || exit 1
+  HOLDING=1
   read -ra MPI <<<"mpirun $("$C" mpirun-args --ranks-per-node 2)"
   for mode in blocking nonblocking; do
     say "calibration: collective_perf ($mode) on $nodes nodes x 2 ranks"
@@ -331,6 +333,7 @@ EOF
       --out calibration/busbw-w4.h5 --overwrite </dev/null >collectives-w4.txt || failed=1
   fi
   "$C" down >/dev/null
+  HOLDING=0
 done
 
 say "projection of the validated points"
