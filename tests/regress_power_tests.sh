@@ -103,6 +103,9 @@ for j, f in enumerate([0.99, 0.993, 0.997, 1.0, 1.0, 1.003, 1.007, 1.01]):
 for j, f in enumerate([0.995, 1.0, 1.005]):
     rewrite(runs[8 + j], f"{out}/quiet/same/{j}.h5", quiet(f))
     rewrite(runs[8 + j], f"{out}/quiet/slow13/{j}.h5", quiet(1.3 * f))
+    rewrite(runs[11 + j], f"{out}/quiet/slow13-again/{j}.h5", quiet(1.3 * f))  # its re-check: still slow
+    rewrite(runs[11 + j], f"{out}/quiet/same-again/{j}.h5", quiet(f))  # a re-check at the baseline's level
+    rewrite(runs[14 + j], f"{out}/quiet/ar13-again/{j}.h5", quiet(f, "all-reduce", 1.3))
     rewrite(runs[8 + j], f"{out}/mixed/ar13/{j}.h5", quiet(f, "all-reduce", 1.3))
 # (e) the history's noise model: checks of 2 runs, a folder each, one a night (start times
 # rewritten); a baseline and currents of the same run times. "nights": checks +-20 % apart;
@@ -221,6 +224,17 @@ expect "quiet baseline, current unchanged: no regression, exit 0, the detectable
 check "... no point inconclusive in report.md" bash -c "grep -q '| same |\$' $tmp/rep-b1/report.md && ! grep -q '| inconclusive |\$' $tmp/rep-b1/report.md"
 expect "quiet baseline, current 1.3x slower: every point flagged, exit 1" 1 '^regress: 8 regression\(s\) in 8 points \(threshold 5%' -- \
   regress $D/quiet/base $D/quiet/slow13 --report-dir $tmp/rep-b2
+expect "... confirmed by a re-check as slow: exit 1, said so" 1 '^regress: 8 regression\(s\) in 8 points, confirmed by the re-check \(threshold 5%' -- \
+  regress $D/quiet/base $D/quiet/slow13 --confirm $D/quiet/slow13-again --report-dir $tmp/rep-b2c
+expect "... a re-check back at the baseline's level (a slow minute): no point confirmed, inconclusive, exit 3" 3 \
+  '^regress: inconclusive: 8 of 8 points read as regressions, not reproduced by the re-check .*/quiet/same-again \(a slow minute, not the fabric\); no regression in the other 0' -- \
+  regress $D/quiet/base $D/quiet/slow13 --confirm $D/quiet/same-again --report-dir $tmp/rep-b2d
+check "... the table says which points were not reproduced" test "$(grep -c ' not reproduced$' "$tmp/out")" -eq 8
+expect "... a re-check slow in the all-reduce only: its 4 points confirmed, the all-gather's 4 not reproduced, exit 1" 1 \
+  '^regress: 4 regression\(s\) in 8 points, confirmed by the re-check; 4 more not reproduced by it' -- \
+  regress $D/quiet/base $D/quiet/slow13 --confirm $D/quiet/ar13-again --report-dir $tmp/rep-b2e
+expect "... a re-check that is the current check itself: exit 2, one line" 2 '^regress: cannot compare: --confirm .*: holds runs of the current check itself' -- \
+  regress $D/quiet/base $D/quiet/slow13 --confirm $D/quiet/slow13 --report-dir $tmp/rep-b2f
 expect "quiet baseline, --threshold 0.015 below its +1.9 %: inconclusive, exit 3" 3 \
   '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+1\.9% \(threshold 1\.5%\)' -- \
   regress $D/quiet/base $D/quiet/same --threshold 0.015 --report-dir $tmp/rep-b3
