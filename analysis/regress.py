@@ -421,7 +421,7 @@ def main(argv=None):
             raise cli.BadInput("every baseline run is byte-identical to a current one: nothing to compare with")
         check_comparable(base, bf, cur, cf)
         history = history_spread(a, base, bf, cf)
-        recheck = None
+        recheck, rf = None, None
         if a.confirm:
             recheck, rf = load(a.confirm)
             if set(rf["sha256"]) & set(cf["sha256"]):
@@ -461,7 +461,8 @@ def main(argv=None):
         summary = (f"inconclusive: {len(gone)} of {len(rows)} points read as regressions, not reproduced by the "
                    f"re-check {a.confirm} (a slow minute, not the fabric); {rest}")
         code = 3
-    why = starved(bf, cf) if code == 1 else None
+    # a starved re-check cannot confirm either
+    why = (starved(bf, cf) or (rf and starved(bf, rf) and "the re-check's: " + starved(bf, rf))) if code == 1 else None
     if why:  # never a regression from a starved check: inconclusive, and why
         slow = sum(r["verdict"] == "REGRESSION" for r in rows)
         summary = f"inconclusive: {slow} of {len(rows)} points read as regressions, not judged: {why}"

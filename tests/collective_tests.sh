@@ -220,6 +220,9 @@ check "... it says to run again on a quiet allocation; the report says the same"
   "grep -q 'run the check again on a quiet allocation' '$tmp/starved.out' && grep -q 'not judged: its ranks had 48%' '$tmp/rep1s/report.md'"
 expect "regress: the same slowdown at 93 % of a core (within 80 % of the baseline's): flagged, exit 1" 1 '8 regression\(s\) in 8 points' -- \
   $PY $ROOT/analysis/regress.py $RX/share/base $RX/share/fed --report-dir $tmp/rep1f
+expect "regress: ... its re-check as slow but on ranks starved of CPU (48 %): a starved re-check confirms nothing, exit 3" 3 \
+  'inconclusive: 8 of 8 points read as regressions, not judged: the re-check.s: its ranks had 48% of a core' -- \
+  $PY $ROOT/analysis/regress.py $RX/share/base $RX/share/fed --confirm $RX/share/starved --report-dir $tmp/rep1g
 expect "regress: a 2x slower all-reduce is flagged, exit 1 (the all-gather's 4 inconclusive)" 1 \
   '4 regression\(s\) in 8 points; 4 other point\(s\) inconclusive: could only detect slowdowns of \+9\.9%' -- \
   $PY $ROOT/analysis/regress.py $RX/spread5/base $RX/spread5/ar2x --report-dir $tmp/rep2
