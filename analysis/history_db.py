@@ -364,8 +364,8 @@ def _starved_checks(pts, min_share):
     not record one never count as starved)."""
     if min_share is None:
         return set()
-    shares = {}
+    shares = {}  # a point's series holds each run once
     for p in pts:
         if p["run"].get("cpu_share") is not None:
-            shares.setdefault(check_of(p["run"]), {})[p["run"]["id"]] = p["run"]["cpu_share"]
-    return {c for c, v in shares.items() if float(np.median(list(v.values()))) < min_share}
+            shares.setdefault(check_of(p["run"]), []).append(p["run"]["cpu_share"])
+    return {c for c, v in shares.items() if float(np.median(v)) < min_share}

@@ -236,14 +236,15 @@ def span(values):
     return lo if lo == hi else f"{lo} to {hi}"
 
 
-def verdict(rows, a):
-    """(exit status, summary line, the settings it rests on) of a comparison's rows."""
+def verdict(rows, a, confirmed=""):
+    """(exit status, summary line, the settings it rests on) of a comparison's rows;
+    `confirmed` follows the count of regressions (what the re-check said of them)."""
     regressions = [r for r in rows if r["verdict"] == "REGRESSION"]
     unsure = [r for r in rows if r["verdict"] == "inconclusive"]
     thr = threshold_pct(a.threshold)
     stats = f"alpha {a.alpha} over all points, {a.method}"
     if regressions:
-        summary = f"{len(regressions)} regression(s) in {len(rows)} points"
+        summary = f"{len(regressions)} regression(s) in {len(rows)} points{confirmed}"
         if unsure:
             summary += (f"; {len(unsure)} other point(s) inconclusive: could only detect slowdowns of "
                         f"{span([r['detectable'] for r in unsure])}")
@@ -449,20 +450,21 @@ def main(argv=None):
                      f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {r['stat']:>22} {r['spread_label']:>8}  "
                      f"{r['verdict']}")
     print("\n".join(lines))
-    code, summary, settings = verdict(rows, a)
     gone = [r for r in rows if r["verdict"] == "not reproduced"]
-    if gone and code == 1:
-        summary += f", confirmed by the re-check; {len(gone)} more not reproduced by it"
-    elif recheck is not None and code == 1:
-        summary += ", confirmed by the re-check"
-    elif gone:
+    confirmed = "" if recheck is None else ", confirmed by the re-check" + (
+        f"; {len(gone)} more not reproduced by it" if gone else "")
+    code, summary, settings = verdict(rows, a, confirmed)
+    if gone and code != 1:
         rest = (summary[len("inconclusive: "):] if code == 3 else
                 f"no regression in the other {len(rows) - len(gone)}")
         summary = (f"inconclusive: {len(gone)} of {len(rows)} points read as regressions, not reproduced by the "
                    f"re-check {a.confirm} (a slow minute, not the fabric); {rest}")
         code = 3
-    # a starved re-check cannot confirm either
-    why = (starved(bf, cf) or (rf and starved(bf, rf) and "the re-check's: " + starved(bf, rf))) if code == 1 else None
+    why = None
+    if code == 1:  # a starved check cannot convict, nor a starved re-check confirm
+        why = starved(bf, cf)
+        if not why and rf is not None and starved(bf, rf):
+            why = "the re-check's: " + starved(bf, rf)
     if why:  # never a regression from a starved check: inconclusive, and why
         slow = sum(r["verdict"] == "REGRESSION" for r in rows)
         summary = f"inconclusive: {slow} of {len(rows)} points read as regressions, not judged: {why}"

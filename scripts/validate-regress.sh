@@ -49,20 +49,23 @@ check() {
       --backend cpu --out "$1/run$i.h5" </dev/null >>"$1.log" 2>&1 || { echo "validate-regress: run failed: $1.log"; return 1; }
   done
 }
+# regress DIR [FLAGS]: regress.py on DIR against the baseline, with the history so far
+regress() {
+  local hist=()
+  [ -f "$OUT/history.db" ] && hist=(--history "$OUT/history.db")  # as slurm/interconnect.sbatch
+  $PY "$ROOT/analysis/regress.py" "$OUT/base" "$1" "${hist[@]}" --threshold "$THRESHOLD" \
+    --report-dir "$1-report" "${@:2}" >"$1-regress.txt" 2>&1
+}
 # judge DIR: regress.py on DIR with the history so far (its exit status in $rc; a flagged check
 # is measured again into DIR-recheck and judged with --confirm, as slurm/interconnect.sbatch
 # does, unless CONFIRM=0), then DIR into the history
 judge() {
-  local hist=()
-  [ -f "$OUT/history.db" ] && hist=(--history "$OUT/history.db")  # as slurm/interconnect.sbatch
-  $PY "$ROOT/analysis/regress.py" "$OUT/base" "$1" "${hist[@]}" --threshold "$THRESHOLD" \
-    --report-dir "$1-report" >"$1-regress.txt" 2>&1
+  regress "$1"
   rc=$?
   if [ "$rc" = 1 ] && [ "$CONFIRM" = 1 ]; then  # as the job: flagged points measured again
     cp "$1-regress.txt" "$1-regress-unconfirmed.txt"
     check "$1-recheck" "$RUNS" || return 1
-    $PY "$ROOT/analysis/regress.py" "$OUT/base" "$1" "${hist[@]}" --threshold "$THRESHOLD" --confirm "$1-recheck" \
-      --report-dir "$1-report" >"$1-regress.txt" 2>&1
+    regress "$1" --confirm "$1-recheck"
     rc=$?
   fi
   $PY "$ROOT/analysis/history.py" add "$OUT/history.db" "$1" >/dev/null || return 1
