@@ -307,12 +307,14 @@ def check_of(run):
     return run["slurm_job"] or os.path.dirname(run["path"])
 
 
-def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share=None):
+def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share=None, after=None):
     """The history's spread at each point of `keys`: {key: dict(sd, dof, checks, first, last,
     left_out, changes, starved)} for the points whose series (configuration config_of_point(key),
     the latest DEFAULT_LAST runs before `before` (Unix time), none of the files `exclude`
     (SHA-256)) holds at least MIN_CHECKS checks since its last change point; for the others
-    {key: dict(checks=..., reason=..., starved=...)} saying why not. A check's figure is the
+    {key: dict(checks=..., reason=..., starved=..., few=..., first=...)} saying why not (`few`: the
+    log figures of those too few checks that began after `after` (Unix time: the baseline's
+    last run), `first` the earliest's start). A check's figure is the
     median of its runs' figures; the spread is the standard deviation of their logs, one
     outlier check left out (stats.spread_one_outlier_out); `logs` the log figures it rests on.
     Checks whose runs had less than `min_share` of a core (median over the check's runs) are
@@ -348,7 +350,11 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
                       f"(of {total} in all)" if changes else f"{total} earlier check(s) of this configuration")
             if n_starved:
                 reason += f", {n_starved} more left out as starved of CPU"
-            out[key] = dict(checks=len(checks), reason=reason, starved=n_starved)
+            # too few for a spread, but what they read since the baseline says whether tonight's is new
+            since_base = [g for g in checks if after is None or g[0]["run"]["start_unix"] > after]
+            out[key] = dict(checks=len(checks), reason=reason, starved=n_starved,
+                            few=np.log([float(np.median([p["time"] for p in g])) for g in since_base]),
+                            first=since_base[0][0]["run"]["start_time"] if since_base else None)
             continue
         logs = np.log([float(np.median([p["time"] for p in g])) for g in checks])
         sd, dof, left = spread_one_outlier_out(logs)

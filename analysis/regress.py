@@ -66,6 +66,14 @@ flag again is "not reproduced" (a slow minute of the host: measured, an unchange
 three runs 6.8 % slower at one point of eight, once in 20), and with none confirmed the
 verdict is inconclusive.
 
+Judged by the baseline's minute with a history too short for its spread (1 to MIN_CHECKS - 1
+earlier checks since the point's last change point), a flagged point that is no slower than
+the slowest of those recorded after the baseline by --threshold is "not new": the baseline's
+minute is unlike the nights since, and the baseline cannot tell that from a change (measured:
+an idle loopback history whose checks all read the all-gather 20-45 % slower than the
+baseline's minute, each check confirmed by its re-check). With none left flagged, the verdict
+is inconclusive.
+
 Prints a table and a summary line, writes DIR/report.md and DIR/report.png (both or
 neither). Exit status:
   0  no regression, and every point could have detected a slowdown of --threshold;
@@ -78,7 +86,7 @@ neither). Exit status:
   3  inconclusive: no regression found, but at least one point could only have detected a
      slowdown larger than --threshold; the summary line names how many and the smallest
      slowdowns they could detect (best and worst). Also where the flagged points were not
-     reproduced by --confirm's re-check, and where points were slower but the
+     reproduced by --confirm's re-check or are not new, and where points were slower but the
      current runs' ranks had less than STARVED_SHARE (80 %) of the baseline runs' CPU share
      (collective_perf records each rank's process CPU over wall time, cpu_share_min): a check
      beside other work on its cores is slower for the host, not the fabric; it says so.
@@ -292,6 +300,12 @@ def compare(base, cur, args, history=None):
         beyond_fastest = source == "history" or c_med * (1 + args.threshold) < min(run_meds)
         if slowdown > args.threshold and beyond_slowest and p_slow < level and it_slow:
             verdict = "REGRESSION"
+            # Judged by the baseline's minute, with too few checks for a spread: where the earlier
+            # checks read as slow already, the slowdown is not tonight's; the minute the baseline
+            # was recorded in is unlike the nights since, which the baseline cannot tell from a change.
+            few = (history or {}).get(key, {}).get("few")
+            if source == "baseline" and few is not None and len(few) and c_med <= math.exp(max(few)) * (1 + args.threshold):
+                verdict = "not new"
         elif (-slowdown / (1 + slowdown) > args.threshold and beyond_fastest
               and p_fast < level and it_fast):
             verdict = "improvement"
@@ -345,7 +359,8 @@ def history_spread(a, base, bf, cf):
     shares = [x for x in bf["cpu_shares"] if x is not None]
     return history_db.between_checks(a.history, config_of_point, sorted(base), exclude=set(cf["sha256"]),
                                      before=min(cf["starts"]),
-                                     min_share=STARVED_SHARE * float(np.median(shares)) if shares else None)
+                                     min_share=STARVED_SHARE * float(np.median(shares)) if shares else None,
+                                     after=max(bf["starts"]))
 
 
 def when(iso):
@@ -451,9 +466,20 @@ def main(argv=None):
                      f"{r['verdict']}")
     print("\n".join(lines))
     gone = [r for r in rows if r["verdict"] == "not reproduced"]
-    confirmed = "" if recheck is None else ", confirmed by the re-check" + (
-        f"; {len(gone)} more not reproduced by it" if gone else "")
+    old = [r for r in rows if r["verdict"] == "not new"]
+    confirmed = ("" if recheck is None else ", confirmed by the re-check" + (
+        f"; {len(gone)} more not reproduced by it" if gone else "")) + (
+        f"; {len(old)} more as slow in the earlier checks (not new)" if old else "")
     code, summary, settings = verdict(rows, a, confirmed)
+    if old and code != 1:
+        h = [history[(r["op"], r["placement"] == "in", r["size"])] for r in old]
+        checks = sorted({len(x["few"]) for x in h})
+        rest = (summary[len("inconclusive: "):] if code == 3 else f"no regression in the other {len(rows) - len(old)}")
+        summary = (f"inconclusive: {len(old)} of {len(rows)} points slower than the baseline's runs but no slower "
+                   f"than the {checks[0] if len(checks) == 1 else f'{checks[0]} to {checks[-1]}'} earlier check(s) "
+                   f"since {when(min(x['first'] for x in h))} (the baseline's minute is unlike the nights since, "
+                   f"not tonight's change; {history_db.MIN_CHECKS} checks give the history's spread); {rest}")
+        code = 3
     if gone and code != 1:
         rest = (summary[len("inconclusive: "):] if code == 3 else
                 f"no regression in the other {len(rows) - len(gone)}")

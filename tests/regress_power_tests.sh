@@ -128,6 +128,7 @@ checks("calm", calm)
 checks("short", calm[:5])
 checks("step", [1.3 * f for f in calm[:8]] + calm[:8])  # a slowdown of 8 nights, then mended
 checks("outlier", calm[:6] + [3.0] + calm[6:9])
+checks("shortslow", [1.3 * f for f in calm[:3]])  # 3 checks since the baseline, each as slow as cur-slow13
 def share(path, x):  # collective_perf's record of the CPU its ranks had (the least rank's)
     with h5py.File(path, "r+") as f:
         f.attrs["cpu_share_min"] = x
@@ -142,6 +143,8 @@ for name, rec in (("hungry", True), ("hungry-unrecorded", False)):
 for j, f in enumerate([0.999, 1.0, 1.001]):  # a baseline recorded in one quiet minute
     rewrite(runs[10 + j], f"{out}/hist/base/{j}.h5", quiet(f))
     at(f"{out}/hist/base/{j}.h5", datetime.datetime(2026, 11, 1, 2, j))
+    rewrite(runs[10 + j], f"{out}/hist/latebase/{j}.h5", quiet(f))  # the same, recorded after shortslow's checks
+    at(f"{out}/hist/latebase/{j}.h5", datetime.datetime(2026, 11, 20, 2, j))
 for j, f in enumerate([0.7, 1.0, 1.4]):  # one of a busy minute: its spread alone is inconclusive
     rewrite(runs[10 + j], f"{out}/hist/noisybase/{j}.h5", quiet(f))
 for j, f in enumerate([0.599, 0.6, 0.601]):  # one of an untypically fast minute
@@ -256,7 +259,7 @@ check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tm
 
 # --- (e) the history's noise model (--history): the spread between nights, not one minute ---
 H=$D/hist
-for name in nights calm short step outlier hungry hungry-unrecorded; do
+for name in nights calm short shortslow step outlier hungry hungry-unrecorded; do
   $PY $ROOT/analysis/history.py add $H/$name.db $H/$name >"$tmp/out" 2>&1 || { bad "history add $name"; }
 done
 expect "a quiet-minute baseline, an unchanged check 15 % slower on a busier night: without --history a false alarm, exit 1" 1 \
@@ -275,6 +278,16 @@ expect "... a 30 % slowdown is caught (against the quiet minute's baseline): exi
 expect "a history of 5 checks: the baseline's spread, its limit and the history's shortfall named" 3 \
   "spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: --history: 5 earlier check\(s\) of this configuration, 6 needed\)\)" -- \
   regress $H/noisybase $H/cur-same --history $H/short.db --report-dir $tmp/rep-e6
+expect "... a 30 % slowdown against the quiet minute's baseline, the 5 short checks since it calm: a regression, exit 1" 1 \
+  '^regress: 8 regression\(s\) in 8 points .*spread: the baseline.s 3 back-to-back runs .*5 earlier check\(s\)' -- \
+  regress $H/base $H/cur-slow13 --history $H/short.db --report-dir $tmp/rep-e19
+expect "the same check with 3 checks since the baseline as slow as it: not new (the baseline's minute is unlike them), exit 3" 3 \
+  "^regress: inconclusive: 8 of 8 points slower than the baseline's runs but no slower than the 3 earlier check\(s\) since 2026-11-02 02:00 \(the baseline's minute is unlike the nights since" -- \
+  regress $H/base $H/cur-slow13 --history $H/shortslow.db --report-dir $tmp/rep-e20
+check "... the table says which points are not new" test "$(grep -c ' not new$' "$tmp/out")" -eq 8
+expect "... a baseline recorded after those 3 checks: they do not speak for it, a regression, exit 1" 1 \
+  '^regress: 8 regression\(s\) in 8 points .*3 earlier check\(s\)' -- \
+  regress $H/latebase $H/cur-slow13 --history $H/shortslow.db --report-dir $tmp/rep-e21
 expect "a change point in the history (8 calm checks at 1.3x, then 8 at 1.0): the spread since it, not across it; at 1.3x a regression against the baseline" 1 \
   '^regress: 8 regression\(s\) in 8 points .*spread: history: 8 checks from 2026-11-10 02:00 to 2026-11-17 02:01 since a change point\)' -- \
   regress $H/base $H/cur-slow13 --history $H/step.db --report-dir $tmp/rep-e7
