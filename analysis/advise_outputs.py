@@ -319,10 +319,9 @@ def calibration_line(cluster, flags=None):
     dates, backends = set(), set()
     for r in runs:
         try:
-            import h5py
-            with h5py.File(os.path.join(ROOT, r), "r") as f:
-                dates.add(str(shardbench_h5.attr(f, "start_time"))[:10])
-                backends.add(str(shardbench_h5.attr(f, "backend")))
+            meta = shardbench_h5.read_meta(os.path.join(ROOT, r))
+            dates.add(str(meta["start_time"])[:10])
+            backends.add(str(meta["backend"]))
         except (OSError, KeyError):
             pass
     folder = sorted({os.path.dirname(r) for r in runs})

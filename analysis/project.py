@@ -390,9 +390,8 @@ def projected_results(paths):
     out = set()
     for p in readable:
         try:
-            with h5py.File(p, "r") as f:
-                if f.attrs.get("projected", 0):
-                    out.add(p)
+            if shardbench_h5.read_meta(p).get("projected", 0):
+                out.add(p)
         except shardbench_h5.READ_ERRORS:
             pass
     return out

@@ -13,10 +13,9 @@ import copy
 import os
 import sys
 
-import h5py
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
+import shardbench_h5  # noqa: E402
 from projection_model import REPLAY_LANES, ROOT, TRANSFER_LANES, group_tiers, load_cluster, simulate  # noqa: E402
 from project import plan_schedule, point_schedule, strategy_args  # noqa: E402
 
@@ -56,8 +55,7 @@ def findings(cluster_path=A100, binary_dir=None):
 
 
 def measured_step(name):
-    with h5py.File(os.path.join(CALIBRATION, name), "r") as f:
-        return float(f.attrs["median_step_time_s"])
+    return float(shardbench_h5.read_meta(os.path.join(CALIBRATION, name))["median_step_time_s"])
 
 
 def as_calibrated_code(sched):

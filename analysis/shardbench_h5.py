@@ -191,6 +191,27 @@ def load(path):
     return Run(path)
 
 
+def read_meta(path):
+    """A result's root attributes (its metadata), as attrs() gives them, without its tables:
+    what a tool needs to tell a projected result from a measured one, or a run's date."""
+    with h5py.File(str(path), "r") as f:
+        return attrs(f)
+
+
+class TrainingArrays:
+    """A completed training result's metadata, /steps and /events as NumPy record arrays and
+    the events' op names (`op_names`, indexed by an event's op): what a calibration fits from,
+    without Run's pandas tables. Raises ValueError naming what a completed result lacks."""
+
+    def __init__(self, path):
+        with h5py.File(str(path), "r") as f:
+            self.meta = attrs(f)
+            if self.meta.get("status") != "ok" or "steps" not in f or "events" not in f:
+                raise ValueError("not a completed training result")
+            self.steps, self.events = f["steps"][()], f["events"][()]
+            self.op_names = np.array(names(f["events"]))
+
+
 def require(run, keys):
     """run, or KeyError naming the attributes it lacks (a foreign or damaged file)."""
     missing = [k for k in keys if k not in run.meta]

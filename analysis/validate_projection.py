@@ -24,13 +24,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cli  # noqa: E402
-import h5py  # noqa: E402
 import shardbench_h5  # noqa: E402
 
 
-def attrs(path):
-    with h5py.File(path, "r") as f:
-        return shardbench_h5.attrs(f)
 
 
 def files(items, flag):
@@ -65,7 +61,7 @@ def main(argv=None):
         print(f"validate: error: {e}", file=sys.stderr)
         return 2
     inputs = shardbench_h5.Inputs("validate")  # attributes only: a file whose tables were dropped still counts
-    metas = [[m for m in (inputs.read_one(p, attrs) for p in group) if m is not None] for group in paths]
+    metas = [[m for m in (inputs.read_one(p, shardbench_h5.read_meta) for p in group) if m is not None] for group in paths]
     runs = {}  # every measured run of a configuration
     for m in metas[0]:
         if m.get("status") == "ok" and not m.get("projected"):

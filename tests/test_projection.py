@@ -559,15 +559,17 @@ def synthetic_run(path, compute_steps, ranks=2):
     return path
 
 
-def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=(1 << 10, 1 << 12, 1 << 14)):
+def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=(1 << 10, 1 << 12, 1 << 14),
+                          slow=None):
     """A collective_perf result as calibrate_collectives reads it: the three operations at
-    `sizes` on a ring of 100 µs a step and 0.01 GB/s, each point's p90 `jitter` above its p50."""
+    `sizes` on a ring of 100 µs a step and 0.01 GB/s, each point's p90 `jitter` above its p50;
+    `slow`: {(op index, size): factor} times slower than that line."""
     import numpy as np
     rows = []
     for op, factor in ((0, 2 * (n - 1) / n), (1, (n - 1) / n), (2, (n - 1) / n)):
         for size in sizes:
             steps = 2 * (n - 1) if op == 0 else n - 1
-            t = steps * 100e-6 + size * factor / 0.01e9
+            t = (steps * 100e-6 + size * factor / 0.01e9) * (slow or {}).get((op, size), 1.0)
             algbw = size / t / 1e9
             rows.append((op, 0, size, t, algbw, algbw * factor, t, t * (1 + jitter)))
     r = np.array(rows, dtype=[("op", "<i4"), ("in_place", "<i4"), ("size", "<i8"), ("time", "<f8"), ("algbw", "<f8"),
@@ -690,6 +692,44 @@ class CalibrationQuality(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stdout + r.stderr)
         self.assertEqual(r.stderr.splitlines(), ["project: error: no point issues a collective (one rank?): nothing "
                                                  "to calibrate"])
+
+class CollectiveResidual(unittest.TestCase):
+    """A collective's time where it is not linear in the bytes (docs/projection.md, "What the
+    calibration's spread says"): at its own group shape and mode, collective_time gives each
+    measured size its measured time, between them the fit's miss interpolated in log bytes;
+    one line through all of them put the largest size's slowness on every size."""
+
+    def test_measured_sizes_keep_their_times_and_other_shapes_the_line(self):
+        tmp = tempfile.mkdtemp(prefix="test_projection.")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sizes = (1 << 18, 1 << 20, 1 << 22, 1 << 24)
+        slow = {(1, 1 << 24): 1.6}  # the all-gather of 16 MiB 1.6x the line (TCP, as measured)
+        path = synthetic_collectives(os.path.join(tmp, "c.h5"), 0.0, mode="blocking", sizes=sizes, slow=slow)
+        cluster = pm.load_cluster(CalibrationQuality.EMULATED)
+        pm.calibrate_collectives(cluster, path)
+        n, nodes = 4, 2
+        for size in sizes:
+            sent = size * (n - 1) / n
+            want = ((n - 1) * 100e-6 + sent / 0.01e9) * slow.get((1, size), 1.0)
+            got = pm.collective_time(cluster, "all-gather", size, n, nodes, sent, blocking=True)
+            self.assertAlmostEqual(got / want, 1.0, places=9, msg=size)
+        # the line alone (the residual taken off) misses the sizes below by the 16 MiB's pull
+        (lat, bw, info), = cluster["inter"]["ops"]["all-gather"].values()
+        sent = (1 << 22) * (n - 1) / n
+        line = (n - 1) * lat * 1e-6 + sent / (pm.nic_share(cluster, 2) * bw * 1e9)
+        self.assertGreater(line / ((n - 1) * 100e-6 + sent / 0.01e9), 1.1)
+        # halfway (in log bytes) between 4 and 16 MiB: between the two measured ratios
+        size = 1 << 23
+        sent = size * (n - 1) / n
+        ratio = pm.collective_time(cluster, "all-gather", size, n, nodes, sent, blocking=True) / (
+            (n - 1) * 100e-6 + sent / 0.01e9)
+        self.assertGreater(ratio, 1.0 + 1e-3)
+        self.assertLess(ratio, 1.6 - 1e-3)
+        # another group shape (8 ranks on 4 nodes) gets the fit's line, not this shape's misses
+        sent = (1 << 20) * 7 / 8
+        t8 = pm.collective_time(cluster, "all-gather", 1 << 20, 8, 4, sent, blocking=True)
+        self.assertAlmostEqual(t8, 7 * lat * 1e-6 + sent / (pm.nic_share(cluster, 2) * bw * 1e9), places=12)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)
