@@ -466,16 +466,16 @@ def main(argv=None):
                      f"{r['verdict']}")
     print("\n".join(lines))
     gone = [r for r in rows if r["verdict"] == "not reproduced"]
-    old = [r for r in rows if r["verdict"] == "not new"]
+    not_new = [r for r in rows if r["verdict"] == "not new"]
     confirmed = ("" if recheck is None else ", confirmed by the re-check" + (
         f"; {len(gone)} more not reproduced by it" if gone else "")) + (
-        f"; {len(old)} more as slow in the earlier checks (not new)" if old else "")
+        f"; {len(not_new)} more as slow in the earlier checks (not new)" if not_new else "")
     code, summary, settings = verdict(rows, a, confirmed)
-    if old and code != 1:
-        h = [history[(r["op"], r["placement"] == "in", r["size"])] for r in old]
+    if not_new and code != 1:
+        h = [history[(r["op"], r["placement"] == "in", r["size"])] for r in not_new]
         checks = sorted({len(x["few"]) for x in h})
-        rest = (summary[len("inconclusive: "):] if code == 3 else f"no regression in the other {len(rows) - len(old)}")
-        summary = (f"inconclusive: {len(old)} of {len(rows)} points slower than the baseline's runs but no slower "
+        rest = (summary[len("inconclusive: "):] if code == 3 else f"no regression in the other {len(rows) - len(not_new)}")
+        summary = (f"inconclusive: {len(not_new)} of {len(rows)} points slower than the baseline's runs but no slower "
                    f"than the {checks[0] if len(checks) == 1 else f'{checks[0]} to {checks[-1]}'} earlier check(s) "
                    f"since {when(min(x['first'] for x in h))} (the baseline's minute is unlike the nights since, "
                    f"not tonight's change; {history_db.MIN_CHECKS} checks give the history's spread); {rest}")

@@ -27,8 +27,6 @@ import cli  # noqa: E402
 import shardbench_h5  # noqa: E402
 
 
-
-
 def files(items, flag):
     out = []
     for x in items:
