@@ -298,7 +298,9 @@ def detect(series, alpha=DEFAULT_ALPHA, min_segment=DEFAULT_MIN_SEGMENT, min_ste
 
 # ---- the spread between checks: regress.py's noise model --------------------------------------------
 
-MIN_CHECKS = 6  # earlier checks (since the last change point) a point's spread needs
+# earlier checks a point's spread needs: their MIN_CHECKS - 1 degrees of freedom, pooled within
+# the segments between the series' change points (a level change leaves the spread as it was)
+MIN_CHECKS = 6
 
 
 def check_of(run):
@@ -311,12 +313,15 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
     """The history's spread at each point of `keys`: {key: dict(sd, dof, checks, first, last,
     left_out, changes, starved)} for the points whose series (configuration config_of_point(key),
     the latest DEFAULT_LAST runs before `before` (Unix time), none of the files `exclude`
-    (SHA-256)) holds at least MIN_CHECKS checks since its last change point; for the others
+    (SHA-256)) holds checks enough for MIN_CHECKS - 1 degrees of freedom within the segments
+    between its change points (each check's deviation from its own segment's mean, pooled: a
+    change of level leaves the spread between nights as it was); for the others
     {key: dict(checks=..., reason=..., starved=..., few=..., first=...)} saying why not (`few`: the
     log figures of those too few checks that began after `after` (Unix time: the baseline's
     last run), `first` the earliest's start). A check's figure is the
-    median of its runs' figures; the spread is the standard deviation of their logs, one
-    outlier check left out (stats.spread_one_outlier_out); `logs` the log figures it rests on.
+    median of its runs' figures; the spread is the pooled standard deviation of their logs, one
+    outlier check a segment left out (stats.spread_one_outlier_out); `segments` the log figures
+    it rests on (oldest first), `logs` the last segment's.
     Checks whose runs had less than `min_share` of a core (median over the check's runs) are
     left out before anything else, change points included: they measured the host's other
     work, not the fabric (`starved` counts them)."""
@@ -339,15 +344,21 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
     out = {}
     for key, (skey, pts, n_starved) in wanted.items():
         changes = found[skey]["changes"] if pts else []
-        since = pts[changes[-1]["t"]:] if changes else pts
-        groups = {}
-        for p in since:
-            groups.setdefault(check_of(p["run"]), []).append(p)
-        checks = sorted(groups.values(), key=lambda g: run_order(g[0]["run"]))
-        if len(checks) < MIN_CHECKS:
-            total = len({check_of(p["run"]) for p in pts})
+        bounds = [0] + [c["t"] for c in changes] + [len(pts)]
+        segments = [_checks(pts[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
+        segments = [s for s in segments if s]
+        checks = segments[-1] if segments else []  # since the last change point
+        kept = []  # per segment: (its checks' log figures, one outlier left out, the one left out)
+        for seg in segments:
+            logs = np.log([float(np.median([p["time"] for p in g])) for g in seg])
+            left = spread_one_outlier_out(logs)[2] if len(logs) >= 3 else None
+            kept.append((np.delete(logs, left) if left is not None else logs, left))
+        dof = sum(len(logs) - 1 for logs, _ in kept)
+        if dof < MIN_CHECKS - 1:
+            total = sum(len(s) for s in segments)
             reason = (f"{len(checks)} earlier check(s) of this configuration since its last change point "
-                      f"(of {total} in all)" if changes else f"{total} earlier check(s) of this configuration")
+                      f"(of {total} in all, {dof} degree(s) of freedom between the change points)"
+                      if changes else f"{total} earlier check(s) of this configuration")
             if n_starved:
                 reason += f", {n_starved} more left out as starved of CPU"
             # too few for a spread, but what they read since the baseline says whether tonight's is new
@@ -356,13 +367,22 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
                             few=np.log([float(np.median([p["time"] for p in g])) for g in since_base]),
                             first=since_base[0][0]["run"]["start_time"] if since_base else None)
             continue
-        logs = np.log([float(np.median([p["time"] for p in g])) for g in checks])
-        sd, dof, left = spread_one_outlier_out(logs)
-        out[key] = dict(sd=sd, dof=dof, logs=np.delete(logs, left) if left is not None else logs,
-                        checks=len(checks), starved=n_starved, first=checks[0][0]["run"]["start_time"],
+        ss = sum(float(((logs - logs.mean()) ** 2).sum()) for logs, _ in kept)
+        out[key] = dict(sd=math.sqrt(ss / dof) if dof else 0.0, dof=dof, logs=kept[-1][0],
+                        segments=[logs for logs, _ in kept],
+                        checks=sum(len(s) for s in segments), since=len(checks), starved=n_starved,
+                        first=segments[0][0][0]["run"]["start_time"],
                         last=checks[-1][-1]["run"]["start_time"], changes=len(changes),
-                        left_out=None if left is None else checks[left][0]["run"]["start_time"])
+                        left_out=sum(left is not None for _, left in kept))
     return out
+
+
+def _checks(pts):
+    """The points `pts` grouped by check, in the order the checks ran."""
+    groups = {}
+    for p in pts:
+        groups.setdefault(check_of(p["run"]), []).append(p)
+    return sorted(groups.values(), key=lambda g: run_order(g[0]["run"]))
 
 
 def _starved_checks(pts, min_share):

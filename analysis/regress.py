@@ -24,10 +24,12 @@ library, blocking or not, ranks, nodes, ranks per node, type, reduction) in the 
 nights, not one minute. A check is the runs of one Slurm job (else of one folder), its
 figure the median of its runs'; the spread is the standard deviation of their log figures,
 robust to a single outlier check (left out when the others' mean and spread put it beyond
-0.001 / checks: stats.spread_one_outlier_out), over the segment since the point's last
-change point (history_db.detect: E-Divisive means, as `history.py show`), and only the
-checks before the current's first run, without its files. A point needs at least
-history_db.MIN_CHECKS (6) such checks; with fewer, or without --history, its spread is
+0.001 / checks: stats.spread_one_outlier_out), pooled within the levels between the point's
+change points (history_db.detect: E-Divisive means, as `history.py show`: each check's
+deviation from its own level's mean, so that a slowdown found three nights ago leaves the
+spread between nights as it was), and only the checks before the current's first run,
+without its files. A point needs checks for history_db.MIN_CHECKS - 1 (5) degrees of freedom
+(6 checks at one level); with fewer, or without --history, its spread is
 the one between the baseline's runs, which knows only the minute it was recorded in. The
 summary line and report.md say which spread judged the points ("history: N checks from
 DATE to DATE", or "the baseline's N back-to-back runs (they know one minute's spread, not
@@ -41,9 +43,10 @@ A point is a regression when all three hold:
     run's log time against the median baseline run's, p(slower) below alpha / points
     (Bonferroni: alpha is the chance of one false alarm in the whole comparison). With the
     history: the baseline's minute and tonight's check are each a draw of a check, so the
-    spread s is the one of the n kept checks and the baseline together (a baseline unlike
-    the checks widens it, and is named: never a regression every night), their difference
-    has the standard error s * sqrt(2), dof n. With the baseline's: the spread between
+    spread s is the one of the kept checks and the baseline together, the baseline counted
+    at the level nearest it (a baseline unlike the checks widens it, and is named: never a
+    regression every night), their difference has the standard error s * sqrt(2), dof the
+    pooled one. With the baseline's: the spread between
     baseline runs, pooled over the sizes and placements of the operation, never below the
     point's own;
   - the iterations agree: a one-sided Mann-Whitney rank-sum test (or with --method
@@ -67,7 +70,7 @@ three runs 6.8 % slower at one point of eight, once in 20), and with none confir
 verdict is inconclusive.
 
 Judged by the baseline's minute with a history too short for its spread (1 to MIN_CHECKS - 1
-earlier checks since the point's last change point), a flagged point that is no slower than
+earlier checks since the point's last change point, and too few before it), a flagged point that is no slower than
 the slowest of those recorded after the baseline by --threshold is "not new": the baseline's
 minute is unlike the nights since, and the baseline cannot tell that from a change (measured:
 an idle loopback history whose checks all read the all-gather 20-45 % slower than the
@@ -207,8 +210,14 @@ def between_runs(base, cur, history=None):
                 # The baseline's minute is one more check (the reference the others are held to):
                 # a baseline unlike the nights widens the spread, so it makes every night
                 # inconclusive (and is named), not a regression.
-                values = np.append(h["logs"], np.median(b))
-                out[k] = (diff, float(values.std(ddof=1)) * math.sqrt(2), len(values) - 1, "history")
+                # Between change points it joins the level nearest it (its time does not say which:
+                # a level can change between the baseline and the first check).
+                segs = [np.asarray(x, float) for x in h["segments"]]
+                j = int(np.argmin([abs(x.mean() - np.median(b)) for x in segs]))
+                segs[j] = np.append(segs[j], np.median(b))
+                n = sum(len(x) - 1 for x in segs)
+                sd = math.sqrt(sum(float(((x - x.mean()) ** 2).sum()) for x in segs) / n)
+                out[k] = (diff, sd * math.sqrt(2), n, "history")
                 continue
             sd = max(pooled, float(b.std(ddof=1)))
             # medians: one run several times slower (a shared machine has them) moves neither
@@ -376,10 +385,12 @@ def spread_text(rows, history, a, nb):
         n = sorted({h["checks"] for h in hist})
         first, last = min(h["first"] for h in hist), max(h["last"] for h in hist)
         text = (f"history: {n[0] if len(n) == 1 else f'{n[0]} to {n[-1]}'} checks from {when(first)} to {when(last)}"
-                + (" since a change point" if any(h["changes"] for h in hist) else ""))
+                + (f", pooled within the levels between {max(h['changes'] for h in hist)} change point(s)"
+                   if any(h["changes"] for h in hist) else ""))
         outliers = sum(1 for h in hist if h["left_out"])
         if outliers:
-            text += f", one outlier check left out at {outliers} point(s)"
+            most = max(h["left_out"] for h in hist)
+            text += f", {'one outlier check' if most == 1 else f'up to {most} outlier checks (one a level)'} left out at {outliers} point(s)"
         hungry = max(h.get("starved", 0) for h in hist)
         if hungry:
             text += f", {hungry} check(s) starved of CPU left out"
@@ -410,8 +421,9 @@ def main(argv=None):
                          "(default: rank-sum)")
     ap.add_argument("--history", metavar="DB",
                     help="the history database of earlier checks (analysis/history.py add): the spread between "
-                         f"them is the noise model wherever a point has at least {history_db.MIN_CHECKS} earlier "
-                         "checks of the current's configuration since its last change point (default: none: the "
+                         f"them is the noise model wherever a point has {history_db.MIN_CHECKS - 1} degrees of freedom "
+                         f"({history_db.MIN_CHECKS} earlier checks of the current's configuration), pooled within the "
+                         "levels between its change points (default: none: the "
                          "spread between the baseline's runs)")
     ap.add_argument("--confirm", metavar="RECHECK",
                     help="the check run again (a result or a folder of them): a flagged point is a regression "
@@ -569,7 +581,7 @@ def write_report_files(out, a, rows, summary, stats, spread, bf, cf, plt):
         f.write(f"\n`detectable`: the smallest slowdown the spread lets the check flag at that point. A point "
                 f"not flagged whose figure is above the threshold ({threshold_pct(a.threshold)}) is *inconclusive*: "
                 "it could not have seen a slowdown of the threshold. `spread`: `hist:N`, the spread between N "
-                "earlier checks of the history (since its last change point); `base:N`, between the baseline's N "
+                "earlier checks of the history (pooled within the levels between its change points); `base:N`, between the baseline's N "
                 "back-to-back runs, which know one minute's spread, not the nights'.\n")
         if any(r["verdict"] == "inconclusive" for r in rows):
             f.write(f"\n**Inconclusive points:** {advice(rows)}.\n")

@@ -129,6 +129,7 @@ checks("short", calm[:5])
 checks("step", [1.3 * f for f in calm[:8]] + calm[:8])  # a slowdown of 8 nights, then mended
 checks("outlier", calm[:6] + [3.0] + calm[6:9])
 checks("shortslow", [1.3 * f for f in calm[:3]])  # 3 checks since the baseline, each as slow as cur-slow13
+checks("fresh", calm[:8] + [1.3 * f for f in calm[:3]])  # 8 calm nights, then a slowdown 3 nights old
 def share(path, x):  # collective_perf's record of the CPU its ranks had (the least rank's)
     with h5py.File(path, "r+") as f:
         f.attrs["cpu_share_min"] = x
@@ -259,7 +260,7 @@ check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tm
 
 # --- (e) the history's noise model (--history): the spread between nights, not one minute ---
 H=$D/hist
-for name in nights calm short shortslow step outlier hungry hungry-unrecorded; do
+for name in nights calm short shortslow fresh step outlier hungry hungry-unrecorded; do
   $PY $ROOT/analysis/history.py add $H/$name.db $H/$name >"$tmp/out" 2>&1 || { bad "history add $name"; }
 done
 expect "a quiet-minute baseline, an unchanged check 15 % slower on a busier night: without --history a false alarm, exit 1" 1 \
@@ -288,12 +289,18 @@ check "... the table says which points are not new" test "$(grep -c ' not new$' 
 expect "... a baseline recorded after those 3 checks: they do not speak for it, a regression, exit 1" 1 \
   '^regress: 8 regression\(s\) in 8 points .*3 earlier check\(s\)' -- \
   regress $H/latebase $H/cur-slow13 --history $H/shortslow.db --report-dir $tmp/rep-e21
-expect "a change point in the history (8 calm checks at 1.3x, then 8 at 1.0): the spread since it, not across it; at 1.3x a regression against the baseline" 1 \
-  '^regress: 8 regression\(s\) in 8 points .*spread: history: 8 checks from 2026-11-10 02:00 to 2026-11-17 02:01 since a change point\)' -- \
+expect "a change point in the history (8 calm checks at 1.3x, then 8 at 1.0): the spread within the levels, not across them; at 1.3x a regression against the baseline" 1 \
+  '^regress: 8 regression\(s\) in 8 points .*spread: history: 16 checks from 2026-11-02 02:00 to 2026-11-17 02:01, pooled within the levels between 1 change point\(s\)\)' -- \
   regress $H/base $H/cur-slow13 --history $H/step.db --report-dir $tmp/rep-e7
 expect "... back at the baseline's level: no regression, exit 0 (the spread across the step would leave it inconclusive)" 0 \
-  '^regress: no regression in 8 points; .*since a change point\)' -- \
+  '^regress: no regression in 8 points; .*pooled within the levels between 1 change point\(s\)\)' -- \
   regress $H/noisybase $H/cur-same --history $H/step.db --report-dir $tmp/rep-e8
+expect "a slowdown 3 nights old after 8 calm nights (3 checks since its change point, too few alone): still a regression on the spread pooled within the two levels, exit 1" 1 \
+  '^regress: 8 regression\(s\) in 8 points .*spread: history: 11 checks from 2026-11-02 02:00 to 2026-11-12 02:01, pooled within the levels between 1 change point\(s\)\)' -- \
+  regress $H/base $H/cur-slow13 --history $H/fresh.db --report-dir $tmp/rep-e22
+expect "... mended tonight (back at the baseline's level): no regression, exit 0" 0 \
+  '^regress: no regression in 8 points; .*pooled within the levels between 1 change point\(s\)\)' -- \
+  regress $H/base $H/cur-same --history $H/fresh.db --report-dir $tmp/rep-e23
 expect "a baseline of an untypically fast minute (0.6x the nights): without --history every night a regression" 1 \
   '^regress: 8 regression\(s\) in 8 points' -- regress $H/fastbase $H/cur-same --report-dir $tmp/rep-e15
 expect "... with the history: the baseline widens the spread (inconclusive, not a regression), and is named" 3 \
