@@ -559,7 +559,9 @@ def calibrate_collectives(cluster, path):
         res = shardbench_h5.read_collective(path)
     except cli.BadInput as err:
         raise cli.BadInput(f"--calibrate-collectives {err}")
-    n, nodes = int(res.facts["world_size"]), res.facts["nodes"]
+    # the ranks of one operation: the world, or one of the groups that ran at once (--groups)
+    n, nodes = res.facts["group_size"], res.facts["group_nodes"]
+    together = res.facts["groups"] != "world"
     mode = res.facts["collectives"] if res.facts["collectives"] != "unrecorded" else "blocking"  # older: blocking
     rows, times, ops, sizes, jitter = [], [], [], [], []
     for (op, in_place, size, _, _, _), point in sorted(res.points.items()):
@@ -611,7 +613,10 @@ def calibrate_collectives(cluster, path):
         nics = 1
     else:  # the fitted busbw is the node's: spread it over the NICs the ranks of a node used
         per_node = max(1, n // nodes)
-        nics = min(per_node, cluster["inter"]["nics_per_node"])
+        # Measured beside the node's other groups (--groups), it is the group's share already:
+        # over the share collective_time gives such a group (nic_share), so that it gets back
+        # the measured figure, with whatever TCP flows sharing a link lose.
+        nics = nic_share(cluster, per_node) if together else min(per_node, cluster["inter"]["nics_per_node"])
         cluster["inter"] = {"nic_bandwidth_gbps": bw / nics, "nics_per_node": cluster["inter"]["nics_per_node"],
                             "latency_us": lat, "ops": fits, "info": info}
     for op, (l, b) in per_op.items():
@@ -622,7 +627,8 @@ def calibrate_collectives(cluster, path):
                                                           f"{op} iteration-to-iteration spread", q["jitter"],
                                                           DISTURBED_COLLECTIVE_SPREAD, q["points"]))
     each = "".join(f"; {op} {b:.3g} GB/s, {l:.1f} us" for op, (l, b) in per_op.items())
-    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s), {mode}): {tier} "
+    beside = f", {res.facts['world_size'] // n} {res.facts['groups']} groups at once" if together else ""
+    cluster["calibration"].append(f"collectives {os.path.basename(path)} ({n} ranks, {nodes} node(s), {mode}{beside}): {tier} "
                                   f"{bw:.3g} GB/s, {lat:.1f} us{each}")
 
 

@@ -161,7 +161,7 @@ def load(path):
             facts = dict(this, files=[fname], sha256=[res.sha256], starts=[this["start_unix"]], duplicates=[],
                          cpu_shares=[this["cpu_share"]])
         else:
-            for k in ("world_size", "dtype", "redop", "comm"):
+            for k in ("world_size", "groups", "dtype", "redop", "comm"):
                 if this[k] != facts[k]:
                     raise cli.BadInput(f"{fname}: {k} {this[k]} differs from {facts['files'][0]}'s {facts[k]}")
             facts["files"].append(fname)
@@ -337,6 +337,8 @@ def compare(base, cur, args, history=None):
 
 
 def check_comparable(base, bf, cur, cf):
+    if bf["groups"] != cf["groups"]:
+        raise cli.BadInput(f"collective_perf --groups differ: baseline {bf['groups']}, current {cf['groups']}")
     if bf["world_size"] != cf["world_size"]:
         raise cli.BadInput(f"rank counts differ: baseline {bf['world_size']}, current {cf['world_size']}")
     for k in ("dtype", "redop", "comm"):

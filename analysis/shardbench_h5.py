@@ -538,6 +538,10 @@ def _read_collective(fname):
     facts = dict(start_time=str(a["start_time"]), end_time=str(a.get("end_time", "")), start_unix=start.timestamp(),
                  commit_id=str(prov.get("shardbench_version", "unknown")), hosts=",".join(hosts),
                  world_size=int(a["world_size"]), nodes=a.get("nodes"), ranks_per_node=a.get("ranks_per_node"),
+                 # --groups: every group of that axis ran the operations at once; the rows are
+                 # one group's (group_size ranks on group_nodes nodes); "world": one group of all
+                 groups=str(a.get("groups", "world")), group_size=int(a.get("group_size", a["world_size"])),
+                 group_nodes=int(a.get("group_nodes", a.get("nodes") or 1)),
                  backend=str(a.get("backend", "")), comm=str(comm_default),
                  collectives=str(a.get("collectives", "unrecorded")),  # schema 1 did not say
                  dtype=fallback["dtype"], redop=fallback["redop"], status=str(a["status"]),

@@ -85,18 +85,20 @@ size_range() {
 # seq 32, batch 2). Each case is calibrated by its own runs, as docs/projection.md (d) says:
 # compute from DDP on the case's ranks on one node (no links), right before its runs; collective_perf across the
 # shaped nodes at the case's group shape, blocking and --nonblocking, at the sizes its plans
-# issue (project.py --collective-sizes), plus one node's 2 ranks and the 1-rank-a-node
-# replicate groups (hybrid, TP) where the case has them; then every strategy REPEAT times,
+# issue (project.py --collective-sizes), plus each node's 2 ranks and the 1-rank-a-node
+# replicate groups (hybrid, TP) where the case has them, every such group at once
+# (collective_perf --groups, as the runs run them); then every strategy REPEAT times,
 # projected and compared (validate_projection.py --max-error MAX_ERROR --same-order).
 # LOCK (a file, e.g. /run/sb-cluster.lock): each case's cluster part runs under flock on it,
 # so a long matrix never holds the shared cluster more than one case at a time.
-# Environment: MATRIX_REPEAT (2), MATRIX_STEPS (3), MAX_ERROR (0.15), BUDGET_S (3.0: a drawn case whose
+# Environment: MATRIX_REPEAT (2), MATRIX_STEPS (3), MATRIX_WARMUP (2: on 10-12 ranks the first
+# timed step after one warm-up step was still up to 2x the later ones), MAX_ERROR (0.15), BUDGET_S (3.0: a drawn case whose
 # estimated step exceeds it is drawn again: the matrix's time on 2 cores; printed).
 # Exit 0 when every case holds, 1 when one misses (each is reported, none dropped), 2 bad input,
 # 77 where network namespaces cannot be made (tests/run_tests.sh counts it as skipped).
 matrix_main() {  # the flags, checked at the top (M_*)
   local seed=$M_SEED count=$M_COUNT cases=$M_CASES project_only=$M_PROJECT_ONLY
-  REPEAT=${MATRIX_REPEAT:-2} STEPS=${MATRIX_STEPS:-3} BUDGET_S=${BUDGET_S:-3.0}
+  REPEAT=${MATRIX_REPEAT:-2} STEPS=${MATRIX_STEPS:-3} WARMUP=${MATRIX_WARMUP:-2} BUDGET_S=${BUDGET_S:-3.0}
   mkdir -p "$OUT/cases" || exit 2
   if [ -n "$seed" ]; then
     say "drawing $count cases with seed $seed (re-run: $0 $OUT --seed $seed --count $count; or --cases $OUT/cases.txt)"
@@ -168,9 +170,8 @@ matrix_cluster() {
     3) echo "validate-emulated: skipped: network namespaces cannot be made here (local-cluster.sh exit 3)"; exit 77 ;;
     *) echo "case $name: no cluster"; return 1 ;;
   esac
-  local mpi mpi1 mode nb t0=$SECONDS
+  local mpi mode nb t0=$SECONDS
   read -ra mpi <<<"mpirun $("$C" mpirun-args --ranks-per-node "$rpn")"
-  read -ra mpi1 <<<"mpirun $("$C" mpirun-args --ranks-per-node 1)"
   # compute: DDP with every rank on node1 (no links), beside the runs it calibrates: on a
   # machine shared with other work, a calibration minutes away measured another load
   local mpia
@@ -182,11 +183,16 @@ matrix_cluster() {
     nb=()
     [ "$mode" = nonblocking ] && nb=(--nonblocking)
     "${mpi[@]}" -np "$world" "${cp[@]}" "${nb[@]}" --out "$dir/calibration/coll-$mode-w$world.h5" >/dev/null || return 1
-    if [ "$rpn" = 2 ]; then  # one node's 2 ranks; and the groups of one rank a node (hybrid's replicas, TP's data)
-      "${mpi[@]}" -np 2 "${cp[@]}" "${nb[@]}" --out "$dir/calibration/coll-intra-$mode-w2.h5" >/dev/null || return 1
+    # Each node's 2 ranks; and the groups of one rank a node (hybrid's replicas, TP's data):
+    # every such group at once (--groups), as the runs run them: the nodes' groups share this
+    # machine's cores, and a node's link carries both its replicate groups' flows; each
+    # iteration started by all together (--barrier: groups drifting out of phase shared less).
+    if [ "$rpn" = 2 ]; then
+      "${mpi[@]}" -np "$world" "${cp[@]}" "${nb[@]}" --groups shard --barrier --out "$dir/calibration/coll-intra-$mode-w2.h5" \
+        >/dev/null || return 1
       if [[ $strategies == *hybrid* || $strategies == *tp2* ]]; then
-        "${mpi1[@]}" -np "$nodes" "${cp[@]}" "${nb[@]}" --out "$dir/calibration/coll-rep-$mode-w$nodes.h5" >/dev/null ||
-          return 1
+        "${mpi[@]}" -np "$world" "${cp[@]}" "${nb[@]}" --groups replicate --barrier \
+          --out "$dir/calibration/coll-rep-$mode-w$nodes.h5" >/dev/null || return 1
       fi
     fi
   done
@@ -195,7 +201,7 @@ matrix_cluster() {
   for rep in $(seq "$REPEAT"); do
     while read -r label prog flags; do
       # shellcheck disable=SC2086  # flags are words
-      "${mpi[@]}" -np "$world" "$B/$prog" "${model[@]}" --batch 2 --steps "$STEPS" --warmup 1 $flags \
+      "${mpi[@]}" -np "$world" "$B/$prog" "${model[@]}" --batch 2 --steps "$STEPS" --warmup "$WARMUP" $flags \
         --out "$dir/measured/$label-r$rep.h5" --overwrite </dev/null >/dev/null || { echo "case $name: $label failed"; return 1; }
     done < <($PY -c "import sys; sys.path.insert(0, '$ROOT/analysis'); import strategy_labels as s
 for l in '$strategies'.split(','):

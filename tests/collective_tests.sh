@@ -41,6 +41,31 @@ expect "bfloat16 moves (all-gather, broadcast, all-to-all, send-recv)" 0 'Out of
 expect "a corrupted bfloat16 sum is caught" 4 'Out of bounds values : [1-9][0-9]* FAILED' -- \
   "${MPI2[@]}" $CP --ops all-reduce -d bfloat16 "${SMALL[@]}" --inject-error 0 --out $R/bad-bf16.h5
 
+# --- --groups: every group of one axis of the layout at once (a hybrid run's groups) ---
+for axis in replicate shard; do
+  expect "--groups $axis on 4 ranks (shard groups of 2): 2 groups of 2 at once, every operation data-checked" 0 \
+    "# groups: $axis, 2 groups of 2 ranks \\(1 node each\\) at once" -- \
+    "${MPI4[@]}" $CP --ops all --groups $axis --shard-size 2 "${SMALL[@]}" --out $R/groups-$axis.h5
+  cp "$tmp/out" "$tmp/groups-$axis.out"
+  check "... its table says no element was wrong" grep -q 'Out of bounds values : 0 OK' "$tmp/groups-$axis.out"
+done
+expect "... the result records the groups; a row is one group's: all-reduce busbw = algbw (2 ranks), all-gather's half" 0 \
+  '^replicate 2 1 4 ok$' -- $PY -c "
+import h5py, numpy as np
+f = h5py.File('$R/groups-replicate.h5'); a = f.attrs; r = f['results'][()]
+names = list(f['results'].attrs['op_names'])
+ar, ag = r[r['op'] == names.index('all-reduce')], r[r['op'] == names.index('all-gather')]
+ok = np.allclose(ar['busbw'], ar['algbw']) and np.allclose(ag['busbw'], ag['algbw'] / 2) and len(ar) and len(ag)
+print(a['groups'], a['group_size'], a['group_nodes'], a['world_size'], 'ok' if ok else 'WRONG')"
+expect "a corrupted element in one group is caught" 4 'Out of bounds values : [1-9][0-9]* FAILED' -- \
+  "${MPI4[@]}" $CP --ops all-reduce --groups replicate --shard-size 2 "${SMALL[@]}" --inject-error 3 --out $R/groups-bad.h5
+expect "--groups: a root beyond a group's ranks" 2 "-r 2 is not allowed with --groups replicate \\(a group has 2 ranks: roots 0..1\\)" -- \
+  "${MPI4[@]}" $CP --ops broadcast --groups replicate --shard-size 2 -r 2 --out $B/x.h5
+expect "--groups with the hybrid operation" 2 "--groups is not allowed with the hybrid operation" -- \
+  "${MPI4[@]}" $CP --ops hybrid --groups shard --out $B/x.h5
+expect "--groups of an unknown axis" 2 "--groups: tensor not in \\{replicate,shard\\}" -- \
+  "${MPI2[@]}" $CP --groups tensor --out $B/x.h5
+
 # --- blocking (default) and non-blocking collectives ---
 expect "the header says the blocking collectives ran" 0 '# collectives: blocking' -- \
   "${MPI2[@]}" $CP --ops all-reduce,reduce-scatter "${SMALL[@]}" --out $R/blk.h5

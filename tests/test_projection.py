@@ -560,10 +560,11 @@ def synthetic_run(path, compute_steps, ranks=2):
 
 
 def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=(1 << 10, 1 << 12, 1 << 14),
-                          slow=None):
+                          slow=None, groups=None):
     """A collective_perf result as calibrate_collectives reads it: the three operations at
     `sizes` on a ring of 100 µs a step and 0.01 GB/s, each point's p90 `jitter` above its p50;
-    `slow`: {(op index, size): factor} times slower than that line."""
+    `slow`: {(op index, size): factor} times slower than that line; `groups`: (axis, world):
+    the rows are one of world / n groups of n ranks on `nodes` nodes that ran at once."""
     import numpy as np
     rows = []
     for op, factor in ((0, 2 * (n - 1) / n), (1, (n - 1) / n), (2, (n - 1) / n)):
@@ -583,6 +584,8 @@ def synthetic_collectives(path, jitter, n=4, nodes=2, mode="nonblocking", sizes=
         for k, v in {"program": "collective_perf", "world_size": n, "nodes": nodes, "collectives": mode,
                      "start_time": "2026-12-01T00:00:00Z", "status": "ok"}.items():
             f.attrs[k] = v
+        if groups:
+            f.attrs.update(groups=groups[0], world_size=groups[1], group_size=n, group_nodes=nodes)
         f.create_dataset("results", data=r).attrs["op_names"] = names
         f.create_dataset("samples", data=s).attrs["op_names"] = names
     return path
@@ -729,6 +732,31 @@ class CollectiveResidual(unittest.TestCase):
         sent = (1 << 20) * 7 / 8
         t8 = pm.collective_time(cluster, "all-gather", 1 << 20, 8, 4, sent, blocking=True)
         self.assertAlmostEqual(t8, 7 * lat * 1e-6 + sent / (pm.nic_share(cluster, 2) * bw * 1e9), places=12)
+
+
+class CollectiveGroupsAtOnce(unittest.TestCase):
+    """A fit of groups measured side by side (collective_perf --groups): what each group got
+    while the node's other groups ran theirs is the time collective_time gives that group
+    shape, not that figure shared again among the node's groups (the emulated cluster: one
+    link a node, 2 ranks a node: two replicate groups' flows on each link)."""
+
+    def test_measured_beside_the_other_groups_is_not_shared_again(self):
+        tmp = tempfile.mkdtemp(prefix="test_projection.")
+        self.addCleanup(shutil.rmtree, tmp, True)
+        sizes = (1 << 18, 1 << 20, 1 << 22)
+        alone = synthetic_collectives(os.path.join(tmp, "alone.h5"), 0.0, n=2, nodes=2, mode="blocking", sizes=sizes)
+        together = synthetic_collectives(os.path.join(tmp, "together.h5"), 0.0, n=2, nodes=2, mode="blocking",
+                                         sizes=sizes, groups=("replicate", 4))
+        for path, share in ((together, 1.0), (alone, 0.5)):
+            cluster = pm.load_cluster(CalibrationQuality.EMULATED)
+            self.assertEqual(pm.nic_share(cluster, 1), 0.5)  # one of the node's 2 ranks
+            pm.calibrate_collectives(cluster, path)
+            for size in sizes:
+                sent = size  # all-reduce on 2 ranks: 2 (n - 1) / n
+                want = 2 * 100e-6 + sent / (share * 0.01e9)
+                got = pm.collective_time(cluster, "all-reduce", size, 2, 2, sent, blocking=True)
+                self.assertAlmostEqual(got / want, 1.0, places=9, msg=(path, size))
+            self.assertEqual("groups at once" in cluster["calibration"][-1], path == together)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include <csignal>
 #include <ctime>
 #include <numeric>
+#include <set>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -50,6 +51,9 @@ struct Options {
   double factor = 2;
   int iters = 20, warmup = 5, agg = 1, cycles = 1, check = 1, average = 1;
   ParallelLayout layout;  // --shard-size: the shard groups of the hybrid operation (1 rank without it)
+  // --groups: the operations in every group along this axis of the layout at once, as a
+  // hybrid run's replicate (or shard) groups run theirs; empty: across all ranks.
+  std::string groups;
   int blocking = 0;      // -z, nccl-tests' blocking mode (which barriers run; never timed)
   bool barrier = false;  // --barrier: one before every timed iteration
   int timeout_s = 0, cputime = 0, timestamps = 0, memory = 0, unalign = 0, per_iter = 0, per_iter_skip = 0;
@@ -188,7 +192,13 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
                "measure the non-blocking collectives (MPI_I* then wait) the training programs overlap "
                "with compute, instead of the blocking ones (MPI_Allreduce, ...)");
   app.add_flag("--barrier", o.barrier, "a barrier before every timed iteration, so all ranks start it together");
-  num.integer("--shard-size", shard, 1, kIntMax, "shard group size G of the hybrid operation (divides the world; default: one node's ranks)");
+  num.integer("--shard-size", shard, 1, kIntMax, "shard group size G of the hybrid operation and of --groups (divides the world; default: one node's ranks)");
+  app.add_option("--groups", o.groups, "replicate or shard: the operations of --ops in every group of that axis of "
+                                       "the --shard-size layout at once (replicate: the ranks at one position of "
+                                       "every shard group, one a node by default; shard: each shard group), as a "
+                                       "hybrid run's groups run theirs side by side; rows are a group's (its ranks' "
+                                       "sizes and bus factor), times over every rank of every group")
+      ->check(CLI::IsMember({"replicate", "shard"}));
   app.add_option("--backend", o.backend, "cpu (MPI); cuda (NCCL) where built")->capture_default_str();
   std::string comm;
   app.add_option("--comm", comm, "--backend cuda: nccl (default), mpi, mpi-staged, mpi-direct, or a list "
@@ -223,7 +233,7 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
   } else {
     // The pair sweep takes nccl-tests' size and iteration flags; the others mean nothing to it.
     for (const char* flag : {"--ops", "-d", "-o", "-r", "-m", "-N", "-z", "-C", "-I", "-K", "-J", "-a", "-u", "-M", "-S",
-                             "-T", "--shard-size", "--nonblocking", "--barrier", "--min-busbw", "--comm"})
+                             "-T", "--shard-size", "--nonblocking", "--barrier", "--min-busbw", "--comm", "--groups"})
       if (app.count(flag))
         throw UsageError(std::string(flag) + " is not allowed with --pattern pairs (it takes -b -e -f -i -n -w -c, "
                                              "--pairs, --pair-ranks, --rounds, --repeat, --backend, --out, --overwrite)");
@@ -265,12 +275,21 @@ bool parse(int argc, char** argv, Options& o, int rank, int world) {
                      std::to_string(o.iters) + ")");
   if (!o.json.empty()) check_writable("-J", o.json);
   const bool hybrid = std::any_of(o.ops.begin(), o.ops.end(), [](BenchOp op) { return op.hybrid; });
-  if (hybrid && shard == 0) {  // one node's ranks, as fsdp_perf's hybrid (the same rule)
+  if (hybrid && !o.groups.empty())
+    throw UsageError("--groups is not allowed with the hybrid operation (it runs in both groups itself)");
+  if ((hybrid || !o.groups.empty()) && shard == 0) {  // one node's ranks, as fsdp_perf's hybrid (the same rule)
     StrategyConfig node_groups;
     node_groups.sharding = Sharding::Hybrid;
     shard = node_shard_size(node_groups, node_map());
   }
   o.layout = ParallelLayout::make(world, rank, shard ? shard : 1);
+  if (!o.groups.empty()) {
+    const int g = o.layout.size(o.groups == "shard" ? Axis::Shard : Axis::Replicate);
+    for (int r : o.roots)
+      if (r >= g)
+        throw UsageError("-r " + std::to_string(r) + " is not allowed with --groups " + o.groups + " (a group has " +
+                         std::to_string(g) + " ranks: roots 0.." + std::to_string(g - 1) + ")");
+  }
   return true;
 }
 
@@ -403,7 +422,7 @@ struct Bench {
     std::vector<T> got(std::max<int64_t>(out_n, 1));
     const char* src = static_cast<const char*>(in_place ? send : recv) + offset * sizeof(T);
     if (out_n) b.download(got.data(), src, size_t(out_n) * sizeof(T));
-    if (o.inject_error == rank && out_n) got[out_n / 2] = T(got[out_n / 2] + T(1));
+    if (o.inject_error == node_map().rank && out_n) got[out_n / 2] = T(got[out_n / 2] + T(1));  // a world rank
     int64_t wrong = 0;
     for (int64_t j = 0; j < out_n; ++j) wrong += !matches(got[j], expected<T>(s, j), r);
     return wrong;
@@ -516,7 +535,8 @@ double percentile(std::vector<double> v, double q) {
   return v[lo] + (pos - lo) * (v[hi] - v[lo]);
 }
 
-// Cross-rank figures of one (case, size, placement).
+// Cross-rank figures of one (case, size, placement): over every rank (of every group with
+// --groups); n: the ranks of the operation, for its bus factor.
 ResultRow summarize(const Options& o, const Case& c, bool in_place, const BenchSizes& s,
                     const std::vector<double>& t, int64_t wrong, int n, int cycle) {
   const double mean = std::accumulate(t.begin(), t.end(), 0.0) / t.size();
@@ -536,7 +556,9 @@ ResultRow summarize(const Options& o, const Case& c, bool in_place, const BenchS
   MPI_CHECK(MPI_Allreduce(t.data(), per_iter.data(), int(t.size()), MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD));
   int64_t wrong_all = 0;
   MPI_CHECK(MPI_Allreduce(&wrong, &wrong_all, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD));
-  const double time = o.average == 0 ? r0 : o.average == 1 ? sum / n : o.average == 2 ? mn : mx;
+  int world = 1;
+  MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world));
+  const double time = o.average == 0 ? r0 : o.average == 1 ? sum / world : o.average == 2 ? mn : mx;
   ResultRow r{};
   r.op = bench_op_code(c.op);
   r.in_place = in_place;
@@ -572,12 +594,15 @@ const char* path_description(const Options& o) {
 
 // `comms`: the libraries, one row of each size each, named in a last column when several.
 void print_header(const Options& o, BenchOp op, int n, int nodes, int rpn, const std::string& device,
-                  const std::vector<std::string>& comms) {
+                  const std::vector<std::string>& comms, int group_size, int group_nodes) {
   std::string libs;
   for (const std::string& c : comms) libs += (libs.empty() ? "" : " vs ") + c;
   std::printf("#\n# collective_perf: %s on %d ranks (%d node%s, %d per node), backend %s (%s), device %s\n",
               bench_op_name(op), n, nodes, nodes == 1 ? "" : "s", rpn, o.backend.c_str(), libs.c_str(), device.c_str());
   if (op.hybrid) std::printf("# hybrid: reduce-scatter in shard groups of %d, all-reduce across %d groups\n", o.layout.shard, o.layout.replicate);
+  if (!o.groups.empty())
+    std::printf("# groups: %s, %d groups of %d ranks (%d node%s each) at once; rows are a group's\n", o.groups.c_str(),
+                n / group_size, group_size, group_nodes, group_nodes == 1 ? "" : "s");
   std::printf("# collectives: %s\n", path_description(o));
   std::printf("# iterations %d (x%d operations), warm-up %d, check %d, blocking %d%s, time across ranks: %s%s\n#\n",
               o.iters, o.agg, o.warmup, o.check, o.blocking, o.barrier ? " + barrier before each" : "",
@@ -695,6 +720,7 @@ struct Outcome {
   double start, avg_busbw;
   int64_t wrong_total;
   HostShareSummary host;
+  int group_size, group_nodes;  // the ranks of one operation and the nodes they span
 };
 
 void write_result(const Options& o, const std::string& path, const Outcome& r, int n) {
@@ -720,6 +746,8 @@ void write_result(const Options& o, const std::string& path, const Outcome& r, i
       Attr::str("collectives", path_name(o)), Attr::integer("report_cputime", o.cputime),
       Attr::integer("unalign", o.unalign), Attr::str("average", kAverageNames[o.average]),
       Attr::integer("world_size", n), Attr::integer("ranks_per_node", rpn), Attr::integer("nodes", nodes),
+      Attr::str("groups", o.groups.empty() ? "world" : o.groups), Attr::integer("group_size", r.group_size),
+      Attr::integer("group_nodes", r.group_nodes),
       Attr::integer("shard_size", o.layout.shard), Attr::str("backend", o.backend),
       Attr::str("comm", join(r.comm_names, [](const std::string& c) { return c; })), Attr::str("status", r.status),
       Attr::num("avg_busbw", r.avg_busbw), Attr::num("min_busbw", o.min_busbw), Attr::integer("wrong_total", r.wrong_total),
@@ -753,7 +781,18 @@ void write_result(const Options& o, const std::string& path, const Outcome& r, i
   f.commit();
 }
 
-int run(const Options& o, int rank, int n) {
+int run(const Options& o, int rank, int world) {
+  // The ranks of one operation: every rank, or (--groups) this rank's group along the axis,
+  // every group running the same operations at the same time.
+  const bool grouped = !o.groups.empty();
+  const Axis axis = o.groups == "shard" ? Axis::Shard : Axis::Replicate;
+  const int n = grouped ? o.layout.size(axis) : world;
+  int group_nodes = node_map().nodes();
+  if (grouped) {
+    std::set<int> on;
+    for (int r : o.layout.group(axis)) on.insert(node_map().node_of[size_t(r)]);
+    group_nodes = int(on.size());
+  }
   std::vector<std::unique_ptr<Side>> sides;  // the CPU backend: MPI; CUDA: each --comm
   if (o.comms.empty()) sides.push_back(make_side(o, nullptr));
   for (const CommLibrary& c : o.comms) sides.push_back(make_side(o, &c));
@@ -779,7 +818,7 @@ int run(const Options& o, int rank, int n) {
                          dtype_name(c.dtype) + " on " + std::to_string(n) + " ranks (the smallest is " +
                          std::to_string(smallest) + " B); nothing was measured");
     }
-  const std::string stem = "collective_perf-w" + std::to_string(n);
+  const std::string stem = "collective_perf-w" + std::to_string(world);
   const std::string path = forever ? "" : resolve_output(o.out, o.overwrite, stem, rank);
   const double start = wall_clock_rank0();
   const HostShare host_start = HostShare::now();
@@ -805,7 +844,8 @@ int run(const Options& o, int rank, int n) {
   }
   for (auto& side : sides) {
     Backend& b = *side->backend;
-    side->bench.reset(new Bench{o, b, side->mesh, *side->world, rank, n});
+    side->bench.reset(new Bench{o, b, side->mesh, grouped ? side->mesh.comm(axis) : *side->world,
+                                grouped ? o.layout.coord(axis) : rank, n});
     side->send_base = b.alloc(max_bytes, MemCategory::CommBuffers);
     side->recv_base = b.alloc(max_bytes, MemCategory::CommBuffers);
   }
@@ -817,7 +857,7 @@ int run(const Options& o, int rank, int n) {
   int64_t wrong_total = 0;
   for (int cycle = 0; forever || cycle < o.cycles; ++cycle) {
     for (size_t k = 0; k < o.ops.size(); ++k) {
-      if (rank == 0) print_header(o, o.ops[k], n, nodes, rpn, backend->device_name(), comm_names);
+      if (rank == 0) print_header(o, o.ops[k], world, nodes, rpn, backend->device_name(), comm_names, n, group_nodes);
       for (const Case& c : cases[k]) {
         const size_t shift = size_t(o.unalign) * dtype_size(c.dtype);
         for (auto& side : sides) {
@@ -891,9 +931,10 @@ int run(const Options& o, int rank, int n) {
 
   // ---- HDF5 and -J ----
   const std::string status = wrong_total ? "failed" : below ? "below-floor" : "ok";
-  if (rank == 0 && !o.json.empty()) write_json(o, results, n, avg_busbw, wrong_total, status);
+  if (rank == 0 && !o.json.empty()) write_json(o, results, world, avg_busbw, wrong_total, status);
   const HostShareSummary host = host_share_since(host_start);
-  write_result(o, path, {samples, results, comm_names, status, backend->device_name(), start, avg_busbw, wrong_total, host}, n);
+  write_result(o, path, {samples, results, comm_names, status, backend->device_name(), start, avg_busbw, wrong_total, host,
+                         n, group_nodes}, world);
   if (rank == 0) std::printf("wrote %s (status %s)\n", path.c_str(), status.c_str());
   return wrong_total ? kExitCheckFailed : below ? kExitBelowFloor : kExitOk;
 }
