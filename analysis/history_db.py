@@ -370,7 +370,7 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
         ss = sum(float(((logs - logs.mean()) ** 2).sum()) for logs, _ in kept)
         out[key] = dict(sd=math.sqrt(ss / dof) if dof else 0.0, dof=dof, logs=kept[-1][0],
                         segments=[logs for logs, _ in kept],
-                        checks=sum(len(s) for s in segments), since=len(checks), starved=n_starved,
+                        checks=sum(len(s) for s in segments), starved=n_starved,
                         first=segments[0][0][0]["run"]["start_time"],
                         last=checks[-1][-1]["run"]["start_time"], changes=len(changes),
                         left_out=sum(left is not None for _, left in kept))
