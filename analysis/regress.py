@@ -53,13 +53,19 @@ A point is a regression when all three hold:
     bootstrap, the bootstrap CI of the median slowdown) at the same level.
 Improvements are judged the same way, in the other direction.
 
-Every point also gets the smallest slowdown it could have detected: the slowdown at which
-the t test above reaches alpha / points, given the spread between baseline runs and the
-numbers of runs (`detectable` in the table). A point that is not flagged and whose
-detectable slowdown is above --threshold is inconclusive: the spread is too large, or
-rests on too few runs or checks, for a slowdown of --threshold to be told from noise there,
-so "no regression" at that point would be a claim the data cannot support. The remedy is
-more baseline runs (slurm/interconnect.sbatch SB_BASELINE_RUNS; and check runs, SB_RUNS),
+"No regression" at a point is a claim of its own, judged as one side of an equivalence test:
+the point's upper confidence bound on the slowdown (`bound` in the table: the measured
+change plus the margin the t test above needs at alpha / points, from the same spread and
+numbers of runs) must be at most --threshold, so that the data rule out a slowdown of the
+threshold there. A point that is not flagged and whose bound is above --threshold is
+inconclusive: the spread is too large, or rests on too few runs or checks, for a slowdown of
+--threshold to be told from noise there. The table also gives the smallest slowdown each
+point could have detected (`detectable`: the margin alone, what the spread allows whatever
+tonight measured). A bound that ignores the measured change (the detectable figure alone
+against the threshold) called an unchanged check inconclusive where it had measured the
+point faster than the baseline: measured, 4 of 20 unchanged checks on emulated hosts with
+10 to 13 checks of history (the bound: 0 of the same 20). The remedy for inconclusive points
+is more baseline runs (slurm/interconnect.sbatch SB_BASELINE_RUNS; and check runs, SB_RUNS),
 more iterations, or a quieter allocation for the baseline and the checks.
 
 A regression is confirmed before it pages anyone: with --confirm RECHECK (the check run again
@@ -79,16 +85,15 @@ is inconclusive.
 
 Prints a table and a summary line, writes DIR/report.md and DIR/report.png (both or
 neither). Exit status:
-  0  no regression, and every point could have detected a slowdown of --threshold;
+  0  no regression: every point's bound on the slowdown is at most --threshold;
   1  regression: at least one point flagged (even if others are inconclusive), and with
      --confirm flagged by the re-check too;
   2  unusable input (not a collective_perf result, a corrupt or empty samples table,
      non-finite times, a baseline of fewer than MIN_BASELINE_RUNS runs, inputs that cannot
      be compared, a --history that is not a history database, a --report-dir that cannot
      be written): one line, nothing written;
-  3  inconclusive: no regression found, but at least one point could only have detected a
-     slowdown larger than --threshold; the summary line names how many and the smallest
-     slowdowns they could detect (best and worst). Also where the flagged points were not
+  3  inconclusive: no regression found, but at least one point's bound on the slowdown is
+     above --threshold; the summary line names how many and their bounds (best and worst). Also where the flagged points were not
      reproduced by --confirm's re-check or are not new, and where points were slower but the
      current runs' ranks had less than STARVED_SHARE (80 %) of the baseline runs' CPU share
      (collective_perf records each rank's process CPU over wall time, cpu_share_min): a check
@@ -263,17 +268,17 @@ def verdict(rows, a, confirmed=""):
     if regressions:
         summary = f"{len(regressions)} regression(s) in {len(rows)} points{confirmed}"
         if unsure:
-            summary += (f"; {len(unsure)} other point(s) inconclusive: could only detect slowdowns of "
-                        f"{span([r['detectable'] for r in unsure])}")
+            summary += (f"; {len(unsure)} other point(s) inconclusive: may be up to "
+                        f"{span([r['bound'] for r in unsure])} slower")
         return 1, summary, f"threshold {thr}, {stats}"
     if unsure:
         rest = len(rows) - len(unsure)
-        summary = (f"inconclusive: {len(unsure)} of {len(rows)} points could only detect slowdowns of "
-                   f"{span([r['detectable'] for r in unsure])} (threshold {thr}); "
+        summary = (f"inconclusive: {len(unsure)} of {len(rows)} points may be up to "
+                   f"{span([r['bound'] for r in unsure])} slower (threshold {thr}); "
                    + (f"no regression found in the other {rest}" if rest else "no regression found"))
         return 3, summary, stats
-    summary = (f"no regression in {len(rows)} points; every point could detect a slowdown of the threshold, "
-               f"smallest detectable {span([r['detectable'] for r in rows])}")
+    summary = (f"no regression in {len(rows)} points; each is at most {span([r['bound'] for r in rows])} slower, "
+               f"within the threshold (smallest detectable {span([r['detectable'] for r in rows])})")
     return 0, summary, f"threshold {thr}, {stats}"
 
 
@@ -294,6 +299,9 @@ def compare(base, cur, args, history=None):
         # the smallest slowdown the t test could flag here: diff must exceed t_isf(level) * se.
         # Not clamped to the threshold: above it, a slowdown of --threshold passes unseen.
         detectable = _expm1(t_isf(level, n) * se) if se > 0 else 0.0
+        # the most this point can be slower at that level: the claim "no regression" needs it
+        # within the threshold (detectable alone would ignore what tonight measured)
+        bound = _expm1(diff + t_isf(level, n) * se) if se > 0 else _expm1(diff)
         b_all, c_all = np.concatenate(base[key]), np.concatenate(cur[key])
         if args.method == "rank-sum":
             it_slow, it_fast = rank_sum_p(c_all, b_all) < level, rank_sum_p(b_all, c_all) < level
@@ -318,7 +326,7 @@ def compare(base, cur, args, history=None):
         elif (-slowdown / (1 + slowdown) > args.threshold and beyond_fastest
               and p_fast < level and it_fast):
             verdict = "improvement"
-        elif detectable > args.threshold:
+        elif bound > args.threshold:
             verdict = "inconclusive"  # "same" here would claim more than the spread allows
         op, place, size = key
         # where the history judges: how far the baseline lies from its checks' median
@@ -329,7 +337,7 @@ def compare(base, cur, args, history=None):
             if abs(math.log(b_med) - centre) > t_isf(level, h["dof"]) * h["sd"] * math.sqrt(1 + 1 / len(h["logs"])):
                 off = math.exp(centre) / b_med - 1
         rows.append(dict(op=op, placement="in" if place else "out", size=size, base_us=b_med * 1e6, base_off=off,
-                         cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, stat=stat,
+                         cur_us=c_med * 1e6, bw_change=1 / (1 + slowdown) - 1, detectable=detectable, bound=bound, stat=stat,
                          verdict=verdict, spread=source,
                          spread_label=(f"hist:{history[key]['checks']}" if source == "history"
                                        else f"base:{len(base[key])}")))
@@ -472,11 +480,11 @@ def main(argv=None):
             if r["verdict"] == "REGRESSION" and (r["op"], r["placement"], r["size"]) not in again:
                 r["verdict"] = "not reproduced"
     hdr = (f"{'operation':<15} {'place':<5} {'size (B)':>12} {'baseline us':>12} {'current us':>12} "
-           f"{'busbw change':>13} {'detectable':>10} {'test (runs)':>22} {'spread':>8}  verdict")
+           f"{'busbw change':>13} {'detectable':>10} {'bound':>8} {'test (runs)':>22} {'spread':>8}  verdict")
     lines = [hdr, "-" * len(hdr)]
     for r in rows:
         lines.append(f"{r['op']:<15} {r['placement']:<5} {r['size']:>12} {r['base_us']:>12.2f} {r['cur_us']:>12.2f} "
-                     f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {r['stat']:>22} {r['spread_label']:>8}  "
+                     f"{r['bw_change']:>+12.1%} {pct(r['detectable']):>10} {pct(r['bound']):>8} {r['stat']:>22} {r['spread_label']:>8}  "
                      f"{r['verdict']}")
     print("\n".join(lines))
     gone = [r for r in rows if r["verdict"] == "not reproduced"]
@@ -535,7 +543,7 @@ INCONCLUSIVE_ADVICE = ("at the inconclusive points the baseline runs vary too mu
 HISTORY_ADVICE = ("at the inconclusive points judged by the history, its checks vary too much from one to the next "
                   "to tell a slowdown of the threshold from noise: more iterations (SB_ITERS) and check runs "
                   "(SB_RUNS) steady each check, a quieter allocation the checks; or raise the threshold "
-                  "(SB_THRESHOLD) to what the detectable column shows")
+                  "(SB_THRESHOLD) to what the bound column shows")
 
 
 def baseline_unlike(rows):
@@ -575,14 +583,16 @@ def write_report_files(out, a, rows, summary, stats, spread, bf, cf, plt):
         for copy, of in bf["duplicates"] + cf["duplicates"]:
             f.write(f"- not counted: {copy}, byte-identical to {of}\n")
         f.write("\n| operation | placement | size (B) | baseline (us) | current (us) | busbw change | detectable | "
-                "test (runs) | spread | verdict |\n|---|---|---:|---:|---:|---:|---:|---|---|---|\n")
+                "bound | test (runs) | spread | verdict |\n|---|---|---:|---:|---:|---:|---:|---:|---|---|---|\n")
         for r in rows:
             f.write(f"| {r['op']} | {r['placement']} | {r['size']} | {r['base_us']:.2f} | {r['cur_us']:.2f} | "
-                    f"{r['bw_change']:+.1%} | {pct(r['detectable'])} | {r['stat']} | {r['spread_label']} | "
+                    f"{r['bw_change']:+.1%} | {pct(r['detectable'])} | {pct(r['bound'])} | {r['stat']} | {r['spread_label']} | "
                     f"{r['verdict']} |\n")
-        f.write(f"\n`detectable`: the smallest slowdown the spread lets the check flag at that point. A point "
-                f"not flagged whose figure is above the threshold ({threshold_pct(a.threshold)}) is *inconclusive*: "
-                "it could not have seen a slowdown of the threshold. `spread`: `hist:N`, the spread between N "
+        f.write(f"\n`bound`: the most the point can be slower, at the verdict's level (the measured change "
+                f"plus the margin its spread needs); a point not flagged whose bound is above the threshold "
+                f"({threshold_pct(a.threshold)}) is *inconclusive*: the data do not rule out a slowdown of the "
+                "threshold there. `detectable`: the smallest slowdown the spread lets the check flag at that "
+                "point, whatever it measured. `spread`: `hist:N`, the spread between N "
                 "earlier checks of the history (pooled within the levels between its change points); `base:N`, between the baseline's N "
                 "back-to-back runs, which know one minute's spread, not the nights'.\n")
         if any(r["verdict"] == "inconclusive" for r in rows):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# analysis/regress.py knows its own power: a point whose smallest detectable slowdown (the
-# `detectable` column) is above --threshold, and that is not flagged, is "inconclusive", and
-# the comparison exits 3 (never 0) unless a regression was found elsewhere (exit 1). On data:
+# analysis/regress.py knows its own power: a point whose upper bound on the slowdown (the
+# `bound` column: the measured change plus the margin its spread needs) is above --threshold,
+# and that is not flagged, is "inconclusive", and the comparison exits 3 (never 0) unless a
+# regression was found elsewhere (exit 1). On data:
 # the recorded runs of tests/data/regress (its README), rescaled in copies, never this
 # machine's timing of the day:
 #   (a) a baseline too noisy for the threshold (whole runs scaled 0.5x-2x) against a current
@@ -10,9 +11,9 @@
 #       verdict without power passed as "no regression", exit 0);
 #   (b) a quiet baseline (real runs with their run-to-run swings taken out: run times
 #       0.99-1.01 of one run's, each run's own iterations) and an unchanged current: exit 0;
-#       1.3x slower: exit 1; a threshold below its detectable figure: exit 3;
-#   (c) the summary line and report.md name the detectable figures (checked against the
-#       table) and say what to do;
+#       1.3x slower: exit 1; a threshold below its bound: exit 3;
+#   (c) the summary line and report.md name the bounds (checked against the table) and say
+#       what to do;
 #   (d) slurm/interconnect.sbatch (run with bash and mpirun, no Slurm): regress.py's exit 3
 #       passes through with an "=== interconnect ...: INCONCLUSIVE" line naming the report;
 #       a failed collective_perf exits 4, no longer 3; its history (SB_HISTORY) reaches
@@ -107,6 +108,8 @@ for j, f in enumerate([0.995, 1.0, 1.005]):
     rewrite(runs[11 + j], f"{out}/quiet/same-again/{j}.h5", quiet(f))  # a re-check at the baseline's level
     rewrite(runs[14 + j], f"{out}/quiet/ar13-again/{j}.h5", quiet(f, "all-reduce", 1.3))
     rewrite(runs[8 + j], f"{out}/mixed/ar13/{j}.h5", quiet(f, "all-reduce", 1.3))
+    rewrite(runs[8 + j], f"{out}/quiet/fast1/{j}.h5", quiet(0.99 * f))  # the bound's two sides: 1 % faster,
+    rewrite(runs[8 + j], f"{out}/quiet/slow1/{j}.h5", quiet(1.01 * f))  # 1 % slower
 # (e) the history's noise model: checks of 2 runs, a folder each, one a night (start times
 # rewritten); a baseline and currents of the same run times. "nights": checks +-20 % apart;
 # "calm": +-1 %; "step": 8 calm checks at 1.3, then 8 at 1.0; "outlier": 9 calm, one 3x.
@@ -161,7 +164,7 @@ PYEOF
 sed 's/^/  /' "$tmp/gen.out"
 
 # check_figures NAME OUT REPORT_DIR N: the summary line of OUT names N inconclusive points and
-# the smallest and largest `detectable` of the table's inconclusive rows; report.md says the
+# the smallest and largest `bound` of the table's inconclusive rows; report.md says the
 # same, tables those rows as inconclusive with their figures, and says what to do.
 check_figures() {
   local name=$1 out=$2 dir=$3 n=$4
@@ -170,33 +173,33 @@ import re, sys
 out, report, n = open(sys.argv[1]).read(), open(sys.argv[2]).read(), int(sys.argv[3])
 rows = [l.split() for l in out.splitlines() if l.split()[-1:] == ["inconclusive"]]
 assert len(rows) == n, f"{len(rows)} inconclusive rows in the table, expected {n}"
-figs = sorted((float(r[6].rstrip("%")), r[6]) for r in rows)  # detectable: the 7th column
+figs = sorted((float(r[7].rstrip("%")), r[7]) for r in rows)  # bound: the 8th column
 span = figs[0][1] if figs[0][1] == figs[-1][1] else f"{figs[0][1]} to {figs[-1][1]}"
-line = [l for l in out.splitlines() if l.startswith("regress: ") and "slowdowns of" in l]
-assert line, "no summary line naming slowdowns"
+line = [l for l in out.splitlines() if l.startswith("regress: ") and "may be up to" in l]
+assert line, "no summary line naming the points' bounds"
 print(line[0])
-m = re.search(r"(\d+) (?:of \d+ points could only detect|other point\(s\) inconclusive: could only detect) slowdowns of ([^ (]+(?: to [^ (]+)?)", line[0])
-assert m, "the summary line does not say how many points were inconclusive and what they could detect"
+m = re.search(r"(\d+) (?:of \d+ points|other point\(s\) inconclusive:) may be up to ([^ (]+(?: to [^ (]+)?) slower", line[0])
+assert m, "the summary line does not say how many points were inconclusive and how much slower they may be"
 assert int(m.group(1)) == n, f"the summary says {m.group(1)} points, the table {n}"
 assert m.group(2) == span, f"the summary says {m.group(2)}, the table's inconclusive rows {span}"
 summary = re.sub(r" \((threshold [^,]*, )?alpha .*", "", line[0][len("regress: "):])
 assert f"**{summary}**" in report, f"report.md does not carry the summary '{summary}'"
 md_rows = [l for l in report.splitlines() if l.endswith("| inconclusive |")]
 assert len(md_rows) == n, f"report.md tables {len(md_rows)} inconclusive rows, expected {n}"
-assert sorted(l.split(" | ")[6] for l in md_rows) == sorted(r[6] for r in rows), \
-    "report.md's detectable figures differ from the table's"
+assert sorted(l.split(" | ")[7] for l in md_rows) == sorted(r[7] for r in rows), \
+    "report.md's bounds differ from the table's"
 assert "SB_BASELINE_RUNS" in report and "quieter allocation" in report, "report.md does not say what to do"
 PYEOF
 }
 
 # --- (a) too noisy a baseline: never "no regression" ---
 expect "noisy baseline (runs scaled 0.5x-2x), current unchanged: inconclusive, exit 3" 3 \
-  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+[0-9]+% to \+[0-9]+% \(threshold 5%\); no regression found \(' -- \
+  '^regress: inconclusive: 8 of 8 points may be up to \+[0-9]+% to \+[0-9]+% slower \(threshold 5%\); no regression found \(' -- \
   regress $D/noisy/base $D/noisy/same --report-dir $tmp/rep-a1
 cp "$tmp/out" "$tmp/a1.out"
-check_figures "... its summary line and report.md name the detectable figures of the table" "$tmp/a1.out" $tmp/rep-a1 8
+check_figures "... its summary line and report.md name the bounds of the table" "$tmp/a1.out" $tmp/rep-a1 8
 expect "noisy baseline, current 2x slower at every point: inconclusive, exit 3 (never 0)" 3 \
-  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of' -- \
+  '^regress: inconclusive: 8 of 8 points may be up to' -- \
   regress $D/noisy/base $D/noisy/slow2x --report-dir $tmp/rep-a2
 cp "$tmp/out" "$tmp/a2.out"
 check_figures "... the same figures named" "$tmp/a2.out" $tmp/rep-a2 8
@@ -208,22 +211,24 @@ check "... the advice is printed: more baseline runs, iterations, a quieter allo
 expect "noisy baseline, --method bootstrap: inconclusive too, exit 3" 3 '^regress: inconclusive: 8 of 8 points' -- \
   regress $D/noisy/base $D/noisy/slow2x --method bootstrap --report-dir $tmp/rep-a3
 # 5 real baseline runs of this shared VM, as recorded: the all-reduce's three points that ran
-# >= 40 % faster are improvements (judged, not inconclusive); the other 5 could only detect +24 % to +106 %.
-expect "5 real baseline runs, 3 real current: 5 of 8 inconclusive (+24% to +106%), exit 3" 3 \
-  '^regress: inconclusive: 5 of 8 points could only detect slowdowns of \+24% to \+106% \(threshold 5%\); no regression found in the other 3 \(.*5 baseline runs, 3 current' -- \
+# >= 40 % faster are improvements (judged, not inconclusive); the other 5 may be up to +14 % to +99 %
+# slower (could detect +24 % to +106 %).
+expect "5 real baseline runs, 3 real current: 5 of 8 inconclusive (up to +14% to +99%), exit 3" 3 \
+  '^regress: inconclusive: 5 of 8 points may be up to \+14% to \+99% slower \(threshold 5%\); no regression found in the other 3 \(.*5 baseline runs, 3 current' -- \
   regress $D/real5/base $D/real5/same --report-dir $tmp/rep-a4
 cp "$tmp/out" "$tmp/a4.out"
 check_figures "... the figures named in the summary and report.md" "$tmp/a4.out" $tmp/rep-a4 5
 check "... its improvements stay improvements" test "$(grep -c ' improvement$' "$tmp/a4.out")" -eq 3
 # 8 real baseline runs, the all-reduce of 3 real runs made 2x slower (they ran ~30 % faster than
-# the baseline's, so 1.3-1.5x its median): each point could only detect +79 % to +280 %.
-expect "8 real baseline runs, the all-reduce 2x slower in 3 real runs: inconclusive (+79% to +280%), exit 3, not 0" 3 \
-  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+79% to \+280% \(threshold 5%\); no regression found \(' -- \
+# the baseline's, so 1.3-1.5x its median): each point could only detect +79 % to +280 %, and may
+# be up to +77 % to +210 % slower.
+expect "8 real baseline runs, the all-reduce 2x slower in 3 real runs: inconclusive (up to +77% to +210%), exit 3, not 0" 3 \
+  '^regress: inconclusive: 8 of 8 points may be up to \+77% to \+210% slower \(threshold 5%\); no regression found \(' -- \
   regress $D/real8/base $D/real8/ar2x --report-dir $tmp/rep-a5
 
 # --- (b) a quiet baseline: conclusive ---
-expect "quiet baseline, current unchanged: no regression, exit 0, the detectable figure named" 0 \
-  '^regress: no regression in 8 points; every point could detect a slowdown of the threshold, smallest detectable \+1\.9% \(threshold 5%' -- \
+expect "quiet baseline, current unchanged: no regression, exit 0, the bound and detectable figures named" 0 \
+  '^regress: no regression in 8 points; each is at most \+1\.9% slower, within the threshold \(smallest detectable \+1\.9%\) \(threshold 5%' -- \
   regress $D/quiet/base $D/quiet/same --report-dir $tmp/rep-b1
 check "... no point inconclusive in report.md" bash -c "grep -q '| same |\$' $tmp/rep-b1/report.md && ! grep -q '| inconclusive |\$' $tmp/rep-b1/report.md"
 expect "quiet baseline, current 1.3x slower: every point flagged, exit 1" 1 '^regress: 8 regression\(s\) in 8 points \(threshold 5%' -- \
@@ -240,20 +245,31 @@ expect "... a re-check slow in the all-reduce only: its 4 points confirmed, the 
 expect "... a re-check that is the current check itself: exit 2, one line" 2 '^regress: cannot compare: --confirm .*: holds runs of the current check itself' -- \
   regress $D/quiet/base $D/quiet/slow13 --confirm $D/quiet/slow13 --report-dir $tmp/rep-b2f
 expect "quiet baseline, --threshold 0.015 below its +1.9 %: inconclusive, exit 3" 3 \
-  '^regress: inconclusive: 8 of 8 points could only detect slowdowns of \+1\.9% \(threshold 1\.5%\)' -- \
+  '^regress: inconclusive: 8 of 8 points may be up to \+1\.9% slower \(threshold 1\.5%\)' -- \
   regress $D/quiet/base $D/quiet/same --threshold 0.015 --report-dir $tmp/rep-b3
 expect "quiet baseline, --threshold 0.025 above it: exit 0" 0 '^regress: no regression in 8 points.*\(threshold 2\.5%' -- \
   regress $D/quiet/base $D/quiet/same --threshold 0.025 --report-dir $tmp/rep-b4
+# The bound is the measured change plus the margin (+1.9 % here): "no regression" needs it
+# within the threshold, whatever the margin alone. 1 % faster at a threshold of 1.5 %, below
+# the margin: at most +0.9 % slower, no regression (the margin alone against the threshold,
+# the rule before the bound, called it inconclusive); 1 % slower at 2.5 %, above the margin:
+# may be up to +2.9 % slower, inconclusive (the margin alone passed it).
+expect "quiet baseline, current 1 % faster, --threshold 0.015 below the +1.9 % margin: bound +0.9 %, exit 0" 0 \
+  '^regress: no regression in 8 points; each is at most \+0\.9% slower, within the threshold \(smallest detectable \+1\.9%\) \(threshold 1\.5%' -- \
+  regress $D/quiet/base $D/quiet/fast1 --threshold 0.015 --report-dir $tmp/rep-b5
+expect "quiet baseline, current 1 % slower, --threshold 0.025 above the margin: bound +2.9 %, inconclusive, exit 3" 3 \
+  '^regress: inconclusive: 8 of 8 points may be up to \+2\.9% slower \(threshold 2\.5%\)' -- \
+  regress $D/quiet/base $D/quiet/slow1 --threshold 0.025 --report-dir $tmp/rep-b6
 
 # --- mixed: a quiet all-reduce, a noisy all-gather ---
 expect "noisy all-gather, quiet all-reduce, unchanged: 4 of 8 inconclusive, exit 3" 3 \
-  '^regress: inconclusive: 4 of 8 points could only detect slowdowns of \+[0-9]+%.*\(threshold 5%\); no regression found in the other 4 \(' -- \
+  '^regress: inconclusive: 4 of 8 points may be up to \+[0-9]+%.*slower \(threshold 5%\); no regression found in the other 4 \(' -- \
   regress $D/mixed/base $D/quiet/same --report-dir $tmp/rep-m1
 cp "$tmp/out" "$tmp/m1.out"
 check_figures "... the all-gather's figures named" "$tmp/m1.out" $tmp/rep-m1 4
 check "... the inconclusive points are the all-gather's" bash -c "test \$(grep -c '^all-gather .* inconclusive\$' $tmp/m1.out) -eq 4"
 expect "the all-reduce 1.3x slower: its regressions reported though the all-gather is inconclusive, exit 1" 1 \
-  '^regress: 4 regression\(s\) in 8 points; 4 other point\(s\) inconclusive: could only detect slowdowns of \+[0-9]+%' -- \
+  '^regress: 4 regression\(s\) in 8 points; 4 other point\(s\) inconclusive: may be up to \+[0-9]+%' -- \
   regress $D/mixed/base $D/mixed/ar13 --report-dir $tmp/rep-m2
 cp "$tmp/out" "$tmp/m2.out"
 check_figures "... the inconclusive figures named beside them" "$tmp/m2.out" $tmp/rep-m2 4
@@ -264,7 +280,7 @@ for name in nights calm short shortslow fresh step outlier hungry hungry-unrecor
   $PY $ROOT/analysis/history.py add $H/$name.db $H/$name >"$tmp/out" 2>&1 || { bad "history add $name"; }
 done
 expect "a quiet-minute baseline, an unchanged check 15 % slower on a busier night: without --history a false alarm, exit 1" 1 \
-  '^regress: [0-9] regression\(s\) in 8 points .*spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: no --history\)' -- \
+  '^regress: [0-9] regression\(s\) in 8 points[; ].*spread: the baseline.s 3 back-to-back runs \(they know one minute.s spread, not the nights.: no --history\)' -- \
   regress $H/base $H/cur-busy15 --report-dir $tmp/rep-e1
 expect "... with a history of nights +-20 % apart: not a regression (inconclusive), the history's 10 checks named" 3 \
   '^regress: inconclusive: 8 of 8 points .*; spread: history: 10 checks from 2026-11-02 02:00 to 2026-11-11 02:01\)' -- \
@@ -361,7 +377,7 @@ for f, factor in zip(files, [1 / 30, 1.0, 30.0]):
         h["samples"][...] = s
 PYEOF
   expect "interconnect.sbatch against a baseline spread 1/30x-30x: regress's exit 3 passes through, INCONCLUSIVE line" 3 \
-    "^=== interconnect power: INCONCLUSIVE: 2 of 2 points could only detect slowdowns of .*\(threshold 5%\); no regression found; .*SB_BASELINE_RUNS.*\(report: $IC/results/collectives-[^ ]*-report/report.md\)" -- \
+    "^=== interconnect power: INCONCLUSIVE: 2 of 2 points may be up to .* slower \(threshold 5%\); no regression found; .*SB_BASELINE_RUNS.*\(report: $IC/results/collectives-[^ ]*-report/report.md\)" -- \
     ic SB_RUNS=1 SB_BASELINE=$IC/base
   report=$(sed -n 's/^=== interconnect power: INCONCLUSIVE: .*(report: \(.*\))$/\1/p' "$tmp/out")
   check "... the report it names exists and says inconclusive" grep -q '^\*\*inconclusive: 2 of 2 points' "${report:-/dev/null}"
