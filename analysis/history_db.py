@@ -320,12 +320,12 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
     log figures of those too few checks that began after `after` (Unix time: the baseline's
     last run), `first` the earliest's start). A check's figure is the
     median of its runs' figures; the spread is the pooled standard deviation of their logs, one
-    outlier check a segment left out (stats.spread_one_outlier_out); `segments` the log figures
+    outliers among a segment's checks left out (stats.spread_outliers_out: up to a tenth of them); `segments` the log figures
     it rests on (oldest first), `logs` the last segment's.
     Checks whose runs had less than `min_share` of a core (median over the check's runs) are
     left out before anything else, change points included: they measured the host's other
     work, not the fabric (`starved` counts them)."""
-    from stats import spread_one_outlier_out
+    from stats import spread_outliers_out
     con, _ = open_db(db, create=False)
     try:
         series, runs, _ = load_series(con, db, last=0)
@@ -348,11 +348,11 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
         segments = [_checks(pts[lo:hi]) for lo, hi in zip(bounds, bounds[1:])]
         segments = [s for s in segments if s]
         checks = segments[-1] if segments else []  # since the last change point
-        kept = []  # per segment: (its checks' log figures, one outlier left out, the one left out)
+        kept = []  # per segment: (its checks' log figures, outliers left out; the ones left out)
         for seg in segments:
             logs = np.log([float(np.median([p["time"] for p in g])) for g in seg])
-            left = spread_one_outlier_out(logs)[2] if len(logs) >= 3 else None
-            kept.append((np.delete(logs, left) if left is not None else logs, left))
+            left = spread_outliers_out(logs)[2] if len(logs) >= 3 else []
+            kept.append((np.delete(logs, left), left))
         dof = sum(len(logs) - 1 for logs, _ in kept)
         if dof < MIN_CHECKS - 1:
             total = sum(len(s) for s in segments)
@@ -373,7 +373,7 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
                         checks=sum(len(s) for s in segments), starved=n_starved,
                         first=segments[0][0][0]["run"]["start_time"],
                         last=checks[-1][-1]["run"]["start_time"], changes=len(changes),
-                        left_out=sum(left is not None for _, left in kept))
+                        left_out=sum(len(left) for _, left in kept))
     return out
 
 

@@ -23,8 +23,8 @@ spread is the spread between the earlier checks of the same configuration (backe
 library, blocking or not, ranks, nodes, ranks per node, type, reduction) in the history:
 nights, not one minute. A check is the runs of one Slurm job (else of one folder), its
 figure the median of its runs'; the spread is the standard deviation of their log figures,
-robust to a single outlier check (left out when the others' mean and spread put it beyond
-0.001 / checks: stats.spread_one_outlier_out), pooled within the levels between the point's
+robust to outlier checks (up to a tenth of them, each left out when the others' mean and
+spread put it beyond 0.001 / checks: stats.spread_outliers_out), pooled within the levels between the point's
 change points (history_db.detect: E-Divisive means, as `history.py show`: each check's
 deviation from its own level's mean, so that a slowdown found three nights ago leaves the
 spread between nights as it was), and only the checks before the current's first run,
@@ -400,7 +400,7 @@ def spread_text(rows, history, a, nb):
         outliers = sum(1 for h in hist if h["left_out"])
         if outliers:
             most = max(h["left_out"] for h in hist)
-            text += f", {'one outlier check' if most == 1 else f'up to {most} outlier checks (one a level)'} left out at {outliers} point(s)"
+            text += f", {'one outlier check' if most == 1 else f'up to {most} outlier checks'} left out at {outliers} point(s)"
         hungry = max(h.get("starved", 0) for h in hist)
         if hungry:
             text += f", {hungry} check(s) starved of CPU left out"

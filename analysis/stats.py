@@ -279,20 +279,32 @@ def steps_at(times, cps):
 # ---- the spread between checks (regress.py's noise model from the history) -----------------------
 
 
-def spread_one_outlier_out(x, level=0.001):
-    """(standard deviation, dof, index left out or None) of `x`: the sample standard deviation,
-    robust to a single outlier. The value farthest from the median is left out when, against
-    the mean and standard deviation of the others, it is beyond what they predict at `level`
-    divided over the values (a leave-one-out t test, Grubbs' idea: under normality a value is
-    left out wrongly in fewer than `level` of samples, so the t test on the spread keeps its
-    level). Needs at least 3 values."""
+def spread_outliers_out(x, level=0.001, most=None):
+    """(standard deviation, dof, indices left out) of `x`: the sample standard deviation, robust
+    to up to `most` outliers (default a tenth of the values, at least one). Rosner's
+    generalized ESD: the value farthest from the median is set aside, then the farthest of the
+    rest, `most` times; each against the mean and standard deviation of the values still kept
+    without it (a leave-one-out t test, Grubbs' idea, at `level` divided over the values).
+    The outliers are the first k set aside, k the last step whose test rejected: two alike
+    outliers mask each other at the first step, not at the second. Under normality a value
+    is left out wrongly in fewer than `level` * `most` of samples, so the t test on the
+    spread keeps its level; a rare slow minute (a check of the history 4 % off where the
+    others wander 1 %) no longer sets the spread of every night after it. Needs 3 values."""
     x = np.asarray(x, float)
     n = len(x)
-    i = int(np.argmax(np.abs(x - np.median(x))))
-    if n >= 4:
-        others = np.delete(x, i)
+    most = max(1, n // 10) if most is None else most
+    keep, order, found = list(range(n)), [], 0
+    for step in range(1, most + 1):
+        if len(keep) < 4:
+            break
+        v = x[keep]
+        i = int(np.argmax(np.abs(v - np.median(v))))
+        others = np.delete(v, i)
         so = float(np.std(others, ddof=1))
-        z = abs(x[i] - float(others.mean())) / (so * math.sqrt(1 + 1 / (n - 1))) if so > 0 else math.inf
-        if so > 0 and t_sf(z, n - 2) < level / n or so == 0 and x[i] != others[0]:
-            return so, n - 2, i
-    return float(np.std(x, ddof=1)), n - 1, None
+        z = abs(v[i] - float(others.mean())) / (so * math.sqrt(1 + 1 / len(others))) if so > 0 else math.inf
+        if so > 0 and t_sf(z, len(v) - 2) < level / n or so == 0 and v[i] != others[0]:
+            found = step
+        order.append(keep.pop(i))
+    left = sorted(order[:found])
+    rest = np.delete(x, left)
+    return float(np.std(rest, ddof=1)), len(rest) - 1, left

@@ -145,6 +145,29 @@ assert prune([(10, 0.001)], lambda c: [s[0] for s in steps_at(times, c)], 0.01) 
 print("ok", alarms, heavy)
 PYEOF
 
+# --- the spread of the checks, robust to outliers (stats.spread_outliers_out) ---
+expect "spread_outliers_out: two alike outliers both left out (masking), none in normal samples, one at most in 19" 0 '^ok ' -- \
+  $PY - "$ROOT/analysis" <<'PYEOF'
+import sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+from stats import spread_outliers_out
+rng = np.random.default_rng(11)
+x = rng.normal(0, 0.01, 30)
+x[[4, 17]] = [0.045, 0.047]  # two slow minutes of +4.5 %, the others' 1 %
+sd, dof, left = spread_outliers_out(x)
+assert left == [4, 17], left  # the first step alone (one outlier at most) masks them
+assert dof == 27 and abs(sd - np.std(np.delete(x, [4, 17]), ddof=1)) < 1e-12, (sd, dof)
+assert spread_outliers_out(x, most=1)[2] == [], "one step alone should be masked by the other outlier"
+wrong = sum(len(spread_outliers_out(rng.normal(0, 0.01, 30))[2]) for _ in range(200))
+assert wrong <= 2, wrong  # level 0.001, up to 3 steps: under 0.6 expected in 200 samples
+small = rng.normal(0, 0.01, 19)
+small[[2, 9]] = [0.06, 0.05]
+assert len(spread_outliers_out(small)[2]) <= 1  # a tenth of 19: one at most
+assert spread_outliers_out(rng.normal(0, 0.01, 3))[2] == []  # too few to judge
+print("ok", wrong)
+PYEOF
+
 # --- the recorded runs: add, idempotent, no change in their own order ---
 DB=$tmp/real.db
 expect "add: 20 recorded runs indexed" 0 'added 20 run\(s\), 0 already indexed; it holds 20 run\(s\)' -- \
