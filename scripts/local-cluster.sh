@@ -44,6 +44,8 @@ usage: scripts/local-cluster.sh COMMAND ...
   status                 one line per node; exit 1 when no cluster is up
   mpirun-args [--ranks-per-node R]
                          the Open MPI flags to launch across the nodes from this namespace
+                         (with SB_CLUSTER_EAGER=1 set: messages up to 4 MiB eager, for
+                         link measurements with exchanges both ways at once)
   run --nodes N [shaping flags] -- CMD...
                          up, run CMD here with SB_CLUSTER_NODES, SB_CLUSTER_HOSTS and
                          SB_CLUSTER_MPIRUN_ARGS exported, then down; CMD's exit status
@@ -287,10 +289,11 @@ mpirun_args() {
   while read -r name rest; do hosts+=${hosts:+,}$name:$per; done <"$STATE/nodes"
   # Open MPI's settings for the bridge, and why each: scripts/mpi-env-cluster.sh, the one home
   # of them (jobs that source it and jobs launched with these flags run alike); as flags,
-  # what it sets beyond scripts/mpi-env.sh.
+  # what it sets beyond scripts/mpi-env.sh (SB_CLUSTER_EAGER=1 in the caller's environment:
+  # the eager limit of the jobs that measure links with exchanges both ways).
   local mca
   mca=$(comm -13 <(env -i bash -c '. "$1" && env' _ "$(dirname "$SELF")/mpi-env.sh" | sort) \
-                 <(env -i bash -c '. "$1" && env' _ "$(dirname "$SELF")/mpi-env-cluster.sh" | sort) |
+                 <(env -i SB_CLUSTER_EAGER="${SB_CLUSTER_EAGER:-0}" bash -c '. "$1" && env' _ "$(dirname "$SELF")/mpi-env-cluster.sh" | sort) |
         sed -n 's/^OMPI_MCA_\([^=]*\)=\(.*\)$/--mca \1 \2/p' | tr '\n' ' ')
   echo "--host $hosts --mca plm_rsh_agent $STATE/rsh-agent ${mca% }"
 }

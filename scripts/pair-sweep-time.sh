@@ -14,6 +14,7 @@ out=$ROOT/build/pair-sweep-time
 mkdir -p "$out" && cd "$out" || exit 2
 trap '"$C" down >/dev/null 2>&1' EXIT
 source "$ROOT/scripts/mpi-env.sh"
+export SB_CLUSTER_EAGER=1  # links measured with exchanges both ways: scripts/mpi-env-cluster.sh
 repeat=${SB_REPEAT:-5}
 printf '%-6s %-7s %-5s %-26s %10s %12s\n' nodes rounds reps sweep seconds per-round
 for n in "${@:-4 8 16}"; do

@@ -79,6 +79,7 @@ case $(realpath -m "$work") in /tmp | /tmp/*) die "--keep '$keep' is not allowed
 [ -n "$keep" ] || rm -rf "$work"
 mkdir -p "$work" || die "cannot make $work"
 source "$ROOT/scripts/mpi-env.sh"
+export SB_CLUSTER_EAGER=1  # links measured with exchanges both ways: scripts/mpi-env-cluster.sh
 RANDOM=$seed  # every draw below follows from the seed
 slow=$((rate / 4))
 read -ra SWEEP <<<"--pattern pairs $sweep_args"

@@ -20,6 +20,7 @@ OUT=$(mkdir -p "${1:-$ROOT/build/validate-history}" && cd "${1:-$ROOT/build/vali
 CASES=${CASES:-node@4 healthy@4} RUNS=${RUNS:-16} K=${K:-7} RATE=${RATE:-400} SLOW=${SLOW:-200} NOISE=${NOISE:-0}
 trap '"$C" down >/dev/null 2>&1' EXIT
 source "$ROOT/scripts/mpi-env.sh"
+export SB_CLUSTER_EAGER=1  # links measured with exchanges both ways: scripts/mpi-env-cluster.sh
 up=0
 for case in $CASES; do
   kind=${case%@*} nodes=${case#*@}

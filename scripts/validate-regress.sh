@@ -31,6 +31,7 @@ C=$ROOT/scripts/local-cluster.sh
 rm -rf "$OUT" && mkdir -p "$OUT" || exit 1
 OUT=$(cd "$OUT" && pwd)
 source "$ROOT/scripts/mpi-env.sh"
+export SB_CLUSTER_EAGER=1  # links measured with exchanges both ways: scripts/mpi-env-cluster.sh
 if [ "$MODE" = shaped ]; then
   trap '"$C" down >/dev/null 2>&1' EXIT
   "$C" up --nodes 2 --link-mbit "$RATE" >/dev/null || exit 1

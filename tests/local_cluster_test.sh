@@ -113,7 +113,11 @@ unshaped=$(rate node1 node2 40)
 echo "      unshaped node1 -> node2: $unshaped Mbit/s"
 
 # 5. Open MPI from this namespace across the nodes (mpi-env.sh's btl_tcp_if_include=lo loses).
-"$C" mpirun-args --ranks-per-node 2 >"$tmp/args" 2>"$tmp/mpi"
+env -u SB_CLUSTER_EAGER "$C" mpirun-args --ranks-per-node 2 >"$tmp/args" 2>"$tmp/mpi"
+check "mpirun-args: Open MPI's rendezvous by default (no eager limit among its flags)" sh -c "! grep -q eager_limit '$tmp/args'"
+SB_CLUSTER_EAGER=1 "$C" mpirun-args --ranks-per-node 2 >"$tmp/args-eager" 2>/dev/null
+check "  with SB_CLUSTER_EAGER=1: messages up to 4 MiB eager (link measurements both ways)" \
+  grep -q -- '--mca btl_tcp_eager_limit 4194432' "$tmp/args-eager"
 timeout 60 mpirun $(cat "$tmp/args") -np 4 hostname >"$tmp/hosts" 2>>"$tmp/mpi"
 sort "$tmp/hosts" | paste -sd' ' >>"$tmp/mpi"
 expect "mpirun: 2 ranks on node1, 2 on node2" 0 '^node1 node1 node2 node2$' -- cat "$tmp/mpi"

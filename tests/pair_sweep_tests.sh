@@ -19,6 +19,7 @@
 # Needs root (network namespaces); exit 77 (skipped, never passed) where they cannot be made.
 source "$(dirname "$0")/lib.sh"
 C=$ROOT/scripts/local-cluster.sh
+export SB_CLUSTER_EAGER=1  # links measured with exchanges both ways: scripts/mpi-env-cluster.sh
 work=$ROOT/build/pair-sweep-test  # not under /tmp: each node has a /tmp of its own
 rm -rf "$work" && mkdir -p "$work" && cd "$work" || exit 1
 trap '"$C" down >/dev/null 2>&1; rm -rf "$tmp" "$work"' EXIT

@@ -174,7 +174,7 @@ baselines_before=$(ls -A runs/baselines)
 ic_submit() { # ic_submit NAME VAR=VALUE...: all-reduce of 1 MiB on 4 nodes x 1 rank, CPU
   local name=$1
   shift
-  env SB_CLUSTER=local-multinode SB_BACKEND=cpu SB_SETUP=scripts/mpi-env-cluster.sh SB_RESULTS="$IC/results" \
+  env SB_CLUSTER=local-multinode SB_BACKEND=cpu SB_SETUP=scripts/mpi-env-cluster.sh SB_CLUSTER_EAGER=1 SB_RESULTS="$IC/results" \
     SB_BASELINE="$IC/baseline" SB_OPS=all-reduce SB_MIN_BYTES=1M SB_MAX_BYTES=1M SB_ITERS=8 SB_WARMUP=1 \
     SB_BASELINE_RUNS=8 SB_RUNS=2 SB_THRESHOLD=1.0 SB_PAIR_MIN_BYTES=1M SB_PAIR_MAX_BYTES=1M \
     SB_DIAG_ARGS="--latency-threshold off --threshold 0.25" "$@" \
