@@ -319,9 +319,9 @@ def between_checks(db, config_of_point, keys, exclude=(), before=None, min_share
     {key: dict(checks=..., reason=..., starved=..., few=..., first=...)} saying why not (`few`: the
     log figures of those too few checks that began after `after` (Unix time: the baseline's
     last run), `first` the earliest's start). A check's figure is the
-    median of its runs' figures; the spread is the pooled standard deviation of their logs, one
-    outliers among a segment's checks left out (stats.spread_outliers_out: up to a tenth of them); `segments` the log figures
-    it rests on (oldest first), `logs` the last segment's.
+    median of its runs' figures; the spread is the pooled standard deviation of their logs,
+    outliers among a segment's checks left out (stats.spread_outliers_out: up to a tenth of
+    them); `segments` the log figures it rests on (oldest first), `logs` the last segment's.
     Checks whose runs had less than `min_share` of a core (median over the check's runs) are
     left out before anything else, change points included: they measured the host's other
     work, not the fabric (`starved` counts them)."""

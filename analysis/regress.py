@@ -24,8 +24,8 @@ library, blocking or not, ranks, nodes, ranks per node, type, reduction) in the 
 nights, not one minute. A check is the runs of one Slurm job (else of one folder), its
 figure the median of its runs'; the spread is the standard deviation of their log figures,
 robust to outlier checks (up to a tenth of them, each left out when the others' mean and
-spread put it beyond 0.001 / checks: stats.spread_outliers_out), pooled within the levels between the point's
-change points (history_db.detect: E-Divisive means, as `history.py show`: each check's
+spread put it beyond 0.001 / checks: stats.spread_outliers_out), pooled within the levels
+between the point's change points (history_db.detect: E-Divisive means, as `history.py show`: each check's
 deviation from its own level's mean, so that a slowdown found three nights ago leaves the
 spread between nights as it was), and only the checks before the current's first run,
 without its files. A point needs checks for history_db.MIN_CHECKS - 1 (5) degrees of freedom
@@ -93,9 +93,10 @@ neither). Exit status:
      be compared, a --history that is not a history database, a --report-dir that cannot
      be written): one line, nothing written;
   3  inconclusive: no regression found, but at least one point's bound on the slowdown is
-     above --threshold; the summary line names how many and their bounds (best and worst). Also where the flagged points were not
-     reproduced by --confirm's re-check or are not new, and where points were slower but the
-     current runs' ranks had less than STARVED_SHARE (80 %) of the baseline runs' CPU share
+     above --threshold; the summary line names how many and their bounds (best and worst).
+     Also where the flagged points were not reproduced by --confirm's re-check or are not
+     new, and where points were slower but the current runs' ranks had less than
+     STARVED_SHARE (80 %) of the baseline runs' CPU share
      (collective_perf records each rank's process CPU over wall time, cpu_share_min): a check
      beside other work on its cores is slower for the host, not the fabric; it says so.
 """
